@@ -1,0 +1,3 @@
+from nvplugin.cli import main
+
+main()

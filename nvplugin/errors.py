@@ -1,0 +1,17 @@
+"""Errors a user can act on. The CLI prints their message (no traceback) and exits with
+``exit_code``: 2 for bad input (node file, config, arguments), 1 for failures of the system
+(no NVML, a lost GPU, a socket someone else serves)."""
+
+from __future__ import annotations
+
+
+class NvpluginError(Exception):
+    """A failure with a message fit for a user; never shown with a traceback."""
+
+    exit_code = 1
+
+
+class InputError(NvpluginError):
+    """Bad input: the message names the file, field (or key path) and value."""
+
+    exit_code = 2

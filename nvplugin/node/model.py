@@ -1,0 +1,250 @@
+"""What a node has and how it is wired: GPUs, their pairwise links, NUMA nodes and CPUs.
+
+Everything here is an immutable value. A :class:`Topology` is built once per process (by
+discovery through NVML, real or simulated) and then only read: the allocator, the plugin and
+the fake kubelet all work from the same object, so nothing on a request path touches NVML.
+
+The pair-score weights live here and nowhere else (see ../shared/docs/allocation.md).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+NVLINK_WEIGHT = 100
+"""Score added per NVLink between two GPUs (direct, or through an NVSwitch fabric)."""
+
+MAX_NVLINKS = 18
+"""The most NVLinks one GPU has (H100/B200 through NVSwitch)."""
+
+
+class Pcie(enum.IntEnum):
+    """PCIe relation of two GPUs, named as ``nvidia-smi topo -m`` prints it.
+
+    The value is the relation's pair-score weight: the closer the common ancestor, the higher.
+    """
+
+    SYS = 10  # across CPU sockets (NVML_TOPOLOGY_SYSTEM)
+    NODE = 20  # same NUMA node, different host bridges (NVML_TOPOLOGY_NODE)
+    PHB = 30  # same host bridge (NVML_TOPOLOGY_HOSTBRIDGE)
+    PXB = 40  # several PCIe switches (NVML_TOPOLOGY_MULTIPLE)
+    PIX = 50  # one PCIe switch (NVML_TOPOLOGY_SINGLE)
+    INT = 60  # same board (NVML_TOPOLOGY_INTERNAL)
+
+    @property
+    def weight(self) -> int:
+        return int(self.value)
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """How two distinct GPUs are connected: their PCIe relation and NVLink count."""
+
+    pcie: Pcie
+    nvlinks: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.nvlinks <= MAX_NVLINKS:
+            raise ValueError(f"NVLink count {self.nvlinks} outside 0..{MAX_NVLINKS}")
+
+    @property
+    def score(self) -> int:
+        """Pair score: PCIe weight + 100 per NVLink (allocation.md)."""
+        return self.pcie.weight + NVLINK_WEIGHT * self.nvlinks
+
+    @property
+    def cell(self) -> str:
+        """The node-file cell for this link, e.g. ``NV12+NODE`` or ``PIX``."""
+        if self.nvlinks:
+            return f"NV{self.nvlinks}+{self.pcie.name}"
+        return self.pcie.name
+
+    @property
+    def smi_cell(self) -> str:
+        """The cell as ``nvidia-smi topo -m`` prints it: NVLinks hide the PCIe part."""
+        return f"NV{self.nvlinks}" if self.nvlinks else self.pcie.name
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    """One GPU as NVML reports it. ``index`` is the NVML index; ``numa_node`` None = unknown."""
+
+    index: int
+    uuid: str
+    name: str
+    memory_mib: int
+    pci_bus_id: str
+    minor: int
+    numa_node: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Cpu:
+    """One logical CPU (hardware thread)."""
+
+    id: int
+    socket: int
+    core: int
+    numa_node: int
+
+
+@dataclass(frozen=True, slots=True)
+class CpuLayout:
+    """The node's logical CPUs, in id order."""
+
+    cpus: tuple[Cpu, ...]
+
+    @classmethod
+    def build(
+        cls, sockets: int, cores_per_socket: int, threads_per_core: int, numa_nodes: int
+    ) -> CpuLayout:
+        """Lay CPUs out the way Linux numbers them on x86 servers.
+
+        CPU id = thread * (sockets * cores_per_socket) + socket * cores_per_socket + core: the
+        first hardware thread of every core first, then the siblings. NUMA nodes split the
+        sockets evenly: with more NUMA nodes than sockets (AMD NPS2/NPS4, Intel SNC) each socket's
+        cores are divided in contiguous blocks; with fewer, consecutive sockets share a node.
+        """
+        for what, value in (
+            ("sockets", sockets),
+            ("cores_per_socket", cores_per_socket),
+            ("threads_per_core", threads_per_core),
+            ("numa nodes", numa_nodes),
+        ):
+            if value < 1:
+                raise ValueError(f"{what} must be >= 1, got {value}")
+        if numa_nodes >= sockets:
+            if numa_nodes % sockets:
+                raise ValueError(
+                    f"{numa_nodes} NUMA nodes cannot be split evenly over {sockets} sockets"
+                )
+            per_socket = numa_nodes // sockets
+            if cores_per_socket % per_socket:
+                raise ValueError(
+                    f"{cores_per_socket} cores per socket cannot be split evenly over "
+                    f"{per_socket} NUMA nodes per socket"
+                )
+            block = cores_per_socket // per_socket
+
+            def node_of(socket: int, core: int) -> int:
+                return socket * per_socket + core // block
+
+        else:
+            if sockets % numa_nodes:
+                raise ValueError(
+                    f"{sockets} sockets cannot be grouped evenly into {numa_nodes} NUMA nodes"
+                )
+            sockets_per_node = sockets // numa_nodes
+
+            def node_of(socket: int, core: int) -> int:
+                return socket // sockets_per_node
+
+        cpus = []
+        for thread in range(threads_per_core):
+            for socket in range(sockets):
+                for core in range(cores_per_socket):
+                    cpu_id = thread * sockets * cores_per_socket + socket * cores_per_socket + core
+                    cpus.append(Cpu(cpu_id, socket, core, node_of(socket, core)))
+        return cls(tuple(cpus))
+
+    def on_node(self, numa_node: int) -> tuple[int, ...]:
+        """CPU ids on one NUMA node, ascending."""
+        return tuple(c.id for c in self.cpus if c.numa_node == numa_node)
+
+    @property
+    def sockets(self) -> int:
+        return len({c.socket for c in self.cpus})
+
+    @property
+    def threads_per_core(self) -> int:
+        if not self.cpus:
+            return 0
+        per_core: dict[tuple[int, int], int] = {}
+        for c in self.cpus:
+            per_core[(c.socket, c.core)] = per_core.get((c.socket, c.core), 0) + 1
+        return max(per_core.values())
+
+
+@dataclass(frozen=True)
+class Topology:
+    """A node: its GPUs in NVML index order, every pair's link, NUMA distances and CPUs.
+
+    ``links[i][j]`` is the link between GPU i and GPU j (None on the diagonal); the matrix is
+    square and symmetric. ``numa_distances[a][b]`` is the SLIT distance between NUMA nodes.
+    """
+
+    name: str
+    gpus: tuple[Gpu, ...]
+    links: tuple[tuple[Link | None, ...], ...]
+    numa_distances: tuple[tuple[int, ...], ...]
+    cpus: CpuLayout
+    scores: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False)
+    _by_uuid: dict[str, Gpu] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        n = len(self.gpus)
+        for position, gpu in enumerate(self.gpus):
+            if gpu.index != position:
+                raise ValueError(f"GPU at position {position} has index {gpu.index}")
+        if len(self.links) != n or any(len(row) != n for row in self.links):
+            raise ValueError(f"link matrix must be {n}x{n}")
+        for i in range(n):
+            if self.links[i][i] is not None:
+                raise ValueError(f"link matrix diagonal at GPU{i} must be empty")
+            for j in range(i + 1, n):
+                if self.links[i][j] is None or self.links[i][j] != self.links[j][i]:
+                    raise ValueError(f"link matrix not symmetric at GPU{i}/GPU{j}")
+        k = len(self.numa_distances)
+        if any(len(row) != k for row in self.numa_distances):
+            raise ValueError("NUMA distance matrix must be square")
+        for gpu in self.gpus:
+            if gpu.numa_node is not None and not 0 <= gpu.numa_node < k:
+                raise ValueError(f"GPU{gpu.index} NUMA node {gpu.numa_node} outside 0..{k - 1}")
+        uuids = {g.uuid: g for g in self.gpus}
+        if len(uuids) != n:
+            raise ValueError("duplicate GPU UUIDs")
+        scores = tuple(
+            tuple(0 if link is None else link.score for link in row) for row in self.links
+        )
+        object.__setattr__(self, "scores", scores)
+        object.__setattr__(self, "_by_uuid", uuids)
+
+    def __len__(self) -> int:
+        return len(self.gpus)
+
+    def link(self, a: int, b: int) -> Link:
+        link = self.links[a][b]
+        if link is None:
+            raise ValueError(f"no link between GPU{a} and itself")
+        return link
+
+    def score(self, a: int, b: int) -> int:
+        """Pair score of two distinct GPUs (allocation.md)."""
+        return self.scores[a][b]
+
+    def group_score(self, indices: Sequence[int]) -> int:
+        """Sum of the pair scores within a group of GPU indices."""
+        total = 0
+        for x, a in enumerate(indices):
+            row = self.scores[a]
+            for b in indices[x + 1 :]:
+                total += row[b]
+        return total
+
+    def pairs(self) -> Iterator[tuple[int, int, Link]]:
+        """Every pair i < j with its link, in index order."""
+        for i, row in enumerate(self.links):
+            for j in range(i + 1, len(row)):
+                link = row[j]
+                assert link is not None
+                yield i, j, link
+
+    def gpu_by_uuid(self, uuid: str) -> Gpu | None:
+        return self._by_uuid.get(uuid)
+
+    @property
+    def numa_nodes(self) -> tuple[int, ...]:
+        """The machine's NUMA node ids, 0..k-1."""
+        return tuple(range(len(self.numa_distances)))
