@@ -35,3 +35,17 @@ def user_errors(func: F) -> F:
 @click.version_option(__version__, prog_name="nvplugin")
 def main() -> None:
     """Kubernetes device plugin for NVIDIA GPUs, with simulated nodes and a fake kubelet."""
+
+
+# Commands. Each section below is owned by one part of the package; keep each command a thin
+# shell over its library module (imports inside the function, so start-up stays fast).
+
+# --- node: devices, topo ---
+
+# --- allocator: preferred ---
+
+# --- plugin: serve ---
+
+# --- chart/probe: probe ---
+
+# --- kubelet: admit, demo ---
