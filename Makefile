@@ -22,13 +22,16 @@ test: install lint
 	$(BIN)/python -m pytest $(PYTEST_FLAGS)
 
 lint: install
-	$(BIN)/ruff check nvplugin tests bench
-	$(BIN)/ruff format --check nvplugin tests bench
+	$(BIN)/ruff check nvplugin tests bench proto
+	$(BIN)/ruff format --check nvplugin tests bench proto
 	$(BIN)/mypy
 
 format: install
 	$(BIN)/ruff format nvplugin tests bench
 	$(BIN)/ruff check --fix nvplugin tests bench
+
+proto: install
+	$(BIN)/python proto/generate.py
 
 bench: install
 	$(BIN)/python -m bench

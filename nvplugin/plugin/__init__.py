@@ -1,0 +1,1 @@
+"""The device plugin: gRPC server, kubelet registration, Allocate responses."""

@@ -1,0 +1,1 @@
+"""Generated code for the kubelet's device plugin API (``make proto``; do not edit)."""
