@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: install
-	$(BIN)/nvplugin --help
+	$(BIN)/nvplugin topo --simulate dgx-a100
 
 test: install lint
 	$(BIN)/python -m pytest $(PYTEST_FLAGS)

@@ -1,0 +1,90 @@
+"""What a node has and how it is wired, discovered once through NVML (real or simulated).
+
+:func:`open_node` is the one entry point: it starts NVML (installing the simulated NVML first
+when asked to simulate), discovers the :class:`~nvplugin.node.model.Topology` and keeps the NVML
+session open for health events. Imports stay lazy so short commands start fast.
+"""
+
+from __future__ import annotations
+
+import platform
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from nvplugin.node import nvml, sim
+    from nvplugin.node.model import Topology
+
+
+class NodeSession:
+    """An open node: its topology, the live NVML session, and the simulation if any.
+
+    A context manager; :meth:`close` shuts NVML down and uninstalls the simulation.
+    """
+
+    def __init__(
+        self,
+        topology: Topology,
+        nvml: nvml.Nvml,
+        sim: sim.SimulatedNvml | None,
+        sysfs_root: str,
+    ) -> None:
+        self.topology = topology
+        self.nvml = nvml
+        self.sim = sim
+        self.sysfs_root = sysfs_root
+
+    def close(self) -> None:
+        try:
+            self.nvml.close()
+        finally:
+            if self.sim is not None:
+                self.sim.uninstall()
+
+    def __enter__(self) -> NodeSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_node(simulate: str | None = None, *, sysfs_root: str | None = None) -> NodeSession:
+    """Open the node: real NVML and ``sysfs_root`` (default ``/sys``), or a simulated node.
+
+    ``simulate`` is a built-in node name or a node-file path; with it, ``sysfs_root`` (if given)
+    is where the simulated sysfs tree is written, else a temporary directory removed on close.
+    Raises InputError for a bad node file or unknown built-in, NvpluginError when NVML fails.
+    """
+    from nvplugin.node.nvml import Nvml
+
+    if simulate is None:
+        root = sysfs_root or "/sys"
+        session = Nvml(root)
+        try:
+            topology = session.discover(platform.node() or "localhost")
+        except BaseException:
+            session.close()
+            raise
+        return NodeSession(topology, session, None, root)
+
+    from nvplugin.node.nodefile import load_node
+    from nvplugin.node.sim import SimulatedNvml
+
+    spec = load_node(simulate)
+    simulation = SimulatedNvml(spec, sysfs_root=sysfs_root).install()
+    try:
+        session = Nvml(simulation.sysfs_root)
+        try:
+            topology = session.discover(spec.name)
+        except BaseException:
+            session.close()
+            raise
+    except BaseException:
+        simulation.uninstall()
+        raise
+    return NodeSession(topology, session, simulation, simulation.sysfs_root)
+
+
+def load_topology(simulate: str | None = None, *, sysfs_root: str | None = None) -> Topology:
+    """Discover the node's topology and close NVML again (for one-shot commands)."""
+    with open_node(simulate, sysfs_root=sysfs_root) as node:
+        return node.topology

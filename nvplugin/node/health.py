@@ -1,0 +1,311 @@
+"""GPU health: NVML events in, a map of GPU index -> healthy out.
+
+The rules (issue 4, item 4), kept here and nowhere else:
+
+- A critical Xid marks that GPU Unhealthy. Xids in :data:`DEFAULT_IGNORED_XIDS` (plus whatever the
+  config adds, minus what it forces critical) are application errors, not GPU faults: ignored.
+- A lost GPU (Xid 79 "fallen off the bus", or NVML reporting GPU_IS_LOST for it) is Unhealthy. A
+  lost GPU is a fact, not an error class, so the ignore list does not apply to it.
+- A failing event wait means NVML itself can no longer be trusted: every GPU is reported Unhealthy
+  until the event set can be created and waited on again (capped exponential backoff). Then the
+  state from before the failure comes back -- a GPU that was Unhealthy for its own reasons stays
+  so -- and each GPU is probed, so one that got lost meanwhile is not reported Healthy.
+- Recovery (off unless ``recovery_quiet_s > 0``): an Unhealthy GPU becomes Healthy again when no
+  critical Xid (or loss) arrived for it for ``recovery_quiet_s`` and a cheap NVML probe of it
+  succeeds. NVIDIA's plugin never recovers a GPU; a node had to be rebooted for one Xid 48.
+- Health checks disabled: every GPU is Healthy for good and no event set is created.
+
+NVML calls block, so the loop runs on its own thread with short waits (a wait returns as soon as an
+event arrives, so a change reaches ``on_change`` within milliseconds; the short timeout bounds how
+long :meth:`HealthMonitor.stop` takes). ``on_change`` is called on that thread with the full map;
+callers on an event loop hand it over with ``loop.call_soon_threadsafe``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import structlog
+
+from nvplugin.node.nvml import GpuEvent
+
+DEFAULT_IGNORED_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
+"""Xids caused by applications, not by the GPU (NVIDIA's plugin skips the same ones):
+13 graphics engine exception, 31 GPU memory page fault, 43 GPU stopped processing,
+45 preemptive cleanup, 68 video processor exception, 109 context switch timeout."""
+
+XID_GPU_LOST = 79
+"""'GPU has fallen off the bus': the GPU is lost, whatever the ignore list says."""
+
+WAIT_TIMEOUT_MS = 100
+"""How long one NVML event wait blocks; bounds how long ``stop()`` takes."""
+
+BACKOFF_INITIAL_S = 0.1
+BACKOFF_MAX_S = 2.0
+"""Re-creating the event set after a failed wait: first retry after 0.1 s, doubling up to 2 s."""
+
+_log = structlog.get_logger("nvplugin.health")
+
+
+@dataclass(frozen=True)
+class HealthSettings:
+    """What the config says about health (``health:`` section)."""
+
+    enabled: bool = True
+    ignored_xids: frozenset[int] = DEFAULT_IGNORED_XIDS
+    recovery_quiet_s: float = 0.0
+
+
+class EventSource(Protocol):
+    """The part of :class:`nvplugin.node.nvml.EventWatcher` health needs."""
+
+    def wait(self, timeout_ms: int) -> list[GpuEvent]: ...
+
+    def close(self) -> None: ...
+
+
+class HealthNvml(Protocol):
+    """The part of :class:`nvplugin.node.nvml.Nvml` health needs."""
+
+    def watch_events(self, indices: Sequence[int]) -> EventSource: ...
+
+    def probe(self, index: int) -> bool: ...
+
+
+@dataclass
+class _GpuState:
+    """One GPU's own health, independent of whether NVML as a whole is trusted."""
+
+    healthy: bool = True
+    lost: bool = False  # its last probe failed: it cannot be registered in an event set
+    last_fault: float | None = None  # monotonic time of the last critical Xid, loss or failed probe
+    next_probe: float = 0.0  # recovery: earliest monotonic time of the next probe
+
+
+class _NoEvents:
+    """The event source when every GPU is lost: nothing to register, so just wait."""
+
+    def __init__(self, stopping: threading.Event) -> None:
+        self._stopping = stopping
+
+    def wait(self, timeout_ms: int) -> list[GpuEvent]:
+        self._stopping.wait(timeout_ms / 1000)
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+class HealthMonitor:
+    """Turns NVML events for ``indices`` into health changes, reported to ``on_change``."""
+
+    def __init__(
+        self,
+        nvml: HealthNvml,
+        indices: Sequence[int],
+        settings: HealthSettings,
+        on_change: Callable[[dict[int, bool]], None],
+        *,
+        wait_timeout_ms: int = WAIT_TIMEOUT_MS,
+        backoff_initial_s: float = BACKOFF_INITIAL_S,
+        backoff_max_s: float = BACKOFF_MAX_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._nvml = nvml
+        self._indices = tuple(sorted(set(indices)))
+        self._settings = settings
+        self._on_change = on_change
+        self._wait_timeout_ms = wait_timeout_ms
+        self._backoff_initial_s = backoff_initial_s
+        self._backoff_max_s = backoff_max_s
+        self._clock = clock
+        self._gpus = {i: _GpuState() for i in self._indices}
+        self._nvml_failed = False  # an event wait failed: every GPU reported Unhealthy
+        self._watcher: EventSource | None = None  # health thread only
+        self._lock = threading.Lock()
+        self._published = {i: True for i in self._indices}
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def health(self) -> dict[int, bool]:
+        """The current map GPU index -> healthy, in index order (a copy)."""
+        with self._lock:
+            return dict(self._published)
+
+    def start(self) -> None:
+        """Start watching (no-op when health checks are disabled or already started)."""
+        if not self._settings.enabled or self._thread is not None or not self._indices:
+            return
+        self._stopping.clear()
+        self._thread = threading.Thread(target=self._run, name="nvplugin-health", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop watching; returns once the thread has closed its event set (well within 1 s)."""
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        self._stopping.set()
+        thread.join(timeout=2.0)
+
+    # --- the loop (health thread) ---
+
+    def _run(self) -> None:
+        delay = self._backoff_initial_s
+        try:
+            while not self._stopping.is_set():
+                if self._watcher is None:
+                    if self._open():
+                        delay = self._backoff_initial_s
+                    else:  # NVML still not answering: back off (capped), then try again
+                        if self._stopping.wait(delay):
+                            break
+                        delay = min(delay * 2, self._backoff_max_s)
+                    continue
+                try:
+                    events = self._watcher.wait(self._wait_timeout_ms)
+                except Exception as exc:  # EventWaitError, or anything NVML threw at us
+                    self._fail("nvml event wait failed", exc)
+                    continue
+                for event in events:
+                    self._apply(event)
+                self._try_recover()
+        finally:
+            self._close_watcher()
+
+    def _open(self) -> bool:
+        """Create an event set for the GPUs that answer a probe; False when NVML failed (again).
+
+        A lost GPU cannot be registered in an event set (NVML refuses), so it is left out until
+        it answers a probe again. After a failure NVML counts as answering again only when some
+        GPU answers and a wait on the fresh set returns normally; only then are the probes
+        trusted (a GPU that failed its probe is lost) and the state from before comes back.
+        """
+        answers = {i: self._probe(i) for i in self._indices}
+        watched = [i for i, ok in answers.items() if ok]
+        if self._nvml_failed and not watched:
+            return False  # no GPU answers: NVML is still broken, or they are all lost anyway
+        try:
+            watcher = self._nvml.watch_events(watched) if watched else _NoEvents(self._stopping)
+        except Exception as exc:
+            self._fail("nvml event set failed", exc)
+            return False
+        self._watcher = watcher
+        events: list[GpuEvent] = []
+        if self._nvml_failed:
+            try:
+                events = watcher.wait(self._wait_timeout_ms)
+            except Exception as exc:
+                self._fail("nvml event wait failed", exc)
+                return False
+            self._nvml_failed = False
+            _log.info("nvml event wait works again")
+        self._apply_probes(answers)
+        self._publish()
+        for event in events:
+            self._apply(event)
+        return True
+
+    def _fail(self, what: str, exc: Exception) -> None:
+        """NVML failed: every GPU is Unhealthy until an event set works again."""
+        self._close_watcher()
+        if not self._nvml_failed:
+            _log.warning(what, error=str(exc) or type(exc).__name__)
+            _log.info("all gpus unhealthy: nvml events cannot be trusted")
+            self._nvml_failed = True
+            self._publish()
+
+    def _close_watcher(self) -> None:
+        watcher, self._watcher = self._watcher, None
+        if watcher is None:
+            return
+        try:
+            watcher.close()
+        except Exception as exc:
+            _log.debug("closing nvml event set failed", error=str(exc))
+
+    def _apply(self, event: GpuEvent) -> None:
+        gpu = self._gpus.get(event.index)
+        if gpu is None:
+            return  # not one of ours (e.g. a GPU this resource does not advertise)
+        lost = event.lost or event.xid == XID_GPU_LOST
+        if not lost and (event.xid is None or event.xid in self._settings.ignored_xids):
+            if event.xid is not None:
+                _log.debug("ignored xid", gpu=event.index, xid=event.xid)
+            return
+        now = self._clock()
+        gpu.last_fault = now
+        gpu.next_probe = now + self._settings.recovery_quiet_s
+        if gpu.healthy:
+            gpu.healthy = False
+            reason = {"lost": True} if lost else {"xid": event.xid}
+            _log.info("gpu unhealthy", gpu=event.index, **reason)
+            self._publish()
+        if lost:
+            # Rebuild the event set without it (the next open probes every GPU): a lost GPU in
+            # the set can make every later wait fail at once.
+            self._close_watcher()
+
+    def _try_recover(self) -> None:
+        quiet = self._settings.recovery_quiet_s
+        if quiet <= 0 or self._nvml_failed:
+            return
+        now = self._clock()
+        recovered = []
+        for index, gpu in self._gpus.items():
+            if gpu.healthy or now < gpu.next_probe:
+                continue
+            if gpu.last_fault is not None and now - gpu.last_fault < quiet:
+                continue
+            if self._probe(index):
+                recovered.append(index)
+                _log.info("gpu recovered", gpu=index, quiet_s=quiet)
+            else:
+                gpu.next_probe = now + min(quiet, 1.0)
+        if not recovered:
+            return
+        rewatch = False
+        for index in recovered:
+            gpu = self._gpus[index]
+            rewatch = rewatch or gpu.lost
+            gpu.healthy, gpu.lost, gpu.last_fault = True, False, None
+        self._publish()
+        if rewatch:
+            self._close_watcher()  # the next open registers the recovered GPU's events again
+
+    def _apply_probes(self, answers: dict[int, bool]) -> None:
+        """A GPU that failed its probe is lost (and Unhealthy); one that answered is not lost."""
+        now = self._clock()
+        for index, ok in answers.items():
+            gpu = self._gpus[index]
+            gpu.lost = not ok
+            if ok:
+                continue
+            gpu.last_fault = now
+            gpu.next_probe = now + self._settings.recovery_quiet_s
+            if gpu.healthy:
+                gpu.healthy = False
+                _log.info("gpu unhealthy", gpu=index, lost=True, probe="failed")
+
+    def _probe(self, index: int) -> bool:
+        try:
+            return self._nvml.probe(index)
+        except Exception:
+            return False
+
+    def _publish(self) -> None:
+        """Report the effective map if it differs from the last one reported."""
+        current = {i: (not self._nvml_failed) and g.healthy for i, g in self._gpus.items()}
+        with self._lock:
+            if current == self._published:
+                return
+            self._published = current
+        try:
+            self._on_change(dict(current))
+        except Exception as exc:  # a bad callback must not end health monitoring
+            _log.error("health change callback failed", error=repr(exc))

@@ -1,0 +1,460 @@
+"""Everything nvplugin asks NVML: discovery once at start, then health events and probes.
+
+This is the only module that imports ``pynvml``. The simulated NVML (:mod:`nvplugin.node.sim`)
+replaces exactly the pynvml functions called here, so the same code runs on a real node and on a
+laptop. Discovery reads the rest of the node (NUMA node of each GPU, NUMA distances, CPU layout)
+from sysfs, under a configurable root, the same way in both cases.
+
+Every NVML failure a user can meet becomes an :class:`NvpluginError` saying what to do (no
+library, driver not loaded, driver/library mismatch, GPU lost), never a traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType, ModuleType
+from typing import Any, TypeVar
+
+import pynvml
+
+from nvplugin.errors import NvpluginError
+from nvplugin.node.model import MAX_NVLINKS, Cpu, CpuLayout, Gpu, Link, Pcie, Topology
+
+T = TypeVar("T")
+
+CALLED = (
+    "nvmlInit",
+    "nvmlShutdown",
+    "nvmlDeviceGetCount",
+    "nvmlDeviceGetHandleByIndex",
+    "nvmlDeviceGetUUID",
+    "nvmlDeviceGetName",
+    "nvmlDeviceGetMemoryInfo",
+    "nvmlDeviceGetPciInfo",
+    "nvmlDeviceGetMinorNumber",
+    "nvmlDeviceGetTopologyCommonAncestor",
+    "nvmlDeviceGetNvLinkState",
+    "nvmlDeviceGetNvLinkRemotePciInfo",
+    "nvmlDeviceGetNvLinkRemoteDeviceType",
+    "nvmlEventSetCreate",
+    "nvmlDeviceRegisterEvents",
+    "nvmlEventSetWait",
+    "nvmlEventSetFree",
+)
+"""The pynvml functions this module calls: the simulated NVML models exactly these."""
+
+_LEVEL_TO_PCIE: Mapping[int, Pcie] = MappingProxyType(
+    {
+        pynvml.NVML_TOPOLOGY_INTERNAL: Pcie.INT,
+        pynvml.NVML_TOPOLOGY_SINGLE: Pcie.PIX,
+        pynvml.NVML_TOPOLOGY_MULTIPLE: Pcie.PXB,
+        pynvml.NVML_TOPOLOGY_HOSTBRIDGE: Pcie.PHB,
+        pynvml.NVML_TOPOLOGY_NODE: Pcie.NODE,
+        pynvml.NVML_TOPOLOGY_SYSTEM: Pcie.SYS,
+    }
+)
+PCIE_TO_LEVEL: Mapping[Pcie, int] = MappingProxyType(
+    {pcie: level for level, pcie in _LEVEL_TO_PCIE.items()}
+)
+"""NVML common-ancestor level of each PCIe relation (the simulated NVML answers with these)."""
+
+_PCI_RE = re.compile(r"^([0-9a-fA-F]+):([0-9a-fA-F]+):([0-9a-fA-F]+)\.([0-9a-fA-F]+)$")
+
+MAX_EVENTS_PER_WAIT = 64
+"""How many queued events one :meth:`EventWatcher.wait` drains at most."""
+
+
+def bindings() -> ModuleType:
+    """The pynvml module itself, for the simulated NVML to patch (nothing else imports it)."""
+    module: ModuleType = pynvml
+    return module
+
+
+@dataclass(frozen=True)
+class GpuEvent:
+    """A health event of one GPU: an Xid critical error, or the GPU fell off the bus."""
+
+    index: int
+    xid: int | None = None
+    lost: bool = False
+
+
+class EventWaitError(NvpluginError):
+    """The NVML event wait itself failed (not a timeout); the watcher may be retried."""
+
+
+def _text(value: str | bytes) -> str:
+    """pynvml returns str or bytes depending on its version."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _address(pointer: Any) -> int:
+    """The address an opaque NVML handle points at: how an event's device is matched."""
+    return int(ctypes.cast(pointer, ctypes.c_void_p).value or 0)
+
+
+def pci_key(bus_id: str) -> tuple[int, int, int, int] | None:
+    """(domain, bus, device, function) of a PCI bus id in any width, or None if malformed."""
+    match = _PCI_RE.match(bus_id.strip())
+    if not match:
+        return None
+    domain, bus, dev, fn = (int(part, 16) for part in match.groups())
+    return domain, bus, dev, fn
+
+
+def sysfs_pci_name(bus_id: str) -> str:
+    """NVML's ``00000000:07:00.0`` as sysfs names it: ``0000:07:00.0`` (4-digit, lower case)."""
+    key = pci_key(bus_id)
+    if key is None:
+        return bus_id.lower()
+    domain, bus, dev, fn = key
+    return f"{domain:04x}:{bus:02x}:{dev:02x}.{fn:x}"
+
+
+def _failure(exc: Exception, what: str) -> NvpluginError:
+    """An NVML error as a message a user can act on."""
+    if isinstance(exc, pynvml.NVMLError_LibraryNotFound):
+        return NvpluginError(
+            "NVML library libnvidia-ml.so.1 not found: is the NVIDIA driver installed on this "
+            "node, and is this container run with the NVIDIA container runtime "
+            "(runtimeClassName: nvidia, or --gpus / NVIDIA_VISIBLE_DEVICES)? To try nvplugin "
+            "without a GPU, use --simulate NODE (a built-in node name or a node file)"
+        )
+    if isinstance(exc, pynvml.NVMLError_DriverNotLoaded):
+        return NvpluginError(
+            "the NVIDIA kernel driver is not loaded (NVML: Driver Not Loaded): check "
+            "`nvidia-smi` on the node and load the driver (modprobe nvidia) or reinstall it"
+        )
+    if isinstance(exc, pynvml.NVMLError_LibRmVersionMismatch):
+        return NvpluginError(
+            "the NVML library and the NVIDIA kernel driver have different versions (NVML: "
+            "driver/library version mismatch): the driver was upgraded without reloading it, or "
+            "the container carries its own libnvidia-ml; reboot the node (or reload the nvidia "
+            "module) and do not bundle libnvidia-ml in the image"
+        )
+    if isinstance(exc, pynvml.NVMLError_NoPermission):
+        return NvpluginError(
+            f"no permission to {what} (NVML: Insufficient Permissions): the plugin needs access "
+            "to /dev/nvidia*; run it privileged or with the NVIDIA container runtime"
+        )
+    if isinstance(exc, pynvml.NVMLError_GpuIsLost):
+        return NvpluginError(
+            f"{what}: the GPU is lost (NVML: GPU is lost; it fell off the bus): drain the node, "
+            "then reset the GPU (nvidia-smi -r) or reboot it"
+        )
+    return NvpluginError(f"NVML failed to {what}: {exc}")
+
+
+def _call(what: str, func: Callable[..., T], *args: Any) -> T:
+    try:
+        return func(*args)
+    except pynvml.NVMLError as exc:
+        raise _failure(exc, what) from None
+
+
+class Nvml:
+    """An initialised NVML session; :meth:`close` shuts it down.
+
+    ``sysfs_root`` is where discovery reads NUMA nodes and CPUs (``/sys`` on a real node, the
+    simulated node's generated tree under ``--simulate``).
+    """
+
+    def __init__(self, sysfs_root: str = "/sys") -> None:
+        self.sysfs_root = sysfs_root
+        self._handles: list[Any] = []
+        _call("initialise NVML", pynvml.nvmlInit)
+        self._open = True
+
+    def close(self) -> None:
+        if self._open:
+            self._open = False
+            # Shutting down a session that is already broken: nothing is left to free.
+            with contextlib.suppress(pynvml.NVMLError):
+                pynvml.nvmlShutdown()
+
+    def __enter__(self) -> Nvml:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- discovery ----------------------------------------------------------------------------
+    def discover(self, name: str) -> Topology:
+        """Read the node once: GPUs, every pair's PCIe relation and NVLinks, NUMA and CPUs."""
+        count = _call("count the GPUs", pynvml.nvmlDeviceGetCount)
+        handles = [
+            _call(f"open GPU {i}", pynvml.nvmlDeviceGetHandleByIndex, i) for i in range(count)
+        ]
+        self._handles = handles
+        numa_distances = read_numa_distances(self.sysfs_root)
+        gpus = tuple(self._gpu(i, h, len(numa_distances)) for i, h in enumerate(handles))
+        by_pci = {pci_key(g.pci_bus_id): g.index for g in gpus}
+        direct = [[0] * count for _ in range(count)]
+        fabric = [0] * count
+        for i, handle in enumerate(handles):
+            self._walk_nvlinks(i, handle, by_pci, direct[i], fabric)
+        links: list[list[Link | None]] = [[None] * count for _ in range(count)]
+        for i in range(count):
+            for j in range(i + 1, count):
+                level = _call(
+                    f"read the PCIe relation of GPU {i} and GPU {j}",
+                    pynvml.nvmlDeviceGetTopologyCommonAncestor,
+                    handles[i],
+                    handles[j],
+                )
+                pcie = _LEVEL_TO_PCIE.get(level)
+                if pcie is None:
+                    raise NvpluginError(
+                        f"NVML reported an unknown PCIe relation {level} for GPU {i} and GPU {j}"
+                    )
+                # Each end counts the links it sees; a direct link is seen from both ends.
+                nvlinks = max(direct[i][j], direct[j][i])
+                if fabric[i] and fabric[j]:
+                    nvlinks += min(fabric[i], fabric[j])
+                link = Link(pcie, min(nvlinks, MAX_NVLINKS))
+                links[i][j] = links[j][i] = link
+        cpus = read_cpu_layout(self.sysfs_root)
+        return Topology(name, gpus, tuple(tuple(row) for row in links), numa_distances, cpus)
+
+    def _gpu(self, index: int, handle: Any, numa_count: int) -> Gpu:
+        what = f"read GPU {index}"
+        uuid = _text(_call(f"{what}'s UUID", pynvml.nvmlDeviceGetUUID, handle))
+        name = _text(_call(f"{what}'s name", pynvml.nvmlDeviceGetName, handle))
+        memory = _call(f"{what}'s memory", pynvml.nvmlDeviceGetMemoryInfo, handle)
+        pci = _call(f"{what}'s PCI info", pynvml.nvmlDeviceGetPciInfo, handle)
+        minor = _call(f"{what}'s minor number", pynvml.nvmlDeviceGetMinorNumber, handle)
+        bus_id = _text(pci.busId)
+        numa = read_numa_node(self.sysfs_root, bus_id)
+        if numa is not None and numa >= numa_count:
+            numa = None  # a node sysfs does not list: treat as unknown rather than fail
+        return Gpu(index, uuid, name, int(memory.total) // (1 << 20), bus_id, int(minor), numa)
+
+    def _walk_nvlinks(
+        self,
+        index: int,
+        handle: Any,
+        by_pci: dict[tuple[int, int, int, int] | None, int],
+        direct: list[int],
+        fabric: list[int],
+    ) -> None:
+        """Count GPU ``index``'s active NVLinks: per peer GPU, and into the NVSwitch fabric.
+
+        A link whose index the GPU does not have answers NotSupported or InvalidArgument: skip
+        it. A link to an NVSwitch leads to every other fabric GPU (counted as min of the two).
+        """
+        for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+            try:
+                if pynvml.nvmlDeviceGetNvLinkState(handle, link) != pynvml.NVML_FEATURE_ENABLED:
+                    continue
+                remote = pynvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link)
+            except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_InvalidArgument):
+                continue
+            except pynvml.NVMLError as exc:
+                raise _failure(exc, f"read NVLink {link} of GPU {index}") from None
+            peer = by_pci.get(pci_key(_text(remote.busId)))
+            try:
+                kind = pynvml.nvmlDeviceGetNvLinkRemoteDeviceType(handle, link)
+            except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound):
+                # Older drivers: a link whose far end is a known GPU is a GPU link.
+                kind = pynvml.NVML_NVLINK_DEVICE_TYPE_GPU if peer is not None else None
+            except pynvml.NVMLError as exc:
+                raise _failure(exc, f"read NVLink {link} of GPU {index}") from None
+            if kind == pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH:
+                fabric[index] += 1
+            elif kind == pynvml.NVML_NVLINK_DEVICE_TYPE_GPU and peer is not None and peer != index:
+                direct[peer] += 1
+
+    # -- health -------------------------------------------------------------------------------
+    def _handle(self, index: int) -> Any:
+        if index < len(self._handles):
+            return self._handles[index]
+        return pynvml.nvmlDeviceGetHandleByIndex(index)
+
+    def probe(self, index: int) -> bool:
+        """One cheap query of GPU ``index``; False when NVML cannot answer it (lost etc.)."""
+        try:
+            pynvml.nvmlDeviceGetMemoryInfo(self._handle(index))
+        except pynvml.NVMLError:
+            return False
+        return True
+
+    def watch_events(self, indices: Sequence[int]) -> EventWatcher:
+        """An event set with Xid critical errors registered for each of ``indices``.
+
+        A GPU that does not support the event, or that is lost right now, is skipped rather than
+        failing the whole set: a monitor re-creating its set after a wait failure must not be
+        stopped by one dead GPU. Skipped GPUs are still probed when a wait reports a lost GPU.
+        """
+        event_set = _call("create an NVML event set", pynvml.nvmlEventSetCreate)
+        registered = []
+        by_address = {}
+        for index in indices:
+            try:
+                handle = self._handle(index)
+                by_address[_address(handle)] = index
+                pynvml.nvmlDeviceRegisterEvents(
+                    handle, pynvml.nvmlEventTypeXidCriticalError, event_set
+                )
+            except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_GpuIsLost):
+                continue
+            except pynvml.NVMLError as exc:
+                with contextlib.suppress(pynvml.NVMLError):
+                    pynvml.nvmlEventSetFree(event_set)
+                raise _failure(exc, f"register Xid events of GPU {index}") from None
+            registered.append(index)
+        return EventWatcher(self, event_set, tuple(indices), tuple(registered), by_address)
+
+
+class EventWatcher:
+    """Waits for Xid critical errors and lost GPUs among the watched GPUs."""
+
+    def __init__(
+        self,
+        nvml: Nvml,
+        event_set: Any,
+        watched: tuple[int, ...],
+        registered: tuple[int, ...],
+        by_address: dict[int, int],
+    ) -> None:
+        self._nvml = nvml
+        self._set: Any = event_set
+        self.watched = watched
+        self.registered = registered
+        self._by_address = by_address
+
+    def wait(self, timeout_ms: int) -> list[GpuEvent]:
+        """Events within ``timeout_ms``: [] on timeout; queued events are drained together.
+
+        When the wait reports a lost GPU, every watched GPU is probed and each that fails is
+        reported lost. Any other failure of the wait raises :class:`EventWaitError`.
+        """
+        if self._set is None:
+            raise EventWaitError("the NVML event watcher is closed")
+        events: list[GpuEvent] = []
+        timeout = timeout_ms
+        while len(events) < MAX_EVENTS_PER_WAIT:
+            try:
+                data = pynvml.nvmlEventSetWait(self._set, timeout)
+            except pynvml.NVMLError_Timeout:
+                break
+            except pynvml.NVMLError_GpuIsLost:
+                lost = [GpuEvent(i, lost=True) for i in self.watched if not self._nvml.probe(i)]
+                return events + lost
+            except pynvml.NVMLError as exc:
+                if events:
+                    break  # report what arrived; the failure shows again on the next wait
+                raise EventWaitError(f"waiting for NVML events failed: {exc}") from None
+            index = self._by_address.get(_address(data.device))
+            if index is not None and data.eventType & pynvml.nvmlEventTypeXidCriticalError:
+                events.append(GpuEvent(index, xid=int(data.eventData)))
+            timeout = 0
+        return events
+
+    def close(self) -> None:
+        if self._set is not None:
+            event_set, self._set = self._set, None
+            with contextlib.suppress(pynvml.NVMLError):  # a broken session: nothing to free
+                pynvml.nvmlEventSetFree(event_set)
+
+
+# -- sysfs ------------------------------------------------------------------------------------
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def parse_cpulist(text: str) -> list[int]:
+    """Linux cpulist format (``0-19,40-59``) as CPU ids."""
+    cpus: list[int] = []
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        low, _, high = part.partition("-")
+        cpus.extend(range(int(low), int(high or low) + 1))
+    return cpus
+
+
+def read_numa_node(sysfs_root: str, bus_id: str) -> int | None:
+    """NUMA node of a PCI device from sysfs: None when negative (-1) or unreadable."""
+    path = Path(sysfs_root, "bus/pci/devices", sysfs_pci_name(bus_id), "numa_node")
+    text = _read(path)
+    try:
+        node = int(text) if text is not None else -1
+    except ValueError:
+        return None
+    return node if node >= 0 else None
+
+
+def _node_ids(sysfs_root: str) -> list[int]:
+    try:
+        entries = os.listdir(Path(sysfs_root, "devices/system/node"))
+    except OSError:
+        return []
+    return sorted(int(e[4:]) for e in entries if e.startswith("node") and e[4:].isdigit())
+
+
+def read_numa_distances(sysfs_root: str) -> tuple[tuple[int, ...], ...]:
+    """SLIT distances between NUMA nodes 0..k-1 from ``devices/system/node/node*/distance``.
+
+    Without node directories (a kernel without NUMA), one node 0 at distance 10. Node ids
+    missing from a sparse numbering get rows of 255 (unreachable) so ids stay 0..k-1.
+    """
+    ids = _node_ids(sysfs_root)
+    if not ids:
+        return ((10,),)
+    count = ids[-1] + 1
+    rows = [[10 if a == b else 255 for b in range(count)] for a in range(count)]
+    for a in ids:
+        text = _read(Path(sysfs_root, f"devices/system/node/node{a}/distance")) or ""
+        try:
+            values = [int(v) for v in text.split()]
+        except ValueError:
+            values = []
+        for b, value in zip(ids, values, strict=False):
+            rows[a][b] = value
+    return tuple(tuple(row) for row in rows)
+
+
+def read_cpu_layout(sysfs_root: str) -> CpuLayout:
+    """Logical CPUs with socket, core and NUMA node from sysfs (``devices/system/cpu``).
+
+    A CPU in no node's cpulist is on node 0. Without readable CPU topology (not Linux): one
+    socket of ``os.cpu_count()`` single-threaded cores on node 0.
+    """
+    node_of: dict[int, int] = {}
+    for node in _node_ids(sysfs_root):
+        text = _read(Path(sysfs_root, f"devices/system/node/node{node}/cpulist")) or ""
+        try:
+            for cpu in parse_cpulist(text):
+                node_of[cpu] = node
+        except ValueError:
+            continue
+    base = Path(sysfs_root, "devices/system/cpu")
+    try:
+        entries = os.listdir(base)
+    except OSError:
+        entries = []
+    cpus = []
+    for entry in entries:
+        if not (entry.startswith("cpu") and entry[3:].isdigit()):
+            continue
+        cpu_id = int(entry[3:])
+        socket = _read(base / entry / "topology/physical_package_id")
+        core = _read(base / entry / "topology/core_id")
+        if socket is None or core is None:
+            continue  # offline CPU: no topology
+        try:
+            cpus.append(Cpu(cpu_id, int(socket), int(core), node_of.get(cpu_id, 0)))
+        except ValueError:
+            continue
+    if not cpus:
+        return CpuLayout.build(1, os.cpu_count() or 1, 1, 1)
+    return CpuLayout(tuple(sorted(cpus, key=lambda c: c.id)))

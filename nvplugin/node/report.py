@@ -1,0 +1,132 @@
+"""Renderings of a discovered node for ``nvplugin devices`` and ``nvplugin topo``.
+
+``topo --output json`` is a contract other tools read::
+
+    {"name": str,
+     "gpus": [{"index", "uuid", "name", "memory_mib", "pci_bus_id", "numa_node"}],
+     "pairs": [{"a": i, "b": j, "pcie": "SYS|NODE|PHB|PXB|PIX|INT", "nvlinks": k, "score": n}]}
+
+with one entry per pair a < b (index order) and ``numa_node`` null when unknown.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from nvplugin.node.model import Gpu, Topology
+
+LEGEND = """Legend:
+  X    = self
+  SYS  = across CPU sockets (PCIe plus the SMP interconnect between NUMA nodes)
+  NODE = same NUMA node, different PCIe host bridges
+  PHB  = same PCIe host bridge
+  PXB  = several PCIe switches, no host bridge
+  PIX  = one PCIe switch
+  INT  = same board
+  NV#  = # NVLinks, direct or through NVSwitches (shown with the PCIe relation beneath them)"""
+
+
+def format_cpulist(cpus: tuple[int, ...] | list[int]) -> str:
+    """CPU ids in Linux cpulist form (``0-19,40-59``); ids must be ascending."""
+    parts: list[str] = []
+    start = prev = -2
+    for cpu in cpus:
+        if cpu == prev + 1:
+            prev = cpu
+            continue
+        if start >= 0:
+            parts.append(f"{start}-{prev}" if start != prev else str(start))
+        start = prev = cpu
+    if start >= 0:
+        parts.append(f"{start}-{prev}" if start != prev else str(start))
+    return ",".join(parts)
+
+
+def gpu_dict(gpu: Gpu) -> dict[str, Any]:
+    return {
+        "index": gpu.index,
+        "uuid": gpu.uuid,
+        "name": gpu.name,
+        "memory_mib": gpu.memory_mib,
+        "pci_bus_id": gpu.pci_bus_id,
+        "numa_node": gpu.numa_node,
+    }
+
+
+def topology_dict(topo: Topology) -> dict[str, Any]:
+    """The ``topo --output json`` contract as a dict."""
+    return {
+        "name": topo.name,
+        "gpus": [gpu_dict(g) for g in topo.gpus],
+        "pairs": [
+            {"a": a, "b": b, "pcie": link.pcie.name, "nvlinks": link.nvlinks, "score": link.score}
+            for a, b, link in topo.pairs()
+        ],
+    }
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def _numa(gpu: Gpu) -> str:
+    return "N/A" if gpu.numa_node is None else str(gpu.numa_node)
+
+
+def devices_table(topo: Topology) -> str:
+    rows = [["INDEX", "UUID", "NAME", "MEMORY", "BUS ID", "NUMA"]]
+    for g in topo.gpus:
+        rows.append([str(g.index), g.uuid, g.name, f"{g.memory_mib} MiB", g.pci_bus_id, _numa(g)])
+    return f"{_table(rows)}\n"
+
+
+def devices_json(topo: Topology) -> str:
+    data = {"name": topo.name, "gpus": [gpu_dict(g) for g in topo.gpus]}
+    return json.dumps(data, indent=2) + "\n"
+
+
+def topology_json(topo: Topology) -> str:
+    return json.dumps(topology_dict(topo), indent=2) + "\n"
+
+
+def topology_matrix(topo: Topology) -> str:
+    """The link matrix laid out like ``nvidia-smi topo -m``, then the pair scores."""
+    n = len(topo)
+    names = [f"GPU{i}" for i in range(n)]
+    rows = [["", *names, "CPU Affinity", "NUMA Affinity"]]
+    for i, gpu in enumerate(topo.gpus):
+        cells = ["X" if link is None else link.cell for link in topo.links[i]]
+        cpus = "N/A" if gpu.numa_node is None else format_cpulist(topo.cpus.on_node(gpu.numa_node))
+        rows.append([names[i], *cells, cpus or "N/A", _numa(gpu)])
+    scores = [["", *names]]
+    for i in range(n):
+        scores.append([names[i], *("-" if i == j else str(topo.score(i, j)) for j in range(n))])
+    return (
+        f"Node {topo.name}: {n} GPU(s)\n\n{_table(rows)}\n\n{LEGEND}\n\n"
+        f"Pair scores (PCIe weight + 100 per NVLink):\n\n{_table(scores)}\n"
+    )
+
+
+def topology_mermaid(topo: Topology) -> str:
+    """A Mermaid graph for GitHub markdown: GPUs grouped by NUMA node, NVLink edges labelled."""
+    lines = ["```mermaid", "graph LR"]
+    groups: dict[int | None, list[Gpu]] = {}
+    for gpu in topo.gpus:
+        groups.setdefault(gpu.numa_node, []).append(gpu)
+    ordered = sorted(groups, key=lambda node: (node is None, node or 0))
+    for node in ordered:
+        ident = "numa_unknown" if node is None else f"numa{node}"
+        title = "NUMA node unknown" if node is None else f"NUMA node {node}"
+        lines.append(f'  subgraph {ident}["{title}"]')
+        for gpu in groups[node]:
+            label = f"GPU{gpu.index}<br/>{gpu.name}<br/>{gpu.pci_bus_id}".replace('"', "'")
+            lines.append(f'    gpu{gpu.index}["{label}"]')
+        lines.append("  end")
+    for a, b, link in topo.pairs():
+        if link.nvlinks:
+            lines.append(f'  gpu{a} ---|"NV{link.nvlinks}"| gpu{b}')
+    lines.append("```")
+    return "\n".join(lines) + "\n"

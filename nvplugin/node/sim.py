@@ -1,0 +1,425 @@
+"""The simulated NVML: a node file behind the real pynvml calls, plus a generated sysfs tree.
+
+While installed, every ``nvml*`` function of the real ``pynvml`` module is replaced: the ones
+:mod:`nvplugin.node.nvml` calls answer from the node file with the real pynvml structures and
+error classes; every other one raises :class:`UnmodelledNvmlCall`, so new NVML use shows up in
+tests at once. Discovery, health events and probes therefore run unchanged, and ``calls`` counts
+each function so tests can assert that request paths make no NVML calls.
+
+Model of the node file:
+
+- handles are opaque ``c_nvmlDevice_t`` pointers (never dereferenced), one per GPU;
+- NVLinks: GPU i's link indices hold first its direct links to each peer (in peer order, remote
+  type GPU, remote PCI info of the peer), then its ``nvswitch_links`` (remote type SWITCH, remote
+  PCI info of one of the switches, which are not GPUs). Between two fabric GPUs nothing is
+  direct; discovery recovers min(links of each). Indices past the GPU's links up to
+  ``MAX_NVLINKS`` answer NotSupported, beyond that InvalidArgument;
+- scripted events (``after_s`` from the first simulated ``nvmlInit``): an Xid event is
+  delivered once, by the next ``nvmlEventSetWait`` of a set the GPU is registered in; a lost GPU
+  raises GpuIsLost on every query until a ``recover`` event, and the next wait raises GpuIsLost
+  once; a ``wait_error`` makes every wait raise NVMLError_Unknown for ``for_s`` seconds.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import inspect
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from nvplugin.node import nvml
+from nvplugin.node.model import MAX_NVLINKS
+from nvplugin.node.nodefile import NodeSpec
+from nvplugin.node.report import format_cpulist
+
+_HANDLE_BASE = 0x7E5A0000
+_SET_BASE = 0x7E5B0000
+SWITCHES = 6
+"""How many NVSwitches the simulated fabric spreads a GPU's switch links over."""
+
+_INSTALLED_MARK = "_nvplugin_simulation"
+
+
+class UnmodelledNvmlCall(RuntimeError):
+    """A pynvml function the simulated NVML does not model was called."""
+
+
+class SimulatedNvml:
+    """A fake NVML for one node file. :meth:`install` patches pynvml; :meth:`uninstall` undoes.
+
+    ``init_error`` names an NVML error (``"LIBRARY_NOT_FOUND"``, ``"DRIVER_NOT_LOADED"``,
+    ``"LIB_RM_VERSION_MISMATCH"``, ...) that ``nvmlInit`` raises, to test failure messages.
+    ``no_xid_events`` lists GPUs that do not support Xid event registration. ``clock`` and
+    ``sleep`` drive scripted events (tests pass a fake clock). ``sysfs_numa=False`` leaves NUMA
+    node directories out of the sysfs tree (a kernel without NUMA).
+    """
+
+    def __init__(
+        self,
+        spec: NodeSpec,
+        *,
+        sysfs_root: str | None = None,
+        init_error: str | None = None,
+        no_xid_events: frozenset[int] = frozenset(),
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+        sysfs_numa: bool = True,
+    ) -> None:
+        self.spec = spec
+        self.calls: Counter[str] = Counter()
+        self._pynvml = nvml.bindings()
+        if init_error is not None and not hasattr(self._pynvml, f"NVML_ERROR_{init_error}"):
+            raise ValueError(f"no NVML error NVML_ERROR_{init_error}")
+        self._init_error = init_error
+        self._no_xid = no_xid_events
+        self._clock = clock
+        self._sleep = sleep
+        self._sysfs_numa = sysfs_numa
+        self._given_root = sysfs_root
+        self.sysfs_root = ""
+        self._made_root = False
+        self._saved: dict[str, Any] = {}
+        self._lock = threading.RLock()
+        self._started: float | None = None
+        self._initialised = 0
+        self._handles = [
+            ctypes.cast(ctypes.c_void_p(_HANDLE_BASE + 16 * i), self._pynvml.c_nvmlDevice_t)
+            for i in range(len(spec.gpus))
+        ]
+        self._sets: dict[int, set[int]] = {}  # event-set address -> registered GPU indices
+        self._next_set = 0
+        self._delivered: set[int] = set()  # event numbers already delivered / raised
+        self._link_table = [self._links_of(i) for i in range(len(spec.gpus))]
+
+    # -- install / uninstall ------------------------------------------------------------------
+    def install(self) -> SimulatedNvml:
+        """Write the sysfs tree and patch pynvml. Only one simulation at a time."""
+        p = self._pynvml
+        if getattr(p, _INSTALLED_MARK, None) is not None:
+            raise RuntimeError("a simulated NVML is already installed")
+        self._write_sysfs()
+        modelled = self._modelled()
+        names = [n for n in dir(p) if n.startswith("nvml") and inspect.isfunction(getattr(p, n))]
+        names += ["_nvmlGetFunctionPointer", "_LoadNvmlLibrary"]
+        for name in names:
+            self._saved[name] = getattr(p, name)
+            fake = modelled.get(name)
+            setattr(p, name, self._counted(name, fake) if fake else self._unmodelled(name))
+        setattr(p, _INSTALLED_MARK, self)
+        return self
+
+    def uninstall(self) -> None:
+        """Restore pynvml and remove the generated sysfs tree (if this simulation made it)."""
+        p = self._pynvml
+        if getattr(p, _INSTALLED_MARK, None) is not self:
+            return
+        for name, original in self._saved.items():
+            setattr(p, name, original)
+        self._saved.clear()
+        delattr(p, _INSTALLED_MARK)
+        if self._made_root:
+            shutil.rmtree(self.sysfs_root, ignore_errors=True)
+            self._made_root = False
+
+    def __enter__(self) -> SimulatedNvml:
+        return self.install()
+
+    def __exit__(self, *exc: object) -> None:
+        self.uninstall()
+
+    def _counted(self, name: str, fake: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fake)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.calls[name] += 1
+            return fake(*args, **kwargs)
+
+        return call
+
+    def _unmodelled(self, name: str) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.calls[name] += 1
+            raise UnmodelledNvmlCall(
+                f"the simulated NVML does not model pynvml.{name}: model it in "
+                "nvplugin/node/sim.py (and list it in nvml.CALLED) before calling it"
+            )
+
+        return call
+
+    def _modelled(self) -> dict[str, Callable[..., Any]]:
+        return {
+            "nvmlInit": self.nvmlInit,
+            "nvmlShutdown": self.nvmlShutdown,
+            "nvmlErrorString": self.nvmlErrorString,
+            "nvmlDeviceGetCount": self.nvmlDeviceGetCount,
+            "nvmlDeviceGetHandleByIndex": self.nvmlDeviceGetHandleByIndex,
+            "nvmlDeviceGetUUID": self.nvmlDeviceGetUUID,
+            "nvmlDeviceGetName": self.nvmlDeviceGetName,
+            "nvmlDeviceGetMemoryInfo": self.nvmlDeviceGetMemoryInfo,
+            "nvmlDeviceGetPciInfo": self.nvmlDeviceGetPciInfo,
+            "nvmlDeviceGetMinorNumber": self.nvmlDeviceGetMinorNumber,
+            "nvmlDeviceGetTopologyCommonAncestor": self.nvmlDeviceGetTopologyCommonAncestor,
+            "nvmlDeviceGetNvLinkState": self.nvmlDeviceGetNvLinkState,
+            "nvmlDeviceGetNvLinkRemotePciInfo": self.nvmlDeviceGetNvLinkRemotePciInfo,
+            "nvmlDeviceGetNvLinkRemoteDeviceType": self.nvmlDeviceGetNvLinkRemoteDeviceType,
+            "nvmlEventSetCreate": self.nvmlEventSetCreate,
+            "nvmlDeviceRegisterEvents": self.nvmlDeviceRegisterEvents,
+            "nvmlEventSetWait": self.nvmlEventSetWait,
+            "nvmlEventSetFree": self.nvmlEventSetFree,
+        }
+
+    # -- sysfs --------------------------------------------------------------------------------
+    def _write_sysfs(self) -> None:
+        if self._given_root is not None:
+            root = Path(self._given_root)
+            root.mkdir(parents=True, exist_ok=True)
+        else:
+            # In memory where the OS offers it: a 256-CPU tree is ~1000 files, 40x faster on tmpfs.
+            shm = (
+                "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+            )
+            root = Path(tempfile.mkdtemp(prefix="nvplugin-sysfs-", dir=shm))
+            self._made_root = True
+        self.sysfs_root = str(root)
+        for gpu in self.spec.gpus:
+            device = root / "bus/pci/devices" / nvml.sysfs_pci_name(gpu.pci_bus_id)
+            device.mkdir(parents=True, exist_ok=True)
+            numa = -1 if gpu.numa_node is None else gpu.numa_node
+            (device / "numa_node").write_text(f"{numa}\n")
+        layout = self.spec.cpu_layout
+        if self._sysfs_numa:
+            for node, row in enumerate(self.spec.numa_distances):
+                folder = root / f"devices/system/node/node{node}"
+                folder.mkdir(parents=True, exist_ok=True)
+                (folder / "distance").write_text(" ".join(str(d) for d in row) + "\n")
+                (folder / "cpulist").write_text(format_cpulist(layout.on_node(node)) + "\n")
+        for cpu in layout.cpus:
+            topo = f"{root}/devices/system/cpu/cpu{cpu.id}/topology"
+            os.makedirs(topo, exist_ok=True)
+            with open(f"{topo}/physical_package_id", "w") as out:
+                out.write(f"{cpu.socket}\n")
+            with open(f"{topo}/core_id", "w") as out:
+                out.write(f"{cpu.core}\n")
+
+    # -- state --------------------------------------------------------------------------------
+    def _now(self) -> float:
+        """Seconds since the first simulated nvmlInit (0 before it)."""
+        return 0.0 if self._started is None else self._clock() - self._started
+
+    def _error(self, code: int) -> Exception:
+        exc: Exception = self._pynvml.NVMLError(code)
+        return exc
+
+    def is_lost(self, index: int) -> bool:
+        """Whether GPU ``index`` is lost now (the last due lost/recover event decides)."""
+        now = self._now()
+        lost = False
+        for event in self.spec.events:
+            if event.gpu == index and event.after_s <= now and (event.lost or event.recover):
+                lost = event.lost
+        return lost
+
+    def _require_init(self) -> None:
+        if not self._initialised:
+            raise self._error(self._pynvml.NVML_ERROR_UNINITIALIZED)
+
+    def _device(self, handle: Any) -> int:
+        """The GPU index of a handle; raises like NVML for a foreign handle or a lost GPU."""
+        self._require_init()
+        try:
+            offset = nvml._address(handle) - _HANDLE_BASE
+        except (TypeError, ctypes.ArgumentError):
+            raise self._error(self._pynvml.NVML_ERROR_INVALID_ARGUMENT) from None
+        index, rest = divmod(offset, 16)
+        if rest or not 0 <= index < len(self.spec.gpus):
+            raise self._error(self._pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if self.is_lost(index):
+            raise self._error(self._pynvml.NVML_ERROR_GPU_IS_LOST)
+        return index
+
+    def _links_of(self, index: int) -> list[tuple[int, int]]:
+        """GPU ``index``'s NVLinks in link-index order: (remote type, peer or switch number)."""
+        gpu_type = self._pynvml.NVML_NVLINK_DEVICE_TYPE_GPU
+        switch_type = self._pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH
+        links = []
+        for peer in range(len(self.spec.gpus)):
+            if peer != index:
+                links += [(gpu_type, peer)] * self.spec.direct_nvlinks(index, peer)
+        links += [(switch_type, k % SWITCHES) for k in range(self.spec.gpus[index].nvswitch_links)]
+        return links
+
+    def _link(self, handle: Any, link: int) -> tuple[int, int]:
+        index = self._device(handle)
+        if not 0 <= link < MAX_NVLINKS:
+            raise self._error(self._pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        table = self._link_table[index]
+        if link >= len(table):
+            raise self._error(self._pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return table[link]
+
+    def _pci(self, bus_id: str) -> Any:
+        struct = getattr(self._pynvml, "nvmlPciInfo_t", None) or self._pynvml.c_nvmlPciInfo_t
+        info = struct()
+        domain, bus, dev, _ = nvml.pci_key(bus_id) or (0, 0, 0, 0)
+        info.domain, info.bus, info.device = domain, bus, dev
+        info.busId = bus_id
+        info.busIdLegacy = f"{domain & 0xFFFF:04X}:{bus:02X}:{dev:02X}.0"
+        return info
+
+    # -- the modelled pynvml functions (same names and arguments as pynvml's) -------------------
+    def nvmlInit(self) -> None:
+        if self._init_error is not None:
+            raise self._error(getattr(self._pynvml, f"NVML_ERROR_{self._init_error}"))
+        with self._lock:
+            if self._started is None:
+                self._started = self._clock()
+            self._initialised += 1
+
+    def nvmlShutdown(self) -> None:
+        self._require_init()
+        with self._lock:
+            self._initialised -= 1
+
+    def nvmlErrorString(self, result: int) -> str:
+        return f"NVML error {result} (simulated)"
+
+    def nvmlDeviceGetCount(self) -> int:
+        self._require_init()
+        return len(self.spec.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Any:
+        self._require_init()
+        if not 0 <= index < len(self.spec.gpus):
+            raise self._error(self._pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if self.is_lost(index):
+            raise self._error(self._pynvml.NVML_ERROR_GPU_IS_LOST)
+        return self._handles[index]
+
+    def nvmlDeviceGetUUID(self, handle: Any) -> str:
+        return self.spec.gpus[self._device(handle)].uuid
+
+    def nvmlDeviceGetName(self, handle: Any) -> str:
+        return self.spec.gpus[self._device(handle)].name
+
+    def nvmlDeviceGetMemoryInfo(self, handle: Any, version: Any = None) -> Any:
+        gpu = self.spec.gpus[self._device(handle)]
+        memory = self._pynvml.c_nvmlMemory_t()
+        memory.total = gpu.memory_mib << 20
+        memory.used = 0
+        memory.free = memory.total
+        return memory
+
+    def nvmlDeviceGetPciInfo(self, handle: Any) -> Any:
+        return self._pci(self.spec.gpus[self._device(handle)].pci_bus_id)
+
+    def nvmlDeviceGetMinorNumber(self, handle: Any) -> int:
+        return self._device(handle)
+
+    def nvmlDeviceGetTopologyCommonAncestor(self, device1: Any, device2: Any) -> int:
+        a, b = self._device(device1), self._device(device2)
+        link = self.spec.links[a][b]
+        if link is None:
+            raise self._error(self._pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        level: int = nvml.PCIE_TO_LEVEL[link.pcie]
+        return level
+
+    def nvmlDeviceGetNvLinkState(self, device: Any, link: int) -> int:
+        self._link(device, link)
+        enabled: int = self._pynvml.NVML_FEATURE_ENABLED
+        return enabled
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, device: Any, link: int) -> Any:
+        kind, far = self._link(device, link)
+        if kind == self._pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH:
+            return self._pci(f"00000000:{0xF0 + far:02X}:00.0")
+        return self._pci(self.spec.gpus[far].pci_bus_id)
+
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle: Any, link: int) -> int:
+        return self._link(handle, link)[0]
+
+    def nvmlEventSetCreate(self) -> Any:
+        self._require_init()
+        with self._lock:
+            address = _SET_BASE + 16 * self._next_set
+            self._next_set += 1
+            self._sets[address] = set()
+        return ctypes.cast(ctypes.c_void_p(address), self._pynvml.c_nvmlEventSet_t)
+
+    def _set(self, event_set: Any) -> set[int]:
+        self._require_init()
+        try:
+            return self._sets[nvml._address(event_set)]
+        except (KeyError, TypeError, ctypes.ArgumentError):
+            raise self._error(self._pynvml.NVML_ERROR_INVALID_ARGUMENT) from None
+
+    def nvmlDeviceRegisterEvents(self, handle: Any, eventTypes: int, eventSet: Any) -> None:
+        index = self._device(handle)
+        registered = self._set(eventSet)
+        if eventTypes & ~self._pynvml.nvmlEventTypeXidCriticalError:
+            raise self._error(self._pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if index in self._no_xid:
+            raise self._error(self._pynvml.NVML_ERROR_NOT_SUPPORTED)
+        with self._lock:
+            registered.add(index)
+
+    def nvmlEventSetFree(self, eventSet: Any) -> None:
+        self._set(eventSet)
+        with self._lock:
+            del self._sets[nvml._address(eventSet)]
+
+    def _due(self, registered: set[int]) -> Any:
+        """Raise or return what a wait at this moment yields; None when nothing is due."""
+        p = self._pynvml
+        now = self._now()
+        with self._lock:
+            for event in self.spec.events:
+                if event.wait_error and event.after_s <= now < event.after_s + event.for_s:
+                    raise self._error(p.NVML_ERROR_UNKNOWN)
+            lost = [
+                n
+                for n, e in enumerate(self.spec.events)
+                if e.lost and e.after_s <= now and n not in self._delivered
+            ]
+            if lost:
+                self._delivered.update(lost)
+                raise self._error(p.NVML_ERROR_GPU_IS_LOST)
+            for n, event in enumerate(self.spec.events):
+                if (
+                    event.xid is not None
+                    and event.after_s <= now
+                    and n not in self._delivered
+                    and event.gpu in registered
+                ):
+                    self._delivered.add(n)
+                    data = p.c_nvmlEventData_t()
+                    data.device = self._handles[event.gpu]
+                    data.eventType = p.nvmlEventTypeXidCriticalError
+                    data.eventData = event.xid
+                    return data
+        return None
+
+    def nvmlEventSetWait(self, eventSet: Any, timeoutms: int) -> Any:
+        registered = self._set(eventSet)
+        deadline = self._now() + max(0, timeoutms) / 1000.0
+        while True:
+            data = self._due(registered)
+            if data is not None:
+                return data
+            now = self._now()
+            if now >= deadline:
+                raise self._error(self._pynvml.NVML_ERROR_TIMEOUT)
+            upcoming = [
+                t
+                for e in self.spec.events
+                for t in (e.after_s, e.after_s + e.for_s)
+                if now < t < deadline
+            ]
+            # At least 0.1 ms, so float rounding can never leave a wait that makes no progress.
+            self._sleep(max(min([deadline, *upcoming]) - now, 1e-4))
