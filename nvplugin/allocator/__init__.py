@@ -1,0 +1,64 @@
+"""Preferred allocation: which of the available GPUs a pod should get.
+
+Pure functions over a :class:`~nvplugin.node.model.Topology`: no I/O, no NVML, no gRPC. One small
+interface (:class:`Policy`), one module per policy (``simple.py``, ``besteffort.py``), made by
+name with :func:`make_policy`, which does all precomputation once so requests never pay for it.
+The objective, tie-breaks, empty answers and errors are those of ../shared/docs/allocation.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from nvplugin.allocator.base import Allocation, AllocationError, Policy, check_request
+from nvplugin.errors import InputError
+from nvplugin.node.model import Topology
+
+POLICY_NAMES: tuple[str, ...] = ("best-effort", "simple")
+"""Policy names as config files and ``--policy`` spell them; the first is the default."""
+
+
+def make_policy(name: str, topology: Topology) -> Policy:
+    """The named policy over ``topology``, with its start-up precomputation done."""
+    if name == "best-effort":
+        from nvplugin.allocator.besteffort import BestEffort
+
+        return BestEffort(topology)
+    if name == "simple":
+        from nvplugin.allocator.simple import Simple
+
+        return Simple(topology)
+    raise InputError(f"unknown allocation policy {name!r}; have: {', '.join(POLICY_NAMES)}")
+
+
+def explain_allocation(
+    name: str,
+    topology: Topology,
+    available: Sequence[int],
+    must_include: Sequence[int],
+    size: int,
+) -> Allocation:
+    """The named policy's answer with its score, a best partition of ``available`` containing
+    it and that partition's score (for best-effort: OPT). It always builds the best-effort
+    tables (to score any policy's answer), so it is for the CLI, not for request paths."""
+    from nvplugin.allocator.besteffort import BestEffort
+
+    best_effort = BestEffort(topology)
+    if name == best_effort.name:
+        return best_effort.solve(available, must_include, size)
+    policy = make_policy(name, topology)
+    indices = policy.allocate(available, must_include, size)
+    if not indices:
+        reason = check_request(len(topology), available, must_include, size).impossible
+        return Allocation(policy.name, (), None, None, reason=reason)
+    return best_effort.evaluate(available, indices, policy.name)
+
+
+__all__ = [
+    "POLICY_NAMES",
+    "Allocation",
+    "AllocationError",
+    "Policy",
+    "explain_allocation",
+    "make_policy",
+]

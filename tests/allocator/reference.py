@@ -1,0 +1,131 @@
+"""Slow references the fast best-effort policy is checked against.
+
+:class:`BruteForce` follows allocation.md word for word: it lists every partition of the
+available GPUs and reads OPT and the answer off that list. It is only feasible up to ~10 GPUs.
+:class:`MemoSearch` is for the 16-GPU node: a plain memoised recursion over sets (highest GPU
+first, Python integers, no tables), written independently of ``nvplugin.allocator.tables``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Sequence
+
+from nvplugin.node.model import Topology
+
+Group = tuple[int, ...]
+
+
+def partitions(items: Sequence[int], s: int) -> Iterator[tuple[tuple[Group, ...], Group]]:
+    """Every partition of ``items`` into ``len // s`` groups of ``s`` plus a leftover group of
+    ``len % s``, each exactly once, as (full groups, leftover)."""
+    r = len(items) % s
+    for leftover in itertools.combinations(items, r):
+        rest = tuple(i for i in items if i not in leftover)
+        for groups in _groupings(rest, s):
+            yield groups, leftover
+
+
+def _groupings(items: Group, s: int) -> Iterator[tuple[Group, ...]]:
+    """Every way to cut ``items`` (a multiple of s long) into groups of s, each once: the first
+    item's group is chosen, then the rest is cut the same way."""
+    if not items:
+        yield ()
+        return
+    first, others = items[0], items[1:]
+    for mates in itertools.combinations(others, s - 1):
+        remaining = tuple(i for i in others if i not in mates)
+        for tail in _groupings(remaining, s):
+            yield ((first, *mates), *tail)
+
+
+class BruteForce:
+    """allocation.md's objective by listing partitions (memoised per available set and size)."""
+
+    def __init__(self, topology: Topology) -> None:
+        self.topology = topology
+        self._best: dict[tuple[Group, int], dict[Group, int]] = {}
+
+    def best_partition_per_group(self, available: Group, s: int) -> dict[Group, int]:
+        """For every full group that appears in some partition of ``available``: the best
+        score of a partition that contains it."""
+        key = (available, s)
+        if key not in self._best:
+            best: dict[Group, int] = {}
+            score = self.topology.group_score
+            for groups, leftover in partitions(available, s):
+                total = sum(score(g) for g in groups) + score(leftover)
+                for g in groups:
+                    if best.get(g, -1) < total:
+                        best[g] = total
+            self._best[key] = best
+        return self._best[key]
+
+    def answer(self, available: Sequence[int], must_include: Sequence[int], size: int) -> list[int]:
+        """The answer for a well-formed request ([] when impossible)."""
+        avail = tuple(sorted(available))
+        if size == 0 or size > len(avail) or len(must_include) > size:
+            return []
+        best = self.best_partition_per_group(avail, size)
+        fitting = {g: v for g, v in best.items() if set(must_include) <= set(g)}
+        opt = max(fitting.values())
+        in_optimal = [g for g, v in fitting.items() if v == opt]
+        top = max(self.topology.group_score(g) for g in in_optimal)
+        return list(min(g for g in in_optimal if self.topology.group_score(g) == top))
+
+    def opt(self, available: Sequence[int], must_include: Sequence[int], size: int) -> int:
+        best = self.best_partition_per_group(tuple(sorted(available)), size)
+        return max(v for g, v in best.items() if set(must_include) <= set(g))
+
+
+class MemoSearch:
+    """The same objective by memoised search over subsets, feasible on 16 GPUs."""
+
+    def __init__(self, topology: Topology) -> None:
+        self.topology = topology
+        self._scores: dict[int, int] = {}
+        self._rest: dict[tuple[int, int], int] = {}
+
+    def members(self, mask: int) -> list[int]:
+        return [i for i in range(len(self.topology)) if mask >> i & 1]
+
+    def score(self, mask: int) -> int:
+        if mask not in self._scores:
+            self._scores[mask] = self.topology.group_score(self.members(mask))
+        return self._scores[mask]
+
+    def rest(self, mask: int, s: int) -> int:
+        """Best score of splitting ``mask`` into groups of s plus one leftover group."""
+        key = (mask, s)
+        if key in self._rest:
+            return self._rest[key]
+        count = mask.bit_count()
+        if count <= s:
+            value = self.score(mask)
+        else:
+            top = mask.bit_length() - 1
+            below = self.members(mask & ~(1 << top))
+            value = -1
+            for size in {s, count % s} - {0}:
+                for mates in itertools.combinations(below, size - 1):
+                    group = (1 << top) | sum(1 << m for m in mates)
+                    value = max(value, self.score(group) + self.rest(mask & ~group, s))
+        self._rest[key] = value
+        return value
+
+    def answer(self, available: Sequence[int], must_include: Sequence[int], size: int) -> list[int]:
+        avail = sorted(available)
+        if size == 0 or size > len(avail) or len(must_include) > size:
+            return []
+        all_mask = sum(1 << i for i in avail)
+        best: tuple[int, int] | None = None
+        chosen: Group = ()
+        for group in itertools.combinations(avail, size):  # lexicographic order
+            if not set(must_include) <= set(group):
+                continue
+            mask = sum(1 << i for i in group)
+            own = self.score(mask)
+            key = (own + self.rest(all_mask & ~mask, size), own)
+            if best is None or key > best:  # strictly better only: the first (lex) tie stays
+                best, chosen = key, group
+        return list(chosen)

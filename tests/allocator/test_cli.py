@@ -1,0 +1,93 @@
+"""``nvplugin preferred`` as users run it: a real subprocess on a simulated node."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from nvplugin.node.nodefile import load_node
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "nvplugin", "preferred", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_json_answer_dgx1_by_uuid_and_index() -> None:
+    uuids = [g.uuid for g in load_node("dgx-1").gpus]
+    available = ",".join([uuids[0], "1", "2", uuids[3], "4", "5", "6", "7"])
+    done = _run("--simulate", "dgx-1", "--size", "2", "--available", available, "--output", "json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {
+        "devices": [uuids[2], uuids[3]],
+        "indices": [2, 3],
+        "score": 250,
+        "partition_score": 920,
+        "policy": "best-effort",
+    }
+
+
+def test_explain_text_shows_partition_pairs_and_tie_break() -> None:
+    done = _run("--simulate", "dgx-1", "--size", "2", "--explain")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "GPUs 2, 3" in out
+    assert "GPU2-GPU3  NV2+PIX" in out
+    assert "score 920" in out
+    for group in ("{2,3}", "{0,4}", "{1,5}", "{6,7}"):
+        assert group in out
+    assert "2 of them share the highest own score 250; the lowest indices win: {2,3}" in out
+
+
+def test_explain_json_and_simple_policy() -> None:
+    done = _run(
+        "--simulate", "dgx-1", "--size", "3", "--policy", "simple", "--must-include", "6",
+        "--explain", "--output", "json",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["policy"] == "simple" and doc["indices"] == [0, 1, 6]
+    explain = doc["explain"]
+    assert explain["partition"]["groups"][0] == [0, 1, 6]
+    assert len(explain["partition"]["leftover"]) == 2
+    assert {p["link"] for p in explain["pairs"]} == {"NV1+PIX", "SYS"}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--size", "-1"], "size -1 is negative"),
+        (["--size", "2", "--available", "0,3,3"], "GPU 3 given twice"),
+        (["--size", "2", "--available", "0,GPU-nope"], "unknown device 'GPU-nope'"),
+        (["--size", "2", "--available", "0,1", "--must-include", "3"], "GPU 3 is not in"),
+        (["--size", "2", "--available", "0,9"], "unknown device '9'"),
+        (["--size", "2", "--policy", "closest"], "unknown allocation policy 'closest'"),
+    ],
+)
+def test_errors_exit_2_naming_the_value(args: list[str], message: str) -> None:
+    done = _run("--simulate", "workstation-4gpu", *args)
+    assert done.returncode == 2
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_impossible_request_prints_empty_answer() -> None:
+    done = _run("--simulate", "workstation-4gpu", "--size", "5", "--output", "json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {
+        "devices": [],
+        "indices": [],
+        "score": None,
+        "partition_score": None,
+        "policy": "best-effort",
+    }
+    text = _run("--simulate", "workstation-4gpu", "--size", "0")
+    assert text.returncode == 0 and "no preferred allocation" in text.stdout

@@ -1,0 +1,109 @@
+"""Topologies for allocator tests: hand-built ones from allocation.md, and the built-in nodes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from nvplugin.node.model import CpuLayout, Gpu, Link, Pcie, Topology
+
+
+def parse_cell(cell: str) -> Link:
+    """``NV2+PHB`` / ``PIX`` -> Link (the node-file cell syntax of :attr:`Link.cell`)."""
+    if cell.startswith("NV"):
+        links, _, pcie = cell[2:].partition("+")
+        return Link(Pcie[pcie], int(links))
+    return Link(Pcie[cell])
+
+
+def topology(name: str, cells: Sequence[Sequence[str]]) -> Topology:
+    """A Topology from an upper-triangle-or-full matrix of link cells ("X" on the diagonal)."""
+    n = len(cells)
+    links = [
+        [None if i == j else parse_cell(cells[min(i, j)][max(i, j)]) for j in range(n)]
+        for i in range(n)
+    ]
+    return from_links(name, links)
+
+
+def from_links(name: str, links: Sequence[Sequence[Link | None]]) -> Topology:
+    n = len(links)
+    gpus = tuple(
+        Gpu(i, f"GPU-{name}-{i:04d}", "Test GPU", 16384, f"00000000:{i + 16:02x}:00.0", i, 0)
+        for i in range(n)
+    )
+    return Topology(
+        name,
+        gpus,
+        tuple(tuple(row) for row in links),
+        ((10,),),
+        CpuLayout.build(1, 4, 1, 1),
+    )
+
+
+def from_scores(name: str, scores: Sequence[Sequence[int]]) -> Topology:
+    """A Topology whose pair scores are ``scores`` (each must be 10..60 + 100 x links)."""
+    n = len(scores)
+
+    def link(value: int) -> Link:
+        return Link(Pcie(value % 100), value // 100)
+
+    return from_links(
+        name, [[None if i == j else link(scores[i][j]) for j in range(n)] for i in range(n)]
+    )
+
+
+# allocation.md, first worked example.
+EXAMPLE_4GPU = topology(
+    "example-4gpu",
+    [
+        ["X", "PIX", "SYS", "NV2+SYS"],
+        ["", "X", "NV2+SYS", "SYS"],
+        ["", "", "X", "PIX"],
+        ["", "", "", "X"],
+    ],
+)
+
+# DGX-1 Volta hybrid cube-mesh (allocation.md, second worked example).
+DGX1_VOLTA = topology(
+    "dgx1-volta",
+    [
+        ["X", "NV1+PIX", "NV1+PHB", "NV2+PHB", "NV2+SYS", "SYS", "SYS", "SYS"],
+        ["", "X", "NV2+PHB", "NV1+PHB", "SYS", "NV2+SYS", "SYS", "SYS"],
+        ["", "", "X", "NV2+PIX", "SYS", "SYS", "NV1+SYS", "SYS"],
+        ["", "", "", "X", "SYS", "SYS", "SYS", "NV1+SYS"],
+        ["", "", "", "", "X", "NV1+PIX", "NV1+PHB", "NV2+PHB"],
+        ["", "", "", "", "", "X", "NV2+PHB", "NV1+PHB"],
+        ["", "", "", "", "", "", "X", "NV2+PIX"],
+        ["", "", "", "", "", "", "", "X"],
+    ],
+)
+
+
+def _switched16() -> Topology:
+    """16 GPUs on an NVSwitch fabric (6 links each) with a PCIe tree under two sockets: pairs
+    PIX, PXB, NODE or SYS; a few links down to 5 so that not every pair ties."""
+    cells = [["X"] * 16 for _ in range(16)]
+    for i in range(16):
+        for j in range(i + 1, 16):
+            if i // 8 != j // 8:
+                pcie = "SYS"
+            elif i // 4 != j // 4:
+                pcie = "NODE"
+            elif i // 2 != j // 2:
+                pcie = "PXB"
+            else:
+                pcie = "PIX"
+            nv = 5 if (i * 7 + j * 3) % 11 == 0 else 6
+            cells[i][j] = f"NV{nv}+{pcie}"
+    return topology("switched-16", cells)
+
+
+SWITCHED_16 = _switched16()
+
+
+def builtin_nodes() -> dict[str, Topology]:
+    """Every built-in simulated node (``nvplugin/node/nodes/*.yaml``), by name, as discovery
+    would find it."""
+    from nvplugin.node.nodefile import builtin_names, load_node
+
+    return {name: load_node(name).topology() for name in builtin_names()}
