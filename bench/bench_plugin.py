@@ -1,0 +1,275 @@
+"""The device plugin on a simulated DGX-2 (16 GPUs, NVSwitch), against the fake kubelet.
+
+Prints:
+- start -> registered: from spawning ``nvplugin serve`` to the kubelet holding a live
+  registration (target <= 1 s);
+- RPC round trip p50/p99 of GetDevicePluginOptions and GetPreferredAllocation over the unix socket
+  (target: GPA p99 within 5 ms of the options RPC's);
+- health event -> ListAndWatch message p99: from the moment a scripted Xid is due in the simulated
+  NVML to the new list arriving at a client (target <= 50 ms);
+- RSS of the serve process with 10 open ListAndWatch streams (target <= 80 MB).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from importlib import resources
+from pathlib import Path
+
+import grpc
+
+NODE = "dgx-2"
+GPU = "nvidia.com/gpu"
+STARTS = 5
+RPCS = 2000
+STREAMS = 10
+RESTARTS = 20
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+def _spawn(directory: str, *args: str) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NVPLUGIN_")}
+    return subprocess.Popen(
+        [
+            *(sys.executable, "-m", "nvplugin", "serve", "--simulate", NODE),
+            *("--device-plugin-dir", directory, "--log-format", "json", "--log-level", "warning"),
+            *args,
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    process.send_signal(signal.SIGTERM)
+    process.wait(10)
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+async def _start_to_registered() -> tuple[list[float], list[float]]:
+    """Spawn -> registered, and (on the last process) kubelet restart -> registered again."""
+    from nvplugin.kubelet.kubelet import FakeKubelet
+
+    starts, restarts = [], []
+    for run in range(STARTS):
+        directory = tempfile.mkdtemp(dir="/tmp")
+        async with FakeKubelet(directory) as kubelet:
+            started = time.perf_counter()
+            process = _spawn(directory)
+            try:
+                await kubelet.wait_registered(GPU, timeout=30)
+                starts.append(time.perf_counter() - started)
+                if run == STARTS - 1:
+                    for _ in range(RESTARTS):
+                        await kubelet.stop()
+                        started = time.perf_counter()
+                        await kubelet.start()  # deletes the sockets, serves kubelet.sock again
+                        await kubelet.wait_registered(GPU, timeout=30)
+                        restarts.append(time.perf_counter() - started)
+            finally:
+                _stop(process)
+    return starts, restarts
+
+
+def _round_trips(socket_path: str) -> tuple[list[float], list[float]]:
+    from nvplugin.node import load_topology
+    from nvplugin.plugin.api.v1beta1 import api_pb2, api_pb2_grpc
+
+    uuids = [gpu.uuid for gpu in load_topology(NODE).gpus]
+    rng = random.Random(4)
+    requests = []
+    for _ in range(RPCS):
+        available = sorted(rng.sample(range(16), rng.randint(8, 16)))
+        size = rng.randint(1, len(available))
+        must = rng.sample(available, rng.randint(0, min(2, size)))
+        requests.append(
+            api_pb2.PreferredAllocationRequest(
+                container_requests=[
+                    api_pb2.ContainerPreferredAllocationRequest(
+                        available_deviceIDs=[uuids[i] for i in available],
+                        must_include_deviceIDs=[uuids[i] for i in must],
+                        allocation_size=size,
+                    )
+                ]
+            )
+        )
+    with grpc.insecure_channel(f"unix:{socket_path}") as channel:
+        stub = api_pb2_grpc.DevicePluginStub(channel)
+        empty = api_pb2.Empty()
+        for request in requests[:100]:  # warm up both paths
+            stub.GetDevicePluginOptions(empty)
+            stub.GetPreferredAllocation(request)
+        options_ms, gpa_ms = [], []
+        for request in requests:  # interleaved, so both see the same machine state
+            t0 = time.perf_counter()
+            stub.GetDevicePluginOptions(empty)
+            t1 = time.perf_counter()
+            stub.GetPreferredAllocation(request)
+            t2 = time.perf_counter()
+            options_ms.append((t1 - t0) * 1000)
+            gpa_ms.append((t2 - t1) * 1000)
+    return options_ms, gpa_ms
+
+
+def _rss_with_streams(directory: str, process: subprocess.Popen[bytes]) -> tuple[float, float]:
+    from nvplugin.plugin.api.v1beta1 import api_pb2, api_pb2_grpc
+
+    path = os.path.join(directory, "nvplugin-gpu.sock")
+    before = _rss_mb(process.pid)
+    channels = [grpc.insecure_channel(f"unix:{path}") for _ in range(STREAMS)]
+    streams = [api_pb2_grpc.DevicePluginStub(c).ListAndWatch(api_pb2.Empty()) for c in channels]
+    for stream in streams:
+        next(stream)
+    time.sleep(0.5)
+    after = _rss_mb(process.pid)
+    for stream in streams:
+        stream.cancel()
+    for channel in channels:
+        channel.close()
+    return before, after
+
+
+def _event_latencies() -> list[float]:
+    """In-process (to know when the simulated NVML makes each event due): Xid 48 on GPU k % 16
+    every 0.1 s; with recovery after 0.2 s quiet, every event is a change."""
+    from nvplugin.config import load_config
+    from nvplugin.node import NodeSession, open_node
+    from nvplugin.plugin.api.v1beta1 import api_pb2, api_pb2_grpc
+    from nvplugin.plugin.daemon import Daemon
+
+    directory = tempfile.mkdtemp(dir="/tmp")
+    start_s, spacing_s, count = 2.0, 0.1, 96
+    events = "\n".join(
+        f"- {{after_s: {start_s + spacing_s * k:.2f}, gpu: {k % 16}, xid: 48}}"
+        for k in range(count)
+    )
+    builtin = (resources.files("nvplugin.node") / "nodes" / f"{NODE}.yaml").read_text()
+    node_path = os.path.join(directory, "dgx-2-events.yaml")
+    Path(node_path).write_text(builtin.replace("events: []", "events:\n" + events))
+    config_path = os.path.join(directory, "config.yaml")
+    Path(config_path).write_text("version: v1\nhealth:\n  recovery: {quiet_s: 0.2}\n")
+    plugin_dir = os.path.join(directory, "dp")
+    config = load_config(config_path, flags={"device_plugin_dir": plugin_dir, "log_level": "error"})
+    from nvplugin.log import configure
+
+    configure("json", "error")
+    sessions: list[NodeSession] = []
+
+    def opener(simulate: str | None) -> NodeSession:
+        session = open_node(simulate)
+        sessions.append(session)
+        return session
+
+    daemon = Daemon(config, simulate=node_path, opener=opener)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(
+        target=lambda: loop.run_until_complete(daemon.run(handle_signals=False)), daemon=True
+    )
+    thread.start()
+    socket_path = os.path.join(plugin_dir, "nvplugin-gpu.sock")
+    while not os.path.exists(socket_path):
+        time.sleep(0.01)
+    received: list[tuple[float, frozenset[int]]] = []
+    with grpc.insecure_channel(f"unix:{socket_path}") as channel:
+        stub = api_pb2_grpc.DevicePluginStub(channel)
+        stream = stub.ListAndWatch(api_pb2.Empty())
+
+        def read() -> None:
+            index_of: dict[str, int] = {}
+            try:
+                for message in stream:
+                    now = time.monotonic()
+                    if not index_of:
+                        index_of = {d.ID: i for i, d in enumerate(message.devices)}
+                    unhealthy = (index_of[d.ID] for d in message.devices if d.health != "Healthy")
+                    received.append((now, frozenset(unhealthy)))
+            except grpc.RpcError:
+                pass  # cancelled below
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        time.sleep(start_s + spacing_s * count + 1.0)
+        stream.cancel()
+        reader.join(5)
+    loop.call_soon_threadsafe(daemon.stop)
+    thread.join(5)
+    started = sessions[0].sim._started  # type: ignore[union-attr]  # when the events' clock began
+    latencies = []
+    for k in range(count):
+        due = started + start_s + spacing_s * k
+        gpu = k % 16
+        previous: frozenset[int] = frozenset()
+        for at, bad in received:
+            if at >= due - 0.001 and gpu in bad and gpu not in previous:
+                latencies.append((at - due) * 1000)
+                break
+            previous = bad
+    return latencies
+
+
+def run() -> None:
+    from nvplugin.log import configure
+
+    configure("json", "warning")  # the in-process fake kubelet's lines stay out of the figures
+    starts, restarts = asyncio.run(_start_to_registered())
+    print(
+        f"   start -> registered ({NODE}, {STARTS} runs): median {statistics.median(starts):.2f} s,"
+        f" max {max(starts):.2f} s   (target <= 1 s)"
+    )
+    print(
+        f"   kubelet restart -> registered again ({RESTARTS} restarts): median "
+        f"{statistics.median(restarts) * 1000:.1f} ms, max {max(restarts) * 1000:.1f} ms"
+        "   (target <= 1 s)"
+    )
+
+    directory = tempfile.mkdtemp(dir="/tmp")
+    process = _spawn(directory)
+    try:
+        path = os.path.join(directory, "nvplugin-gpu.sock")
+        while not os.path.exists(path):
+            time.sleep(0.02)
+        time.sleep(1.0)  # the allocation tables are built in the background at start
+        options_ms, gpa_ms = _round_trips(path)
+        p99_gap = _percentile(gpa_ms, 99) - _percentile(options_ms, 99)
+        print(
+            f"   GetDevicePluginOptions  p50 {_percentile(options_ms, 50):.3f} ms"
+            f"  p99 {_percentile(options_ms, 99):.3f} ms   ({RPCS} calls)"
+        )
+        print(
+            f"   GetPreferredAllocation  p50 {_percentile(gpa_ms, 50):.3f} ms"
+            f"  p99 {_percentile(gpa_ms, 99):.3f} ms   (p99 gap {p99_gap:+.3f} ms; target <= 5 ms)"
+        )
+        before, after = _rss_with_streams(directory, process)
+        print(
+            f"   RSS: {before:.1f} MB idle, {after:.1f} MB with {STREAMS} ListAndWatch streams"
+            "   (target <= 80 MB)"
+        )
+    finally:
+        _stop(process)
+
+    latencies = _event_latencies()
+    print(
+        f"   health event -> ListAndWatch message ({len(latencies)} events): "
+        f"p50 {_percentile(latencies, 50):.2f} ms, p99 {_percentile(latencies, 99):.2f} ms"
+        "   (target p99 <= 50 ms)"
+    )

@@ -1,0 +1,356 @@
+"""The v1beta1 DevicePlugin service for one resource, and the unix socket it is served on.
+
+:class:`DevicePluginService` answers the kubelet from values fixed at start (the GPUs, the
+precomputed allocation policy, the options) plus the current health map, which the health monitor
+updates through :meth:`DevicePluginService.set_health`. Nothing here touches NVML: a
+GetPreferredAllocation is a table lookup in the policy, whatever health is doing.
+
+:class:`PluginSocket` owns one ``grpc.aio`` server on ``<dir>/nvplugin-<short>.sock``. The kubelet
+deletes every socket in its directory when it restarts, so the daemon stops the old server and
+starts a new one on the same path (:mod:`nvplugin.plugin.registration` decides when); the service
+object, and with it the health state, lives on across those restarts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import os
+import socket
+import stat
+import time
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from typing import Any
+
+import grpc
+
+from nvplugin.allocator import AllocationError, Policy
+from nvplugin.errors import NvpluginError
+from nvplugin.log import get_logger
+from nvplugin.node.model import Gpu
+from nvplugin.plugin.api.v1beta1 import api_pb2, api_pb2_grpc
+from nvplugin.plugin.responses import Responder
+
+HEALTHY = "Healthy"
+UNHEALTHY = "Unhealthy"
+
+
+class BadRequest(Exception):
+    """A request the kubelet should not have sent; becomes INVALID_ARGUMENT with this message."""
+
+
+class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
+    """DevicePlugin for one resource over a fixed set of GPUs.
+
+    ``policy`` may still be computing when the service starts (the best-effort tables take up to
+    a second on 16 GPUs, and registration should not wait for them): GetPreferredAllocation awaits
+    it; nothing else needs it.
+    """
+
+    def __init__(
+        self,
+        resource_name: str,
+        gpus: Sequence[Gpu],
+        policy: Policy | asyncio.Future[Policy],
+        *,
+        responder: Responder | None = None,
+        pre_start_required: bool = False,
+        health: Mapping[int, bool] | None = None,
+    ) -> None:
+        self.resource_name = resource_name
+        self._gpus = tuple(sorted(gpus, key=lambda gpu: gpu.index))
+        self._by_uuid = {gpu.uuid: gpu for gpu in self._gpus}
+        self._policy = policy
+        self._responder = responder if responder is not None else Responder()
+        self._options = api_pb2.DevicePluginOptions(
+            pre_start_required=pre_start_required, get_preferred_allocation_available=True
+        )
+        self._health = {gpu.index: True for gpu in self._gpus}
+        if health is not None:
+            self._health.update({i: h for i, h in health.items() if i in self._health})
+        self._version = 0
+        self._snapshot = self._build_snapshot()
+        self._changed = asyncio.Event()
+        self._closing = False
+        self._streams = 0
+        self._log = get_logger("nvplugin.plugin", resource=resource_name)
+
+    # --- state ---
+
+    @property
+    def gpus(self) -> tuple[Gpu, ...]:
+        return self._gpus
+
+    @property
+    def health(self) -> dict[int, bool]:
+        return dict(self._health)
+
+    @property
+    def options(self) -> api_pb2.DevicePluginOptions:
+        return self._options
+
+    @property
+    def open_streams(self) -> int:
+        """ListAndWatch streams being served right now."""
+        return self._streams
+
+    def set_health(self, health: Mapping[int, bool]) -> None:
+        """Take a new health map (index -> healthy) and send every open stream the new list.
+
+        Must run on the event loop thread (the health monitor's thread hands over with
+        ``loop.call_soon_threadsafe``). Indices this resource does not advertise are ignored.
+        """
+        new = dict(self._health)
+        new.update({i: bool(h) for i, h in health.items() if i in new})
+        if new == self._health:
+            return
+        changed = sorted(i for i in new if new[i] != self._health[i])
+        self._health = new
+        unhealthy = [self._gpus_by_index(i).uuid for i in sorted(new) if not new[i]]
+        self._log.info(
+            "device health changed",
+            changed=[{"gpu": i, "healthy": new[i]} for i in changed],
+            unhealthy=unhealthy,
+            streams=self._streams,
+        )
+        self._publish()
+
+    def close(self) -> None:
+        """End every ListAndWatch stream (cleanly, status OK) and refuse new ones."""
+        self._closing = True
+        self._wake()
+
+    def _gpus_by_index(self, index: int) -> Gpu:
+        for gpu in self._gpus:
+            if gpu.index == index:
+                return gpu
+        raise KeyError(index)
+
+    def _publish(self) -> None:
+        self._version += 1
+        self._snapshot = self._build_snapshot()
+        self._wake()
+
+    def _wake(self) -> None:
+        event, self._changed = self._changed, asyncio.Event()
+        event.set()
+
+    def _build_snapshot(self) -> api_pb2.ListAndWatchResponse:
+        devices = []
+        for gpu in self._gpus:
+            device = api_pb2.Device(
+                ID=gpu.uuid, health=HEALTHY if self._health[gpu.index] else UNHEALTHY
+            )
+            if gpu.numa_node is not None:
+                device.topology.nodes.add(ID=gpu.numa_node)
+            devices.append(device)
+        return api_pb2.ListAndWatchResponse(devices=devices)
+
+    # --- RPCs ---
+
+    async def GetDevicePluginOptions(
+        self, request: api_pb2.Empty, context: Any
+    ) -> api_pb2.DevicePluginOptions:
+        self._log.debug("rpc", method="GetDevicePluginOptions")
+        return self._options
+
+    async def ListAndWatch(
+        self, request: api_pb2.Empty, context: Any
+    ) -> AsyncIterator[api_pb2.ListAndWatchResponse]:
+        self._streams += 1
+        self._log.debug("rpc", method="ListAndWatch", phase="opened", streams=self._streams)
+        sent = -1
+        try:
+            while not self._closing:
+                if sent != self._version:
+                    sent = self._version
+                    yield self._snapshot
+                    continue
+                await self._changed.wait()
+        finally:
+            self._streams -= 1
+            self._log.debug("rpc", method="ListAndWatch", phase="ended")
+
+    async def GetPreferredAllocation(
+        self, request: api_pb2.PreferredAllocationRequest, context: Any
+    ) -> api_pb2.PreferredAllocationResponse:
+        started = time.perf_counter()
+        try:
+            policy = await self._current_policy()
+            response = api_pb2.PreferredAllocationResponse()
+            for number, container in enumerate(request.container_requests):
+                chosen = self._prefer(policy, container, number, len(request.container_requests))
+                response.container_responses.add(deviceIDs=chosen)
+        except BadRequest as exc:
+            self._log.debug("rpc", method="GetPreferredAllocation", error=str(exc))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            raise  # unreachable: abort raises
+        self._log.debug(
+            "rpc",
+            method="GetPreferredAllocation",
+            ms=round((time.perf_counter() - started) * 1000, 3),
+            answers=[list(r.deviceIDs) for r in response.container_responses],
+        )
+        return response
+
+    async def Allocate(
+        self, request: api_pb2.AllocateRequest, context: Any
+    ) -> api_pb2.AllocateResponse:
+        try:
+            # Check every container request before building anything: nothing is applied when
+            # one ID is bad.
+            total = len(request.container_requests)
+            chosen = [
+                self._devices(c.devices_ids, _where("devices_ids", n, total))
+                for n, c in enumerate(request.container_requests)
+            ]
+        except BadRequest as exc:
+            self._log.debug("rpc", method="Allocate", error=str(exc))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            raise
+        response = api_pb2.AllocateResponse(
+            container_responses=[self._responder.container_response(gpus) for gpus in chosen]
+        )
+        self._log.debug(
+            "rpc", method="Allocate", devices=[[g.uuid for g in gpus] for gpus in chosen]
+        )
+        return response
+
+    async def PreStartContainer(
+        self, request: api_pb2.PreStartContainerRequest, context: Any
+    ) -> api_pb2.PreStartContainerResponse:
+        self._log.debug("rpc", method="PreStartContainer", devices=list(request.devices_ids))
+        return api_pb2.PreStartContainerResponse()
+
+    # --- request checks ---
+
+    async def _current_policy(self) -> Policy:
+        if isinstance(self._policy, asyncio.Future):
+            return await asyncio.shield(self._policy)
+        return self._policy
+
+    def _devices(self, ids: Iterable[str], where: str) -> list[Gpu]:
+        """The GPUs named by ``ids``, in index order; BadRequest for unknown or repeated IDs."""
+        seen: dict[str, Gpu] = {}
+        for device_id in ids:
+            gpu = self._by_uuid.get(device_id)
+            if gpu is None:
+                raise BadRequest(f"{where}: unknown device {device_id}")
+            if device_id in seen:
+                raise BadRequest(f"{where}: device {device_id} listed twice")
+            seen[device_id] = gpu
+        return sorted(seen.values(), key=lambda gpu: gpu.index)
+
+    def _prefer(
+        self,
+        policy: Policy,
+        container: api_pb2.ContainerPreferredAllocationRequest,
+        number: int,
+        total: int,
+    ) -> list[str]:
+        available = self._devices(
+            container.available_deviceIDs, _where("available_deviceIDs", number, total)
+        )
+        must_include = self._devices(
+            container.must_include_deviceIDs, _where("must_include_deviceIDs", number, total)
+        )
+        offered = {gpu.index for gpu in available}
+        for gpu in must_include:
+            if gpu.index not in offered:
+                where = _where("must_include_deviceIDs", number, total)
+                raise BadRequest(f"{where}: device {gpu.uuid} is not in available_deviceIDs")
+        size = container.allocation_size
+        if size < 0:
+            raise BadRequest(f"{_where('allocation_size', number, total)}: {size} is negative")
+        try:
+            indices = policy.allocate(
+                [gpu.index for gpu in available], [gpu.index for gpu in must_include], size
+            )
+        except AllocationError as exc:  # the checks above should make this unreachable
+            raise BadRequest(f"{_where('request', number, total)}: {exc}") from None
+        by_index = {gpu.index: gpu for gpu in available}
+        return [by_index[i].uuid for i in sorted(indices)]
+
+
+def _where(field: str, number: int, total: int) -> str:
+    """Where a bad value is: the field, and which container when there are several."""
+    return field if total <= 1 else f"container request {number}: {field}"
+
+
+class PluginSocket:
+    """One ``grpc.aio`` server for ``service`` on the unix socket ``path`` (mode 0600).
+
+    ``start`` refuses a path that another live process serves (gRPC would silently take it over)
+    and removes a stale socket file. ``intact`` tells whether the path is still our socket: the
+    kubelet deletes it when it restarts.
+    """
+
+    def __init__(self, path: str, service: DevicePluginService) -> None:
+        self.path = path
+        self._service = service
+        self._server: grpc.aio.Server | None = None
+        self._inode: tuple[int, int] | None = None
+
+    async def start(self) -> None:
+        claim_socket_path(self.path)
+        server = grpc.aio.server()
+        api_pb2_grpc.add_DevicePluginServicer_to_server(self._service, server)
+        try:
+            bound = server.add_insecure_port(f"unix:{self.path}")
+        except RuntimeError as exc:
+            raise NvpluginError(f"cannot serve on {self.path}: {exc}") from None
+        if not bound:
+            raise NvpluginError(f"cannot serve on {self.path}: gRPC could not bind it")
+        os.chmod(self.path, 0o600)
+        info = os.stat(self.path)
+        self._inode = (info.st_dev, info.st_ino)
+        await server.start()
+        self._server = server
+
+    def intact(self) -> bool:
+        """True while ``path`` is the socket this server bound."""
+        if self._inode is None:
+            return False
+        try:
+            info = os.stat(self.path)
+        except OSError:
+            return False
+        return (info.st_dev, info.st_ino) == self._inode
+
+    async def stop(self, grace: float | None = 0.2) -> None:
+        """Stop serving and remove the socket file, if it is still ours."""
+        server, self._server = self._server, None
+        if server is not None:
+            await server.stop(grace)
+        if self.intact():
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+        self._inode = None
+
+
+def claim_socket_path(path: str) -> None:
+    """Make ``path`` free to bind: remove a stale socket, refuse one a live process serves."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(info.st_mode):
+        raise NvpluginError(f"{path} exists and is not a socket; refusing to replace it")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(path)
+    except (ConnectionRefusedError, FileNotFoundError):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)  # stale: nobody listens any more
+        return
+    except OSError as exc:
+        if exc.errno not in (errno.EAGAIN, errno.ETIMEDOUT) and not isinstance(exc, TimeoutError):
+            raise NvpluginError(f"cannot check whether {path} is in use: {exc}") from None
+    finally:
+        probe.close()
+    raise NvpluginError(
+        f"another live process is serving {path}; refusing to take the socket over "
+        "(stop that process first, or choose another --device-plugin-dir or --resource-name)"
+    )

@@ -1,0 +1,131 @@
+"""Run ``nvplugin serve`` as a real subprocess and read its JSON log lines."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+NODES_DIR = Path(__file__).resolve().parents[2] / "nvplugin" / "node" / "nodes"
+
+
+def node_file(directory: str, base: str, events: list[dict[str, Any]]) -> str:
+    """A copy of built-in node ``base`` with scripted health ``events``; returns its path."""
+    text = (NODES_DIR / f"{base}.yaml").read_text()
+    text = text.replace("\nevents: []\n", "\n")
+    assert "\nevents:" not in text
+    scripted = yaml.safe_dump({"events": events}, default_flow_style=None, sort_keys=False)
+    path = os.path.join(directory, f"{base}-events.yaml")
+    Path(path).write_text(text.rstrip("\n") + "\n" + scripted)
+    return path
+
+
+class Serve:
+    """One ``nvplugin serve`` process with its stderr (the log) in a file."""
+
+    def __init__(self, directory: str, *args: str, env: dict[str, str] | None = None) -> None:
+        self.directory = directory
+        self.log_path = os.path.join(tempfile.mkdtemp(dir="/tmp"), "serve.log")
+        command = [sys.executable, "-m", "nvplugin", "serve", "--device-plugin-dir", directory]
+        command += ["--log-format", "json", *args]
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith("NVPLUGIN_")}
+        full_env.update(env or {})
+        self._log_file = open(self.log_path, "wb")  # noqa: SIM115 (closed in wait())
+        self.process = subprocess.Popen(
+            command, stdout=self._log_file, stderr=subprocess.STDOUT, env=full_env
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def text(self) -> str:
+        return Path(self.log_path).read_text(errors="replace")
+
+    def lines(self) -> list[dict[str, Any]]:
+        """The JSON log lines so far (other lines, e.g. an ``error:`` line, are skipped)."""
+        out = []
+        for line in self.text().splitlines():
+            if line.startswith("{"):
+                with contextlib.suppress(json.JSONDecodeError):  # a line being written
+                    out.append(json.loads(line))
+        return out
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        return [line for line in self.lines() if line.get("event") == name]
+
+    async def wait_log(
+        self, name: str, timeout: float = 10.0, where: Callable[[dict[str, Any]], bool] = bool
+    ) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in self.events(name):
+                if where(line):
+                    return line
+            if self.process.poll() is not None:
+                raise AssertionError(f"serve exited {self.process.returncode}:\n{self.text()}")
+            await asyncio.sleep(0.02)
+        raise AssertionError(f"no log line {name!r} within {timeout} s:\n{self.text()}")
+
+    def fds(self) -> int:
+        return len(os.listdir(f"/proc/{self.pid}/fd"))
+
+    async def settled_fds(self, samples: int = 5, interval: float = 0.02) -> int:
+        """The fewest open fds over a few samples: connections mid-handshake come and go, a
+        leaked fd stays."""
+        counts = []
+        for _ in range(samples):
+            counts.append(self.fds())
+            await asyncio.sleep(interval)
+        return min(counts)
+
+    def send(self, sig: int) -> None:
+        self.process.send_signal(sig)
+
+    def wait(self, timeout: float = 10.0) -> int:
+        try:
+            return self.process.wait(timeout)
+        finally:
+            self._log_file.close()
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:
+        if self.process.poll() is None:
+            self.send(sig)
+        return self.wait(timeout)
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.wait()
+
+
+def run_serve(*args: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
+    """``nvplugin serve ARGS`` to completion (for the start-up failures)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NVPLUGIN_")}
+    return subprocess.run(
+        [sys.executable, "-m", "nvplugin", "serve", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+
+
+def new_dir() -> str:
+    return tempfile.mkdtemp(dir="/tmp")
+
+
+def remove_dir(directory: str) -> None:
+    shutil.rmtree(directory, ignore_errors=True)

@@ -1,0 +1,78 @@
+"""The daemon in-process: NVML failing at start (retry, or fail), and shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+
+import pytest
+
+from nvplugin.config import load_config
+from nvplugin.errors import NvpluginError
+from nvplugin.kubelet.kubelet import FakeKubelet
+from nvplugin.node import NodeSession, open_node
+from nvplugin.plugin.daemon import Daemon
+
+GPU = "nvidia.com/gpu"
+
+
+class FlakyNvml:
+    """An opener whose first ``failures`` calls fail as NVML does when the driver is missing."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.calls = 0
+
+    def __call__(self, simulate: str | None) -> NodeSession:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise NvpluginError("NVML: driver not loaded")
+        return open_node(simulate)
+
+
+def test_without_fail_on_init_error_it_retries_and_registers_once_gpus_appear() -> None:
+    async def body() -> None:
+        directory = tempfile.mkdtemp(dir="/tmp")
+        config = load_config(
+            None, flags={"device_plugin_dir": directory, "fail_on_init_error": False}
+        )
+        opener = FlakyNvml(failures=3)
+        daemon = Daemon(config, simulate="workstation-4gpu", discovery_retry_s=0.05, opener=opener)
+        async with FakeKubelet(directory) as kubelet:
+            task = asyncio.create_task(daemon.run(handle_signals=False))
+            await kubelet.wait_registered(GPU, timeout=10)
+            assert opener.calls == 4
+            await kubelet.devices.wait_for(lambda m: len(m.devices(GPU)) == 4, 5, "4 GPUs")
+            daemon.stop()
+            assert await task == 0
+        assert not os.path.exists(os.path.join(directory, "nvplugin-gpu.sock"))
+
+    asyncio.run(asyncio.wait_for(body(), 30))
+
+
+def test_with_fail_on_init_error_the_error_propagates() -> None:
+    async def body() -> None:
+        directory = tempfile.mkdtemp(dir="/tmp")
+        config = load_config(None, flags={"device_plugin_dir": directory})
+        daemon = Daemon(config, simulate="workstation-4gpu", opener=FlakyNvml(failures=1))
+        with pytest.raises(NvpluginError, match="driver not loaded"):
+            await daemon.run(handle_signals=False)
+        assert os.listdir(directory) == []
+
+    asyncio.run(asyncio.wait_for(body(), 30))
+
+
+def test_stop_while_waiting_for_gpus() -> None:
+    async def body() -> None:
+        directory = tempfile.mkdtemp(dir="/tmp")
+        config = load_config(
+            None, flags={"device_plugin_dir": directory, "fail_on_init_error": False}
+        )
+        daemon = Daemon(config, discovery_retry_s=30, opener=FlakyNvml(failures=100))
+        task = asyncio.create_task(daemon.run(handle_signals=False))
+        await asyncio.sleep(0.2)
+        daemon.stop()
+        assert await asyncio.wait_for(task, 2) == 0
+
+    asyncio.run(asyncio.wait_for(body(), 30))
