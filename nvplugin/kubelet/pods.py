@@ -1,0 +1,467 @@
+"""Kubernetes Pod manifests as the fake kubelet needs them: containers, init containers
+(restartable sidecars included), resource requests and limits, QoS class, effective requests.
+
+Only what admission uses is read and checked; the rest of a manifest (images, commands, ...) is
+the API server's business and is passed over. Defaulting follows the API server: a resource with
+a limit and no request gets the limit as its request. Validation follows it where admission
+depends on it: quantities must parse and not be negative; extended resources (``vendor/name``,
+e.g. ``nvidia.com/gpu``) must be whole numbers with requests equal to limits; cpu and memory
+requests may not exceed their limits; container names are unique in the pod.
+
+Every problem is an :class:`~nvplugin.errors.InputError` naming the source, the document (1-based
+index and pod name when known) and the field path, e.g.
+``pods.yaml: document 2 (pod "train"): spec.containers[0].resources.limits[nvidia.com/gpu]:
+"1.5" is not a whole number``.
+
+Public API: :func:`load_pods` / :func:`load_pod_file`, :class:`Pod`, :class:`Container`,
+:class:`Quantity` / :func:`parse_quantity`, :func:`qos_class`, :func:`pod_requests`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from nvplugin.errors import InputError
+
+QOS_GUARANTEED = "Guaranteed"
+QOS_BURSTABLE = "Burstable"
+QOS_BEST_EFFORT = "BestEffort"
+
+CPU = "cpu"
+MEMORY = "memory"
+_QOS_RESOURCES = (CPU, MEMORY)
+
+_UID_NAMESPACE = uuid.UUID("6f1c7c1e-4b7a-5d59-9a43-6e7670706c67")
+"""Fixed namespace for generated pod UIDs: the same namespace/name always gets the same UID."""
+
+_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_DECIMAL = {
+    "n": Fraction(1, 10**9),
+    "u": Fraction(1, 10**6),
+    "m": Fraction(1, 1000),
+    "": Fraction(1),
+    "k": Fraction(10**3),
+    "M": Fraction(10**6),
+    "G": Fraction(10**9),
+    "T": Fraction(10**12),
+    "P": Fraction(10**15),
+    "E": Fraction(10**18),
+}
+_QUANTITY = re.compile(r"([+-]?)([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(.*)", re.DOTALL)
+_EXPONENT = re.compile(r"[eE]([+-]?[0-9]+)")
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+@dataclass(frozen=True, slots=True)
+class Quantity:
+    """A Kubernetes resource quantity: its exact value and the text it was written as."""
+
+    value: Fraction
+    text: str
+
+    @property
+    def milli(self) -> int:
+        """Value in thousandths, rounded up (Kubernetes ``MilliValue``; cpu in millicores)."""
+        return math.ceil(self.value * 1000)
+
+    @property
+    def ceil(self) -> int:
+        """Value rounded up to a whole number (Kubernetes ``Value``; memory in bytes)."""
+        return math.ceil(self.value)
+
+    @property
+    def is_integer(self) -> bool:
+        return self.value.denominator == 1
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def parse_quantity(text: str) -> Quantity:
+    """Parse ``"500m"``, ``"2"``, ``"1Gi"``, ``"1e3"``...; ValueError says why not."""
+    match = _QUANTITY.fullmatch(text)
+    if match is None:
+        raise ValueError(f"{text!r} is not a quantity (expected a number and a unit, like 500m)")
+    sign, number, suffix = match.groups()
+    value = Fraction(number if not number.endswith(".") else number[:-1] or "0")
+    if suffix in _BINARY:
+        value *= _BINARY[suffix]
+    elif suffix in _DECIMAL:
+        value *= _DECIMAL[suffix]
+    elif exponent := _EXPONENT.fullmatch(suffix):
+        value *= Fraction(10) ** int(exponent.group(1))
+    else:
+        raise ValueError(f"{text!r} has an unknown unit {suffix!r}")
+    return Quantity(-value if sign == "-" else value, text)
+
+
+def is_extended_resource(name: str) -> bool:
+    """Extended (device) resources: ``vendor/name`` outside the ``kubernetes.io`` domains."""
+    domain = name.split("/", 1)[0]
+    return "/" in name and not domain.endswith("kubernetes.io") and not name.startswith("requests.")
+
+
+@dataclass(frozen=True)
+class Container:
+    """One container (app or init) with defaulted requests and its limits."""
+
+    name: str
+    requests: Mapping[str, Quantity] = field(default_factory=dict)
+    limits: Mapping[str, Quantity] = field(default_factory=dict)
+    init: bool = False
+    restart_policy: str | None = None
+
+    @classmethod
+    def of(
+        cls,
+        name: str,
+        requests: Mapping[str, str | int] | None = None,
+        limits: Mapping[str, str | int] | None = None,
+        *,
+        init: bool = False,
+        restart_policy: str | None = None,
+    ) -> Container:
+        """Build from plain values (for tests and callers); defaults requests from limits."""
+        lim = {k: parse_quantity(str(v)) for k, v in (limits or {}).items()}
+        req = {k: parse_quantity(str(v)) for k, v in (requests or {}).items()}
+        for k, q in lim.items():
+            req.setdefault(k, q)
+        return cls(name, req, lim, init, restart_policy)
+
+    @property
+    def restartable(self) -> bool:
+        """A sidecar: an init container with ``restartPolicy: Always``."""
+        return self.init and self.restart_policy == "Always"
+
+    def count(self, resource: str) -> int:
+        """Whole-number amount of an extended resource (from the limit; 0 when absent)."""
+        quantity = self.limits.get(resource) or self.requests.get(resource)
+        return 0 if quantity is None else quantity.ceil
+
+    def extended_resources(self) -> dict[str, int]:
+        """Extended resources in the container's limits, name -> count, sorted by name."""
+        return {k: self.limits[k].ceil for k in sorted(self.limits) if is_extended_resource(k)}
+
+
+@dataclass(frozen=True)
+class Pod:
+    """A pod as the kubelet admits it."""
+
+    name: str
+    uid: str
+    containers: tuple[Container, ...]
+    init_containers: tuple[Container, ...] = ()
+    namespace: str = "default"
+    qos_class: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "qos_class", qos_class(self.all_containers))
+
+    @classmethod
+    def of(
+        cls,
+        name: str,
+        containers: Iterable[Container],
+        init_containers: Iterable[Container] = (),
+        *,
+        uid: str | None = None,
+        namespace: str = "default",
+    ) -> Pod:
+        inits = tuple(
+            c if c.init else Container(c.name, c.requests, c.limits, True, c.restart_policy)
+            for c in init_containers
+        )
+        return cls(name, uid or stable_uid(namespace, name), tuple(containers), inits, namespace)
+
+    @property
+    def all_containers(self) -> tuple[Container, ...]:
+        """Init containers, then app containers: the order the kubelet admits them in."""
+        return self.init_containers + self.containers
+
+    def container(self, name: str) -> Container:
+        for c in self.all_containers:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+    def effective_requests(self) -> dict[str, Fraction]:
+        return pod_requests(self)
+
+    def effective_count(self, resource: str) -> int:
+        """Effective pod request of a resource, rounded up (device counts, whole CPUs)."""
+        return math.ceil(pod_requests(self).get(resource, Fraction(0)))
+
+
+def stable_uid(namespace: str, name: str) -> str:
+    """A UID derived from namespace/name, the same on every run."""
+    return str(uuid.uuid5(_UID_NAMESPACE, f"{namespace}/{name}"))
+
+
+def qos_class(containers: Iterable[Container]) -> str:
+    """Kubernetes QoS from cpu/memory requests and limits of all containers (init included)."""
+    requests: dict[str, Fraction] = {}
+    limits: dict[str, Fraction] = {}
+    guaranteed = True
+    for c in containers:
+        for name, q in c.requests.items():
+            if name in _QOS_RESOURCES and q.value > 0:
+                requests[name] = requests.get(name, Fraction(0)) + q.value
+        found = set()
+        for name, q in c.limits.items():
+            if name in _QOS_RESOURCES and q.value > 0:
+                found.add(name)
+                limits[name] = limits.get(name, Fraction(0)) + q.value
+        if found != set(_QOS_RESOURCES):
+            guaranteed = False
+    if not requests and not limits:
+        return QOS_BEST_EFFORT
+    if guaranteed:
+        for name, value in requests.items():
+            if limits.get(name) != value:
+                guaranteed = False
+                break
+    if guaranteed and len(requests) == len(limits):
+        return QOS_GUARANTEED
+    return QOS_BURSTABLE
+
+
+def pod_requests(pod: Pod) -> dict[str, Fraction]:
+    """Effective pod requests per resource (kubelet-behaviour.md §3, the kubelet's PodRequests).
+
+    ``max(sum(app) + sum(restartable init), max over regular init i of (request_i + sum of
+    restartable init containers declared before i))``, per resource.
+    """
+    total: dict[str, Fraction] = {}
+    for c in pod.containers:
+        _add(total, c.requests)
+    restartable: dict[str, Fraction] = {}
+    init_peak: dict[str, Fraction] = {}
+    for c in pod.init_containers:
+        if c.restartable:
+            _add(total, c.requests)
+            _add(restartable, c.requests)
+            need = dict(restartable)
+        else:
+            need = dict(restartable)
+            _add(need, c.requests)
+        for name, value in need.items():
+            if value > init_peak.get(name, Fraction(0)):
+                init_peak[name] = value
+    for name, value in init_peak.items():
+        if value > total.get(name, Fraction(0)):
+            total[name] = value
+    return total
+
+
+def _add(into: dict[str, Fraction], resources: Mapping[str, Quantity]) -> None:
+    for name, q in resources.items():
+        into[name] = into.get(name, Fraction(0)) + q.value
+
+
+# --- manifests ---
+
+
+class _Doc:
+    """Where we are in the input, for error messages."""
+
+    def __init__(self, source: str, index: str) -> None:
+        self.source = source
+        self.index = index
+        self.name: str | None = None
+
+    def error(self, path: str, problem: str) -> InputError:
+        pod = f' (pod "{self.name}")' if self.name else ""
+        where = f"{path}: " if path else ""
+        return InputError(f"{self.source}: document {self.index}{pod}: {where}{problem}")
+
+
+def load_pod_file(path: str | Path) -> list[Pod]:
+    """Pods from a YAML file (one or many documents; ``kind: List`` of Pods too)."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"{p}: cannot read pod file: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise InputError(f"{p}: not a UTF-8 text file") from None
+    return load_pods(text, str(p))
+
+
+def load_pods(text: str, source: str = "<input>") -> list[Pod]:
+    """Pods from YAML text, in document order; duplicate namespace/name is an error."""
+    try:
+        documents = list(yaml.safe_load_all(text))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise InputError(f"{source}: not valid YAML{at}: {problem}") from None
+    pods: list[Pod] = []
+    seen: dict[tuple[str, str], str] = {}
+    for number, document in enumerate(documents, start=1):
+        if document is None:
+            continue
+        items: list[tuple[str, Any]] = [(str(number), document)]
+        if isinstance(document, dict) and document.get("kind") == "List":
+            entries = document.get("items")
+            if not isinstance(entries, list):
+                raise _Doc(source, str(number)).error("items", "a List needs a list of items")
+            items = [(f"{number} item {i + 1}", item) for i, item in enumerate(entries)]
+        for index, item in items:
+            doc = _Doc(source, index)
+            pod = parse_pod(item, doc)
+            key = (pod.namespace, pod.name)
+            if key in seen:
+                raise doc.error(
+                    "metadata.name",
+                    f'pod "{pod.namespace}/{pod.name}" already defined in document {seen[key]}',
+                )
+            seen[key] = index
+            pods.append(pod)
+    return pods
+
+
+def parse_pod(document: Any, doc: _Doc | None = None) -> Pod:
+    """One Pod manifest (already parsed YAML/JSON)."""
+    doc = doc or _Doc("<input>", "1")
+    if not isinstance(document, dict):
+        raise doc.error("", f"not a Pod (a {_kind_of(document)}, not a mapping)")
+    metadata = document.get("metadata")
+    if isinstance(metadata, dict) and isinstance(metadata.get("name"), str):
+        doc.name = metadata["name"]
+    kind = document.get("kind")
+    if kind != "Pod":
+        what = "kind is missing" if kind is None else f"kind is {kind!r}"
+        raise doc.error("kind", f"not a Pod ({what})")
+    api_version = document.get("apiVersion")
+    if api_version != "v1":
+        raise doc.error("apiVersion", f'must be "v1" for a Pod, got {api_version!r}')
+    if not isinstance(metadata, dict):
+        raise doc.error("metadata", "missing (a Pod needs metadata.name)")
+    name = metadata.get("name")
+    if name is None or name == "":
+        raise doc.error("metadata.name", "missing")
+    if not isinstance(name, str) or len(name) > 253 or not _DNS_SUBDOMAIN.fullmatch(name):
+        raise doc.error("metadata.name", f"{name!r} is not a valid name (lower-case DNS subdomain)")
+    namespace = metadata.get("namespace", "default")
+    if not isinstance(namespace, str) or not _DNS_LABEL.fullmatch(namespace):
+        raise doc.error("metadata.namespace", f"{namespace!r} is not a valid namespace")
+    uid = metadata.get("uid")
+    if uid is None:
+        uid = stable_uid(namespace, name)
+    elif not isinstance(uid, str) or not uid:
+        raise doc.error("metadata.uid", f"{uid!r} must be a non-empty string")
+    spec = document.get("spec")
+    if not isinstance(spec, dict):
+        raise doc.error("spec", "missing (a Pod needs spec.containers)")
+    containers = _containers(spec, "containers", doc, init=False)
+    if not containers:
+        raise doc.error("spec.containers", "a Pod needs at least one container")
+    init_containers = _containers(spec, "initContainers", doc, init=True)
+    names: set[str] = set()
+    for kind_key, group in (("initContainers", init_containers), ("containers", containers)):
+        for i, c in enumerate(group):
+            if c.name in names:
+                raise doc.error(f"spec.{kind_key}[{i}].name", f'duplicate name "{c.name}"')
+            names.add(c.name)
+    return Pod(name, uid, tuple(containers), tuple(init_containers), namespace)
+
+
+def _kind_of(value: Any) -> str:
+    return {list: "list", str: "string", int: "number", float: "number", bool: "boolean"}.get(
+        type(value), type(value).__name__
+    )
+
+
+def _containers(spec: dict[str, Any], key: str, doc: _Doc, init: bool) -> list[Container]:
+    raw = spec.get(key)
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise doc.error(f"spec.{key}", f"must be a list, got a {_kind_of(raw)}")
+    out = []
+    for i, item in enumerate(raw):
+        path = f"spec.{key}[{i}]"
+        if not isinstance(item, dict):
+            raise doc.error(path, f"must be a mapping, got a {_kind_of(item)}")
+        name = item.get("name")
+        if name is None or name == "":
+            raise doc.error(f"{path}.name", "missing")
+        if not isinstance(name, str) or len(name) > 63 or not _DNS_LABEL.fullmatch(name):
+            raise doc.error(f"{path}.name", f"{name!r} is not a valid container name")
+        restart_policy = item.get("restartPolicy")
+        if restart_policy is not None:
+            if not init:
+                raise doc.error(
+                    f"{path}.restartPolicy", "only init containers may set restartPolicy"
+                )
+            if restart_policy != "Always":
+                raise doc.error(
+                    f"{path}.restartPolicy",
+                    f'{restart_policy!r}: the only allowed value is "Always"',
+                )
+        requests, limits = _resources(item.get("resources"), f"{path}.resources", doc)
+        out.append(Container(name, requests, limits, init, restart_policy))
+    return out
+
+
+def _resources(raw: Any, path: str, doc: _Doc) -> tuple[dict[str, Quantity], dict[str, Quantity]]:
+    if raw is None:
+        return {}, {}
+    if not isinstance(raw, dict):
+        raise doc.error(path, f"must be a mapping, got a {_kind_of(raw)}")
+    lists: dict[str, dict[str, Quantity]] = {}
+    for key in ("requests", "limits"):
+        values = raw.get(key)
+        parsed: dict[str, Quantity] = {}
+        if values is not None:
+            if not isinstance(values, dict):
+                raise doc.error(f"{path}.{key}", f"must be a mapping, got a {_kind_of(values)}")
+            for resource, value in values.items():
+                parsed[str(resource)] = _quantity(
+                    value, str(resource), f"{path}.{key}[{resource}]", doc
+                )
+        lists[key] = parsed
+    requests, limits = lists["requests"], lists["limits"]
+    for resource, default in limits.items():
+        requests.setdefault(resource, default)
+    for resource, request in requests.items():
+        at = f"{path}.requests[{resource}]"
+        limit = limits.get(resource)
+        if is_extended_resource(resource):
+            if limit is None:
+                raise doc.error(
+                    at, "an extended resource needs a limit (requests must equal limits)"
+                )
+            if limit.value != request.value:
+                raise doc.error(at, f"must equal the limit {limit} for an extended resource")
+        elif limit is not None and resource in _QOS_RESOURCES and request.value > limit.value:
+            raise doc.error(
+                at, f"{request} must be less than or equal to the {resource} limit {limit}"
+            )
+    return requests, limits
+
+
+def _quantity(value: Any, resource: str, path: str, doc: _Doc) -> Quantity:
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise doc.error(path, f"{value!r} is not a quantity")
+    text = value if isinstance(value, str) else repr(value)
+    try:
+        quantity = parse_quantity(text.strip())
+    except ValueError as exc:
+        raise doc.error(path, str(exc)) from None
+    if quantity.value < 0:
+        raise doc.error(path, f'"{text}" must be greater than or equal to 0')
+    if is_extended_resource(resource) and not quantity.is_integer:
+        raise doc.error(path, f'"{text}" is not a whole number (extended resources are counted)')
+    return quantity

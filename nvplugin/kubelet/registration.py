@@ -1,0 +1,147 @@
+"""The fake kubelet's Registration service on ``<dir>/kubelet.sock`` (kubelet-behaviour.md §1).
+
+``Register`` checks, in the kubelet's order and with its error texts: the API version, the
+resource name (the one copy of the rule, :mod:`nvplugin.plugin.resources`), then -- without
+validating ``endpoint`` -- dials ``<dir>/<endpoint>`` (blocking, 10 s), reads the plugin's options
+and hands the connection to the :class:`~nvplugin.kubelet.devicemanager.DeviceManager`, which
+rejects a second live registration of the same (resource, socket) and starts ListAndWatch.
+Errors travel as plain gRPC errors (status UNKNOWN carrying the message), as the Go kubelet's do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import time
+
+import grpc
+import structlog
+
+from nvplugin.kubelet.devicemanager import (
+    DIAL_TIMEOUT_S,
+    DeviceManager,
+    DevicePluginError,
+    Endpoint,
+    PluginOptions,
+    RegistrationRecord,
+)
+from nvplugin.plugin.api.v1beta1 import api_pb2, api_pb2_grpc
+from nvplugin.plugin.resources import is_extended_resource_name
+
+SUPPORTED_VERSIONS = ("v1beta1",)
+KUBELET_SOCKET = "kubelet.sock"
+
+_log = structlog.get_logger("nvplugin.kubelet.registration")
+
+
+def _go_quote(value: str) -> str:
+    """Go's ``%q`` for a string (close enough: JSON escaping without forcing ASCII)."""
+    return json.dumps(value, ensure_ascii=False)
+
+
+def check_request(version: str, resource_name: str) -> str | None:
+    """The kubelet's first two Register checks; the error text, or None when both pass."""
+    if version not in SUPPORTED_VERSIONS:
+        supported = "[" + " ".join(_go_quote(v) for v in SUPPORTED_VERSIONS) + "]"
+        return (
+            f"requested API version {_go_quote(version)} is not supported by kubelet. "
+            f"Supported version is {supported}"
+        )
+    if not is_extended_resource_name(resource_name):
+        return f"the ResourceName {_go_quote(resource_name)} is invalid"
+    return None
+
+
+def plugin_socket_path(directory: str, endpoint: str) -> str:
+    """``filepath.Join(dir, endpoint)``: joined and cleaned, an absolute endpoint included."""
+    return posixpath.normpath(f"{directory}/{endpoint}")
+
+
+class _RegistrationServicer(api_pb2_grpc.RegistrationServicer):
+    def __init__(self, directory: str, manager: DeviceManager, dial_timeout_s: float) -> None:
+        self._directory = directory
+        self._manager = manager
+        self._dial_timeout_s = dial_timeout_s
+
+    async def Register(
+        self, request: api_pb2.RegisterRequest, context: grpc.aio.ServicerContext[object, object]
+    ) -> api_pb2.Empty:
+        socket_path = plugin_socket_path(self._directory, request.endpoint)
+        error = await self._register(request, socket_path)
+
+        requested = (
+            PluginOptions.from_proto(request.options) if request.HasField("options") else None
+        )
+        self._manager.record_registration(
+            RegistrationRecord(
+                version=request.version,
+                endpoint=request.endpoint,
+                resource_name=request.resource_name,
+                options=requested,
+                socket_path=socket_path,
+                error=error,
+                received_at=time.monotonic(),
+            )
+        )
+        if error is not None:
+            _log.warning(
+                "registration rejected",
+                resource=request.resource_name,
+                endpoint=request.endpoint,
+                error=error,
+            )
+            await context.abort(grpc.StatusCode.UNKNOWN, error)
+        return api_pb2.Empty()
+
+    async def _register(self, request: api_pb2.RegisterRequest, socket_path: str) -> str | None:
+        error = check_request(request.version, request.resource_name)
+        if error is not None:
+            return error
+        try:
+            endpoint = await Endpoint.connect(
+                request.resource_name, socket_path, dial_timeout_s=self._dial_timeout_s
+            )
+        except DevicePluginError as exc:
+            return str(exc)
+        try:
+            self._manager.plugin_connected(endpoint)
+        except DevicePluginError as exc:
+            await endpoint.close()
+            return str(exc)
+        return None
+
+
+class RegistrationServer:
+    """Serves Registration for ``manager`` on ``<directory>/kubelet.sock``."""
+
+    def __init__(
+        self,
+        directory: str,
+        manager: DeviceManager,
+        *,
+        socket_name: str = KUBELET_SOCKET,
+        dial_timeout_s: float = DIAL_TIMEOUT_S,
+    ) -> None:
+        self.directory = directory
+        self.socket_path = os.path.join(directory, socket_name)
+        self._manager = manager
+        self._dial_timeout_s = dial_timeout_s
+        self._server: grpc.aio.Server | None = None
+
+    async def start(self) -> None:
+        if self._server is not None:
+            return
+        server = grpc.aio.server()
+        api_pb2_grpc.add_RegistrationServicer_to_server(
+            _RegistrationServicer(self.directory, self._manager, self._dial_timeout_s), server
+        )
+        server.add_insecure_port(f"unix://{self.socket_path}")
+        await server.start()
+        self._server = server
+        _log.info("kubelet registration serving", socket=self.socket_path)
+
+    async def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            await server.stop(grace=None)
