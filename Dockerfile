@@ -1,0 +1,43 @@
+# syntax=docker/dockerfile:1
+# The nvplugin image the Helm chart (charts/nvplugin) runs:
+#   docker build -t nvplugin:0.1.0 .      # the chart's default image is nvplugin:<appVersion>
+# It needs no GPU to build. At run time the NVIDIA container runtime injects libnvidia-ml and the
+# GPU device nodes (see NVIDIA_* below); `docker run nvplugin:0.1.0 serve --simulate dgx-a100`
+# serves a simulated node anywhere.
+
+ARG PYTHON_VERSION=3.11
+FROM python:${PYTHON_VERSION}-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    NVIDIA_VISIBLE_DEVICES=all \
+    NVIDIA_DRIVER_CAPABILITIES=utility \
+    PATH=/opt/nvplugin/bin:$PATH
+
+# The owner of the installed files: an unprivileged user, not root. In the cluster the plugin runs
+# as uid 0 with every capability dropped (it must use the kubelet's root-owned socket); without
+# CAP_DAC_OVERRIDE/CAP_FOWNER such a root process cannot change files it does not own.
+RUN groupadd --system --gid 10001 nvplugin \
+ && useradd --system --uid 10001 --gid nvplugin --no-create-home --home-dir /nonexistent \
+      --shell /usr/sbin/nologin nvplugin
+
+# Only what the package build reads (.dockerignore keeps everything else out of the context).
+COPY pyproject.toml README.md /src/
+COPY nvplugin /src/nvplugin
+
+# Installed the way `make install` does it (a virtualenv, pip upgraded, the project installed by
+# pip), but not editable and without the dev extras.
+RUN python -m venv /opt/nvplugin \
+ && /opt/nvplugin/bin/python -m pip install --upgrade pip \
+ && /opt/nvplugin/bin/python -m pip install /src \
+ && rm -rf /src \
+ && chown -R nvplugin:nvplugin /opt/nvplugin \
+ && chmod -R a-w /opt/nvplugin \
+ && nvplugin --version
+
+# Unprivileged by default (e.g. `docker run ... serve --simulate`); the chart sets the user it needs.
+USER 10001:10001
+ENTRYPOINT ["nvplugin"]
+CMD ["serve"]

@@ -1,0 +1,415 @@
+"""The chart rendered by real Helm: every manifest valid for Kubernetes 1.31+ (strict schemas), lint
+clean in strict mode, and the fields that decide whether the plugin works on a node."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from typing import Any
+
+import helm_python as helm
+import kubernetes_validate
+import pytest
+import yaml
+
+import nvplugin
+from nvplugin.plugin.resources import socket_name
+from tests.chart.rendering import CHART_DIR, NAMESPACE, Rendered, render
+
+DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
+# The oldest Kubernetes the chart supports and the newest schemas kubernetes-validate ships.
+KUBE_VERSIONS = ("1.31", kubernetes_validate.utils.latest_version())
+
+# Value sets rendered, validated and linted; each exercises a different branch of the templates.
+VALUE_SETS: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "everything": {
+        "nameOverride": "gpu-plugin",
+        "image": {"repository": "registry.example.com/nvplugin", "tag": "9.9.9"},
+        "imagePullSecrets": [{"name": "registry-creds"}],
+        "resourceName": "example.com/a100",
+        "allocationPolicy": "simple",
+        "failOnInitError": False,
+        "deviceListStrategy": ["envvar", "cdi-annotations"],
+        "deviceIDStrategy": "index",
+        "passDeviceSpecs": True,
+        "health": {
+            "enabled": True,
+            "ignoredXids": [79],
+            "criticalXids": [13],
+            "recoveryQuietSeconds": 120,
+        },
+        "log": {"format": "console", "level": "debug"},
+        "config": {"pre_start_required": True},
+        "simulate": "dgx-a100",
+        "resources": {"requests": {"cpu": "100m"}, "limits": {"cpu": "1", "memory": "1Gi"}},
+        "podSecurityContext": {"fsGroup": 0},
+        "nodeSelector": {"kubernetes.io/os": "linux"},
+        "tolerations": [{"operator": "Exists"}],
+        "priorityClassName": "",
+        "runtimeClassName": "nvidia",
+        "podAnnotations": {"example.com/team": "ml"},
+        "podLabels": {"example.com/tier": "node"},
+        "updateStrategy": {"type": "OnDelete"},
+    },
+    "existing-configmap": {"existingConfigMap": {"name": "my-nvplugin", "key": "plugin.yaml"}},
+    "config-string": {"config": "version: v1\nhealth:\n  recovery:\n    quiet_s: 60\n"},
+    "no-probes": {"probes": {"enabled": False}, "affinity": None, "tolerations": None},
+    "overrides": {"fullnameOverride": "gpu", "namespaceOverride": "gpu-operator"},
+    "digest": {"image": {"digest": "sha256:" + "ab" * 32, "pullPolicy": "Always"}},
+}
+
+
+@pytest.fixture(scope="module")
+def renders() -> dict[str, Rendered]:
+    return {name: render(values) for name, values in VALUE_SETS.items()}
+
+
+@pytest.fixture(scope="module")
+def default(renders: dict[str, Rendered]) -> Rendered:
+    return renders["defaults"]
+
+
+# --- valid Kubernetes, clean lint -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kube", KUBE_VERSIONS)
+@pytest.mark.parametrize("case", sorted(VALUE_SETS))
+def test_every_manifest_is_valid_kubernetes_in_strict_mode(
+    renders: dict[str, Rendered], case: str, kube: str
+) -> None:
+    rendered = renders[case]
+    assert rendered.objects, "nothing rendered"
+    for obj in rendered.objects:
+        kubernetes_validate.validate(obj, kube, strict=True)
+
+
+def test_strict_validation_is_not_vacuous(default: Rendered) -> None:
+    broken = yaml.safe_load(yaml.safe_dump(default.daemonset))
+    broken["spec"]["template"]["spec"]["containers"][0]["volumeMount"] = []
+    with pytest.raises(kubernetes_validate.ValidationError, match="volumeMount"):
+        kubernetes_validate.validate(broken, KUBE_VERSIONS[0], strict=True)
+
+
+@pytest.mark.parametrize("case", sorted(VALUE_SETS))
+def test_lint_strict_has_no_warnings(case: str) -> None:
+    report = helm.lint(
+        str(CHART_DIR),
+        VALUE_SETS[case],
+        strict=True,
+        namespace=NAMESPACE,
+        kube_version="v1.31.0",
+    )
+    assert report["total_charts_linted"] == 1
+    problems = [m for m in report["messages"] if m["severity"] >= 2]
+    assert problems == [] and report["errors"] == []
+
+
+def test_lint_reports_bad_values() -> None:
+    report = helm.lint(str(CHART_DIR), {"image": {"tag": 5}}, strict=True)
+    assert any("/image/tag" in e for e in report["errors"])
+
+
+def test_objects_rendered(renders: dict[str, Rendered]) -> None:
+    assert renders["defaults"].kinds() == ["ConfigMap", "DaemonSet"]
+    assert renders["existing-configmap"].kinds() == ["DaemonSet"]
+
+
+# --- the DaemonSet: what reaches the plugin -------------------------------------------------------
+
+
+def test_defaults_run_serve_with_the_config_file_and_the_kubelet_dir(default: Rendered) -> None:
+    ds = default.daemonset
+    assert ds["metadata"]["name"] == "nvplugin"
+    assert ds["metadata"]["namespace"] == NAMESPACE
+    assert default.container["args"] == [
+        "serve",
+        "--device-plugin-dir",
+        DEVICE_PLUGIN_DIR,
+        "--config",
+        "/etc/nvplugin/config.yaml",
+    ]
+    assert default.env == {"NVPLUGIN_RESOURCE_NAME": "nvidia.com/gpu"}
+    assert "command" not in default.container  # the image's ENTRYPOINT (nvplugin) runs
+
+
+def test_image_defaults_to_the_package_version(default: Rendered) -> None:
+    chart = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())
+    assert chart["apiVersion"] == "v2"
+    assert chart["appVersion"] == nvplugin.__version__
+    assert default.container["image"] == f"nvplugin:{nvplugin.__version__}"
+    assert default.container["imagePullPolicy"] == "IfNotPresent"
+
+
+def test_image_tag_and_digest(renders: dict[str, Rendered]) -> None:
+    assert renders["everything"].container["image"] == "registry.example.com/nvplugin:9.9.9"
+    assert renders["digest"].container["image"] == "nvplugin@sha256:" + "ab" * 32
+    assert renders["digest"].container["imagePullPolicy"] == "Always"
+    assert renders["everything"].pod["imagePullSecrets"] == [{"name": "registry-creds"}]
+    assert "imagePullSecrets" not in renders["defaults"].pod
+
+
+def test_device_plugin_dir_is_a_host_directory_mounted_at_the_same_path(
+    default: Rendered,
+) -> None:
+    volumes = {v["name"]: v for v in default.pod["volumes"]}
+    assert volumes["device-plugin"]["hostPath"] == {"path": DEVICE_PLUGIN_DIR, "type": "Directory"}
+    mounts = {m["name"]: m for m in default.container["volumeMounts"]}
+    assert mounts["device-plugin"] == {"name": "device-plugin", "mountPath": DEVICE_PLUGIN_DIR}
+
+
+def test_other_kubelet_root_moves_mount_flag_and_probe_together() -> None:
+    path = "/var/lib/k0s/kubelet/device-plugins"
+    rendered = render({"devicePluginPath": path})
+    volumes = {v["name"]: v for v in rendered.pod["volumes"]}
+    assert volumes["device-plugin"]["hostPath"]["path"] == path
+    assert {m["mountPath"] for m in rendered.container["volumeMounts"]} >= {path}
+    assert rendered.container["args"][1:3] == ["--device-plugin-dir", path]
+    assert rendered.container["livenessProbe"]["exec"]["command"][3] == f"{path}/nvplugin-gpu.sock"
+
+
+def test_config_file_comes_from_the_chart_configmap(default: Rendered) -> None:
+    cm = default.one("ConfigMap")
+    assert cm["metadata"]["name"] == "nvplugin-config"
+    assert cm["metadata"]["namespace"] == NAMESPACE
+    volumes = {v["name"]: v for v in default.pod["volumes"]}
+    assert volumes["config"]["configMap"] == {
+        "name": "nvplugin-config",
+        "items": [{"key": "config.yaml", "path": "config.yaml"}],
+    }
+    mounts = {m["name"]: m for m in default.container["volumeMounts"]}
+    assert mounts["config"] == {"name": "config", "mountPath": "/etc/nvplugin", "readOnly": True}
+    assert default.config_text == "version: v1\n"
+
+
+def test_existing_configmap_is_mounted_by_name_and_key(renders: dict[str, Rendered]) -> None:
+    rendered = renders["existing-configmap"]
+    volumes = {v["name"]: v for v in rendered.pod["volumes"]}
+    assert volumes["config"]["configMap"] == {
+        "name": "my-nvplugin",
+        "items": [{"key": "plugin.yaml", "path": "config.yaml"}],
+    }
+    assert "--config" in rendered.container["args"]
+    assert "my-nvplugin" in rendered.notes
+
+
+def test_chart_values_reach_the_plugin_as_its_environment(renders: dict[str, Rendered]) -> None:
+    rendered = renders["everything"]
+    assert rendered.env == {
+        "NVPLUGIN_RESOURCE_NAME": "example.com/a100",
+        "NVPLUGIN_ALLOCATION_POLICY": "simple",
+        "NVPLUGIN_FAIL_ON_INIT_ERROR": "false",
+        "NVPLUGIN_LOG_FORMAT": "console",
+        "NVPLUGIN_LOG_LEVEL": "debug",
+    }
+    assert rendered.container["args"][-2:] == ["--simulate", "dgx-a100"]
+
+
+def test_file_only_settings_are_merged_into_the_config(renders: dict[str, Rendered]) -> None:
+    config = yaml.safe_load(renders["everything"].config_text)
+    assert config == {
+        "version": "v1",
+        "pre_start_required": True,
+        "device_list_strategy": ["envvar", "cdi-annotations"],
+        "device_id_strategy": "index",
+        "pass_device_specs": True,
+        "health": {
+            "enabled": True,
+            "xids": {"ignore": [79], "critical": [13]},
+            "recovery": {"quiet_s": 120},
+        },
+    }
+    # version first, as the plugin's docs write it
+    assert renders["everything"].config_text.startswith("version: v1\n")
+
+
+def test_config_string_is_used_as_the_config(renders: dict[str, Rendered]) -> None:
+    config = yaml.safe_load(renders["config-string"].config_text)
+    assert config == {"version": "v1", "health": {"recovery": {"quiet_s": 60}}}
+
+
+def test_no_unset_setting_leaks_into_env_or_config(default: Rendered) -> None:
+    assert yaml.safe_load(default.config_text) == {"version": "v1"}
+    assert list(default.env) == ["NVPLUGIN_RESOURCE_NAME"]
+
+
+def test_service_links_are_off_so_no_stray_nvplugin_variables(default: Rendered) -> None:
+    # A Service named "nvplugin" would otherwise inject NVPLUGIN_SERVICE_HOST & co, which the
+    # plugin's strict environment reader rejects as unknown settings.
+    assert default.pod["enableServiceLinks"] is False
+    assert default.pod["automountServiceAccountToken"] is False
+
+
+# --- probes ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("probe", ["startupProbe", "livenessProbe", "readinessProbe"])
+def test_probes_run_nvplugin_probe_on_the_plugin_socket(default: Rendered, probe: str) -> None:
+    spec = default.container[probe]
+    assert spec["exec"]["command"] == [
+        "nvplugin",
+        "probe",
+        "--socket",
+        f"{DEVICE_PLUGIN_DIR}/nvplugin-gpu.sock",
+        "--timeout",
+        "3",
+    ]
+    assert spec["timeoutSeconds"] == 10
+    assert spec["periodSeconds"] >= 1 and spec["failureThreshold"] >= 1
+
+
+@pytest.mark.parametrize(
+    "resource", ["nvidia.com/gpu", "example.com/a100", "nvidia.com/mig-1g.10gb", "a.b/X_y.z-1"]
+)
+def test_probe_socket_is_the_one_the_plugin_serves(resource: str) -> None:
+    rendered = render({"resourceName": resource})
+    command = rendered.container["readinessProbe"]["exec"]["command"]
+    assert command[3] == os.path.join(DEVICE_PLUGIN_DIR, socket_name(resource))
+    assert rendered.env["NVPLUGIN_RESOURCE_NAME"] == resource
+
+
+def test_probe_timings_come_from_values() -> None:
+    rendered = render(
+        {
+            "probes": {
+                "rpcTimeoutSeconds": 1.5,
+                "timeoutSeconds": 4,
+                "liveness": {"periodSeconds": 30, "failureThreshold": 5},
+            }
+        }
+    )
+    live = rendered.container["livenessProbe"]
+    assert live["exec"]["command"][-2:] == ["--timeout", "1.5"]
+    assert (live["timeoutSeconds"], live["periodSeconds"], live["failureThreshold"]) == (4, 30, 5)
+
+
+def test_probes_can_be_disabled(renders: dict[str, Rendered]) -> None:
+    container = renders["no-probes"].container
+    assert not {"startupProbe", "livenessProbe", "readinessProbe"} & set(container)
+
+
+# --- security -------------------------------------------------------------------------------------
+
+
+def test_hardened_security_context_by_default(default: Rendered) -> None:
+    assert default.container["securityContext"] == {
+        "runAsUser": 0,
+        "runAsGroup": 0,
+        "runAsNonRoot": False,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert "securityContext" not in default.pod  # podSecurityContext is empty
+
+
+def test_privileged_only_with_pass_device_specs(renders: dict[str, Rendered]) -> None:
+    context = renders["everything"].container["securityContext"]
+    assert context["privileged"] is True
+    assert context["allowPrivilegeEscalation"] is True  # the API rejects privileged without it
+    assert "capabilities" not in context
+    assert context["readOnlyRootFilesystem"] is True
+    for case in set(VALUE_SETS) - {"everything"}:
+        assert "privileged" not in renders[case].container["securityContext"], case
+    assert "privileged" not in render({"passDeviceSpecs": False}).container["securityContext"]
+
+
+# --- scheduling -----------------------------------------------------------------------------------
+
+
+def test_scheduling_defaults(default: Rendered) -> None:
+    pod = default.pod
+    assert pod["priorityClassName"] == "system-node-critical"
+    assert pod["tolerations"] == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "CriticalAddonsOnly", "operator": "Exists"},
+    ]
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    # Terms are ORed: any one label puts the plugin on the node.
+    labels = [(t["matchExpressions"][0]["key"], t["matchExpressions"][0]["values"]) for t in terms]
+    assert all(len(t["matchExpressions"]) == 1 for t in terms)
+    assert ("nvidia.com/gpu.present", ["true"]) in labels
+    assert ("feature.node.kubernetes.io/pci-10de.present", ["true"]) in labels
+    assert "nodeSelector" not in pod
+    assert "runtimeClassName" not in pod
+    assert default.daemonset["spec"]["updateStrategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxUnavailable": 1},
+    }
+
+
+def test_scheduling_values(renders: dict[str, Rendered]) -> None:
+    rendered = renders["everything"]
+    pod = rendered.pod
+    assert pod["runtimeClassName"] == "nvidia"
+    assert pod["nodeSelector"] == {"kubernetes.io/os": "linux"}
+    assert pod["tolerations"] == [{"operator": "Exists"}]
+    assert "priorityClassName" not in pod
+    assert pod["securityContext"] == {"fsGroup": 0}
+    assert rendered.daemonset["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    assert "affinity" not in renders["no-probes"].pod
+    assert "tolerations" not in renders["no-probes"].pod
+    assert rendered.container["resources"]["limits"] == {"cpu": "1", "memory": "1Gi"}
+
+
+# --- names, labels, annotations -------------------------------------------------------------------
+
+
+def test_names_and_namespace_overrides(renders: dict[str, Rendered]) -> None:
+    rendered = renders["overrides"]
+    for obj in rendered.objects:
+        assert obj["metadata"]["namespace"] == "gpu-operator"
+    assert rendered.daemonset["metadata"]["name"] == "gpu"
+    assert rendered.one("ConfigMap")["metadata"]["name"] == "gpu-config"
+    ds = renders["everything"].daemonset
+    assert ds["metadata"]["name"] == "nvplugin-gpu-plugin"
+    assert ds["spec"]["selector"]["matchLabels"] == {
+        "app.kubernetes.io/name": "gpu-plugin",
+        "app.kubernetes.io/instance": "nvplugin",
+    }
+
+
+def test_selector_matches_pod_labels(renders: dict[str, Rendered]) -> None:
+    for case, rendered in renders.items():
+        ds = rendered.daemonset
+        labels = ds["spec"]["template"]["metadata"]["labels"]
+        assert ds["spec"]["selector"]["matchLabels"].items() <= labels.items(), case
+    labels = renders["everything"].daemonset["spec"]["template"]["metadata"]["labels"]
+    assert labels["example.com/tier"] == "node"
+
+
+def _checksum(rendered: Rendered) -> str:
+    annotations = rendered.daemonset["spec"]["template"]["metadata"]["annotations"]
+    value: str = annotations["checksum/config"]
+    assert re.fullmatch(r"[0-9a-f]{64}", value)
+    return value
+
+
+def test_checksum_follows_the_config_file_only(renders: dict[str, Rendered]) -> None:
+    base = _checksum(renders["defaults"])
+    assert base == hashlib.sha256(renders["defaults"].config_text.rstrip("\n").encode()).hexdigest()
+    # Config changes roll the pods...
+    assert _checksum(render({"config": {"pre_start_required": True}})) != base
+    assert _checksum(render({"health": {"enabled": False}})) != base
+    # ... other changes do not touch the annotation.
+    assert _checksum(render({"podAnnotations": {"a": "b"}, "log": {"level": "debug"}})) == base
+    annotations = renders["everything"].daemonset["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["example.com/team"] == "ml"
+
+
+def test_existing_configmap_checksum_changes_with_its_name() -> None:
+    one = _checksum(render({"existingConfigMap": {"name": "a"}}))
+    assert one != _checksum(render({"existingConfigMap": {"name": "b"}}))
+
+
+def test_notes_tell_the_user_where_to_look(renders: dict[str, Rendered]) -> None:
+    notes = renders["defaults"].notes
+    assert "kube-system/nvplugin" in notes
+    assert f"{DEVICE_PLUGIN_DIR}/nvplugin-gpu.sock" in notes
+    assert r".status.allocatable.nvidia\.com/gpu" in notes
+    assert "SIMULATED" in renders["everything"].notes
+    assert "SIMULATED" not in notes

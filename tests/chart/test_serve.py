@@ -1,0 +1,149 @@
+"""The chart's output runs a real plugin: the rendered args, environment and ConfigMap file start
+``nvplugin serve`` (a real process on a simulated node), which registers with the fake kubelet, and
+the rendered probe command finds it on the socket the chart expects.
+
+Only the host paths change: the kubelet's directory becomes a temporary one, and the ConfigMap's
+file is written where the args point at.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nvplugin.kubelet.kubelet import FakeKubelet
+from tests.chart.rendering import Rendered, render
+
+POD_DIR = "/var/lib/kubelet/device-plugins"
+POD_CONFIG = "/etc/nvplugin/config.yaml"
+RESOURCE = "example.com/a100"
+VALUES = {
+    "simulate": "dgx-a100",
+    "resourceName": RESOURCE,
+    "allocationPolicy": "simple",
+    "log": {"format": "json", "level": "debug"},
+    "health": {"ignoredXids": [79], "recoveryQuietSeconds": 30},
+    "config": {"pre_start_required": True, "fail_on_init_error": True},
+}
+
+
+@pytest.fixture
+def dirs() -> Iterator[tuple[str, Path]]:
+    plugin_dir = tempfile.mkdtemp(dir="/tmp", prefix="nvp-dp-")
+    work = Path(tempfile.mkdtemp(dir="/tmp", prefix="nvp-chart-"))
+    yield plugin_dir, work
+    shutil.rmtree(plugin_dir, ignore_errors=True)
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def _on_host(words: list[str], plugin_dir: str, config: Path) -> list[str]:
+    """The pod's paths replaced by this test's."""
+    out = []
+    for word in words:
+        word = word.replace(POD_CONFIG, str(config))
+        out.append(word.replace(POD_DIR, plugin_dir))
+    return out
+
+
+def test_rendered_chart_starts_a_plugin_that_registers_and_passes_its_probe(
+    dirs: tuple[str, Path],
+) -> None:
+    plugin_dir, work = dirs
+    rendered = render(VALUES)
+    config = work / "config.yaml"
+    config.write_text(rendered.config_text)
+    args = _on_host(rendered.container["args"], plugin_dir, config)
+    assert args[:1] == ["serve"] and args[-2:] == ["--simulate", "dgx-a100"]
+    # The pod's environment: nothing but what the chart sets reaches the plugin's NVPLUGIN_ reader.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NVPLUGIN_")} | rendered.env
+    log_path = work / "serve.log"
+    asyncio.run(_scenario(rendered, args, env, plugin_dir, config, log_path))
+
+
+async def _scenario(
+    rendered: Rendered,
+    args: list[str],
+    env: dict[str, str],
+    plugin_dir: str,
+    config: Path,
+    log_path: Path,
+) -> None:
+    async with FakeKubelet(plugin_dir) as kubelet:
+        with log_path.open("wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "nvplugin", *args],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        try:
+            try:
+                await kubelet.wait_registered(RESOURCE, timeout=60)
+                await kubelet.devices.wait_for(
+                    lambda m: len(m.healthy_devices(RESOURCE)) == 8, 30, "8 healthy GPUs"
+                )
+            except TimeoutError as exc:
+                raise AssertionError(f"{exc}\nplugin output:\n{log_path.read_text()}") from None
+            record = kubelet.devices.registrations[-1]
+            assert record.error is None
+            assert record.endpoint == "nvplugin-a100.sock"
+            # pre_start_required came from values.config, through the ConfigMap file.
+            options = kubelet.devices.options(RESOURCE)
+            assert options is not None and options.pre_start_required is True
+
+            command = _on_host(
+                rendered.container["livenessProbe"]["exec"]["command"], plugin_dir, config
+            )
+            assert command[0] == "nvplugin"  # the image's console script; here: -m nvplugin
+            probe = await asyncio.to_thread(
+                subprocess.run,
+                [sys.executable, "-m", "nvplugin", *command[1:]],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert probe.returncode == 0, probe.stderr
+            assert "pre_start_required=true" in probe.stdout
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+            try:
+                code = await asyncio.to_thread(proc.wait, 20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                raise
+        assert code == 0, log_path.read_text()
+        assert not os.path.exists(os.path.join(plugin_dir, "nvplugin-a100.sock"))
+    # The plugin's own account of what it was told (one JSON line: log.format came from the env).
+    effective = _effective_config(log_path)
+    assert effective["source"] == str(config)
+    assert effective["resource_name"] == RESOURCE
+    assert effective["allocation_policy"] == "simple"
+    assert effective["device_plugin_dir"] == plugin_dir
+    assert effective["log"] == {"format": "json", "level": "debug"}
+    assert effective["health"]["xids"]["ignore"] == [79]
+    assert effective["health"]["recovery"]["quiet_s"] == 30
+
+
+def _effective_config(log_path: Path) -> dict[str, Any]:
+    for line in log_path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and record.get("event") == "effective config":
+            config: dict[str, Any] = record["config"]
+            return config
+    raise AssertionError(f"no 'effective config' log line in:\n{log_path.read_text()}")
