@@ -311,10 +311,11 @@ def test_kubelet_restarts_twenty_times() -> None:
                 tasks = [e["tasks"] for e in serve.events("registered with kubelet")]
                 assert len(tasks) == 21
                 # No leaks: a leak of one fd or task per restart would add 15 between the first
-                # and the last five restarts; counts taken mid-handshake vary by one or two.
-                assert max(tasks[-5:]) <= max(tasks[1:6]), tasks
-                assert max(fds[-5:]) <= max(fds[:5]), fds
-                assert fds[-1] <= fds[0], fds
+                # and the last five restarts. Counts taken mid-handshake vary by a few (a
+                # connection being set up or torn down), so compare the fewest seen late with
+                # the most seen early, with room for that noise but not for a steady leak.
+                assert min(tasks[-5:]) <= max(tasks[1:6]) + 2, tasks
+                assert min(fds[-5:]) <= max(fds[:5]) + 2, fds
                 # Still answers, on the new socket.
                 pref = await kubelet.devices.get_preferred_allocation(
                     GPU, sorted(kubelet.devices.healthy_devices(GPU)), [], 2
