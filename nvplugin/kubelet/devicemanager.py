@@ -9,11 +9,27 @@ Shaped like the kubelet's ``pkg/kubelet/cm/devicemanager`` (kubelet-behaviour.md
   endpoints (newest last = primary), healthy/unhealthy device sets, every device's NUMA nodes, the
   devices allocated to containers (kept when a snapshot drops them) -- plus the calls the kubelet
   makes to a plugin (GetPreferredAllocation, Allocate, PreStartContainer) with the kubelet's error
-  texts. Topology hints, ``devicesToAllocate`` and the checkpoint file build on this state; the
-  point where the kubelet writes its checkpoint is :meth:`DeviceManager._devices_updated`.
+  texts.
+- On that state: the topology hints (§3, :meth:`DeviceManager.container_hints` /
+  :meth:`DeviceManager.pod_hints`), ``devicesToAllocate`` step by step (§5,
+  :meth:`DeviceManager.devices_to_allocate`), a container's allocation with init-container reuse
+  (:meth:`DeviceManager.allocate_container`), PreStartContainer at container start
+  (:meth:`DeviceManager.prepare_container`) and the checkpoint file
+  (:mod:`nvplugin.kubelet.checkpoint`), written after every device update and every allocation
+  and read back by :meth:`DeviceManager.start`.
+- :class:`DeviceHintProvider` is the device manager as the topology manager sees it (the
+  kubelet's ``HintProvider``). It is a separate object only because the name ``allocate`` is
+  taken here by the raw Allocate call.
+
+Determinism: where the kubelet iterates Go sets (random order), we go in the plugin's device
+order (the order of its last ListAndWatch snapshot), so results are repeatable.
 
 Everything runs on one asyncio event loop (the one that serves Registration), so the state needs
-no locks. For tests and ``nvplugin admit`` it also keeps what it observed -- every Register request
+no locks. The topology manager's seam is synchronous (as the kubelet's), while talking to a
+plugin is not: run ``Manager.admit`` in a worker thread (``await asyncio.to_thread(...)``) and
+the provider hops onto the loop for each call (:meth:`DeviceManager.call_sync`).
+
+For tests and ``nvplugin admit`` it also keeps what it observed -- every Register request
 and every ListAndWatch snapshot -- and lets a caller await a condition (:meth:`wait_for`).
 """
 
@@ -22,14 +38,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Coroutine, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import grpc
 import structlog
 
 from nvplugin.errors import NvpluginError
+from nvplugin.kubelet import checkpoint as ckpt
+from nvplugin.kubelet.pods import Container, Pod
+from nvplugin.kubelet.topologymanager.hints import generate_hints
+from nvplugin.kubelet.topologymanager.options import go_quote
+from nvplugin.kubelet.topologymanager.policy import ProviderHints, TopologyHint
+from nvplugin.kubelet.topologymanager.scope import AllocationError, Store
 from nvplugin.plugin.api.v1beta1 import api_pb2, api_pb2_grpc
+
+T = TypeVar("T")
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
@@ -149,6 +174,22 @@ class ResourceCapacity:
 
     capacity: int
     allocatable: int
+
+
+@dataclass(frozen=True, eq=False)
+class ContainerAllocation:
+    """The devices one container holds for one resource (the kubelet's ``deviceAllocateInfo``).
+
+    ``by_numa`` groups them by NUMA node as the checkpoint stores them (-1 = no NUMA info);
+    ``response`` is the first container response of the plugin's Allocate answer.
+    """
+
+    pod_uid: str
+    container: str
+    resource: str
+    device_ids: frozenset[str]
+    by_numa: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
+    response: api_pb2.ContainerAllocateResponse | None = None
 
 
 class Endpoint:
@@ -293,9 +334,30 @@ class DeviceManager:
         *,
         stop_grace_s: float = ENDPOINT_STOP_GRACE_S,
         clock: Callable[[], float] = time.monotonic,
+        numa_nodes: Sequence[int] | None = None,
+        store: Store | None = None,
+        checkpoint_dir: str | None = None,
+        active_pods: Callable[[], Iterable[str]] | None = None,
     ) -> None:
+        """``numa_nodes``: the machine's NUMA nodes (default: those the devices name).
+        ``store``: where the merged topology hint of a container is read (the topology
+        manager; None = no hint). ``checkpoint_dir``: where ``kubelet_internal_checkpoint`` is
+        written and read (None = no checkpoint). ``active_pods``: UIDs of the pods still
+        running; devices of other pods are reclaimed before hints and allocation, as the
+        kubelet's ``UpdateAllocatedDevices`` does (None = every pod stays).
+        """
         self._stop_grace_s = stop_grace_s
         self._clock = clock
+        self._numa_nodes = tuple(numa_nodes) if numa_nodes is not None else None
+        self.store = store
+        self.checkpoint_dir = checkpoint_dir
+        self.active_pods = active_pods
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # pod UID -> container -> resource -> what it holds (the kubelet's podDevices)
+        self._pod_devices: dict[str, dict[str, dict[str, ContainerAllocation]]] = {}
+        # pod UID -> resource -> devices its init containers left for later containers
+        self._reuse: dict[str, dict[str, set[str]]] = {}
+        self.checkpoint_writes = 0
         # Kubelet state, per resource.
         self._endpoints: dict[str, list[Endpoint]] = {}  # newest last = primary
         self._stopped_since: dict[str, float] = {}  # resources whose last endpoint ended
@@ -316,6 +378,9 @@ class DeviceManager:
         Every resource known before keeps its allocations but has no devices and a stopped
         endpoint until its plugin registers again (capacity 0 meanwhile).
         """
+        with contextlib.suppress(RuntimeError):
+            self._loop = asyncio.get_running_loop()
+        self._read_checkpoint()
         now = self._clock()
         for resource in set(self._healthy) | set(self._allocated):
             self._endpoints.pop(resource, None)
@@ -344,6 +409,8 @@ class DeviceManager:
         Raises :class:`DevicePluginError` when the same (resource, socket) is still connected.
         """
         resource = endpoint.resource
+        with contextlib.suppress(RuntimeError):
+            self._loop = asyncio.get_running_loop()
         endpoints = self._endpoints.setdefault(resource, [])
         for other in endpoints:
             if other.socket_path == endpoint.socket_path and other.alive:
@@ -378,6 +445,7 @@ class DeviceManager:
 
     def _devices_updated(self, resource: str) -> None:
         """After every device update; the kubelet writes its checkpoint here."""
+        self.write_checkpoint()
         self._notify()
 
     def _plugin_disconnected(self, endpoint: Endpoint, reason: str) -> None:
@@ -587,3 +655,537 @@ class DeviceManager:
                 f"device plugin PreStartContainer rpc failed with err: {go_rpc_error(exc)}"
             ) from None
         return True
+
+    # --- allocation state (the kubelet's podDevices / allocatedDevices) ----------------------
+
+    def container_devices(
+        self, pod_uid: str, container: str, resource: str
+    ) -> frozenset[str] | None:
+        """Devices a container holds for ``resource``; None when it holds none (no entry)."""
+        entry = self._pod_devices.get(pod_uid, {}).get(container, {}).get(resource)
+        return None if entry is None else entry.device_ids
+
+    def container_allocation(
+        self, pod_uid: str, container: str, resource: str
+    ) -> ContainerAllocation | None:
+        return self._pod_devices.get(pod_uid, {}).get(container, {}).get(resource)
+
+    def pod_devices(self, pod_uid: str, resource: str) -> frozenset[str]:
+        """Devices of ``resource`` held by any container of the pod."""
+        out: set[str] = set()
+        for resources in self._pod_devices.get(pod_uid, {}).values():
+            entry = resources.get(resource)
+            if entry is not None:
+                out |= entry.device_ids
+        return frozenset(out)
+
+    def allocations(self) -> list[ContainerAllocation]:
+        """Every container allocation, by pod UID, container and resource."""
+        return [
+            entry
+            for uid in sorted(self._pod_devices)
+            for container in sorted(self._pod_devices[uid])
+            for _, entry in sorted(self._pod_devices[uid][container].items())
+        ]
+
+    def pods(self) -> frozenset[str]:
+        """UIDs of the pods holding devices."""
+        return frozenset(self._pod_devices)
+
+    def reusable_devices(self, pod_uid: str, resource: str) -> frozenset[str]:
+        """Devices the pod's init containers left for its later containers."""
+        return frozenset(self._reuse.get(pod_uid, {}).get(resource, ()))
+
+    def is_device_plugin_resource(self, resource: str) -> bool:
+        """A resource the kubelet knows from a plugin, now or from earlier allocations."""
+        return resource in self._healthy or resource in self._allocated
+
+    def numa_nodes(self) -> tuple[int, ...]:
+        """The machine's NUMA nodes (given at construction, else those the devices name)."""
+        if self._numa_nodes is not None:
+            return self._numa_nodes
+        nodes = {
+            n for devices in self._devices.values() for d in devices.values() for n in d.numa_nodes
+        }
+        return tuple(sorted(nodes))
+
+    def _recompute_allocated(self) -> None:
+        """``allocatedDevices = podDevices.devices()``: what containers hold, per resource."""
+        allocated: dict[str, set[str]] = {}
+        for containers in self._pod_devices.values():
+            for resources in containers.values():
+                for resource, entry in resources.items():
+                    held = allocated.setdefault(resource, set())
+                    if entry.response is not None:
+                        held |= entry.device_ids
+        self._allocated = allocated
+
+    def remove_pods(self, pod_uids: Iterable[str]) -> None:
+        """Forget the pods' devices (they ended, or were rejected) and write the checkpoint."""
+        uids = list(pod_uids)
+        removed = [uid for uid in uids if self._pod_devices.pop(uid, None) is not None]
+        for uid in uids:
+            self._reuse.pop(uid, None)
+        if removed:
+            self._recompute_allocated()
+            self.write_checkpoint()
+            self._notify()
+
+    def update_allocated_devices(self) -> None:
+        """Reclaim the devices of pods that are no longer active (``UpdateAllocatedDevices``)."""
+        if self.active_pods is None:
+            return
+        active = set(self.active_pods())
+        stale = sorted(set(self._pod_devices) - active)
+        if stale:
+            _log.info("reclaiming devices of inactive pods", pods=stale)
+            self.remove_pods(stale)
+
+    def _ordered(self, resource: str, ids: Iterable[str]) -> list[str]:
+        """``ids`` in the plugin's device order (unknown IDs last, sorted)."""
+        position = {d: i for i, d in enumerate(self._devices.get(resource, {}))}
+        return sorted(ids, key=lambda d: (position.get(d, len(position)), d))
+
+    # --- checkpoint ------------------------------------------------------------------------
+
+    def checkpoint_data(self) -> ckpt.CheckpointData:
+        entries = tuple(
+            ckpt.PodDevicesEntry(
+                pod_uid=e.pod_uid,
+                container_name=e.container,
+                resource_name=e.resource,
+                device_ids=dict(e.by_numa),
+                alloc_resp=e.response.SerializeToString(),
+            )
+            for e in self.allocations()
+            if e.response is not None
+        )
+        registered = {r: tuple(sorted(ids)) for r, ids in self._healthy.items()}
+        return ckpt.CheckpointData(entries, registered)
+
+    def write_checkpoint(self) -> None:
+        """Write ``kubelet_internal_checkpoint`` (if configured); failures are logged, as the
+        kubelet does, never raised into an update or an admission."""
+        if self.checkpoint_dir is None:
+            return
+        try:
+            ckpt.write_checkpoint(self.checkpoint_dir, self.checkpoint_data())
+        except OSError as exc:
+            _log.error("failed to write checkpoint file", error=str(exc))
+            return
+        self.checkpoint_writes += 1
+
+    def _read_checkpoint(self) -> None:
+        """Load allocations from the checkpoint (the kubelet's ``readCheckpoint`` on start).
+
+        Registered resources come back with no devices (capacity 0 until their plugin
+        registers again); a missing file means a fresh node; a corrupt one is logged and
+        ignored, and the kubelet starts with what it has.
+        """
+        if self.checkpoint_dir is None:
+            return
+        try:
+            data = ckpt.read_checkpoint(self.checkpoint_dir)
+        except ckpt.CheckpointError as exc:
+            _log.error("continue after failing to read checkpoint file", error=str(exc))
+            return
+        self._pod_devices = {}
+        if data is None:
+            return
+        for entry in data.entries:
+            response = api_pb2.ContainerAllocateResponse()
+            try:
+                response.ParseFromString(entry.alloc_resp)
+            except Exception as exc:  # protobuf's DecodeError; the kubelet skips the entry
+                _log.error("cannot unmarshal allocResp", pod=entry.pod_uid, error=str(exc))
+                continue
+            self._pod_devices.setdefault(entry.pod_uid, {}).setdefault(entry.container_name, {})[
+                entry.resource_name
+            ] = ContainerAllocation(
+                entry.pod_uid,
+                entry.container_name,
+                entry.resource_name,
+                entry.all_device_ids(),
+                dict(entry.device_ids),
+                response,
+            )
+        self._recompute_allocated()
+        for resource in data.registered_devices:
+            self._healthy.setdefault(resource, set())
+            self._unhealthy.setdefault(resource, set())
+            self._devices.setdefault(resource, {})
+
+    # --- topology hints (kubelet-behaviour.md §3) --------------------------------------------
+
+    def _numa_map(self, resource: str, extra: Iterable[str] = ()) -> dict[str, tuple[int, ...]]:
+        numa = self.device_numa(resource)
+        for d in extra:
+            numa.setdefault(d, ())  # held or reusable but gone from the snapshot: no NUMA
+        return numa
+
+    def _hints_for(
+        self, resource: str, available: Collection[str], reusable: Collection[str], request: int
+    ) -> list[TopologyHint]:
+        return generate_hints(
+            available,
+            reusable,
+            request,
+            self._numa_map(resource, [*available, *reusable]),
+            self.numa_nodes(),
+        )
+
+    def _device_requests(self, containers: Iterable[Container]) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for c in containers:
+            for resource, quantity in c.limits.items():
+                if self.is_device_plugin_resource(resource):
+                    out[resource] = quantity.ceil
+        return out
+
+    def container_hints(self, pod: Pod, container: Container) -> ProviderHints:
+        """The kubelet's ``GetTopologyHints`` for one container."""
+        self.update_allocated_devices()
+        hints: dict[str, list[TopologyHint] | None] = {}
+        for resource, requested in sorted(self._device_requests([container]).items()):
+            if not self.has_topology_alignment(resource):
+                hints[resource] = None
+                continue
+            allocated = self.container_devices(pod.uid, container.name, resource) or frozenset()
+            if allocated:
+                if len(allocated) != requested:
+                    hints[resource] = []
+                else:
+                    hints[resource] = self._hints_for(resource, allocated, (), requested)
+                continue
+            available = self.available_devices(resource)
+            reusable = self.reusable_devices(pod.uid, resource)
+            if len(available | reusable) < requested:
+                hints[resource] = []
+                continue
+            hints[resource] = self._hints_for(resource, available, reusable, requested)
+        return hints
+
+    def pod_hints(self, pod: Pod) -> ProviderHints:
+        """The kubelet's ``GetPodTopologyHints``: the effective pod request, no reuse."""
+        self.update_allocated_devices()
+        hints: dict[str, list[TopologyHint] | None] = {}
+        resources = self._device_requests(pod.all_containers)
+        for resource in sorted(resources):
+            requested = pod.effective_count(resource)
+            if not self.has_topology_alignment(resource):
+                hints[resource] = None
+                continue
+            allocated = self.pod_devices(pod.uid, resource)
+            if allocated:
+                if len(allocated) != requested:
+                    hints[resource] = []
+                else:
+                    hints[resource] = self._hints_for(resource, allocated, (), requested)
+                continue
+            available = self.available_devices(resource)
+            if len(available) < requested:
+                hints[resource] = []
+                continue
+            hints[resource] = self._hints_for(resource, available, (), requested)
+        return hints
+
+    # --- allocation (kubelet-behaviour.md §5) ------------------------------------------------
+
+    def filter_by_affinity(
+        self, pod_uid: str, container: str, resource: str, available: Collection[str]
+    ) -> tuple[list[str], list[str], list[str]]:
+        """Split ``available`` by the stored hint: aligned, unaligned, no NUMA information.
+
+        Without alignment for the resource, or with a nil hint, everything is "no affinity".
+        A device on several NUMA nodes is aligned when any of them is in the hint.
+        """
+        ordered = self._ordered(resource, available)
+        hint = self.store.get_affinity(pod_uid, container) if self.store is not None else None
+        mask = hint.numa_affinity if hint is not None else None
+        if mask is None or not self.has_topology_alignment(resource):
+            return [], [], ordered
+        numa = self.device_numa(resource)
+        aligned, unaligned, none = [], [], []
+        for d in ordered:
+            nodes = numa.get(d, ())
+            if not nodes:
+                none.append(d)
+            elif any(mask.is_set(n) for n in nodes):
+                aligned.append(d)
+            else:
+                unaligned.append(d)
+        return aligned, unaligned, none
+
+    async def _preferred(
+        self, resource: str, available: Iterable[str], must_include: Iterable[str], size: int
+    ) -> set[str]:
+        answer = await self.get_preferred_allocation(
+            resource,
+            self._ordered(resource, available),
+            self._ordered(resource, must_include),
+            size,
+        )
+        return set(answer or ())
+
+    async def devices_to_allocate(
+        self,
+        pod_uid: str,
+        container: str,
+        resource: str,
+        required: int,
+        reusable: Collection[str] = (),
+    ) -> list[str] | None:
+        """The kubelet's ``devicesToAllocate``: which devices the container gets.
+
+        None when there is nothing to allocate (the container already holds its devices).
+        Taken devices are marked allocated at once. Raises :class:`AllocationError` with the
+        kubelet's text, or :class:`DevicePluginError` when GetPreferredAllocation fails.
+        """
+        needed = required
+        held = self.container_devices(pod_uid, container, resource)
+        if held is not None:
+            needed -= len(held)
+            if needed != 0:
+                raise AllocationError(
+                    f"pod {go_quote(pod_uid)} container {go_quote(container)} changed request "
+                    f"for resource {go_quote(resource)} from {len(held)} to {required}"
+                )
+        healthy = self._healthy.get(resource)
+        if healthy is None:
+            raise AllocationError(f"cannot allocate unregistered device {resource}")
+        if not healthy:
+            raise AllocationError(
+                f"no healthy devices present; cannot allocate unhealthy devices {resource}"
+            )
+        if held is not None and not held <= healthy:
+            raise AllocationError(
+                "previously allocated devices are no longer healthy; "
+                f"cannot allocate unhealthy devices {resource}"
+            )
+        if needed == 0:
+            return None
+
+        allocated: list[str] = []
+
+        def take_from(devices: Iterable[str]) -> bool:
+            """Take devices until none is needed any more; True when done."""
+            nonlocal needed
+            in_use = self._allocated.setdefault(resource, set())
+            for d in self._ordered(resource, devices):
+                if d in allocated:
+                    continue
+                in_use.add(d)
+                allocated.append(d)
+                needed -= 1
+                if needed == 0:
+                    return True
+            return False
+
+        if take_from(reusable):
+            return allocated
+        available = healthy - self._allocated.get(resource, set())
+        if len(available) < needed:
+            raise AllocationError(
+                f"requested number of devices unavailable for {resource}. "
+                f"Requested: {needed}, Available: {len(available)}"
+            )
+        aligned, unaligned, no_affinity = self.filter_by_affinity(
+            pod_uid, container, resource, available
+        )
+        if needed < len(aligned):
+            # All of it can come from the aligned devices: let the plugin choose among them.
+            preferred = await self._preferred(resource, {*aligned, *allocated}, allocated, required)
+            if take_from(preferred & set(aligned)) or take_from(aligned):
+                return allocated
+        else:
+            # Take every aligned device first (the alignment the topology manager promised),
+            # then let the plugin choose the rest among everything available.
+            if take_from(aligned):
+                return allocated
+            preferred = await self._preferred(
+                resource, {*available, *allocated}, allocated, required
+            )
+            if take_from(preferred & available) or take_from(unaligned) or take_from(no_affinity):
+                return allocated
+        raise AllocationError(
+            "unexpectedly allocated less resources than required. "
+            f"Requested: {required}, Got: {required - needed}"
+        )
+
+    async def allocate_container_resources(
+        self, pod: Pod, container: Container, reusable: Mapping[str, Collection[str]]
+    ) -> None:
+        """Every device resource of the container: choose, Allocate on the plugin, record.
+
+        Resources go in name order (the kubelet ranges over a Go map). Raises
+        :class:`AllocationError` or :class:`DevicePluginError` (both reject the pod).
+        """
+        collected = False
+        changed = False
+        for resource in sorted(container.limits):
+            if not self.is_device_plugin_resource(resource):
+                continue
+            if not collected:
+                self.update_allocated_devices()
+                collected = True
+            needed = container.limits[resource].ceil
+            devices = await self.devices_to_allocate(
+                pod.uid, container.name, resource, needed, reusable.get(resource, ())
+            )
+            if not devices:
+                continue
+            changed = True
+            if self.primary(resource) is None:
+                self._recompute_allocated()
+                raise AllocationError(f"unknown Device Plugin {resource}")
+            try:
+                response = await self.allocate(resource, devices)
+            except DevicePluginError:
+                self._recompute_allocated()
+                raise
+            numa = self.device_numa(resource)
+            by_numa: dict[int, list[str]] = {}
+            for d in devices:
+                for node in numa.get(d) or (ckpt.NO_NUMA,):
+                    by_numa.setdefault(node, []).append(d)
+            self._pod_devices.setdefault(pod.uid, {}).setdefault(container.name, {})[resource] = (
+                ContainerAllocation(
+                    pod.uid,
+                    container.name,
+                    resource,
+                    frozenset(devices),
+                    {n: tuple(self._ordered(resource, ids)) for n, ids in sorted(by_numa.items())},
+                    response,
+                )
+            )
+            _log.info(
+                "devices allocated",
+                pod=pod.name,
+                container=container.name,
+                resource=resource,
+                devices=self._ordered(resource, devices),
+            )
+        if changed:
+            self.write_checkpoint()
+            self._notify()
+
+    async def allocate_container(self, pod: Pod, container: Container) -> None:
+        """The kubelet's ``Allocate(pod, container)``, with init-container device reuse.
+
+        A regular init container's devices go into the pod's reusable pool (the next
+        containers may take them, since init containers run one at a time and finish); a
+        restartable init container (sidecar) and an app container keep what they take, so it
+        leaves the pool. Only the pod being admitted keeps a pool.
+        """
+        for uid in [u for u in self._reuse if u != pod.uid]:
+            del self._reuse[uid]
+        reuse = self._reuse.setdefault(pod.uid, {})
+        await self.allocate_container_resources(pod, container, reuse)
+        held = self._pod_devices.get(pod.uid, {}).get(container.name, {})
+        regular_init = any(c.name == container.name for c in pod.init_containers) and not any(
+            c.name == container.name and c.restartable for c in pod.init_containers
+        )
+        for resource, entry in held.items():
+            pool = reuse.setdefault(resource, set())
+            if regular_init:
+                pool |= entry.device_ids
+            else:
+                pool -= entry.device_ids
+
+    async def pre_start(self, pod_uid: str, container: str, resource: str) -> bool:
+        """PreStartContainer for one resource if the plugin asked for it; True if called."""
+        if self.primary(resource) is None:
+            raise DevicePluginError(
+                f"endpoint not found in cache for a registered resource: {resource}"
+            )
+        options = self.options(resource)
+        if options is None or not options.pre_start_required:
+            return False
+        devices = self.container_devices(pod_uid, container, resource)
+        if devices is None:
+            raise DevicePluginError(
+                f"no devices found allocated in local cache for pod {pod_uid}, "
+                f"container {container}, resource {resource}"
+            )
+        return await self.pre_start_container(resource, self._ordered(resource, devices))
+
+    async def prepare_container(self, pod: Pod, container: Container) -> dict[str, str]:
+        """What the kubelet does when it creates the container (``GetDeviceRunContainerOptions``):
+        PreStartContainer where the plugin asked for it (30 s deadline), then the environment
+        from the stored Allocate responses (the first value of a name wins)."""
+        envs: dict[str, str] = {}
+        for resource in sorted(container.limits):
+            if not self.is_device_plugin_resource(resource) or container.limits[resource].ceil == 0:
+                continue
+            await self.pre_start(pod.uid, container.name, resource)
+        for _, entry in sorted(self._pod_devices.get(pod.uid, {}).get(container.name, {}).items()):
+            if entry.response is not None:
+                for name, value in entry.response.envs.items():
+                    envs.setdefault(name, value)
+        return envs
+
+    # --- the synchronous seam --------------------------------------------------------------
+
+    def call_sync(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the device manager's loop from a synchronous caller and wait.
+
+        From a worker thread (``asyncio.to_thread``) it is handed to the loop; with no loop
+        running anywhere it runs on a fresh one. On the loop's own thread it cannot wait
+        without deadlocking, which is a programming error.
+        """
+        loop = self._loop
+        if loop is not None and loop.is_running() and not loop.is_closed():
+            if _running_loop() is loop:
+                coro.close()
+                raise RuntimeError(
+                    "the topology manager must not run on the device manager's event loop: "
+                    "call it in a worker thread (await asyncio.to_thread(manager.admit, pod))"
+                )
+            return asyncio.run_coroutine_threadsafe(coro, loop).result()
+        return asyncio.run(coro)
+
+    def call_on_loop(self, fn: Callable[[], T]) -> T:
+        """Run a synchronous read of the state on the loop's thread (where it is mutated)."""
+        loop = self._loop
+        if loop is None or not loop.is_running() or loop.is_closed() or _running_loop() is loop:
+            return fn()
+
+        async def call() -> T:
+            return fn()
+
+        return asyncio.run_coroutine_threadsafe(call(), loop).result()
+
+    @property
+    def hint_provider(self) -> DeviceHintProvider:
+        """This device manager as a topology-manager hint provider."""
+        return DeviceHintProvider(self)
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+class DeviceHintProvider:
+    """The device manager as the topology manager's ``HintProvider`` (hints, then allocate).
+
+    A thin adapter: each call runs on the device manager's loop; plugin failures become
+    :class:`AllocationError` (the pod is rejected with ``UnexpectedAdmissionError``).
+    """
+
+    def __init__(self, manager: DeviceManager) -> None:
+        self.manager = manager
+
+    def get_topology_hints(self, pod: Pod, container: Container) -> ProviderHints:
+        return self.manager.call_on_loop(lambda: self.manager.container_hints(pod, container))
+
+    def get_pod_topology_hints(self, pod: Pod) -> ProviderHints:
+        return self.manager.call_on_loop(lambda: self.manager.pod_hints(pod))
+
+    def allocate(self, pod: Pod, container: Container) -> None:
+        try:
+            self.manager.call_sync(self.manager.allocate_container(pod, container))
+        except DevicePluginError as exc:
+            raise AllocationError(str(exc)) from None

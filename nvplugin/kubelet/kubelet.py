@@ -74,7 +74,9 @@ class FakeKubelet:
         devices: DeviceManager | None = None,
     ) -> None:
         self.directory = directory
-        self.devices = devices if devices is not None else DeviceManager()
+        # Like the kubelet, keep the checkpoint (kubelet_internal_checkpoint) in the
+        # device-plugin directory, so a restarted fake kubelet reads its allocations back.
+        self.devices = devices if devices is not None else DeviceManager(checkpoint_dir=directory)
         self._registration = RegistrationServer(
             directory, self.devices, socket_name=socket_name, dial_timeout_s=dial_timeout_s
         )

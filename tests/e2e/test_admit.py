@@ -1,0 +1,260 @@
+"""``nvplugin admit`` end to end: a subprocess that starts the real plugin (another subprocess) and
+drives it with the fake kubelet over real sockets; results checked against the kubelet's texts."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nvplugin.node import load_topology
+
+SAMPLES = Path(__file__).resolve().parents[2] / "nvplugin" / "kubelet" / "samples"
+AFFINITY = ("TopologyAffinityError", "Resources cannot be allocated with Topology locality")
+
+
+def admit(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NVPLUGIN_")}
+    return subprocess.run(
+        [sys.executable, "-m", "nvplugin", "admit", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+
+
+def admit_json(*args: str) -> list[dict[str, Any]]:
+    done = admit("--output", "json", *args)
+    assert done.returncode == 0, done.stderr
+    result: list[dict[str, Any]] = json.loads(done.stdout)
+    return result
+
+
+def pods_file(text: str) -> str:
+    fd, path = tempfile.mkstemp(dir="/tmp", suffix=".yaml")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    return path
+
+
+def gpu_pod(name: str, gpus: int | str, extra: str = "") -> str:
+    return (
+        f"apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  containers:\n"
+        f"    - name: main\n      resources:\n        limits: {{nvidia.com/gpu: {gpus}{extra}}}\n"
+    )
+
+
+def pods(*docs: str) -> str:
+    return pods_file("---\n".join(docs))
+
+
+def test_dgx_a100_samples_single_numa_node_with_static_cpus() -> None:
+    results = admit_json(
+        "--simulate",
+        "dgx-a100",
+        "--topology-manager-policy",
+        "single-numa-node",
+        "--cpu-manager-policy",
+        "static",
+        "--reserved-cpus",
+        "0-1",
+        str(SAMPLES / "dgx-a100.yaml"),
+    )
+    topo = load_topology("dgx-a100")
+    by_name = {r["pod"]: r for r in results}
+    assert [r["pod"] for r in results] == [
+        "notebook",
+        "trainer",
+        "wide-trainer",
+        "warm-start",
+        "dashboard",
+    ]
+    [notebook] = by_name["notebook"]["containers"]
+    assert by_name["notebook"]["admitted"], results
+    assert by_name["notebook"]["reason"] is None
+    assert notebook["gpu_indices"] == [2]
+    assert notebook["devices"] == {"nvidia.com/gpu": [topo.gpus[2].uuid]}
+    assert notebook["numa_nodes"] == [1]
+    assert notebook["cpus"] == [16, 17, 144, 145]  # two whole cores on NUMA node 1
+    [trainer] = by_name["trainer"]["containers"]
+    assert trainer["gpu_indices"] == [0, 1] and trainer["numa_nodes"] == [3]
+    assert set(trainer["cpus"]) <= set(topo.cpus.on_node(3)) and len(trainer["cpus"]) == 16
+    wide = by_name["wide-trainer"]
+    assert (wide["admitted"], wide["reason"], wide["message"]) == (False, *AFFINITY)
+    assert wide["containers"] == [
+        {"name": "train", "devices": {}, "gpu_indices": [], "cpus": [], "numa_nodes": None}
+    ]
+    init, app = by_name["warm-start"]["containers"]
+    assert init["name"] == "fetch-weights" and app["name"] == "serve"
+    assert init["gpu_indices"] == app["gpu_indices"] == [3]  # the app reuses the init's GPU
+    [dashboard] = by_name["dashboard"]["containers"]
+    assert dashboard == {
+        "name": "web",
+        "devices": {},
+        "gpu_indices": [],
+        "cpus": [],
+        "numa_nodes": None,  # single-numa-node turns "any node" into don't care
+    }
+
+
+UNAVAILABLE = (
+    "UnexpectedAdmissionError",
+    "Allocate failed due to requested number of devices unavailable for "
+    "nvidia.com/gpu. Requested: 2, Available: 1, which is unexpected",
+)
+
+
+@pytest.mark.parametrize(
+    ("policy", "three", "two"),
+    [
+        # Three GPUs need both NUMA nodes, which is also the narrowest possible: preferred.
+        ("best-effort", None, UNAVAILABLE),
+        ("restricted", None, AFFINITY),
+        ("single-numa-node", AFFINITY, None),
+    ],
+)
+def test_too_few_free_gpus_per_policy(
+    policy: str, three: tuple[str, str] | None, two: tuple[str, str] | None
+) -> None:
+    path = pods(gpu_pod("three", 3), gpu_pod("two", 2))
+    results = admit_json(
+        "--simulate", "workstation-4gpu", "--topology-manager-policy", policy, path
+    )
+    for result, expected in zip(results, (three, two), strict=True):
+        if expected is None:
+            assert result["admitted"], result
+            assert result["containers"][0]["numa_nodes"] is not None
+        else:
+            assert (result["admitted"], result["reason"], result["message"]) == (
+                False,
+                *expected,
+            )
+    if three is None:
+        assert results[0]["containers"][0]["numa_nodes"] == [0, 1]
+
+
+def test_policy_none_stores_no_affinity_and_pod_scope_shares_one() -> None:
+    path = pods(gpu_pod("a", 2), gpu_pod("b", 1))
+    a, b = admit_json("--simulate", "workstation-4gpu", path)
+    assert a["containers"][0]["numa_nodes"] is None and b["containers"][0]["numa_nodes"] is None
+    assert a["admitted"] and b["admitted"], (a, b)
+    # NVLink-aware: the plugin picks the bridged pair 0-3 (or 1-2), not the PIX pair 0-1.
+    assert a["containers"][0]["gpu_indices"] in ([0, 3], [1, 2])
+
+    two = (
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: duo}\nspec:\n  containers:\n"
+        "    - name: x\n      resources: {limits: {nvidia.com/gpu: 1}}\n"
+        "    - name: y\n      resources: {limits: {nvidia.com/gpu: 1}}\n"
+    )
+    [duo] = admit_json(
+        "--simulate",
+        "workstation-4gpu",
+        "--topology-manager-policy",
+        "restricted",
+        "--topology-manager-scope",
+        "pod",
+        pods(two),
+    )
+    x, y = duo["containers"]
+    assert x["numa_nodes"] == y["numa_nodes"] == [0]
+    assert sorted(x["gpu_indices"] + y["gpu_indices"]) == [0, 1]
+
+
+def test_table_output() -> None:
+    done = admit(
+        "--simulate",
+        "dgx-1",
+        "--topology-manager-policy",
+        "single-numa-node",
+        pods(gpu_pod("pair", 2), gpu_pod("six", 6)),
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    print(done.stdout)
+    assert lines[0].startswith("node dgx-1: 8 GPUs, 2 NUMA nodes")
+    assert any(
+        line.split()[:3] == ["pair", "main", "admitted"] and "(NUMA 0)" in line for line in lines
+    )
+    assert (
+        "  -> TopologyAffinityError: Resources cannot be allocated with Topology locality" in lines
+    )
+    assert "1 of 2 pods admitted" in lines
+
+
+BAD = [
+    (
+        "kind: Deployment\napiVersion: apps/v1\nmetadata: {name: d}\n",
+        (),
+        ["document 1", "kind", "not a Pod"],
+    ),
+    (
+        "apiVersion: v1\nkind: Pod\nmetadata: {}\nspec: {containers: [{name: c}]}\n",
+        (),
+        ["document 1", "metadata.name", "missing"],
+    ),
+    (gpu_pod("neg", -1), (), ['pod "neg"', "limits[nvidia.com/gpu]", "greater than or equal to 0"]),
+    (gpu_pod("half", '"1.5"'), (), ['pod "half"', "limits[nvidia.com/gpu]", "whole number"]),
+    (
+        gpu_pod("ok", 1),
+        ("--topology-manager-policy", "strict"),
+        ["topologyManagerPolicy", '"strict"'],
+    ),
+    (gpu_pod("ok", 1), ("--topology-manager-scope", "node"), ["topologyManagerScope", '"node"']),
+    (
+        gpu_pod("ok", 1),
+        ("--topology-manager-policy-options", "fastest=true"),
+        ['unknown Topology Manager Policy option: "fastest"'],
+    ),
+    (
+        gpu_pod("ok", 1),
+        ("--simulate", "dgx-1", "--cpu-manager-policy", "static"),
+        ["unable to determine reserved CPU resources for static policy"],
+    ),
+    (gpu_pod("ok", 1), ("--simulate", "no-such-node"), ["no-such-node"]),
+]
+
+
+@pytest.mark.parametrize(("text", "flags", "needles"), BAD, ids=[str(i) for i in range(len(BAD))])
+def test_bad_input_exits_2_naming_what(
+    text: str, flags: tuple[str, ...], needles: list[str]
+) -> None:
+    done = admit(*flags, pods(text))
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert done.stdout == ""
+    assert done.stderr.startswith("error: ")
+    assert "Traceback" not in done.stderr
+    for needle in needles:
+        assert needle in done.stderr
+
+
+def test_plugin_dying_mid_run_rejects_later_pods_with_the_kubelet_message() -> None:
+    path = pods(gpu_pod("first", 1), gpu_pod("second", 1), gpu_pod("third", 1))
+    done = admit(
+        "--simulate",
+        "dgx-1",
+        "--topology-manager-policy",
+        "best-effort",
+        "--output",
+        "json",
+        "--kill-plugin-after",
+        "first",
+        path,
+    )
+    assert done.returncode == 1, done.stderr
+    first, second, third = json.loads(done.stdout)
+    assert first["admitted"]
+    message = (
+        "Allocate failed due to no healthy devices present; cannot allocate unhealthy devices "
+        "nvidia.com/gpu, which is unexpected"
+    )
+    for later in (second, third):
+        assert (later["reason"], later["message"]) == ("UnexpectedAdmissionError", message)
+    assert "the device plugin (nvplugin serve, pid" in done.stderr
+    assert "was killed by signal 9 before pod 'second' was admitted" in done.stderr

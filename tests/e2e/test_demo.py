@@ -1,0 +1,37 @@
+"""``nvplugin demo``: the real plugin and the fake kubelet on two simulated DGX nodes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+
+def test_demo_tells_the_story_and_exits_0() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NVPLUGIN_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "nvplugin", "demo"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "== 1. NVSwitch node, NUMA-aligned GPUs and CPUs (dgx-a100) ==" in out
+    assert "== 2. NVLink-aware choice inside the NUMA node (dgx-1) ==" in out
+    lines = out.splitlines()
+    # Fits, with GPUs and exclusive CPUs from one NUMA node.
+    assert any(line.split()[:4] == ["trainer", "train", "admitted", "0,1"] for line in lines)
+    # One is refused by the topology manager.
+    assert (
+        "  -> TopologyAffinityError: Resources cannot be allocated with Topology locality" in lines
+    )
+    assert "4 of 5 pods admitted" in lines
+    # The NVLink-aware choice, and what first fit would have given.
+    assert "  pair-a/train: GPUs 0,3 (GPU0-GPU3 NV2+PHB, score 230)" in lines
+    assert (
+        "    (first fit on that NUMA node would give 0,1 (GPU0-GPU1 NV1+PIX, score 150))" in lines
+    )
+    assert "  pair-b/train: GPUs 1,2 (GPU1-GPU2 NV2+PHB, score 230)" in lines
+    assert "error" not in out
