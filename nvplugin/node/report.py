@@ -12,6 +12,7 @@ with one entry per pair a < b (index order) and ``numa_node`` null when unknown.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from nvplugin.node.model import Gpu, Topology
@@ -76,15 +77,35 @@ def _numa(gpu: Gpu) -> str:
     return "N/A" if gpu.numa_node is None else str(gpu.numa_node)
 
 
-def devices_table(topo: Topology) -> str:
-    rows = [["INDEX", "UUID", "NAME", "MEMORY", "BUS ID", "NUMA"]]
+def devices_table(topo: Topology, resources: Mapping[int, str] | None = None) -> str:
+    """One row per GPU; with ``resources`` (GPU index -> what it is served as, from
+    ``devices --config``) a RESOURCE column too."""
+    header = ["INDEX", "UUID", "NAME", "MEMORY", "BUS ID", "NUMA"]
+    rows = [header if resources is None else [*header, "RESOURCE"]]
     for g in topo.gpus:
-        rows.append([str(g.index), g.uuid, g.name, f"{g.memory_mib} MiB", g.pci_bus_id, _numa(g)])
+        row = [str(g.index), g.uuid, g.name, f"{g.memory_mib} MiB", g.pci_bus_id, _numa(g)]
+        if resources is not None:
+            row.append(resources.get(g.index, "-"))
+        rows.append(row)
     return f"{_table(rows)}\n"
 
 
-def devices_json(topo: Topology) -> str:
-    data = {"name": topo.name, "gpus": [gpu_dict(g) for g in topo.gpus]}
+def devices_json(
+    topo: Topology,
+    resources: Mapping[int, str] | None = None,
+    plan: Mapping[str, object] | None = None,
+) -> str:
+    """``{"name", "gpus": [...]}``; with a config, each GPU's ``resource`` and the whole
+    ``plan`` (served resources, sockets, replicas, warnings) as ``"resources"``."""
+    gpus = []
+    for g in topo.gpus:
+        entry = gpu_dict(g)
+        if resources is not None:
+            entry["resource"] = resources.get(g.index)
+        gpus.append(entry)
+    data: dict[str, Any] = {"name": topo.name, "gpus": gpus}
+    if plan is not None:
+        data["resources"] = dict(plan)
     return json.dumps(data, indent=2) + "\n"
 
 

@@ -53,6 +53,11 @@ PAIRS = [
     ("pcie-8gpu", 0, 2, Pcie.NODE, 0, 20),
     ("pcie-8gpu", 3, 4, Pcie.SYS, 0, 10),
     ("no-numa", 0, 3, Pcie.PHB, 0, 30),
+    ("mixed-a100-t4", 0, 1, Pcie.PIX, 12, 1250),
+    ("mixed-a100-t4", 2, 3, Pcie.PIX, 0, 50),
+    ("mixed-a100-t4", 1, 2, Pcie.NODE, 0, 20),
+    ("mixed-a100-t4", 0, 4, Pcie.SYS, 0, 10),
+    ("mixed-a100-t4", 4, 5, Pcie.PIX, 12, 1250),
 ]
 
 # (node, GPU count, NUMA node of each GPU, NUMA node count, CPUs, CPU list of GPU0's node)
@@ -64,6 +69,7 @@ NODES = [
     ("dgx-2", 16, [0] * 8 + [1] * 8, 2, 96, "0-23,48-71"),
     ("pcie-8gpu", 8, [0] * 4 + [1] * 4, 2, 128, "0-31,64-95"),
     ("no-numa", 4, [None] * 4, 1, 48, None),
+    ("mixed-a100-t4", 8, [0] * 4 + [1] * 4, 2, 128, "0-31,64-95"),
 ]
 
 

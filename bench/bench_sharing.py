@@ -1,0 +1,41 @@
+"""Preferred allocation over time-slicing replicas, in-process (no gRPC): how long
+:meth:`nvplugin.plugin.sharing.Replicas.prefer` takes on dgx-2 (16 GPUs, 8 replicas each = 128
+devices) with the best-effort policy choosing among tied GPUs, for distributed and packed, with
+every replica free and with half of them in use (a spread of loads, so fewer ties).
+
+The policy's tables are built once, before timing, as the daemon does at start.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+from nvplugin.allocator import make_policy
+from nvplugin.node import load_topology
+from nvplugin.plugin.sharing import ALLOCATIONS, Replicas
+
+NODE = "dgx-2"
+REPLICAS = 8
+SIZES = (1, 2, 4, 8)
+CALLS = 200
+
+
+def run() -> None:
+    topology = load_topology(NODE)
+    policy = make_policy("best-effort", topology)
+    rng = random.Random(6)
+    for allocation in ALLOCATIONS:
+        replicas = Replicas(REPLICAS, allocation=allocation)
+        devices = replicas.devices(topology.gpus)
+        half = sorted(rng.sample(range(len(devices)), len(devices) // 2))
+        cases = {"all free": list(devices), "half in use": [devices[i] for i in half]}
+        for label, available in cases.items():
+            cells = []
+            for size in SIZES:
+                started = time.perf_counter()
+                for _ in range(CALLS):
+                    replicas.prefer(policy.allocate, available, [], size)
+                per_call_ms = (time.perf_counter() - started) / CALLS * 1000
+                cells.append(f"size {size}: {per_call_ms:.3f} ms")
+            print(f"   {allocation:<11} {label:<11} " + ", ".join(cells))

@@ -1,0 +1,333 @@
+"""Time-slicing: one GPU advertised as several devices (replicas), and which replicas a pod gets.
+
+The kubelet counts devices, not GPUs, so sharing a GPU between pods means advertising it several
+times: GPU ``GPU-abc`` with 4 replicas is listed as ``GPU-abc::0`` .. ``GPU-abc::3``, each with
+the GPU's NUMA node and the GPU's health (an Xid on the GPU makes all four Unhealthy). Allocate maps
+the replicas a container got back to their GPUs, once each. Nothing isolates the pods sharing a
+GPU (no memory limit, no compute share): that is what time-slicing is, and why
+``failRequestsGreaterThanOne`` exists -- asking for two replicas of one GPU buys nothing.
+
+GetPreferredAllocation over replicas has two policies. ``distributed`` (the default) spreads a
+request over the GPUs with the fewest replicas in use, so pods sharing a node share it evenly;
+``packed`` fills the busiest GPUs first, keeping whole GPUs free for later pods. A replica is "in
+use" when the kubelet does not offer it as available. When an answer spans several GPUs and the
+counts leave a choice, the GPUs are chosen by the node's allocation policy (best-effort: the best
+linked set), so a multi-replica pod still gets well-connected GPUs.
+
+The config block (``sharing.timeSlicing``) keeps NVIDIA's camelCase keys so a NVIDIA plugin
+config ports by copying; its values are parsed here and checked against the other resources in
+:mod:`nvplugin.plugin.resources`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from nvplugin.node.model import Gpu
+
+REPLICA_SEPARATOR = "::"
+"""Replica IDs are ``<uuid>::<n>``, as in NVIDIA's plugin (tools that parse them keep working)."""
+
+ALLOCATIONS = ("distributed", "packed")
+"""Preferred-allocation policies for replicas; the first is the default."""
+
+MIN_REPLICAS = 2
+SHARED_SUFFIX = ".shared"
+"""``renameByDefault`` renames a replicated resource ``<name>.shared`` (NVIDIA's convention)."""
+
+
+class ValueProblem(ValueError):
+    """A config value's problem; ``at`` is where inside the key (``[1].replicas``) or, for
+    problems found across keys, the full key path. The config loader adds the source."""
+
+    def __init__(self, at: str, message: str) -> None:
+        super().__init__(message)
+        self.at = at
+        self.message = message
+
+
+# --- the config block -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReplicatedResource:
+    """One ``sharing.timeSlicing.resources`` entry: ``name`` (a resource the plugin would
+    advertise) is served as ``replicas`` devices per GPU, under ``rename`` when given."""
+
+    name: str
+    replicas: int
+    rename: str | None = None
+
+
+@dataclass(frozen=True)
+class TimeSlicing:
+    """``sharing.timeSlicing``. Names are full resource names (resolved by the config loader)."""
+
+    rename_by_default: bool = False
+    fail_requests_greater_than_one: bool = False
+    allocation: str = ALLOCATIONS[0]
+    resources: tuple[ReplicatedResource, ...] = ()
+
+    def entry(self, name: str) -> ReplicatedResource | None:
+        """The entry that replicates resource ``name``, if any."""
+        for entry in self.resources:
+            if entry.name == name:
+                return entry
+        return None
+
+    def served_name(self, entry: ReplicatedResource) -> str:
+        """The name the replicas are advertised under: ``rename``, else ``<name>.shared`` with
+        ``renameByDefault``, else the resource's own name."""
+        if entry.rename is not None:
+            return entry.rename
+        return entry.name + SHARED_SUFFIX if self.rename_by_default else entry.name
+
+    def as_dict(self) -> dict[str, object]:
+        """In the file's (NVIDIA's) shape, for the effective-config log line."""
+        return {
+            "renameByDefault": self.rename_by_default,
+            "failRequestsGreaterThanOne": self.fail_requests_greater_than_one,
+            "allocation": self.allocation,
+            "resources": [
+                {"name": e.name, "replicas": e.replicas, "rename": e.rename, "served_as": n}
+                for e, n in ((e, self.served_name(e)) for e in self.resources)
+            ],
+        }
+
+
+_ENTRY_KEYS = ("name", "replicas", "rename", "devices")
+
+
+def parse_replicated_resources(value: object) -> tuple[ReplicatedResource, ...]:
+    """Check ``sharing.timeSlicing.resources`` (a list of ``{name, replicas, rename?}``).
+
+    Names stay as written (short or full); :func:`nvplugin.plugin.resources.check_layout`
+    resolves and cross-checks them. ``devices: all`` (NVIDIA's default) is accepted so ported
+    configs load; a device subset is refused rather than ignored.
+    """
+    if not isinstance(value, list):
+        raise ValueProblem("", "expected a list of {name, replicas, rename}, got " + _shown(value))
+    out = []
+    for number, item in enumerate(value):
+        at = f"[{number}]"
+        if not isinstance(item, dict):
+            raise ValueProblem(
+                at, "expected a mapping {name, replicas, rename}, got " + _shown(item)
+            )
+        _known_keys(item, _ENTRY_KEYS, at)
+        name = _string(item, "name", at, required=True)
+        replicas = item.get("replicas")
+        if "replicas" not in item:
+            raise ValueProblem(f"{at}.replicas", "is missing (how many devices per GPU, >= 2)")
+        if isinstance(replicas, bool) or not isinstance(replicas, int):
+            raise ValueProblem(f"{at}.replicas", f"expected an integer, got {_shown(replicas)}")
+        if replicas < MIN_REPLICAS:
+            raise ValueProblem(
+                f"{at}.replicas",
+                f"{replicas} is less than {MIN_REPLICAS} (one replica per GPU is not sharing; "
+                "leave the resource out of sharing.timeSlicing instead)",
+            )
+        rename = _string(item, "rename", at, required=False)
+        if "devices" in item and item["devices"] != "all":
+            raise ValueProblem(
+                f"{at}.devices",
+                f"{_shown(item['devices'])} is not supported: every GPU of the resource is "
+                "replicated (devices: all); use resources.gpus to split GPUs into resources",
+            )
+        assert name is not None
+        out.append(ReplicatedResource(name, replicas, rename))
+    return tuple(out)
+
+
+def _known_keys(item: dict[object, object], known: tuple[str, ...], at: str) -> None:
+    for key in item:
+        if key not in known:
+            raise ValueProblem(f"{at}.{key}", f"unknown key; valid keys here: {', '.join(known)}")
+
+
+def _string(item: dict[object, object], key: str, at: str, *, required: bool) -> str | None:
+    if key not in item:
+        if required:
+            raise ValueProblem(f"{at}.{key}", "is missing")
+        return None
+    value = item[key]
+    if not isinstance(value, str) or not value:
+        raise ValueProblem(f"{at}.{key}", f"expected a non-empty string, got {_shown(value)}")
+    return value
+
+
+def _shown(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    return f"{value!r} ({type(value).__name__})"
+
+
+# --- the devices one resource advertises ----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    """One advertised device: a whole GPU (``replica`` None, ID = UUID) or one replica."""
+
+    id: str
+    gpu: Gpu
+    replica: int | None = None
+
+
+def replica_id(uuid: str, replica: int) -> str:
+    return f"{uuid}{REPLICA_SEPARATOR}{replica}"
+
+
+Prefer = Callable[[Sequence[int], Sequence[int], int], list[int]]
+"""A GPU-level preferred allocation (``Policy.allocate``): available, must-include, size."""
+
+
+@dataclass(frozen=True)
+class Replicas:
+    """How one served resource shares its GPUs. ``count`` 1 = not shared (IDs are UUIDs)."""
+
+    count: int = 1
+    fail_requests_greater_than_one: bool = False
+    allocation: str = ALLOCATIONS[0]
+
+    @property
+    def shared(self) -> bool:
+        return self.count > 1
+
+    def devices(self, gpus: Sequence[Gpu]) -> tuple[Device, ...]:
+        """Every device, in GPU index order then replica number."""
+        ordered = sorted(gpus, key=lambda gpu: gpu.index)
+        if not self.shared:
+            return tuple(Device(gpu.uuid, gpu) for gpu in ordered)
+        return tuple(
+            Device(replica_id(gpu.uuid, n), gpu, n) for gpu in ordered for n in range(self.count)
+        )
+
+    def too_many(self, requested: int) -> str | None:
+        """Why a container may not get ``requested`` replicas, or None."""
+        if self.shared and self.fail_requests_greater_than_one and requested > 1:
+            return (
+                f"{requested} replicas requested, but sharing.timeSlicing."
+                "failRequestsGreaterThanOne allows at most 1 per container (replicas of a "
+                "time-sliced GPU add no memory or compute)"
+            )
+        return None
+
+    def prefer(
+        self,
+        prefer_gpus: Prefer,
+        available: Sequence[Device],
+        must_include: Sequence[Device],
+        size: int,
+    ) -> list[Device]:
+        """Which ``size`` replicas to give, from validated ``available`` (distinct) and
+        ``must_include`` (within available). Impossible requests get ``[]``, as for GPUs."""
+        if size <= 0 or size > len(available) or len(must_include) > size:
+            return []
+        plan = _Plan(self.count, available, must_include, prefer_gpus)
+        if self.allocation == "packed":
+            plan.packed(size - len(must_include))
+        else:
+            plan.distributed(size - len(must_include))
+        return plan.answer()
+
+
+@dataclass
+class _Plan:
+    """Replica counts per GPU while an answer is built (see :meth:`Replicas.prefer`)."""
+
+    count: int
+    available: Sequence[Device]
+    must_include: Sequence[Device]
+    prefer_gpus: Prefer
+    free: dict[int, list[Device]] = field(init=False)
+    taken: dict[int, list[Device]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.free = {}
+        for device in sorted(self.available, key=lambda d: (d.gpu.index, d.replica or 0)):
+            self.free.setdefault(device.gpu.index, []).append(device)
+        self.taken = {}
+        for device in self.must_include:
+            self.free[device.gpu.index].remove(device)
+            self.taken.setdefault(device.gpu.index, []).append(device)
+
+    def load(self, gpu: int) -> int:
+        """Replicas of ``gpu`` in use: not offered as available, plus taken for this answer."""
+        offered = len(self.free.get(gpu, ())) + len(self.taken.get(gpu, ()))
+        return self.count - offered + len(self.taken.get(gpu, ()))
+
+    def spare(self) -> list[int]:
+        return [gpu for gpu, devices in sorted(self.free.items()) if devices]
+
+    def take(self, gpu: int) -> None:
+        self.taken.setdefault(gpu, []).append(self.free[gpu].pop(0))
+
+    def chosen(self) -> list[int]:
+        return sorted(self.taken)
+
+    def best_linked(self, candidates: list[int], wanted: int) -> list[int]:
+        """``wanted`` of ``candidates`` that link best with each other and the GPUs already in
+        the answer, by the node's policy; lowest indices if it has no answer."""
+        if wanted >= len(candidates):
+            return candidates
+        chosen = self.chosen()
+        pool = sorted(set(chosen) | set(candidates))
+        picked = self.prefer_gpus(pool, chosen, len(chosen) + wanted)
+        new = [gpu for gpu in picked if gpu not in chosen]
+        return new if len(new) == wanted else candidates[:wanted]
+
+    def distributed(self, remaining: int) -> None:
+        """Water-filling: each round, the GPUs with the fewest replicas in use get one more.
+        When a round has more tied GPUs than replicas left, GPUs not yet in the answer go first
+        (spread), the best linked of them."""
+        while remaining > 0:
+            spare = self.spare()
+            lowest = min(self.load(gpu) for gpu in spare)
+            tied = [gpu for gpu in spare if self.load(gpu) == lowest]
+            if remaining >= len(tied):
+                picks = tied
+            else:
+                fresh = [gpu for gpu in tied if gpu not in self.taken]
+                picks = self.best_linked(fresh, min(remaining, len(fresh)))
+                picks += [gpu for gpu in tied if gpu in self.taken][: remaining - len(picks)]
+            for gpu in picks:
+                self.take(gpu)
+            remaining -= len(picks)
+
+    def packed(self, remaining: int) -> None:
+        """Fill GPUs already in the answer first, then the GPU with the most replicas in use
+        (ties: the best linked to the answer so far), until done."""
+        while remaining > 0:
+            spare = self.spare()
+            inside = [gpu for gpu in spare if gpu in self.taken]
+            if inside:
+                gpu = max(inside, key=lambda g: (self.load(g), -g))
+            else:
+                highest = max(self.load(g) for g in spare)
+                tied = [g for g in spare if self.load(g) == highest]
+                gpu = self.best_linked(tied, 1)[0]
+            while remaining > 0 and self.free[gpu]:
+                self.take(gpu)
+                remaining -= 1
+
+    def answer(self) -> list[Device]:
+        return [device for gpu in sorted(self.taken) for device in sorted_replicas(self.taken[gpu])]
+
+
+def sorted_replicas(devices: Sequence[Device]) -> list[Device]:
+    return sorted(devices, key=lambda d: (d.gpu.index, d.replica or 0))
+
+
+def gpus_of(devices: Sequence[Device]) -> list[Gpu]:
+    """The GPUs behind ``devices``, each once, in index order."""
+    by_index = {device.gpu.index: device.gpu for device in devices}
+    return [by_index[i] for i in sorted(by_index)]
+
+
+NOT_SHARED = Replicas()

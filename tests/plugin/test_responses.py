@@ -1,0 +1,317 @@
+"""Allocate responses for every device-list strategy combination and both ID strategies, asserted
+field by field over real gRPC on a real unix socket; DeviceSpecs against a fake dev root; the
+config keys that choose them (file, env, flags) and their errors."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import tempfile
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from itertools import combinations
+from pathlib import Path
+
+import grpc
+import pytest
+
+from nvplugin.allocator import make_policy
+from nvplugin.config import Config, load_config
+from nvplugin.errors import InputError
+from nvplugin.node import load_topology
+from nvplugin.node.model import Topology
+from nvplugin.plugin.api.v1beta1 import api_pb2, api_pb2_grpc
+from nvplugin.plugin.responses import Responder, make_responder
+from nvplugin.plugin.server import DevicePluginService, PluginSocket
+from nvplugin.plugin.sharing import NOT_SHARED, Replicas
+
+STRATEGIES = ("envvar", "volume-mounts", "cdi-annotations", "cdi-cri")
+COMBINATIONS = [c for n in range(1, 5) for c in combinations(STRATEGIES, n)]
+ENV = "NVIDIA_VISIBLE_DEVICES"
+MOUNT_ROOT = "/var/run/nvidia-container-devices"
+ANNOTATION = re.compile(r"^cdi\.k8s\.io/nvplugin_[0-9a-f]{16}$")
+TOPOLOGY = load_topology("workstation-4gpu")
+
+
+@dataclass
+class Served:
+    service: DevicePluginService
+    stub: api_pb2_grpc.DevicePluginStub
+    topology: Topology
+
+    def uuid(self, index: int) -> str:
+        return self.topology.gpus[index].uuid
+
+
+@asynccontextmanager
+async def serving(
+    topology: Topology = TOPOLOGY,
+    responder: Responder | None = None,
+    replicas: Replicas = NOT_SHARED,
+    resource: str = "nvidia.com/gpu",
+    policy: str = "best-effort",
+) -> AsyncIterator[Served]:
+    """A DevicePluginService on a fresh socket, and a client stub connected to it."""
+    directory = tempfile.mkdtemp(dir="/tmp")
+    service = DevicePluginService(
+        resource,
+        topology.gpus,
+        make_policy(policy, topology),
+        responder=responder,
+        replicas=replicas,
+    )
+    sock = PluginSocket(os.path.join(directory, "nvplugin-test.sock"), service)
+    await sock.start()
+    channel = grpc.aio.insecure_channel(f"unix:{sock.path}")
+    try:
+        yield Served(service, api_pb2_grpc.DevicePluginStub(channel), topology)
+    finally:
+        await channel.close()
+        service.close()
+        await sock.stop()
+
+
+def run(body: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(asyncio.wait_for(body(), 60))
+
+
+def allocate_request(*containers: Sequence[str]) -> api_pb2.AllocateRequest:
+    return api_pb2.AllocateRequest(
+        container_requests=[
+            api_pb2.ContainerAllocateRequest(devices_ids=list(ids)) for ids in containers
+        ]
+    )
+
+
+def write_config(text: str) -> str:
+    path = os.path.join(tempfile.mkdtemp(dir="/tmp"), "config.yaml")
+    Path(path).write_text(text)
+    return path
+
+
+def responder_of(config: Config) -> Responder:
+    return make_responder(
+        config.device_list_strategy,
+        config.device_id_strategy,
+        pass_device_specs=config.pass_device_specs,
+        dev_root=config.dev_root,
+        cdi_annotation_prefix=config.cdi_annotation_prefix,
+    )
+
+
+# --- every combination, field by field -------------------------------------------------------
+
+
+@pytest.mark.parametrize("id_strategy", ["uuid", "index"])
+@pytest.mark.parametrize("strategies", COMBINATIONS, ids="+".join)
+def test_allocate_response_fields(strategies: tuple[str, ...], id_strategy: str) -> None:
+    # Through the config loader, as the daemon builds it (the list given in reverse order:
+    # the order of application is fixed, not the config's).
+    config = load_config(
+        write_config(
+            "version: v1\ndevice_list_strategy: [{}]\ndevice_id_strategy: {}\n".format(
+                ", ".join(reversed(strategies)), id_strategy
+            )
+        )
+    )
+    assert config.device_list_strategy == tuple(reversed(strategies))
+
+    async def body() -> None:
+        async with serving(responder=responder_of(config)) as s:
+            # Two containers; the first lists its GPUs out of index order.
+            request = allocate_request([s.uuid(3), s.uuid(1)], [s.uuid(0)])
+            reply = await s.stub.Allocate(request)
+            assert len(reply.container_responses) == 2
+            for response, indices in zip(reply.container_responses, ([1, 3], [0]), strict=True):
+                ids = [str(i) if id_strategy == "index" else s.uuid(i) for i in indices]
+                expected_env: dict[str, str] = {}
+                if "volume-mounts" in strategies:
+                    expected_env = {ENV: MOUNT_ROOT}
+                elif "envvar" in strategies:
+                    expected_env = {ENV: ",".join(ids)}
+                assert dict(response.envs) == expected_env
+
+                mounts = [(m.container_path, m.host_path, m.read_only) for m in response.mounts]
+                if "volume-mounts" in strategies:
+                    assert mounts == [(f"{MOUNT_ROOT}/{i}", "/dev/null", False) for i in ids]
+                else:
+                    assert mounts == []
+
+                names = [f"nvidia.com/gpu={i}" for i in ids]
+                annotations = dict(response.annotations)
+                if "cdi-annotations" in strategies:
+                    assert len(annotations) == 1
+                    ((key, value),) = annotations.items()
+                    assert ANNOTATION.match(key), key
+                    assert value == ",".join(names)
+                else:
+                    assert annotations == {}
+
+                cdi = [d.name for d in response.cdi_devices]
+                assert cdi == (names if "cdi-cri" in strategies else [])
+                assert list(response.devices) == []  # no pass_device_specs
+
+    run(body)
+
+
+def test_default_is_envvar_with_uuids() -> None:
+    config = load_config(None)
+    assert config.device_list_strategy == ("envvar",)
+    assert config.device_id_strategy == "uuid"
+    assert config.pass_device_specs is False
+    assert config.dev_root == "/"
+    assert config.cdi_annotation_prefix == "cdi.k8s.io/"
+
+    async def body() -> None:
+        async with serving(responder=responder_of(config)) as s:
+            reply = await s.stub.Allocate(allocate_request([s.uuid(2), s.uuid(0)]))
+            (response,) = reply.container_responses
+            assert dict(response.envs) == {ENV: f"{s.uuid(0)},{s.uuid(2)}"}
+            assert not response.mounts and not response.annotations
+            assert not response.cdi_devices and not response.devices
+
+    run(body)
+
+
+def test_cdi_annotation_key_is_stable_per_device_set_and_prefix_is_configurable() -> None:
+    config = load_config(
+        write_config(
+            "version: v1\ndevice_list_strategy: cdi-annotations\n"
+            "cdi_annotation_prefix: cdi.example.org/\n"
+        )
+    )
+
+    async def body() -> None:
+        async with serving(responder=responder_of(config)) as s:
+            reply = await s.stub.Allocate(
+                allocate_request([s.uuid(0), s.uuid(1)], [s.uuid(1), s.uuid(0)], [s.uuid(2)])
+            )
+            keys = [next(iter(r.annotations)) for r in reply.container_responses]
+            assert all(k.startswith("cdi.example.org/nvplugin_") for k in keys)
+            assert keys[0] == keys[1]  # same devices, same key (whatever the request order)
+            assert keys[2] != keys[0]
+            assert "NVIDIA_VISIBLE_DEVICES" not in reply.container_responses[0].envs
+
+    run(body)
+
+
+# --- DeviceSpecs -------------------------------------------------------------------------------
+
+
+def fake_dev_root(present: Sequence[str]) -> str:
+    root = tempfile.mkdtemp(dir="/tmp")
+    os.makedirs(os.path.join(root, "dev"))
+    for name in present:
+        Path(root, "dev", name).write_text("")
+    return root
+
+
+@pytest.mark.parametrize("id_strategy", ["uuid", "index"])
+def test_device_specs_for_gpus_and_present_control_nodes(id_strategy: str) -> None:
+    root = fake_dev_root(["nvidiactl", "nvidia-uvm", "nvidia0", "nvidia3"])  # no uvm-tools, modeset
+    config = load_config(
+        None,
+        flags={
+            "pass_device_specs": True,
+            "dev_root": root,
+            "device_id_strategy": id_strategy,
+            "device_list_strategy": "envvar,cdi-cri",
+        },
+    )
+
+    async def body() -> None:
+        async with serving(responder=responder_of(config)) as s:
+            reply = await s.stub.Allocate(allocate_request([s.uuid(3), s.uuid(1)]))
+            (response,) = reply.container_responses
+            specs = [(d.container_path, d.host_path, d.permissions) for d in response.devices]
+            gpus = [s.topology.gpus[1], s.topology.gpus[3]]
+            expected = [
+                (f"/dev/nvidia{g.minor}", f"{root}/dev/nvidia{g.minor}", "rw") for g in gpus
+            ]
+            expected += [
+                (f"/dev/{n}", f"{root}/dev/{n}", "rw") for n in ("nvidiactl", "nvidia-uvm")
+            ]
+            assert specs == expected
+            ids = ["1", "3"] if id_strategy == "index" else [g.uuid for g in gpus]
+            assert response.envs[ENV] == ",".join(ids)
+            assert [d.name for d in response.cdi_devices] == [f"nvidia.com/gpu={i}" for i in ids]
+            # A control node appearing later (nvidia-uvm-tools loaded) is picked up.
+            Path(root, "dev", "nvidia-uvm-tools").write_text("")
+            reply = await s.stub.Allocate(allocate_request([s.uuid(0)]))
+            paths = [d.container_path for d in reply.container_responses[0].devices]
+            assert paths == [
+                "/dev/nvidia0",
+                "/dev/nvidiactl",
+                "/dev/nvidia-uvm",
+                "/dev/nvidia-uvm-tools",
+            ]
+
+    run(body)
+
+
+def test_default_dev_root_host_paths_are_under_slash_dev() -> None:
+    responder = make_responder(pass_device_specs=True)
+    response = responder.container_response([TOPOLOGY.gpus[2]])
+    assert response.devices[0].host_path == "/dev/nvidia2"
+    assert response.devices[0].container_path == "/dev/nvidia2"
+
+
+# --- config: sources and errors ----------------------------------------------------------------
+
+
+def test_strategy_keys_from_env_and_flags() -> None:
+    env = {
+        "NVPLUGIN_DEVICE_LIST_STRATEGY": "volume-mounts,cdi-cri",
+        "NVPLUGIN_DEVICE_ID_STRATEGY": "index",
+        "NVPLUGIN_PASS_DEVICE_SPECS": "true",
+        "NVPLUGIN_DEV_ROOT": "/run/nvidia/driver",
+        "NVPLUGIN_CDI_ANNOTATION_PREFIX": "cdi.example.org/",
+    }
+    config = load_config(None, env=env)
+    assert config.device_list_strategy == ("volume-mounts", "cdi-cri")
+    assert config.device_id_strategy == "index"
+    assert config.pass_device_specs is True
+    assert config.dev_root == "/run/nvidia/driver"
+    assert config.cdi_annotation_prefix == "cdi.example.org/"
+    flagged = load_config(None, env=env, flags={"device_list_strategy": "envvar"})
+    assert flagged.device_list_strategy == ("envvar",)
+    shown = flagged.as_dict()
+    assert shown["device_list_strategy"] == ["envvar"]
+    assert shown["device_id_strategy"] == "index"
+    assert shown["pass_device_specs"] is True
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "device_list_strategy: [envvar, cdi]\n",
+            "key \"device_list_strategy\": 'cdi' (str) is not a device-list strategy; have: "
+            "envvar, volume-mounts, cdi-annotations, cdi-cri",
+        ),
+        ("device_list_strategy: [envvar, envvar]\n", "'envvar' is listed twice"),
+        ("device_list_strategy: []\n", "expected at least one of envvar"),
+        ("device_list_strategy: 3\n", "expected a string or a list of strings"),
+        ("device_id_strategy: serial\n", "'serial' is not one of uuid, index"),
+        ("pass_device_specs: yes please\n", 'key "pass_device_specs": expected true or false'),
+        ("cdi_annotation_prefix: cdi.k8s.io\n", "must end with '/'"),
+        ("cdi_annotation_prefix: Not_A_Domain/\n", "cannot prefix an annotation key"),
+    ],
+)
+def test_bad_strategy_values_name_the_key(text: str, expected: str) -> None:
+    with pytest.raises(InputError) as caught:
+        load_config(write_config("version: v1\n" + text))
+    assert caught.value.exit_code == 2
+    assert expected in str(caught.value)
+
+
+def test_bad_strategy_flag_and_env_name_their_source() -> None:
+    with pytest.raises(InputError) as caught:
+        load_config(None, flags={"device_list_strategy": "envvar,mounts"})
+    assert str(caught.value).startswith('flag --device-list-strategy (config key "device_list')
+    assert "'mounts'" in str(caught.value)
+    with pytest.raises(InputError) as caught:
+        load_config(None, env={"NVPLUGIN_DEVICE_ID_STRATEGY": "serial"})
+    assert "NVPLUGIN_DEVICE_ID_STRATEGY" in str(caught.value)
