@@ -114,7 +114,10 @@ class HealthMonitor:
         backoff_initial_s: float = BACKOFF_INITIAL_S,
         backoff_max_s: float = BACKOFF_MAX_S,
         clock: Callable[[], float] = time.monotonic,
+        on_xid: Callable[[int, int], None] | None = None,
     ) -> None:
+        """``on_xid(gpu index, xid)`` is told of every Xid event of our GPUs, ignored ones
+        included, on the monitor's thread (the metrics count them)."""
         self._nvml = nvml
         self._indices = tuple(sorted(set(indices)))
         self._settings = settings
@@ -123,6 +126,7 @@ class HealthMonitor:
         self._backoff_initial_s = backoff_initial_s
         self._backoff_max_s = backoff_max_s
         self._clock = clock
+        self._on_xid = on_xid
         self._gpus = {i: _GpuState() for i in self._indices}
         self._nvml_failed = False  # an event wait failed: every GPU reported Unhealthy
         self._watcher: EventSource | None = None  # health thread only
@@ -233,6 +237,11 @@ class HealthMonitor:
         gpu = self._gpus.get(event.index)
         if gpu is None:
             return  # not one of ours (e.g. a GPU this resource does not advertise)
+        if event.xid is not None and self._on_xid is not None:
+            try:
+                self._on_xid(event.index, event.xid)
+            except Exception as exc:  # counting must never stop health monitoring
+                _log.error("xid callback failed", error=repr(exc))
         lost = event.lost or event.xid == XID_GPU_LOST
         if not lost and (event.xid is None or event.xid in self._settings.ignored_xids):
             if event.xid is not None:

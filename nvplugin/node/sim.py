@@ -48,6 +48,46 @@ SWITCHES = 6
 _INSTALLED_MARK = "_nvplugin_simulation"
 
 
+SYSFS_PREFIX = "nvplugin-sysfs-"
+"""Generated sysfs trees are named ``nvplugin-sysfs-<owner pid>-<random>``."""
+
+
+def remove_stale_sysfs_trees(parent: str) -> list[str]:
+    """Remove the generated sysfs trees in ``parent`` whose owner process is gone; their names.
+
+    A simulation removes its tree on uninstall, but a SIGKILLed ``nvplugin serve`` cannot: each
+    kill would leave one tree behind in /dev/shm (memory, until reboot). So every new simulation
+    first sweeps the trees of dead owners. A tree whose owner pid is alive (or whose name carries
+    no pid, from an older release) is left alone: it may be in use.
+    """
+    removed = []
+    try:
+        names = sorted(os.listdir(parent))
+    except OSError:
+        return []
+    for name in names:
+        owner = name.removeprefix(SYSFS_PREFIX).split("-", 1)[0]
+        if not name.startswith(SYSFS_PREFIX) or not owner.isdigit() or _alive(int(owner)):
+            continue
+        path = os.path.join(parent, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(name)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return True  # not a pid we wrote: keep the tree
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's live process
+    return True
+
+
 class UnmodelledNvmlCall(RuntimeError):
     """A pynvml function the simulated NVML does not model was called."""
 
@@ -185,7 +225,9 @@ class SimulatedNvml:
             shm = (
                 "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
             )
-            root = Path(tempfile.mkdtemp(prefix="nvplugin-sysfs-", dir=shm))
+            parent = shm if shm is not None else tempfile.gettempdir()
+            remove_stale_sysfs_trees(parent)
+            root = Path(tempfile.mkdtemp(prefix=f"{SYSFS_PREFIX}{os.getpid()}-", dir=parent))
             self._made_root = True
         self.sysfs_root = str(root)
         for gpu in self.spec.gpus:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -36,6 +37,16 @@ POLL_WITHOUT_INOTIFY_S = 0.25
 
 REGISTER_TIMEOUT_S = 15.0
 """Deadline of one Register call: the kubelet dials us back with a 10 s timeout before replying."""
+
+
+SERVE_AGAIN_GIVE_UP_S = 20.0
+"""How long re-creating our socket may keep failing (retried with backoff) before the plugin gives
+up and exits non-zero, so that Kubernetes restarts it: a plugin that can no longer serve its
+socket is a zombie the kubelet cannot see."""
+
+
+class SocketLostError(NvpluginError):
+    """Our socket was removed and could not be served again; the daemon exits with this."""
 
 
 class RegistrationError(NvpluginError):
@@ -167,6 +178,8 @@ class Registrar:
         *,
         backoff: Backoff | None = None,
         on_registered: Callable[[], None] | None = None,
+        on_unregistered: Callable[[], None] | None = None,
+        serve_give_up_s: float = SERVE_AGAIN_GIVE_UP_S,
     ) -> None:
         self._socket = plugin_socket
         self._service = service
@@ -180,6 +193,10 @@ class Registrar:
         self._watcher = watcher
         self._backoff = backoff if backoff is not None else Backoff()
         self._on_registered = on_registered
+        self._on_unregistered = on_unregistered
+        self._serve_give_up_s = serve_give_up_s
+        self.registered = False
+        self._last_serve_error = ""
         self._log = get_logger("nvplugin.registration", resource=service.resource_name)
         self.registrations = 0
 
@@ -193,13 +210,26 @@ class Registrar:
         last_seen: tuple[int, int, int] | None = None
         delay = self._backoff.initial_s
         failures = 0
+        serve_failures = 0
+        failing_since = 0.0
         waiting_logged = False
         while True:
             if not self._socket.intact():
+                self._lost()
                 if not await self._serve_again(delay):
+                    now = time.monotonic()
+                    serve_failures += 1
+                    failing_since = now if serve_failures == 1 else failing_since
+                    if serve_failures > 1 and now - failing_since >= self._serve_give_up_s:
+                        raise SocketLostError(
+                            f"cannot serve {self._socket.path} again: {serve_failures} attempts "
+                            f"failed over {now - failing_since:.0f} s ({self._last_serve_error}); "
+                            "exiting so that the plugin is restarted"
+                        )
                     await self._watcher.wait(delay)
                     delay = self._backoff.next(delay)
                     continue
+                serve_failures = 0
                 registered_with = None
             kubelet = _identity(self._kubelet_socket)
             if kubelet != last_seen:
@@ -208,6 +238,7 @@ class Registrar:
             if registered_with is not None and kubelet != registered_with:
                 self._log.info("kubelet socket re-created (kubelet restart); registering again")
                 registered_with = None
+                self._lost()
             if registered_with is not None:
                 await self._watcher.wait(self._watcher.poll_s)
                 continue
@@ -228,6 +259,7 @@ class Registrar:
                 delay = self._backoff.next(delay)
                 continue
             registered_with = kubelet
+            self.registered = True
             failures = 0
             waiting_logged = False
             delay = self._backoff.initial_s
@@ -242,6 +274,14 @@ class Registrar:
             if self._on_registered is not None:
                 self._on_registered()
 
+    def _lost(self) -> None:
+        """The registration is gone (the kubelet restarted): tell ``on_unregistered`` once."""
+        if not self.registered:
+            return
+        self.registered = False
+        if self._on_unregistered is not None:
+            self._on_unregistered()
+
     async def _serve_again(self, retry_s: float) -> bool:
         self._log.info(
             "plugin socket gone (kubelet restart?); serving again", socket=self._socket.path
@@ -250,6 +290,7 @@ class Registrar:
         try:
             await self._socket.start()
         except NvpluginError as exc:
+            self._last_serve_error = str(exc)
             self._log.error("cannot serve again", error=str(exc), retry_s=retry_s)
             return False
         return True

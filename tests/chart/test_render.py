@@ -52,6 +52,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "podAnnotations": {"example.com/team": "ml"},
         "podLabels": {"example.com/tier": "node"},
         "updateStrategy": {"type": "OnDelete"},
+        "metrics": {"enabled": True, "port": 9400},
     },
     "existing-configmap": {"existingConfigMap": {"name": "my-nvplugin", "key": "plugin.yaml"}},
     "config-string": {"config": "version: v1\nhealth:\n  recovery:\n    quiet_s: 60\n"},
@@ -202,6 +203,7 @@ def test_chart_values_reach_the_plugin_as_its_environment(renders: dict[str, Ren
         "NVPLUGIN_FAIL_ON_INIT_ERROR": "false",
         "NVPLUGIN_LOG_FORMAT": "console",
         "NVPLUGIN_LOG_LEVEL": "debug",
+        "NVPLUGIN_METRICS_ADDRESS": "0.0.0.0:9400",
     }
     assert rendered.container["args"][-2:] == ["--simulate", "dgx-a100"]
 
@@ -244,8 +246,15 @@ def test_service_links_are_off_so_no_stray_nvplugin_variables(default: Rendered)
 # --- probes ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("probe", ["startupProbe", "livenessProbe", "readinessProbe"])
-def test_probes_run_nvplugin_probe_on_the_plugin_socket(default: Rendered, probe: str) -> None:
+@pytest.mark.parametrize(
+    ("probe", "live"),
+    [("startupProbe", ["--live"]), ("livenessProbe", ["--live"]), ("readinessProbe", [])],
+)
+def test_probes_run_nvplugin_probe_on_the_plugin_socket(
+    default: Rendered, probe: str, live: list[str]
+) -> None:
+    # Readiness needs SERVING; startup and liveness any answer (a plugin whose GPUs are lost must
+    # show NotReady, not be restarted in a loop).
     spec = default.container[probe]
     assert spec["exec"]["command"] == [
         "nvplugin",
@@ -254,6 +263,7 @@ def test_probes_run_nvplugin_probe_on_the_plugin_socket(default: Rendered, probe
         f"{DEVICE_PLUGIN_DIR}/nvplugin-gpu.sock",
         "--timeout",
         "3",
+        *live,
     ]
     assert spec["timeoutSeconds"] == 10
     assert spec["periodSeconds"] >= 1 and spec["failureThreshold"] >= 1
@@ -280,8 +290,30 @@ def test_probe_timings_come_from_values() -> None:
         }
     )
     live = rendered.container["livenessProbe"]
-    assert live["exec"]["command"][-2:] == ["--timeout", "1.5"]
+    assert live["exec"]["command"][-3:] == ["--timeout", "1.5", "--live"]
     assert (live["timeoutSeconds"], live["periodSeconds"], live["failureThreshold"]) == (4, 30, 5)
+
+
+def test_metrics_off_by_default(default: Rendered) -> None:
+    assert "ports" not in default.container
+    assert "NVPLUGIN_METRICS_ADDRESS" not in default.env
+    annotations = default.daemonset["spec"]["template"]["metadata"]["annotations"]
+    assert not [name for name in annotations if name.startswith("prometheus.io/")]
+    assert "metrics_address" not in default.config_text
+
+
+def test_metrics_port_env_and_scrape_annotations() -> None:
+    rendered = render({"metrics": {"enabled": True, "port": 9500}})
+    assert rendered.container["ports"] == [
+        {"name": "metrics", "containerPort": 9500, "protocol": "TCP"}
+    ]
+    assert rendered.env["NVPLUGIN_METRICS_ADDRESS"] == "0.0.0.0:9500"
+    annotations = rendered.daemonset["spec"]["template"]["metadata"]["annotations"]
+    assert {k: v for k, v in annotations.items() if k.startswith("prometheus.io/")} == {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": "9500",
+        "prometheus.io/path": "/metrics",
+    }
 
 
 def test_probes_can_be_disabled(renders: dict[str, Rendered]) -> None:

@@ -9,6 +9,7 @@ file is written where the args point at.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -35,6 +36,7 @@ VALUES = {
     "log": {"format": "json", "level": "debug"},
     "health": {"ignoredXids": [79], "recoveryQuietSeconds": 30},
     "config": {"pre_start_required": True, "fail_on_init_error": True},
+    "metrics": {"enabled": True, "port": 9400},
 }
 
 
@@ -67,6 +69,9 @@ def test_rendered_chart_starts_a_plugin_that_registers_and_passes_its_probe(
     assert args[:1] == ["serve"] and args[-2:] == ["--simulate", "dgx-a100"]
     # The pod's environment: nothing but what the chart sets reaches the plugin's NVPLUGIN_ reader.
     env = {k: v for k, v in os.environ.items() if not k.startswith("NVPLUGIN_")} | rendered.env
+    # The pod's 0.0.0.0:9400 is its own network namespace; here: loopback, a port the OS picks.
+    assert env["NVPLUGIN_METRICS_ADDRESS"] == "0.0.0.0:9400"
+    env["NVPLUGIN_METRICS_ADDRESS"] = "127.0.0.1:0"
     log_path = work / "serve.log"
     asyncio.run(_scenario(rendered, args, env, plugin_dir, config, log_path))
 
@@ -102,19 +107,21 @@ async def _scenario(
             options = kubelet.devices.options(RESOURCE)
             assert options is not None and options.pre_start_required is True
 
-            command = _on_host(
-                rendered.container["livenessProbe"]["exec"]["command"], plugin_dir, config
+            for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
+                command = _on_host(rendered.container[kind]["exec"]["command"], plugin_dir, config)
+                assert command[0] == "nvplugin"  # the image's console script; here: -m nvplugin
+                probe = await asyncio.to_thread(
+                    subprocess.run,
+                    [sys.executable, "-m", "nvplugin", *command[1:]],
+                    capture_output=True,
+                    text=True,
+                    timeout=60,
+                )
+                assert probe.returncode == 0, probe.stderr
+                assert "SERVING: registered with the kubelet, 8 of 8 GPUs healthy" in probe.stdout
+            assert _metric_lines(
+                log_path, 'nvplugin_registrations_total{resource="example.com/a100"}'
             )
-            assert command[0] == "nvplugin"  # the image's console script; here: -m nvplugin
-            probe = await asyncio.to_thread(
-                subprocess.run,
-                [sys.executable, "-m", "nvplugin", *command[1:]],
-                capture_output=True,
-                text=True,
-                timeout=60,
-            )
-            assert probe.returncode == 0, probe.stderr
-            assert "pre_start_required=true" in probe.stdout
         finally:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -135,6 +142,22 @@ async def _scenario(
     assert effective["log"] == {"format": "json", "level": "debug"}
     assert effective["health"]["xids"]["ignore"] == [79]
     assert effective["health"]["recovery"]["quiet_s"] == 30
+
+
+def _metric_lines(log_path: Path, prefix: str) -> list[str]:
+    """Lines of the plugin's /metrics starting with ``prefix`` (the port is in its log)."""
+    import urllib.request
+
+    port = None
+    for line in log_path.read_text().splitlines():
+        with contextlib.suppress(ValueError):
+            record = json.loads(line)
+            if isinstance(record, dict) and record.get("event") == "serving metrics":
+                port = record["port"]
+    assert port is not None, log_path.read_text()
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return [line for line in text.splitlines() if line.startswith(prefix)]
 
 
 def _effective_config(log_path: Path) -> dict[str, Any]:

@@ -23,6 +23,8 @@ SCHEMA_ERROR = "values don't meet the specifications of the schema(s)"
         ({"image": {"tag": 5}}, "at '/image/tag': got number, want string"),
         ({"image": {"pullPolicy": "Sometimes"}}, "at '/image/pullPolicy': value must be one of"),
         ({"probes": {"enabled": "yes"}}, "at '/probes/enabled': got string, want boolean"),
+        ({"metrics": {"port": 0}}, "at '/metrics/port': minimum: got 0, want 1"),
+        ({"metrics": {"enabled": "on"}}, "at '/metrics/enabled': got string, want boolean"),
         ({"probes": {"timeoutSeconds": 0}}, "at '/probes/timeoutSeconds': minimum: got 0, want 1"),
         (
             {"health": {"ignoredXids": ["79"]}},
@@ -99,6 +101,11 @@ def test_wrong_types_fail_at_install_time(values: dict[str, Any], message: str) 
         (
             {"config": {"health": True}, "health": {"enabled": False}},
             "values.config.health must be a mapping, not true",
+        ),
+        (
+            {"config": {"metrics_address": "127.0.0.1:9400"}, "metrics": {"enabled": True}},
+            'values.config.metrics_address is "127.0.0.1:9400" but values.metrics.port is '
+            '"0.0.0.0:9400"',
         ),
         (
             {"config": "a: [1, 2"},

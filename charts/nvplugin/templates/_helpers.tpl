@@ -196,6 +196,9 @@ file: [from, config path, value, variable], only the ones that are set.
 {{- with .Values.log.level }}
 {{- $out = append $out (list "log.level" (list "log" "level") . "NVPLUGIN_LOG_LEVEL") }}
 {{- end }}
+{{- if .Values.metrics.enabled }}
+{{- $out = append $out (list "metrics.port" (list "metrics_address") (printf "0.0.0.0:%d" (int .Values.metrics.port)) "NVPLUGIN_METRICS_ADDRESS") }}
+{{- end }}
 {{- toJson $out }}
 {{- end }}
 
@@ -252,7 +255,8 @@ can only see its content at install/upgrade time in a cluster (lookup; empty off
 {{- end }}
 
 {{/*
-The exec probe: the plugin socket answers GetDevicePluginOptions. args: socket, Values.
+The exec probe: the plugin's gRPC health service on its socket answers SERVING, or (live) answers
+at all. args: socket, live (bool), Values.
 */}}
 {{- define "nvplugin.probeCommand" -}}
 exec:
@@ -263,5 +267,8 @@ exec:
     - {{ .socket }}
     - --timeout
     - {{ .Values.probes.rpcTimeoutSeconds | quote }}
+    {{- if .live }}
+    - --live
+    {{- end }}
 timeoutSeconds: {{ .Values.probes.timeoutSeconds }}
 {{- end }}

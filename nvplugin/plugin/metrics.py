@@ -1,0 +1,313 @@
+"""Prometheus metrics: what the plugin did, for the operator who was not watching its log.
+
+Off by default: only ``metrics_address`` (``--metrics-address host:port``) starts the HTTP
+endpoint, and it binds exactly that address -- nothing is exposed on a node the user did not ask
+for. The collectors live in a private :class:`CollectorRegistry` owned by one :class:`Metrics`
+object per daemon (no global registry: two daemons in one test process never share counters, and
+nothing a library registers globally leaks into our endpoint).
+
+Series (``resource`` is the extended resource name):
+
+- ``nvplugin_devices{resource,health}``: advertised devices by health (Healthy / Unhealthy);
+- ``nvplugin_registrations_total{resource}``: successful Register calls with the kubelet;
+- ``nvplugin_kubelet_restarts_total{resource}``: kubelet restarts seen (a registration lost);
+- ``nvplugin_rpcs_total{resource,method,code}`` and
+  ``nvplugin_rpc_duration_seconds{resource,method,code}``: every RPC served on the plugin socket
+  (device plugin and health service), by gRPC method and status code; streams are counted when
+  they end, and only unary calls go into the latency histogram (a stream's lifetime is no latency);
+- ``nvplugin_xid_events_total{gpu,xid}``: Xid events NVML delivered, ignored ones included;
+- ``nvplugin_health_serving{resource}``: 1 while the gRPC health service reports SERVING.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any
+
+import grpc
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from nvplugin.errors import NvpluginError
+from nvplugin.log import get_logger
+
+LATENCY_BUCKETS = (
+    0.00005,
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+)
+"""Seconds. A GetPreferredAllocation answers in well under a millisecond; the top buckets catch a
+policy still being computed at start."""
+
+
+def address_problem(text: str) -> str | None:
+    """Why ``text`` is not a ``host:port`` to bind (None when it is).
+
+    The host is required (an IP address or a name; ``[...]`` around IPv6): the plugin binds what
+    it is told, and "every interface" must be asked for as ``0.0.0.0`` or ``[::]``.
+    """
+    try:
+        parse_address(text)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """``host:port`` -> (host, port); ValueError says what is wrong. Port 0 = any free port."""
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"{text!r} is not host:port (e.g. 127.0.0.1:9400 or 0.0.0.0:9400)")
+    if host.startswith("["):
+        if not host.endswith("]"):
+            raise ValueError(f"{text!r}: an IPv6 host must be written [address]")
+        host = host[1:-1]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ValueError(f"{text!r}: {host!r} is not an IPv6 address") from None
+    elif ":" in host:
+        raise ValueError(f"{text!r}: write an IPv6 host in brackets, e.g. [::1]:9400")
+    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise ValueError(f"{text!r}: the port must be a number from 0 to 65535")
+    return host, int(port_text)
+
+
+class Metrics:
+    """Every collector, in a private registry. Methods are cheap and thread-safe."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.devices = Gauge(
+            "nvplugin_devices",
+            "Devices advertised to the kubelet, by health.",
+            ["resource", "health"],
+            registry=r,
+        )
+        self.registrations = Counter(
+            "nvplugin_registrations",
+            "Successful registrations with the kubelet.",
+            ["resource"],
+            registry=r,
+        )
+        self.kubelet_restarts = Counter(
+            "nvplugin_kubelet_restarts",
+            "Kubelet restarts seen (a registration lost; the plugin registers again).",
+            ["resource"],
+            registry=r,
+        )
+        self.rpcs = Counter(
+            "nvplugin_rpcs",
+            "RPCs served on the plugin socket, by method and status code.",
+            ["resource", "method", "code"],
+            registry=r,
+        )
+        self.rpc_seconds = Histogram(
+            "nvplugin_rpc_duration_seconds",
+            "Time to answer a unary RPC on the plugin socket, by method and status code.",
+            ["resource", "method", "code"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.xids = Counter(
+            "nvplugin_xid_events",
+            "Xid events delivered by NVML, by GPU index and Xid (ignored ones included).",
+            ["gpu", "xid"],
+            registry=r,
+        )
+        self.serving = Gauge(
+            "nvplugin_health_serving",
+            "1 while the gRPC health service reports SERVING, else 0.",
+            ["resource"],
+            registry=r,
+        )
+
+    # --- what the daemon reports ---
+
+    def observe_health(self, resource: str, health: Mapping[int, bool]) -> None:
+        healthy = sum(1 for ok in health.values() if ok)
+        self.devices.labels(resource, "Healthy").set(healthy)
+        self.devices.labels(resource, "Unhealthy").set(len(health) - healthy)
+
+    def registered(self, resource: str) -> None:
+        self.registrations.labels(resource).inc()
+
+    def kubelet_restarted(self, resource: str) -> None:
+        self.kubelet_restarts.labels(resource).inc()
+
+    def xid(self, gpu: int, xid: int) -> None:
+        self.xids.labels(str(gpu), str(xid)).inc()
+
+    def set_serving(self, resource: str, serving: bool) -> None:
+        self.serving.labels(resource).set(1 if serving else 0)
+
+    def forget(self, resource: str) -> None:
+        """Drop the gauges of a resource no longer served (after a reload renamed it); counters
+        stay, as Prometheus expects of counters."""
+        for health in ("Healthy", "Unhealthy"):
+            self._remove(self.devices, resource, health)
+        self._remove(self.serving, resource)
+
+    @staticmethod
+    def _remove(gauge: Gauge, *labels: str) -> None:
+        with contextlib.suppress(KeyError):
+            gauge.remove(*labels)
+
+    def interceptor(self, resource: str) -> grpc.aio.ServerInterceptor:
+        """A server interceptor counting and timing every RPC for ``resource``'s socket."""
+        return _RpcInterceptor(self, resource)
+
+    def exposition(self) -> str:
+        """The text a scrape gets."""
+        return generate_latest(self.registry).decode()
+
+
+class _RpcInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Wraps each unary and server-streaming handler; other kinds pass through untouched."""
+
+    def __init__(self, metrics: Metrics, resource: str) -> None:
+        self._metrics = metrics
+        self._resource = resource
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[Any], Awaitable[Any]],
+        handler_call_details: Any,
+    ) -> Any:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        method = str(handler_call_details.method).rsplit("/", 1)[-1]
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(
+                self._unary(handler.unary_unary, method),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.unary_stream is not None:
+            return grpc.unary_stream_rpc_method_handler(
+                self._stream(handler.unary_stream, method),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        return handler
+
+    def _record(self, method: str, code: str, seconds: float | None) -> None:
+        self._metrics.rpcs.labels(self._resource, method, code).inc()
+        if seconds is not None:
+            self._metrics.rpc_seconds.labels(self._resource, method, code).observe(seconds)
+
+    def _unary(self, behaviour: Callable[..., Any], method: str) -> Callable[..., Any]:
+        async def call(request: Any, context: Any) -> Any:
+            started = time.perf_counter()
+            code = "OK"
+            try:
+                return await behaviour(request, context)
+            except asyncio.CancelledError:
+                code = "CANCELLED"
+                raise
+            except BaseException:
+                code = _code_of(context, default="UNKNOWN")
+                raise
+            finally:
+                if code == "OK":
+                    code = _code_of(context, default="OK")
+                self._record(method, code, time.perf_counter() - started)
+
+        return call
+
+    def _stream(self, behaviour: Callable[..., Any], method: str) -> Callable[..., Any]:
+        async def call(request: Any, context: Any) -> AsyncIterator[Any]:
+            code = "OK"
+            try:
+                async for message in behaviour(request, context):
+                    yield message
+            except (asyncio.CancelledError, GeneratorExit):
+                code = "CANCELLED"
+                raise
+            except BaseException:
+                code = _code_of(context, default="UNKNOWN")
+                raise
+            finally:
+                if code == "OK":
+                    code = _code_of(context, default="OK")
+                self._record(method, code, None)
+
+        return call
+
+
+def _code_of(context: Any, default: str) -> str:
+    """The status code the handler set (abort or set_code), by name; ``default`` when none."""
+    try:
+        code = context.code()
+    except Exception:
+        return default
+    if code is None:
+        return default
+    if isinstance(code, grpc.StatusCode):
+        return str(code.name)
+    for status in grpc.StatusCode:
+        if status.value[0] == code:
+            return str(status.name)
+    return default
+
+
+class MetricsServer:
+    """The HTTP endpoint (``/metrics``) on exactly ``address``, on its own thread."""
+
+    def __init__(self, address: str, metrics: Metrics) -> None:
+        self.address = address
+        self._metrics = metrics
+        self._server: Any = None
+        self._thread: Any = None
+        self._log = get_logger("nvplugin.metrics")
+
+    @property
+    def port(self) -> int | None:
+        """The port bound (the one chosen by the OS when the address asked for port 0)."""
+        return None if self._server is None else int(self._server.server_port)
+
+    def start(self) -> None:
+        """Bind and serve; :class:`NvpluginError` naming the address when it cannot bind."""
+        from prometheus_client import start_http_server
+
+        try:
+            host, port = parse_address(self.address)
+        except ValueError as exc:
+            raise NvpluginError(f"metrics_address: {exc}") from None
+        try:
+            self._server, self._thread = start_http_server(
+                port, addr=host, registry=self._metrics.registry
+            )
+        except OSError as exc:
+            raise NvpluginError(
+                f"cannot serve metrics on {self.address}: {exc.strerror or exc}"
+            ) from None
+        self._log.info("serving metrics", address=self.address, port=self.port, path="/metrics")
+
+    def stop(self) -> None:
+        server, self._server = self._server, None
+        thread, self._thread = self._thread, None
+        if server is None:
+            return
+        server.shutdown()
+        server.server_close()
+        if thread is not None:
+            thread.join(timeout=2.0)

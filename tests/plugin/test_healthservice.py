@@ -1,0 +1,215 @@
+"""The gRPC health service: its status rules on a real aio server, and ``nvplugin probe`` against
+a real ``nvplugin serve`` before registration, registered, and with every GPU lost."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from nvplugin.kubelet.kubelet import FakeKubelet
+from nvplugin.plugin.healthservice import (
+    NOT_SERVING,
+    SERVICE_UNKNOWN,
+    SERVING,
+    HealthServiceSettings,
+    PluginHealthService,
+    add_to_server,
+)
+from tests.e2e.serving import Serve, new_dir, node_file
+
+GPU = "nvidia.com/gpu"
+
+
+def run(body: Callable[[], Awaitable[None]], timeout: float = 60) -> None:
+    asyncio.run(asyncio.wait_for(body(), timeout))
+
+
+class Served:
+    """A PluginHealthService on a real grpc.aio server and unix socket, and a client stub."""
+
+    def __init__(self, service: PluginHealthService) -> None:
+        self.service = service
+        self.path = os.path.join(tempfile.mkdtemp(dir="/tmp"), "health.sock")
+        self.server = grpc.aio.server()
+        add_to_server(service, self.server)
+        self.server.add_insecure_port(f"unix:{self.path}")
+        self.channel = grpc.aio.insecure_channel(f"unix:{self.path}")
+        self.stub = health_pb2_grpc.HealthStub(self.channel)
+
+    async def check(self, name: str = "") -> tuple[int, str]:
+        call = self.stub.Check(health_pb2.HealthCheckRequest(service=name), timeout=5)
+        answer = await call
+        reason = dict(await call.trailing_metadata() or ()).get("nvplugin-reason", "")
+        return answer.status, str(reason)
+
+
+@contextlib.asynccontextmanager
+async def serving(service: PluginHealthService) -> AsyncIterator[Served]:
+    served = Served(service)
+    await served.server.start()
+    try:
+        yield served
+    finally:
+        await served.channel.close()
+        await served.server.stop(0)
+
+
+def test_status_follows_registration_and_healthy_gpus() -> None:
+    async def body() -> None:
+        service = PluginHealthService(GPU)
+        async with serving(service) as served:
+            assert await served.check() == (
+                NOT_SERVING,
+                "not registered with the kubelet (0 of 0 GPUs healthy)",
+            )
+            service.set_health({0: True, 1: True})
+            assert (await served.check())[0] == NOT_SERVING  # healthy, but not registered
+            service.set_registered(True)
+            assert await served.check() == (
+                SERVING,
+                "registered with the kubelet, 2 of 2 GPUs healthy",
+            )
+            assert (await served.check(GPU))[0] == SERVING  # the resource name reports the same
+            service.set_health({0: False, 1: True})
+            assert (await served.check())[0] == SERVING  # one healthy GPU is enough
+            service.set_health({0: False, 1: False})
+            assert await served.check() == (
+                NOT_SERVING,
+                "registered, but no healthy GPU (0 of 2 GPUs healthy)",
+            )
+            service.set_settings(HealthServiceSettings(not_serving_without_healthy_gpus=False))
+            assert (await served.check(GPU))[0] == SERVING
+            service.set_registered(False)  # a kubelet restart
+            assert (await served.check(GPU))[0] == NOT_SERVING
+
+    run(body)
+
+
+def test_unknown_service_is_not_found_and_list_has_both_names() -> None:
+    async def body() -> None:
+        async with serving(PluginHealthService(GPU)) as served:
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await served.check("x" * 5000)
+            assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+            assert "(5000 characters)" in (caught.value.details() or "")
+            listed = await served.stub.List(health_pb2.HealthListRequest(), timeout=5)
+            assert {name: s.status for name, s in listed.statuses.items()} == {
+                "": NOT_SERVING,
+                GPU: NOT_SERVING,
+            }
+
+    run(body)
+
+
+def test_watch_streams_every_change_until_closed() -> None:
+    async def body() -> None:
+        service = PluginHealthService(GPU)
+        async with serving(service) as served:
+            seen: list[int] = []
+            unknown: list[int] = []
+
+            async def watch(name: str, into: list[int]) -> None:
+                request = health_pb2.HealthCheckRequest(service=name)
+                async for answer in served.stub.Watch(request):
+                    into.append(answer.status)
+
+            tasks = [
+                asyncio.create_task(watch("", seen)),
+                asyncio.create_task(watch("other", unknown)),
+            ]
+            await asyncio.sleep(0.1)
+            service.set_health({0: True})
+            service.set_registered(True)
+            await asyncio.sleep(0.1)
+            service.set_health({0: False})
+            await asyncio.sleep(0.1)
+            service.close()  # ends both streams cleanly
+            await asyncio.wait_for(asyncio.gather(*tasks), 5)
+            assert seen == [NOT_SERVING, SERVING, NOT_SERVING]
+            assert unknown == [SERVICE_UNKNOWN]
+
+    run(body)
+
+
+def _probe(socket_path: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "nvplugin", "probe", "--socket", socket_path, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_probe_a_real_plugin_unregistered_registered_and_without_healthy_gpus() -> None:
+    """Readiness says NOT_SERVING before the kubelet is there and once every GPU is lost; the
+    liveness form (--live) passes throughout; the plugin answers all along."""
+
+    async def body() -> None:
+        directory = new_dir()
+        events = [{"after_s": 5.0, "gpu": g, "lost": True} for g in range(4)]
+        node = node_file(new_dir(), "workstation-4gpu", events)
+        serve = Serve(directory, "--simulate", node)
+        socket_path = os.path.join(directory, "nvplugin-gpu.sock")
+        try:
+            await serve.wait_log("serving")
+            early = await asyncio.to_thread(_probe, socket_path)
+            assert early.returncode == 1
+            assert "is NOT_SERVING: not registered with the kubelet" in early.stderr
+            live = await asyncio.to_thread(_probe, socket_path, "--live")
+            assert live.returncode == 0, live.stderr
+            async with FakeKubelet(directory) as kubelet:
+                await kubelet.wait_registered(GPU, timeout=10)
+                await serve.wait_log("health service status", 5, lambda e: e["status"] == "SERVING")
+                ready = await asyncio.to_thread(_probe, socket_path, "--service", GPU)
+                assert ready.returncode == 0, ready.stderr
+                assert "SERVING: registered with the kubelet, 4 of 4 GPUs healthy" in ready.stdout
+                await kubelet.devices.wait_for(
+                    lambda m: len(m.unhealthy_devices(GPU)) == 4, 15, "every GPU lost"
+                )
+                await serve.wait_log(
+                    "health service status", 5, lambda e: e["status"] == "NOT_SERVING"
+                )
+                lost = await asyncio.to_thread(_probe, socket_path)
+                assert lost.returncode == 1
+                assert "NOT_SERVING: registered, but no healthy GPU (0 of 4" in lost.stderr
+                assert (await asyncio.to_thread(_probe, socket_path, "--live")).returncode == 0
+        finally:
+            assert serve.stop() == 0
+
+    run(body)
+
+
+def test_serving_without_healthy_gpus_when_configured() -> None:
+    async def body() -> None:
+        directory = new_dir()
+        node = node_file(
+            new_dir(), "workstation-4gpu", [{"after_s": 0.5, "wait_error": True, "for_s": 60}]
+        )
+        config = Path(new_dir()) / "config.yaml"
+        config.write_text(
+            "version: v1\nhealth_service:\n  not_serving_without_healthy_gpus: false\n"
+        )
+        async with FakeKubelet(directory) as kubelet:
+            serve = Serve(directory, "--simulate", node, "--config", str(config))
+            try:
+                await kubelet.wait_registered(GPU, timeout=10)
+                await kubelet.devices.wait_for(
+                    lambda m: len(m.unhealthy_devices(GPU)) == 4, 10, "every GPU unhealthy"
+                )
+                done = await asyncio.to_thread(_probe, os.path.join(directory, "nvplugin-gpu.sock"))
+                assert done.returncode == 0, done.stderr
+                assert "SERVING: registered with the kubelet, 0 of 4 GPUs healthy" in done.stdout
+            finally:
+                assert serve.stop() == 0
+
+    run(body)
