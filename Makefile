@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 PYTEST_FLAGS ?=
 
-.PHONY: install run test lint format bench proto clean
+.PHONY: install run test lint format bench soak proto clean
 
 install: $(STAMP)
 
@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: install
-	$(BIN)/nvplugin topo --simulate dgx-a100
+	$(BIN)/nvplugin demo
 
 test: install lint
 	$(BIN)/python -m pytest $(PYTEST_FLAGS)
@@ -35,6 +35,10 @@ proto: install
 
 bench: install
 	$(BIN)/python -m bench
+
+# The reliability scenarios at full scale (tests/reliability/; make test runs them scaled down).
+soak: install
+	$(BIN)/python -m tests.reliability.soak
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -44,21 +44,41 @@ def main() -> None:
 
 _SIMULATE_HELP = (
     "Simulate a node instead of asking NVML: a built-in node name (dgx-1, dgx-2, dgx-a100, "
-    "dgx-h100, pcie-8gpu, workstation-4gpu, no-numa) or a node-file path."
+    "dgx-h100, pcie-8gpu, workstation-4gpu, no-numa, mixed-a100-t4) or a node-file path."
 )
 
 
 @main.command()
 @click.option("--simulate", metavar="NODE", help=_SIMULATE_HELP)
 @click.option("--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option(
+    "--config",
+    "config_path",
+    metavar="FILE",
+    help="Also show which resource each GPU is served as under this config file (resources by "
+    "model, exclusions, time-slicing replicas).",
+)
 @user_errors
-def devices(simulate: str | None, output: str) -> None:
-    """List the node's GPUs: index, UUID, model, memory, PCI bus id, NUMA node."""
+def devices(simulate: str | None, output: str, config_path: str | None) -> None:
+    """List the node's GPUs: index, UUID, model, memory, PCI bus id, NUMA node (and resource)."""
     from nvplugin.node import load_topology, report
 
     topo = load_topology(simulate)
-    render = report.devices_json if output == "json" else report.devices_table
-    click.echo(render(topo), nl=False)
+    if config_path is None:
+        render = report.devices_json if output == "json" else report.devices_table
+        click.echo(render(topo), nl=False)
+        return
+    from nvplugin.config import load_config
+    from nvplugin.plugin.resources import plan_resources
+
+    config = load_config(config_path)
+    plan = plan_resources(topo.gpus, config.resource_name, config.resources, config.time_slicing)
+    for warning in plan.warnings:
+        click.echo(f"warning: {warning}", err=True)
+    if output == "json":
+        click.echo(report.devices_json(topo, plan.labels(), plan.as_dict()), nl=False)
+    else:
+        click.echo(report.devices_table(topo, plan.labels()), nl=False)
 
 
 @main.command()
@@ -167,12 +187,33 @@ def preferred(
     default=None,
     help="Ask the kubelet to call PreStartContainer.",
 )
+@click.option(
+    "--device-list-strategy",
+    metavar="S[,S]",
+    help="How containers get their GPUs: envvar (default), volume-mounts, cdi-annotations, "
+    "cdi-cri; several comma-separated.",
+)
+@click.option("--device-id-strategy", metavar="S", help="IDs given to containers: uuid or index.")
+@click.option(
+    "--pass-device-specs/--no-pass-device-specs",
+    default=None,
+    help="Add the /dev/nvidia* device nodes to Allocate responses.",
+)
+@click.option("--dev-root", metavar="DIR", help="Where the host's /dev/nvidia* live (default /).")
+@click.option("--cdi-annotation-prefix", metavar="P", help="CDI annotation prefix (cdi.k8s.io/).")
+@click.option(
+    "--metrics-address",
+    metavar="HOST:PORT",
+    help="Serve Prometheus metrics on http://HOST:PORT/metrics (default: off).",
+)
 @click.option("--discovery-retry-s", type=float, default=30.0, hidden=True)
+@click.option("--socket-give-up-s", type=float, default=20.0, hidden=True)
 @user_errors
 def serve(
     simulate: str | None,
     config_path: str | None,
     discovery_retry_s: float,
+    socket_give_up_s: float,
     **flags: object,
 ) -> None:
     """Run the device plugin: serve the kubelet, register, follow its restarts and GPU health.
@@ -191,7 +232,13 @@ def serve(
         return load_config(config_path, flags=flags, env=env)
 
     sys.exit(
-        run_daemon(load(), reload=load, simulate=simulate, discovery_retry_s=discovery_retry_s)
+        run_daemon(
+            load(),
+            reload=load,
+            simulate=simulate,
+            discovery_retry_s=discovery_retry_s,
+            serve_give_up_s=socket_give_up_s,
+        )
     )
 
 
@@ -214,21 +261,129 @@ def serve(
     show_default=True,
     help="Seconds to wait for the answer.",
 )
+@click.option(
+    "--service",
+    default="",
+    metavar="NAME",
+    help='Health-service name to check: "" (the plugin, default) or its resource name.',
+)
+@click.option(
+    "--live",
+    is_flag=True,
+    help="Succeed on any answer, SERVING or not (liveness/startup probes).",
+)
 @user_errors
-def probe(socket_path: str, timeout_s: float) -> None:
-    """Exit 0 if the plugin on SOCKET answers GetDevicePluginOptions in time, else 1.
+def probe(socket_path: str, timeout_s: float, service: str, live: bool) -> None:
+    """Exit 0 if the plugin on SOCKET reports SERVING on its gRPC health service, else 1.
 
-    The chart's liveness, readiness and startup probes run this in the plugin's container.
+    SERVING means registered with the kubelet and (by default) at least one healthy GPU. With
+    --live any answer in time counts. The chart's probes run this in the plugin's container.
     """
     from nvplugin.plugin.probe import probe_socket
 
-    result = probe_socket(socket_path, timeout_s)
-    click.echo(
-        f"ok: {result.socket} answers GetDevicePluginOptions "
-        f"(pre_start_required={str(result.pre_start_required).lower()}, "
-        f"get_preferred_allocation_available="
-        f"{str(result.get_preferred_allocation_available).lower()})"
-    )
+    result = probe_socket(socket_path, timeout_s, service=service, live=live)
+    why = f": {result.reason}" if result.reason else ""
+    click.echo(f"ok: {result.socket} answers the health check, {result.status}{why}")
 
 
 # --- kubelet: admit, demo ---
+
+
+@main.command()
+@click.option("--simulate", metavar="NODE", help=_SIMULATE_HELP)
+@click.option(
+    "--topology-manager-policy",
+    metavar="P",
+    default="none",
+    show_default=True,
+    help="none, best-effort, restricted or single-numa-node.",
+)
+@click.option(
+    "--topology-manager-scope",
+    metavar="S",
+    default="container",
+    show_default=True,
+    help="container or pod.",
+)
+@click.option(
+    "--topology-manager-policy-options",
+    metavar="K=V,...",
+    default="",
+    help="prefer-closest-numa-nodes=true, max-allowable-numa-nodes=N.",
+)
+@click.option(
+    "--cpu-manager-policy",
+    metavar="P",
+    default="none",
+    show_default=True,
+    help="none or static (static needs --reserved-cpus).",
+)
+@click.option("--reserved-cpus", metavar="LIST", help="CPUs kept for the system, e.g. 0-1.")
+@click.option(
+    "--config",
+    "config_path",
+    metavar="FILE",
+    help="The plugin's config file (nvplugin serve --config): resources by GPU model, "
+    "time-slicing, strategies.",
+)
+@click.option("--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option("--kill-plugin-after", metavar="POD", hidden=True)
+@click.argument("pods_file", metavar="PODS.yaml")
+@user_errors
+def admit(
+    simulate: str | None,
+    topology_manager_policy: str,
+    topology_manager_scope: str,
+    topology_manager_policy_options: str,
+    cpu_manager_policy: str,
+    reserved_cpus: str | None,
+    config_path: str | None,
+    output: str,
+    kill_plugin_after: str | None,
+    pods_file: str,
+) -> None:
+    """Admit the pods of PODS.yaml, in order, as a kubelet on this node would.
+
+    Starts the real plugin (nvplugin serve) on a temporary directory and drives it with the
+    fake kubelet's topology, device and CPU managers. Prints, per pod, whether it is admitted
+    (else the kubelet's reason and message) and which GPUs, CPUs and NUMA nodes it gets.
+    Exits 0 when every pod was decided, 1 when the plugin died during the run.
+    """
+    from nvplugin.kubelet import admit as admission
+    from nvplugin.kubelet.topologymanager import parse_policy_options_flag
+    from nvplugin.log import configure
+
+    configure(None, "warning")
+    settings = admission.AdmitSettings(
+        simulate=simulate,
+        topology_manager_policy=topology_manager_policy,
+        topology_manager_scope=topology_manager_scope,
+        topology_manager_policy_options=parse_policy_options_flag(topology_manager_policy_options),
+        cpu_manager_policy=cpu_manager_policy,
+        reserved_cpus=reserved_cpus,
+        config=config_path,
+        kill_plugin_after=kill_plugin_after,
+    )
+    report = admission.run_admit(settings, pods_file)
+    if output == "json":
+        click.echo(admission.to_json(report))
+    else:
+        click.echo(admission.to_table(report), nl=False)
+    if report.plugin_failure is not None:
+        click.echo(f"error: {report.plugin_failure}", err=True)
+        sys.exit(1)
+
+
+@main.command()
+@user_errors
+def demo() -> None:
+    """Show the plugin and the kubelet's topology manager at work on simulated DGX nodes.
+
+    Runs the real plugin and the fake kubelet (single-numa-node) and admits the sample pods
+    shipped with nvplugin; takes a few seconds, needs no GPU.
+    """
+    from nvplugin.kubelet.demo import run_demo
+    from nvplugin.log import configure
+
+    configure(None, "warning")
+    click.echo(run_demo(), nl=False)

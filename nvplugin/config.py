@@ -16,7 +16,7 @@ import difflib
 import math
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
@@ -24,7 +24,29 @@ import yaml
 from nvplugin.allocator import POLICY_NAMES
 from nvplugin.errors import InputError
 from nvplugin.node.health import DEFAULT_IGNORED_XIDS, HealthSettings
-from nvplugin.plugin.resources import DEFAULT_RESOURCE_NAME, resource_name_problem
+from nvplugin.plugin.metrics import address_problem
+from nvplugin.plugin.resources import (
+    DEFAULT_RESOURCE_NAME,
+    Exclude,
+    ResourceRules,
+    parse_gpu_patterns,
+    resolve_layout,
+    resource_name_problem,
+)
+from nvplugin.plugin.responses import (
+    DEFAULT_CDI_ANNOTATION_PREFIX,
+    DEFAULT_DEV_ROOT,
+    DEFAULT_DEVICE_LIST_STRATEGY,
+    DEVICE_ID_STRATEGIES,
+    DEVICE_LIST_STRATEGIES,
+    cdi_annotation_prefix_problem,
+)
+from nvplugin.plugin.sharing import (
+    ALLOCATIONS,
+    TimeSlicing,
+    ValueProblem,
+    parse_replicated_resources,
+)
 
 CONFIG_VERSION = "v1"
 ENV_PREFIX = "NVPLUGIN_"
@@ -35,7 +57,12 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 class _Invalid(Exception):
-    """A value's problem, before the caller adds where the value came from."""
+    """A value's problem, before the caller adds where the value came from. ``subpath`` is where
+    inside a structured value (``[1].replicas``); it is appended to the key path in messages."""
+
+    def __init__(self, message: str, subpath: str = "") -> None:
+        super().__init__(message)
+        self.subpath = subpath
 
 
 # --- value kinds: each checks a YAML value and parses an environment string ---------------------
@@ -113,6 +140,61 @@ NUMBER = Kind("number", _check_number, _parse_number)
 INT_LIST = Kind("list of integers", _check_int_list, _parse_int_list)
 
 
+def _check_str_list(value: object) -> object:
+    if not isinstance(value, list):
+        raise _Invalid(f"expected a list of strings, got {_shown(value)}")
+    for number, item in enumerate(value):
+        if not isinstance(item, str) or not item:
+            raise _Invalid(f"expected a non-empty string, got {_shown(item)}", f"[{number}]")
+    return tuple(value)
+
+
+def _check_strategies(value: object) -> object:
+    """A device-list strategy, a comma-separated string of them (as NVIDIA's flag takes), or a
+    list; each known, none twice, at least one."""
+    if isinstance(value, str):
+        items: list[object] = [part.strip() for part in value.split(",")]
+    elif isinstance(value, list):
+        items = list(value)
+    else:
+        raise _Invalid(f"expected a string or a list of strings, got {_shown(value)}")
+    if not items or items == [""]:
+        raise _Invalid(f"expected at least one of {', '.join(DEVICE_LIST_STRATEGIES)}")
+    for item in items:
+        if item not in DEVICE_LIST_STRATEGIES:
+            raise _Invalid(
+                f"{_shown(item)} is not a device-list strategy; "
+                f"have: {', '.join(DEVICE_LIST_STRATEGIES)}"
+            )
+        if items.count(item) > 1:
+            raise _Invalid(f"{item!r} is listed twice")
+    return tuple(str(item) for item in items)
+
+
+def _no_env(text: str) -> object:
+    raise _Invalid("can only be set in the config file")
+
+
+def _structured(parse: Callable[[object], object]) -> Callable[[object], object]:
+    """A check made of a parser that raises ValueProblem (its ``at`` becomes the subpath)."""
+
+    def check(value: object) -> object:
+        try:
+            return parse(value)
+        except ValueProblem as exc:
+            raise _Invalid(exc.message, exc.at) from None
+
+    return check
+
+
+STR_LIST = Kind("list of strings", _check_str_list, _no_env)
+STRATEGIES = Kind("string or list of strings", _check_strategies, lambda text: text)
+REPLICATED = Kind(
+    "list of {name, replicas, rename}", _structured(parse_replicated_resources), _no_env
+)
+GPU_PATTERNS = Kind("list of {pattern, name}", _structured(parse_gpu_patterns), _no_env)
+
+
 def _shown(value: object) -> str:
     if value is None:
         return "null"
@@ -175,6 +257,14 @@ def _non_negative(value: object) -> str | None:
     return None if isinstance(value, float) and value >= 0 else f"{value!r} is negative"
 
 
+def _address_rule(value: object) -> str | None:
+    return address_problem(str(value))
+
+
+def _cdi_prefix_rule(value: object) -> str | None:
+    return cdi_annotation_prefix_problem(str(value))
+
+
 def _xid_rule(value: object) -> str | None:
     for xid in value if isinstance(value, tuple) else ():
         if xid < 0:
@@ -195,6 +285,29 @@ KEYS: tuple[Key, ...] = (
     Key("health.xids.ignore", INT_LIST, (), rule=_xid_rule),
     Key("health.xids.critical", INT_LIST, (), rule=_xid_rule),
     Key("health.recovery.quiet_s", NUMBER, 0.0, rule=_non_negative),
+    # What containers receive (plugin/responses.py): NVIDIA's flag names, snake_case here.
+    Key("device_list_strategy", STRATEGIES, DEFAULT_DEVICE_LIST_STRATEGY, flag=True),
+    Key("device_id_strategy", STRING, "uuid", flag=True, choices=DEVICE_ID_STRATEGIES),
+    Key("pass_device_specs", BOOL, False, flag=True),
+    Key("dev_root", STRING, DEFAULT_DEV_ROOT, flag=True),
+    Key(
+        "cdi_annotation_prefix",
+        STRING,
+        DEFAULT_CDI_ANNOTATION_PREFIX,
+        flag=True,
+        rule=_cdi_prefix_rule,
+    ),
+    # Time-slicing (plugin/sharing.py): NVIDIA's block, camelCase kept so configs port verbatim.
+    Key("sharing.timeSlicing.renameByDefault", BOOL, False),
+    Key("sharing.timeSlicing.failRequestsGreaterThanOne", BOOL, False),
+    Key("sharing.timeSlicing.allocation", STRING, ALLOCATIONS[0], choices=ALLOCATIONS),
+    Key("sharing.timeSlicing.resources", REPLICATED, ()),
+    # Resources by GPU model, and GPUs hidden from every resource (plugin/resources.py).
+    Key("resources.gpus", GPU_PATTERNS, ()),
+    Key("resources.exclude.uuids", STR_LIST, ()),
+    Key("resources.exclude.models", STR_LIST, ()),
+    Key("health_service.not_serving_without_healthy_gpus", BOOL, True),
+    Key("metrics_address", STRING, None, nullable=True, flag=True, rule=_address_rule),
 )
 _BY_PATH = {key.path: key for key in KEYS}
 _BY_FLAG = {key.flag_name: key for key in KEYS if key.flag}
@@ -231,6 +344,14 @@ class HealthConfig:
 
 
 @dataclass(frozen=True)
+class HealthServiceConfig:
+    """The gRPC health service (``health_service:``): NOT_SERVING while unregistered, and, with
+    ``not_serving_without_healthy_gpus``, while no GPU is Healthy."""
+
+    not_serving_without_healthy_gpus: bool = True
+
+
+@dataclass(frozen=True)
 class Config:
     """The effective configuration. ``source`` names the file it was read from (None: none)."""
 
@@ -242,6 +363,15 @@ class Config:
     pre_start_required: bool
     log: LogConfig
     health: HealthConfig
+    health_service: HealthServiceConfig = HealthServiceConfig()
+    metrics_address: str | None = None  # host:port of /metrics; None = no metrics endpoint
+    device_list_strategy: tuple[str, ...] = DEFAULT_DEVICE_LIST_STRATEGY
+    device_id_strategy: str = DEVICE_ID_STRATEGIES[0]
+    pass_device_specs: bool = False
+    dev_root: str = DEFAULT_DEV_ROOT
+    cdi_annotation_prefix: str = DEFAULT_CDI_ANNOTATION_PREFIX
+    time_slicing: TimeSlicing = field(default_factory=TimeSlicing)  # names resolved
+    resources: ResourceRules = field(default_factory=ResourceRules)  # names resolved
     source: str | None = None
 
     @property
@@ -272,6 +402,19 @@ class Config:
                 },
                 "recovery": {"quiet_s": self.health.recovery_quiet_s},
             },
+            "device_list_strategy": list(self.device_list_strategy),
+            "device_id_strategy": self.device_id_strategy,
+            "pass_device_specs": self.pass_device_specs,
+            "dev_root": self.dev_root,
+            "cdi_annotation_prefix": self.cdi_annotation_prefix,
+            "sharing": {"timeSlicing": self.time_slicing.as_dict()},
+            "resources": self.resources.as_dict(),
+            "health_service": {
+                "not_serving_without_healthy_gpus": (
+                    self.health_service.not_serving_without_healthy_gpus
+                ),
+            },
+            "metrics_address": self.metrics_address,
         }
 
 
@@ -363,7 +506,7 @@ def _walk(where: str, mapping: dict[Any, Any], prefix: str, out: dict[str, objec
         try:
             out[path] = key.check(value)
         except _Invalid as exc:
-            raise InputError(f'{where}: key "{path}": {exc}') from None
+            raise InputError(f'{where}: key "{path}{exc.subpath}": {exc}') from None
 
 
 def _join(prefix: str, name: str) -> str:
@@ -413,6 +556,25 @@ def _build(values: Mapping[str, object], source: str | None) -> Config:
     def get(path: str) -> Any:
         return values[path]
 
+    try:  # rules across keys: resulting resource names, renames, collisions
+        resources, time_slicing = resolve_layout(
+            get("resource_name"),
+            ResourceRules(
+                get("resources.gpus"),
+                Exclude(get("resources.exclude.uuids"), get("resources.exclude.models")),
+            ),
+            TimeSlicing(
+                rename_by_default=get("sharing.timeSlicing.renameByDefault"),
+                fail_requests_greater_than_one=get(
+                    "sharing.timeSlicing.failRequestsGreaterThanOne"
+                ),
+                allocation=get("sharing.timeSlicing.allocation"),
+                resources=get("sharing.timeSlicing.resources"),
+            ),
+        )
+    except ValueProblem as exc:
+        where = f"config file {source}" if source is not None else "config"
+        raise InputError(f'{where}: key "{exc.at}": {exc.message}') from None
     return Config(
         resource_name=get("resource_name"),
         allocation_policy=get("allocation_policy"),
@@ -427,5 +589,16 @@ def _build(values: Mapping[str, object], source: str | None) -> Config:
             critical_xids=get("health.xids.critical"),
             recovery_quiet_s=get("health.recovery.quiet_s"),
         ),
+        health_service=HealthServiceConfig(
+            not_serving_without_healthy_gpus=get("health_service.not_serving_without_healthy_gpus")
+        ),
+        metrics_address=get("metrics_address"),
+        device_list_strategy=get("device_list_strategy"),
+        device_id_strategy=get("device_id_strategy"),
+        pass_device_specs=get("pass_device_specs"),
+        dev_root=get("dev_root"),
+        cdi_annotation_prefix=get("cdi_annotation_prefix"),
+        time_slicing=time_slicing,
+        resources=resources,
         source=source,
     )

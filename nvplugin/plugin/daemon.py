@@ -7,7 +7,15 @@ registers, so a 16-GPU node is advertised without waiting for them.
 
 Signals: SIGTERM/SIGINT stop serving, end every ListAndWatch stream, remove our sockets and
 return 0. SIGHUP reloads the config (same file, flags and environment), rebuilds the resources
-and registers them again; a config that no longer loads is logged and the running one kept.
+and registers them again; a config that no longer loads is logged and the running one kept. A
+reload that changes only log, health rules, health service or metrics is applied in place: the
+sockets, the kubelet's streams and the registrations stay, so no request fails meanwhile.
+
+Observability: each socket also serves the gRPC health service (registered and a healthy GPU:
+SERVING), every RPC goes through the metrics interceptor, and ``metrics_address`` (off by
+default) serves the daemon's private Prometheus registry. Exit 1 after start only when a socket
+the kubelet removed cannot be served again (the registrar gives up): a plugin that nobody can
+reach must be restarted, not kept as a zombie.
 
 NVML failing at start: with ``fail_on_init_error`` the error propagates (the CLI prints it and
 exits 1); without, the daemon keeps running with no devices, retries discovery every
@@ -18,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import signal
 from collections.abc import Callable
@@ -29,9 +38,12 @@ from nvplugin.errors import InputError, NvpluginError
 from nvplugin.log import configure, get_logger
 from nvplugin.node import NodeSession, open_node
 from nvplugin.node.health import HealthMonitor, HealthSettings
-from nvplugin.plugin.registration import DirWatcher, Registrar
-from nvplugin.plugin.resources import socket_name
-from nvplugin.plugin.responses import make_responder
+from nvplugin.plugin import healthservice
+from nvplugin.plugin.healthservice import HealthServiceSettings, PluginHealthService
+from nvplugin.plugin.metrics import Metrics, MetricsServer
+from nvplugin.plugin.registration import SERVE_AGAIN_GIVE_UP_S, DirWatcher, Registrar
+from nvplugin.plugin.resources import ServedResource, plan_resources
+from nvplugin.plugin.responses import Responder, make_responder
 from nvplugin.plugin.server import DevicePluginService, PluginSocket
 
 DISCOVERY_RETRY_S = 30.0
@@ -51,6 +63,7 @@ class _Resource:
     registrar: Registrar
     policy: asyncio.Future[Policy]
     health: _Health
+    health_service: PluginHealthService
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
 
@@ -77,8 +90,13 @@ class Daemon:
         simulate: str | None = None,
         discovery_retry_s: float = DISCOVERY_RETRY_S,
         opener: NodeOpener = open_node,
+        serve_give_up_s: float = SERVE_AGAIN_GIVE_UP_S,
     ) -> None:
         self.config = config
+        self.metrics = Metrics()
+        self._metrics_server: MetricsServer | None = None
+        self._serve_give_up_s = serve_give_up_s
+        self._fatal: NvpluginError | None = None
         self._reload = reload
         self._simulate = simulate
         self._discovery_retry_s = discovery_retry_s
@@ -87,7 +105,7 @@ class Daemon:
         self._stop = asyncio.Event()
         self._hup = asyncio.Event()
         self._node: NodeSession | None = None
-        self._resource: _Resource | None = None
+        self._resources: list[_Resource] = []  # one per served resource name, GPU index order
         self._watcher: DirWatcher | None = None
         self._watcher_task: asyncio.Task[None] | None = None
 
@@ -97,7 +115,22 @@ class Daemon:
 
     @property
     def service(self) -> DevicePluginService | None:
-        return self._resource.service if self._resource is not None else None
+        """The first served resource's service (the only one unless resources are split)."""
+        return self._resources[0].service if self._resources else None
+
+    @property
+    def services(self) -> tuple[DevicePluginService, ...]:
+        """Every served resource's service, in the order of their lowest GPU index."""
+        return tuple(resource.service for resource in self._resources)
+
+    @property
+    def health_service(self) -> PluginHealthService | None:
+        return self._resources[0].health_service if self._resources else None
+
+    @property
+    def metrics_port(self) -> int | None:
+        """The port /metrics is served on (None: metrics off)."""
+        return self._metrics_server.port if self._metrics_server is not None else None
 
     def stop(self) -> None:
         """Ask the daemon to shut down (what SIGTERM does)."""
@@ -116,14 +149,33 @@ class Daemon:
             loop.add_signal_handler(signal.SIGHUP, self._on_signal, "SIGHUP")
         self._log.info("effective config", config=self.config.as_dict(), simulate=self._simulate)
         try:
+            self._start_metrics(self.config.metrics_address)
             await self._serve()
         finally:
             await self._shutdown()
             if handle_signals:
                 for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                     loop.remove_signal_handler(sig)
+        if self._fatal is not None:
+            # Only a lost socket we could not serve again (or a registrar bug) gets here: exit
+            # non-zero so that Kubernetes restarts the plugin rather than keep a zombie.
+            self._log.error("exiting", error=str(self._fatal))
+            raise self._fatal
         self._log.info("stopped")
         return 0
+
+    def _start_metrics(self, address: str | None) -> None:
+        """Serve /metrics on ``address`` (None: none); NvpluginError when it cannot bind."""
+        if address is None:
+            return
+        server = MetricsServer(address, self.metrics)
+        server.start()
+        self._metrics_server = server
+
+    def _stop_metrics(self) -> None:
+        server, self._metrics_server = self._metrics_server, None
+        if server is not None:
+            server.stop()
 
     def _on_signal(self, name: str) -> None:
         self._log.info("signal", signal=name)
@@ -179,54 +231,173 @@ class Daemon:
     # --- resources ---
 
     async def _start_resource(self, config: Config, health: _Health | None = None) -> None:
-        """Serve ``config``'s resource; ``health`` is a running monitor to keep (SIGHUP)."""
+        """Serve every resource ``config`` makes of the node's GPUs (resources by model, time-
+        slicing): one service, socket and registrar each; a resource with no GPU is not served.
+        ``health`` is a running monitor to keep (SIGHUP)."""
         assert self._node is not None
         loop = asyncio.get_running_loop()
         topology = self._node.topology
+        plan = plan_resources(
+            topology.gpus, config.resource_name, config.resources, config.time_slicing
+        )
+        for warning in plan.warnings:  # once per start (and per reload): config doing nothing
+            self._log.warning("config has no effect on this node", reason=warning)
+        if plan.empty:
+            self._log.info("not serving resources without GPUs", resources=list(plan.empty))
         os.makedirs(config.device_plugin_dir, mode=0o750, exist_ok=True)
         watcher = await self._ensure_watcher(config.device_plugin_dir)
+        # One policy for the node: each resource asks it about its own GPUs' indices.
         policy: asyncio.Future[Policy] = loop.run_in_executor(
             None, make_policy, config.allocation_policy, topology
         )
         policy.add_done_callback(self._policy_done)
+        responder = make_responder(
+            config.device_list_strategy,
+            config.device_id_strategy,
+            pass_device_specs=config.pass_device_specs,
+            dev_root=config.dev_root,
+            cdi_annotation_prefix=config.cdi_annotation_prefix,
+        )
+        parts: list[tuple[DevicePluginService, PluginHealthService, PluginSocket]] = []
+        try:
+            for served in plan.resources:
+                parts.append(await self._open_resource(config, served, policy, responder, health))
+        except BaseException:
+            for service, health_service, sock in parts:
+                service.close()
+                health_service.close()
+                await sock.stop(STOP_GRACE_S)
+            policy.cancel()
+            raise
+        if not parts:
+            self._log.warning("every GPU is excluded; serving no resource")
+            policy.cancel()
+            if health is not None:
+                await asyncio.to_thread(health.stop)
+            return
+        services = [service for service, _, _ in parts]
+        if health is None:
+            health = self._new_health(config, services)
+        else:
+            health.forward.retarget(services)
+            for service in services:
+                service.set_health(health.monitor.health)  # a change may have raced the rewire
+        for service, health_service, sock in parts:
+            self._register(config, service, health_service, sock, watcher, policy, health)
+
+    async def _open_resource(
+        self,
+        config: Config,
+        served: ServedResource,
+        policy: asyncio.Future[Policy],
+        responder: Responder,
+        health: _Health | None,
+    ) -> tuple[DevicePluginService, PluginHealthService, PluginSocket]:
+        """The service for one resource, serving on its socket (not registered yet)."""
         service = DevicePluginService(
-            config.resource_name,
-            topology.gpus,
+            served.name,
+            served.gpus,
             policy,
-            responder=make_responder(),
+            responder=responder,
             pre_start_required=config.pre_start_required,
             health=health.monitor.health if health is not None else None,
+            replicas=served.replicas,
         )
+        resource_name = served.name
+        health_service = PluginHealthService(
+            resource_name,
+            _health_service_settings(config),
+            on_status=lambda serving: self.metrics.set_serving(resource_name, serving),
+        )
+        self.metrics.set_serving(resource_name, health_service.serving)
+        service.watch_health(health_service.set_health)
+        service.watch_health(lambda h: self.metrics.observe_health(resource_name, h))
         sock = PluginSocket(
-            os.path.join(config.device_plugin_dir, socket_name(config.resource_name)), service
+            os.path.join(config.device_plugin_dir, served.socket),
+            service,
+            extra_services=[lambda server: healthservice.add_to_server(health_service, server)],
+            interceptors=[self.metrics.interceptor(resource_name)],
         )
         try:
             await sock.start()  # NvpluginError when another process serves the path
         except BaseException:
-            policy.cancel()
+            service.close()
+            health_service.close()
             raise
-        if health is None:
-            forward = _Forward(loop, service)
-            settings = config.health.settings()
-            monitor = HealthMonitor(
-                self._node.nvml, [gpu.index for gpu in service.gpus], settings, forward
-            )
-            monitor.start()
-            health = _Health(monitor, settings, forward)
-        else:
-            health.forward.retarget(service)
-            service.set_health(health.monitor.health)  # a change may have raced the rewire
-        registrar = Registrar(sock, service, config.kubelet_socket_path, service.options, watcher)
-        resource = _Resource(config, service, sock, registrar, policy, health)
-        resource.tasks.append(asyncio.create_task(registrar.run(), name="nvplugin-registrar"))
-        self._resource = resource
+        return service, health_service, sock
+
+    def _register(
+        self,
+        config: Config,
+        service: DevicePluginService,
+        health_service: PluginHealthService,
+        sock: PluginSocket,
+        watcher: DirWatcher,
+        policy: asyncio.Future[Policy],
+        health: _Health,
+    ) -> None:
+        """Start registering one served resource, and keep re-registering it."""
+        resource_name = service.resource_name
+
+        def registered() -> None:
+            self.metrics.registered(resource_name)
+            health_service.set_registered(True)
+
+        def unregistered() -> None:
+            self.metrics.kubelet_restarted(resource_name)
+            health_service.set_registered(False)
+
+        registrar = Registrar(
+            sock,
+            service,
+            config.kubelet_socket_path,
+            service.options,
+            watcher,
+            on_registered=registered,
+            on_unregistered=unregistered,
+            serve_give_up_s=self._serve_give_up_s,
+        )
+        resource = _Resource(config, service, sock, registrar, policy, health, health_service)
+        task = asyncio.create_task(registrar.run(), name="nvplugin-registrar")
+        task.add_done_callback(self._registrar_done)
+        resource.tasks.append(task)
+        self._resources.append(resource)
         self._log.info(
             "serving",
-            resource=config.resource_name,
+            resource=resource_name,
             socket=sock.path,
             devices=[gpu.uuid for gpu in service.gpus],
+            replicas=service.replicas.count,
             unhealthy=[gpu.uuid for gpu in service.gpus if not service.health[gpu.index]],
         )
+
+    def _new_health(self, config: Config, services: list[DevicePluginService]) -> _Health:
+        """One started health monitor for every served GPU, under ``config``'s health rules."""
+        assert self._node is not None
+        forward = _Forward(asyncio.get_running_loop(), services)
+        settings = config.health.settings()
+        monitor = HealthMonitor(
+            self._node.nvml,
+            sorted({gpu.index for service in services for gpu in service.gpus}),
+            settings,
+            forward,
+            on_xid=self.metrics.xid,
+        )
+        monitor.start()
+        return _Health(monitor, settings, forward)
+
+    def _registrar_done(self, task: asyncio.Task[None]) -> None:
+        """A registrar only ends by cancellation; if it failed, the plugin must not stay up
+        unregistered: stop, and exit non-zero."""
+        if task.cancelled() or task.exception() is None:
+            return
+        exc = task.exception()
+        self._fatal = (
+            exc
+            if isinstance(exc, NvpluginError)
+            else NvpluginError(f"registration failed: {exc!r}")
+        )
+        self._stop.set()
 
     async def _ensure_watcher(self, directory: str) -> DirWatcher:
         if self._watcher is not None and self._watcher.directory == directory:
@@ -246,18 +417,22 @@ class Daemon:
             self._log.info("allocation policy ready", policy=future.result().name)
 
     async def _stop_resource(self, keep_health: bool) -> _Health | None:
-        """Stop serving the current resource; returns its health monitor if asked to keep it."""
-        resource, self._resource = self._resource, None
-        if resource is None:
+        """Stop serving every resource; returns their health monitor if asked to keep it."""
+        resources, self._resources = self._resources, []
+        if not resources:
             return None
-        await _cancel(resource.tasks)
-        resource.service.close()
-        await resource.socket.stop(STOP_GRACE_S)
-        if not resource.policy.done():
-            resource.policy.cancel()
+        await _cancel([task for resource in resources for task in resource.tasks])
+        for resource in resources:
+            resource.service.close()
+            resource.health_service.close()
+            await resource.socket.stop(STOP_GRACE_S)
+            self.metrics.forget(resource.service.resource_name)
+            if not resource.policy.done():
+                resource.policy.cancel()
+        health = resources[0].health  # shared by all
         if keep_health:
-            return resource.health
-        await asyncio.to_thread(resource.health.stop)
+            return health
+        await asyncio.to_thread(health.stop)
         return None
 
     async def _stop_watcher(self) -> None:
@@ -278,6 +453,15 @@ class Daemon:
         configure(config.log.format, config.log.level)
         self._log.info("config reloaded", config=config.as_dict())
         previous = self.config
+        if config.metrics_address != previous.metrics_address:
+            self._stop_metrics()
+            try:
+                self._start_metrics(config.metrics_address)
+            except NvpluginError as exc:
+                self._log.error("metrics off: cannot serve the reloaded address", error=str(exc))
+        if self._resources and _same_sockets(previous, config):
+            await self._reload_in_place(config)
+            return
         # Same health settings: keep the monitor and what it has seen. New ones: a fresh monitor,
         # as the old verdicts were made by rules no longer configured.
         health = await self._stop_resource(keep_health=previous.health == config.health)
@@ -292,32 +476,78 @@ class Daemon:
             configure(previous.log.format, previous.log.level)
             await self._start_resource(previous, health)
 
+    async def _reload_in_place(self, config: Config) -> None:
+        """Apply a config that changes nothing the kubelet sees (log, health rules, health
+        service, metrics) without touching the socket: no request fails, no stream ends, no
+        re-registration. Changed health rules get a fresh monitor, as the old verdicts were made
+        by rules no longer configured."""
+        resources = self._resources
+        assert resources
+        if config.health != resources[0].config.health:
+            await asyncio.to_thread(resources[0].health.stop)  # one monitor for all
+            health = self._new_health(config, [resource.service for resource in resources])
+            for resource in resources:
+                resource.health = health
+                resource.service.set_health(health.monitor.health)
+        for resource in resources:
+            resource.health_service.set_settings(_health_service_settings(config))
+            resource.config = config
+        self.config = config
+        self._log.info(
+            "config applied in place; still registered",
+            resources=[resource.service.resource_name for resource in resources],
+        )
+
     async def _shutdown(self) -> None:
         await self._stop_resource(keep_health=False)
+        self._stop_metrics()
         await self._stop_watcher()
         if self._node is not None:
             node, self._node = self._node, None
             await asyncio.to_thread(node.close)
 
 
+def _health_service_settings(config: Config) -> HealthServiceSettings:
+    return HealthServiceSettings(
+        not_serving_without_healthy_gpus=config.health_service.not_serving_without_healthy_gpus
+    )
+
+
+def _same_sockets(old: Config, new: Config) -> bool:
+    """Whether ``new`` differs from ``old`` only in what can change while serving (log, health
+    rules, health service, metrics): then a reload keeps the socket and the registration."""
+    in_place = dataclasses.replace(
+        old,
+        log=new.log,
+        health=new.health,
+        health_service=new.health_service,
+        metrics_address=new.metrics_address,
+        source=new.source,
+    )
+    return in_place == new
+
+
 class _Forward:
-    """The health monitor's ``on_change``: hands each map to the service on the event loop.
+    """The health monitor's ``on_change``: hands each map to the services on the event loop
+    (each takes the GPUs it serves; replicas follow their GPU).
 
     Called on the monitor's thread; ``call_soon_threadsafe`` moves the update to the loop. The
-    target can change on SIGHUP while the monitor (and the health it has seen) lives on.
+    targets can change on SIGHUP while the monitor (and the health it has seen) lives on.
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, service: DevicePluginService) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, services: list[DevicePluginService]
+    ) -> None:
         self._loop = loop
-        self._service = service
+        self._services = list(services)
 
-    def retarget(self, service: DevicePluginService) -> None:
-        self._service = service
+    def retarget(self, services: list[DevicePluginService]) -> None:
+        self._services = list(services)
 
     def __call__(self, health: dict[int, bool]) -> None:
-        service = self._service
-        with contextlib.suppress(RuntimeError):  # the loop closed while shutting down
-            self._loop.call_soon_threadsafe(service.set_health, health)
+        for service in self._services:
+            with contextlib.suppress(RuntimeError):  # the loop closed while shutting down
+                self._loop.call_soon_threadsafe(service.set_health, health)
 
 
 async def _cancel(tasks: list[asyncio.Task[None]], timeout: float = 1.0) -> None:
@@ -353,8 +583,15 @@ def run_daemon(
     reload: Callable[[], Config] | None = None,
     simulate: str | None = None,
     discovery_retry_s: float = DISCOVERY_RETRY_S,
+    serve_give_up_s: float = SERVE_AGAIN_GIVE_UP_S,
 ) -> int:
     """Configure logging, run the daemon on a fresh event loop, return its exit status."""
     configure(config.log.format, config.log.level)
-    daemon = Daemon(config, reload=reload, simulate=simulate, discovery_retry_s=discovery_retry_s)
+    daemon = Daemon(
+        config,
+        reload=reload,
+        simulate=simulate,
+        discovery_retry_s=discovery_retry_s,
+        serve_give_up_s=serve_give_up_s,
+    )
     return asyncio.run(daemon.run())

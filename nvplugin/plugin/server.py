@@ -20,7 +20,7 @@ import os
 import socket
 import stat
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -31,6 +31,7 @@ from nvplugin.log import get_logger
 from nvplugin.node.model import Gpu
 from nvplugin.plugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from nvplugin.plugin.responses import Responder
+from nvplugin.plugin.sharing import NOT_SHARED, Device, Replicas, gpus_of
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
@@ -57,10 +58,14 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         responder: Responder | None = None,
         pre_start_required: bool = False,
         health: Mapping[int, bool] | None = None,
+        replicas: Replicas = NOT_SHARED,
     ) -> None:
         self.resource_name = resource_name
         self._gpus = tuple(sorted(gpus, key=lambda gpu: gpu.index))
-        self._by_uuid = {gpu.uuid: gpu for gpu in self._gpus}
+        # What is advertised: each GPU once (ID = UUID), or ``replicas.count`` times (time-slicing).
+        self._replicas = replicas
+        self._devices_list = replicas.devices(self._gpus)
+        self._by_id = {device.id: device for device in self._devices_list}
         self._policy = policy
         self._responder = responder if responder is not None else Responder()
         self._options = api_pb2.DevicePluginOptions(
@@ -75,12 +80,22 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         self._closing = False
         self._streams = 0
         self._log = get_logger("nvplugin.plugin", resource=resource_name)
+        self._health_watchers: list[Callable[[dict[int, bool]], None]] = []
 
     # --- state ---
 
     @property
     def gpus(self) -> tuple[Gpu, ...]:
         return self._gpus
+
+    @property
+    def devices(self) -> tuple[Device, ...]:
+        """What ListAndWatch advertises: the GPUs, or their replicas (index, then replica order)."""
+        return self._devices_list
+
+    @property
+    def replicas(self) -> Replicas:
+        return self._replicas
 
     @property
     def health(self) -> dict[int, bool]:
@@ -115,6 +130,20 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
             streams=self._streams,
         )
         self._publish()
+        self._tell_watchers()
+
+    def watch_health(self, callback: Callable[[dict[int, bool]], None]) -> None:
+        """Call ``callback`` (on the loop) with the health map now and after every change: the
+        gRPC health service and the metrics follow the same map the streams get."""
+        self._health_watchers.append(callback)
+        callback(dict(self._health))
+
+    def _tell_watchers(self) -> None:
+        for callback in self._health_watchers:
+            try:
+                callback(dict(self._health))
+            except Exception as exc:  # a broken observer must not stop health updates
+                self._log.error("health watcher failed", error=repr(exc))
 
     def close(self) -> None:
         """End every ListAndWatch stream (cleanly, status OK) and refuse new ones."""
@@ -138,9 +167,10 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
 
     def _build_snapshot(self) -> api_pb2.ListAndWatchResponse:
         devices = []
-        for gpu in self._gpus:
+        for advertised in self._devices_list:  # replicas share their GPU's health and NUMA node
+            gpu = advertised.gpu
             device = api_pb2.Device(
-                ID=gpu.uuid, health=HEALTHY if self._health[gpu.index] else UNHEALTHY
+                ID=advertised.id, health=HEALTHY if self._health[gpu.index] else UNHEALTHY
             )
             if gpu.numa_node is not None:
                 device.topology.nodes.add(ID=gpu.numa_node)
@@ -205,15 +235,22 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
                 self._devices(c.devices_ids, _where("devices_ids", n, total))
                 for n, c in enumerate(request.container_requests)
             ]
+            for n, devices in enumerate(chosen):
+                too_many = self._replicas.too_many(len(devices))
+                if too_many is not None:
+                    raise BadRequest(f"{_where('devices_ids', n, total)}: {too_many}")
         except BadRequest as exc:
             self._log.debug("rpc", method="Allocate", error=str(exc))
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             raise
+        # Replicas back to their GPUs, each once: the container sees GPUs, not replicas.
         response = api_pb2.AllocateResponse(
-            container_responses=[self._responder.container_response(gpus) for gpus in chosen]
+            container_responses=[
+                self._responder.container_response(gpus_of(devices)) for devices in chosen
+            ]
         )
         self._log.debug(
-            "rpc", method="Allocate", devices=[[g.uuid for g in gpus] for gpus in chosen]
+            "rpc", method="Allocate", devices=[[d.id for d in devices] for devices in chosen]
         )
         return response
 
@@ -230,17 +267,18 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
             return await asyncio.shield(self._policy)
         return self._policy
 
-    def _devices(self, ids: Iterable[str], where: str) -> list[Gpu]:
-        """The GPUs named by ``ids``, in index order; BadRequest for unknown or repeated IDs."""
-        seen: dict[str, Gpu] = {}
+    def _devices(self, ids: Iterable[str], where: str) -> list[Device]:
+        """The devices named by ``ids``, in index (then replica) order; BadRequest for unknown
+        or repeated IDs."""
+        seen: dict[str, Device] = {}
         for device_id in ids:
-            gpu = self._by_uuid.get(device_id)
-            if gpu is None:
-                raise BadRequest(f"{where}: unknown device {device_id}")
+            device = self._by_id.get(device_id)
+            if device is None:
+                raise BadRequest(f"{where}: unknown device {_shown_id(device_id)}")
             if device_id in seen:
-                raise BadRequest(f"{where}: device {device_id} listed twice")
-            seen[device_id] = gpu
-        return sorted(seen.values(), key=lambda gpu: gpu.index)
+                raise BadRequest(f"{where}: device {_shown_id(device_id)} listed twice")
+            seen[device_id] = device
+        return sorted(seen.values(), key=lambda d: (d.gpu.index, d.replica or 0))
 
     def _prefer(
         self,
@@ -255,22 +293,38 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         must_include = self._devices(
             container.must_include_deviceIDs, _where("must_include_deviceIDs", number, total)
         )
-        offered = {gpu.index for gpu in available}
-        for gpu in must_include:
-            if gpu.index not in offered:
+        offered = {device.id for device in available}
+        for device in must_include:
+            if device.id not in offered:
                 where = _where("must_include_deviceIDs", number, total)
-                raise BadRequest(f"{where}: device {gpu.uuid} is not in available_deviceIDs")
+                raise BadRequest(f"{where}: device {device.id} is not in available_deviceIDs")
         size = container.allocation_size
         if size < 0:
             raise BadRequest(f"{_where('allocation_size', number, total)}: {size} is negative")
         try:
+            if self._replicas.shared:  # replicas: counts per GPU, then the policy among GPUs
+                picked = self._replicas.prefer(policy.allocate, available, must_include, size)
+                return [device.id for device in picked]
             indices = policy.allocate(
-                [gpu.index for gpu in available], [gpu.index for gpu in must_include], size
+                [d.gpu.index for d in available], [d.gpu.index for d in must_include], size
             )
         except AllocationError as exc:  # the checks above should make this unreachable
             raise BadRequest(f"{_where('request', number, total)}: {exc}") from None
-        by_index = {gpu.index: gpu for gpu in available}
-        return [by_index[i].uuid for i in sorted(indices)]
+        by_index = {device.gpu.index: device for device in available}
+        return [by_index[i].id for i in sorted(indices)]
+
+
+MAX_SHOWN_ID = 128
+"""Longest device ID quoted whole in an error. The message travels in the gRPC status trailer,
+which clients cap (8 KiB by default): a 1 MB ID quoted whole would turn INVALID_ARGUMENT into a
+transport error on the kubelet's side."""
+
+
+def _shown_id(device_id: str) -> str:
+    """A device ID for an error message: whole when short, else its start and its length."""
+    if len(device_id) <= MAX_SHOWN_ID:
+        return device_id
+    return f"{device_id[:MAX_SHOWN_ID]}... ({len(device_id)} characters)"
 
 
 def _where(field: str, number: int, total: int) -> str:
@@ -286,16 +340,29 @@ class PluginSocket:
     kubelet deletes it when it restarts.
     """
 
-    def __init__(self, path: str, service: DevicePluginService) -> None:
+    def __init__(
+        self,
+        path: str,
+        service: DevicePluginService,
+        *,
+        extra_services: Sequence[Callable[[grpc.aio.Server], None]] = (),
+        interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+    ) -> None:
+        """``extra_services`` add more servicers to each server (the gRPC health service);
+        ``interceptors`` wrap every RPC (metrics)."""
         self.path = path
         self._service = service
+        self._extra_services = tuple(extra_services)
+        self._interceptors = tuple(interceptors)
         self._server: grpc.aio.Server | None = None
         self._inode: tuple[int, int] | None = None
 
     async def start(self) -> None:
         claim_socket_path(self.path)
-        server = grpc.aio.server()
+        server = grpc.aio.server(interceptors=self._interceptors or None)
         api_pb2_grpc.add_DevicePluginServicer_to_server(self._service, server)
+        for add in self._extra_services:
+            add(server)
         try:
             bound = server.add_insecure_port(f"unix:{self.path}")
         except RuntimeError as exc:

@@ -132,8 +132,12 @@ def test_env_values_are_parsed_and_checked() -> None:
             'unknown key "health.recovery.quiet"; did you mean "health.recovery.quiet_s"?',
         ),
         (
-            "version: v1\nsharing: {}\n",
-            'unknown key "sharing"; valid keys here: version, resource_name',
+            "version: v1\nsharing:\n  mps: {}\n",
+            'unknown key "sharing.mps"; valid keys here: timeSlicing',
+        ),
+        (
+            "version: v1\nflags: {}\n",
+            'unknown key "flags"; valid keys here: version, resource_name',
         ),
         (
             "version: v1\nlog:\n  colour: red\n",
