@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from nvplugin.allocator import POLICY_NAMES
-from nvplugin.errors import InputError
+from nvplugin.errors import InputError, describe
 from nvplugin.node.health import DEFAULT_IGNORED_XIDS, HealthSettings
 from nvplugin.plugin.metrics import address_problem
 from nvplugin.plugin.resources import (
@@ -79,13 +79,13 @@ class Kind:
 
 def _check_str(value: object) -> object:
     if not isinstance(value, str):
-        raise _Invalid(f"expected a string, got {_shown(value)}")
+        raise _Invalid(f"expected a string, got {describe(value)}")
     return value
 
 
 def _check_bool(value: object) -> object:
     if not isinstance(value, bool):
-        raise _Invalid(f"expected true or false, got {_shown(value)}")
+        raise _Invalid(f"expected true or false, got {describe(value)}")
     return value
 
 
@@ -104,7 +104,7 @@ def _parse_bool(text: str) -> object:
 
 def _check_number(value: object) -> object:
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise _Invalid(f"expected a number, got {_shown(value)}")
+        raise _Invalid(f"expected a number, got {describe(value)}")
     if not math.isfinite(value):
         raise _Invalid(f"expected a finite number, got {value!r}")
     return float(value)
@@ -119,10 +119,10 @@ def _parse_number(text: str) -> object:
 
 def _check_int_list(value: object) -> object:
     if not isinstance(value, list):
-        raise _Invalid(f"expected a list of integers, got {_shown(value)}")
+        raise _Invalid(f"expected a list of integers, got {describe(value)}")
     for item in value:
         if isinstance(item, bool) or not isinstance(item, int):
-            raise _Invalid(f"expected a list of integers, got item {_shown(item)}")
+            raise _Invalid(f"expected a list of integers, got item {describe(item)}")
     return tuple(value)
 
 
@@ -142,10 +142,10 @@ INT_LIST = Kind("list of integers", _check_int_list, _parse_int_list)
 
 def _check_str_list(value: object) -> object:
     if not isinstance(value, list):
-        raise _Invalid(f"expected a list of strings, got {_shown(value)}")
+        raise _Invalid(f"expected a list of strings, got {describe(value)}")
     for number, item in enumerate(value):
         if not isinstance(item, str) or not item:
-            raise _Invalid(f"expected a non-empty string, got {_shown(item)}", f"[{number}]")
+            raise _Invalid(f"expected a non-empty string, got {describe(item)}", f"[{number}]")
     return tuple(value)
 
 
@@ -157,13 +157,13 @@ def _check_strategies(value: object) -> object:
     elif isinstance(value, list):
         items = list(value)
     else:
-        raise _Invalid(f"expected a string or a list of strings, got {_shown(value)}")
+        raise _Invalid(f"expected a string or a list of strings, got {describe(value)}")
     if not items or items == [""]:
         raise _Invalid(f"expected at least one of {', '.join(DEVICE_LIST_STRATEGIES)}")
     for item in items:
         if item not in DEVICE_LIST_STRATEGIES:
             raise _Invalid(
-                f"{_shown(item)} is not a device-list strategy; "
+                f"{describe(item)} is not a device-list strategy; "
                 f"have: {', '.join(DEVICE_LIST_STRATEGIES)}"
             )
         if items.count(item) > 1:
@@ -193,16 +193,6 @@ REPLICATED = Kind(
     "list of {name, replicas, rename}", _structured(parse_replicated_resources), _no_env
 )
 GPU_PATTERNS = Kind("list of {pattern, name}", _structured(parse_gpu_patterns), _no_env)
-
-
-def _shown(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, dict):
-        return "a mapping"
-    if isinstance(value, list):
-        return "a list"
-    return f"{value!r} ({type(value).__name__})"
 
 
 # --- the schema ----------------------------------------------------------------------------------
@@ -458,13 +448,13 @@ def _read_file(path: str) -> dict[str, object]:
     if document is None:
         document = {}
     if not isinstance(document, dict):
-        raise InputError(f"{where}: expected a mapping of keys, got {_shown(document)}")
+        raise InputError(f"{where}: expected a mapping of keys, got {describe(document)}")
     version = document.get("version")
     if "version" not in document:
         raise InputError(f'{where}: key "version" is missing; set it to {CONFIG_VERSION}')
     if version != CONFIG_VERSION:
         raise InputError(
-            f'{where}: key "version": {_shown(version)} is not supported; '
+            f'{where}: key "version": {describe(version)} is not supported; '
             f"the supported version is {CONFIG_VERSION}"
         )
     values: dict[str, object] = {}
@@ -500,7 +490,9 @@ def _walk(where: str, mapping: dict[Any, Any], prefix: str, out: dict[str, objec
         key = _BY_PATH.get(path)
         if key is None:  # a section
             if not isinstance(value, dict):
-                raise InputError(f'{where}: key "{path}": expected a mapping, got {_shown(value)}')
+                raise InputError(
+                    f'{where}: key "{path}": expected a mapping, got {describe(value)}'
+                )
             _walk(where, value, path, out)
             continue
         try:

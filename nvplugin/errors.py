@@ -15,3 +15,15 @@ class InputError(NvpluginError):
     """Bad input: the message names the file, field (or key path) and value."""
 
     exit_code = 2
+
+
+def describe(value: object) -> str:
+    """A value as an error message shows it: ``null``, ``a mapping``, ``a list`` or its repr and
+    type, e.g. ``'yes' (str)``."""
+    if value is None:
+        return "null"
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    return f"{value!r} ({type(value).__name__})"

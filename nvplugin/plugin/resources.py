@@ -25,7 +25,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from nvplugin.errors import InputError
+from nvplugin.errors import InputError, describe
 from nvplugin.node.model import Gpu
 from nvplugin.plugin.sharing import (
     NOT_SHARED,
@@ -177,12 +177,12 @@ def model_matches(pattern: str, model: str) -> bool:
 def parse_gpu_patterns(value: object) -> tuple[GpuPattern, ...]:
     """Check ``resources.gpus``: a list of ``{pattern, name}`` (name as written)."""
     if not isinstance(value, list):
-        raise ValueProblem("", f"expected a list of {{pattern, name}}, got {_kind_of(value)}")
+        raise ValueProblem("", f"expected a list of {{pattern, name}}, got {describe(value)}")
     out = []
     for number, item in enumerate(value):
         at = f"[{number}]"
         if not isinstance(item, dict):
-            raise ValueProblem(at, f"expected a mapping {{pattern, name}}, got {_kind_of(item)}")
+            raise ValueProblem(at, f"expected a mapping {{pattern, name}}, got {describe(item)}")
         for key in item:
             if key not in ("pattern", "name"):
                 raise ValueProblem(f"{at}.{key}", "unknown key; valid keys here: pattern, name")
@@ -193,21 +193,11 @@ def parse_gpu_patterns(value: object) -> tuple[GpuPattern, ...]:
             text = item[key]
             if not isinstance(text, str) or not text:
                 raise ValueProblem(
-                    f"{at}.{key}", "expected a non-empty string, got " + _kind_of(text)
+                    f"{at}.{key}", "expected a non-empty string, got " + describe(text)
                 )
             fields.append(text)
         out.append(GpuPattern(fields[0], fields[1]))
     return tuple(out)
-
-
-def _kind_of(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, dict):
-        return "a mapping"
-    if isinstance(value, list):
-        return "a list"
-    return f"{value!r} ({type(value).__name__})"
 
 
 # --- the layout: names resolved and checked across keys ------------------------------------------

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from nvplugin.errors import describe
 from nvplugin.node.model import Gpu
 
 REPLICA_SEPARATOR = "::"
@@ -107,13 +108,15 @@ def parse_replicated_resources(value: object) -> tuple[ReplicatedResource, ...]:
     configs load; a device subset is refused rather than ignored.
     """
     if not isinstance(value, list):
-        raise ValueProblem("", "expected a list of {name, replicas, rename}, got " + _shown(value))
+        raise ValueProblem(
+            "", "expected a list of {name, replicas, rename}, got " + describe(value)
+        )
     out = []
     for number, item in enumerate(value):
         at = f"[{number}]"
         if not isinstance(item, dict):
             raise ValueProblem(
-                at, "expected a mapping {name, replicas, rename}, got " + _shown(item)
+                at, "expected a mapping {name, replicas, rename}, got " + describe(item)
             )
         _known_keys(item, _ENTRY_KEYS, at)
         name = _string(item, "name", at, required=True)
@@ -121,7 +124,7 @@ def parse_replicated_resources(value: object) -> tuple[ReplicatedResource, ...]:
         if "replicas" not in item:
             raise ValueProblem(f"{at}.replicas", "is missing (how many devices per GPU, >= 2)")
         if isinstance(replicas, bool) or not isinstance(replicas, int):
-            raise ValueProblem(f"{at}.replicas", f"expected an integer, got {_shown(replicas)}")
+            raise ValueProblem(f"{at}.replicas", f"expected an integer, got {describe(replicas)}")
         if replicas < MIN_REPLICAS:
             raise ValueProblem(
                 f"{at}.replicas",
@@ -132,7 +135,7 @@ def parse_replicated_resources(value: object) -> tuple[ReplicatedResource, ...]:
         if "devices" in item and item["devices"] != "all":
             raise ValueProblem(
                 f"{at}.devices",
-                f"{_shown(item['devices'])} is not supported: every GPU of the resource is "
+                f"{describe(item['devices'])} is not supported: every GPU of the resource is "
                 "replicated (devices: all); use resources.gpus to split GPUs into resources",
             )
         assert name is not None
@@ -153,18 +156,8 @@ def _string(item: dict[object, object], key: str, at: str, *, required: bool) ->
         return None
     value = item[key]
     if not isinstance(value, str) or not value:
-        raise ValueProblem(f"{at}.{key}", f"expected a non-empty string, got {_shown(value)}")
+        raise ValueProblem(f"{at}.{key}", f"expected a non-empty string, got {describe(value)}")
     return value
-
-
-def _shown(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, dict):
-        return "a mapping"
-    if isinstance(value, list):
-        return "a list"
-    return f"{value!r} ({type(value).__name__})"
 
 
 # --- the devices one resource advertises ----------------------------------------------------------
