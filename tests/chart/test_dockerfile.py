@@ -76,7 +76,9 @@ def test_entrypoint_runs_nvplugin_serve() -> None:
 def test_probe_command_is_on_the_images_path() -> None:
     env = " ".join(_all("ENV"))
     assert "PATH=/opt/nvplugin/bin:$PATH" in env
-    assert render().container["livenessProbe"]["exec"]["command"][0] == "nvplugin"
+    # The probe is a POSIX sh loop (the Debian-based slim image has /bin/sh) calling nvplugin.
+    command = render().container["livenessProbe"]["exec"]["command"]
+    assert command[:2] == ["sh", "-c"] and "nvplugin probe " in command[2]
 
 
 def test_install_step_is_make_install_without_editable_or_dev_extras() -> None:

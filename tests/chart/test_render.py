@@ -3,6 +3,7 @@ clean in strict mode, and the fields that decide whether the plugin works on a n
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import os
 import re
@@ -167,7 +168,7 @@ def test_other_kubelet_root_moves_mount_flag_and_probe_together() -> None:
     assert volumes["device-plugin"]["hostPath"]["path"] == path
     assert {m["mountPath"] for m in rendered.container["volumeMounts"]} >= {path}
     assert rendered.container["args"][1:3] == ["--device-plugin-dir", path]
-    assert rendered.container["livenessProbe"]["exec"]["command"][3] == f"{path}/nvplugin-gpu.sock"
+    assert rendered.container["livenessProbe"]["exec"]["command"][4] == path
 
 
 def test_config_file_comes_from_the_chart_configmap(default: Rendered) -> None:
@@ -246,24 +247,30 @@ def test_service_links_are_off_so_no_stray_nvplugin_variables(default: Rendered)
 # --- probes ---------------------------------------------------------------------------------------
 
 
+PROBE_SCRIPT = (
+    'for s in "$1"/nvplugin-*.sock; do nvplugin probe --socket "$s" --timeout "$2"{live} '
+    "&& exit 0; done; exit 1"
+)
+
+
 @pytest.mark.parametrize(
     ("probe", "live"),
-    [("startupProbe", ["--live"]), ("livenessProbe", ["--live"]), ("readinessProbe", [])],
+    [("startupProbe", " --live"), ("livenessProbe", " --live"), ("readinessProbe", "")],
 )
-def test_probes_run_nvplugin_probe_on_the_plugin_socket(
-    default: Rendered, probe: str, live: list[str]
+def test_probes_run_nvplugin_probe_on_the_plugin_sockets(
+    default: Rendered, probe: str, live: str
 ) -> None:
     # Readiness needs SERVING; startup and liveness any answer (a plugin whose GPUs are lost must
-    # show NotReady, not be restarted in a loop).
+    # show NotReady, not be restarted in a loop). Every nvplugin socket of the kubelet's directory
+    # is tried: which ones a node has depends on the config and the node's GPUs.
     spec = default.container[probe]
     assert spec["exec"]["command"] == [
-        "nvplugin",
-        "probe",
-        "--socket",
-        f"{DEVICE_PLUGIN_DIR}/nvplugin-gpu.sock",
-        "--timeout",
+        "sh",
+        "-c",
+        PROBE_SCRIPT.format(live=live),
+        "nvplugin-probe",
+        DEVICE_PLUGIN_DIR,
         "3",
-        *live,
     ]
     assert spec["timeoutSeconds"] == 10
     assert spec["periodSeconds"] >= 1 and spec["failureThreshold"] >= 1
@@ -272,10 +279,12 @@ def test_probes_run_nvplugin_probe_on_the_plugin_socket(
 @pytest.mark.parametrize(
     "resource", ["nvidia.com/gpu", "example.com/a100", "nvidia.com/mig-1g.10gb", "a.b/X_y.z-1"]
 )
-def test_probe_socket_is_the_one_the_plugin_serves(resource: str) -> None:
+def test_probe_glob_matches_the_socket_the_plugin_serves(resource: str) -> None:
     rendered = render({"resourceName": resource})
     command = rendered.container["readinessProbe"]["exec"]["command"]
-    assert command[3] == os.path.join(DEVICE_PLUGIN_DIR, socket_name(resource))
+    assert fnmatch.fnmatchcase(
+        os.path.join(DEVICE_PLUGIN_DIR, socket_name(resource)), f"{command[4]}/nvplugin-*.sock"
+    )
     assert rendered.env["NVPLUGIN_RESOURCE_NAME"] == resource
 
 
@@ -290,7 +299,8 @@ def test_probe_timings_come_from_values() -> None:
         }
     )
     live = rendered.container["livenessProbe"]
-    assert live["exec"]["command"][-3:] == ["--timeout", "1.5", "--live"]
+    assert live["exec"]["command"][-1] == "1.5"
+    assert '--timeout "$2" --live &&' in live["exec"]["command"][2]
     assert (live["timeoutSeconds"], live["periodSeconds"], live["failureThreshold"]) == (4, 30, 5)
 
 
@@ -346,6 +356,16 @@ def test_privileged_only_with_pass_device_specs(renders: dict[str, Rendered]) ->
     for case in set(VALUE_SETS) - {"everything"}:
         assert "privileged" not in renders[case].container["securityContext"], case
     assert "privileged" not in render({"passDeviceSpecs": False}).container["securityContext"]
+
+
+@pytest.mark.parametrize(
+    "config", [{"pass_device_specs": True}, "version: v1\npass_device_specs: true\n"]
+)
+def test_pass_device_specs_in_values_config_is_privileged_too(config: object) -> None:
+    # The plugin only sees the host's /dev/nvidia* nodes privileged, wherever the setting is made.
+    assert render({"config": config}).container["securityContext"]["privileged"] is True
+    off = render({"config": {"pass_device_specs": False}}).container["securityContext"]
+    assert "privileged" not in off
 
 
 # --- scheduling -----------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -108,15 +109,7 @@ async def _scenario(
             assert options is not None and options.pre_start_required is True
 
             for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
-                command = _on_host(rendered.container[kind]["exec"]["command"], plugin_dir, config)
-                assert command[0] == "nvplugin"  # the image's console script; here: -m nvplugin
-                probe = await asyncio.to_thread(
-                    subprocess.run,
-                    [sys.executable, "-m", "nvplugin", *command[1:]],
-                    capture_output=True,
-                    text=True,
-                    timeout=60,
-                )
+                probe = await asyncio.to_thread(_probe, rendered, kind, plugin_dir, config)
                 assert probe.returncode == 0, probe.stderr
                 assert "SERVING: registered with the kubelet, 8 of 8 GPUs healthy" in probe.stdout
             assert _metric_lines(
@@ -142,6 +135,100 @@ async def _scenario(
     assert effective["log"] == {"format": "json", "level": "debug"}
     assert effective["health"]["xids"]["ignore"] == [79]
     assert effective["health"]["recovery"]["quiet_s"] == 30
+
+
+def _probe(
+    rendered: Rendered, kind: str, plugin_dir: str, config: Path
+) -> subprocess.CompletedProcess[str]:
+    """Run a rendered probe command as the kubelet would (through ``sh``), with ``nvplugin`` on
+    PATH as in the image: here a shim running this interpreter's ``-m nvplugin``."""
+    command = _on_host(rendered.container[kind]["exec"]["command"], plugin_dir, config)
+    shim_dir = tempfile.mkdtemp(dir="/tmp", prefix="nvp-bin-")
+    try:
+        shim = Path(shim_dir, "nvplugin")
+        shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m nvplugin "$@"\n')
+        shim.chmod(0o755)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("NVPLUGIN_")}
+        env["PATH"] = f"{shim_dir}:{env.get('PATH', '/usr/bin:/bin')}"
+        return subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+    finally:
+        shutil.rmtree(shim_dir, ignore_errors=True)
+
+
+def _stale_socket(path: str) -> None:
+    """A socket file nobody listens on, as a killed plugin leaves behind."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(path)
+    sock.close()
+
+
+SPLIT_VALUES = {
+    "simulate": "mixed-a100-t4",
+    "log": {"format": "json"},
+    "config": {
+        "resources": {"gpus": [{"pattern": "*A100*", "name": "a100"}]},
+        "sharing": {
+            "timeSlicing": {"renameByDefault": True, "resources": [{"name": "gpu", "replicas": 2}]}
+        },
+    },
+}
+
+
+def test_probes_find_the_plugin_when_the_config_renames_its_sockets(
+    dirs: tuple[str, Path],
+) -> None:
+    """Resources by model and time-slicing change the socket names (here nvplugin-a100.sock and
+    nvplugin-gpu.shared.sock; no nvplugin-gpu.sock): the probes still find the plugin, and a
+    stale socket beside it does not fail them. With no plugin serving they fail."""
+    plugin_dir, work = dirs
+    rendered = render(SPLIT_VALUES)
+    config = work / "config.yaml"
+    config.write_text(rendered.config_text)
+    args = _on_host(rendered.container["args"], plugin_dir, config)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NVPLUGIN_")} | rendered.env
+    log_path = work / "serve.log"
+
+    async def scenario() -> None:
+        async with FakeKubelet(plugin_dir) as kubelet:
+            _stale_socket(os.path.join(plugin_dir, "nvplugin-aaa.sock"))  # globbed first
+            for kind in ("startupProbe", "readinessProbe"):
+                probe = await asyncio.to_thread(_probe, rendered, kind, plugin_dir, config)
+                assert probe.returncode == 1, probe.stdout  # nothing serving yet
+            with log_path.open("wb") as log:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "nvplugin", *args],
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            try:
+                try:
+                    for resource in ("nvidia.com/a100", "nvidia.com/gpu.shared"):
+                        await kubelet.wait_registered(resource, timeout=60)
+                except TimeoutError as exc:
+                    raise AssertionError(f"{exc}\n{log_path.read_text()}") from None
+                sockets = sorted(n for n in os.listdir(plugin_dir) if n.startswith("nvplugin-"))
+                assert sockets == [
+                    "nvplugin-a100.sock",
+                    "nvplugin-aaa.sock",
+                    "nvplugin-gpu.shared.sock",
+                ]
+                for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
+                    probe = await asyncio.to_thread(_probe, rendered, kind, plugin_dir, config)
+                    assert probe.returncode == 0, probe.stderr
+                    assert "answers the health check" in probe.stdout
+            finally:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+                try:
+                    code = await asyncio.to_thread(proc.wait, 20)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+                    raise
+            assert code == 0, log_path.read_text()
+
+    asyncio.run(scenario())
 
 
 def _metric_lines(log_path: Path, prefix: str) -> list[str]:

@@ -12,6 +12,7 @@ import yaml
 
 from nvplugin.allocator import POLICY_NAMES
 from nvplugin.config import LOG_FORMATS, LOG_LEVELS
+from nvplugin.plugin.responses import DEVICE_ID_STRATEGIES, DEVICE_LIST_STRATEGIES
 from tests.chart.rendering import CHART_DIR, render, render_error
 
 SCHEMA_ERROR = "values don't meet the specifications of the schema(s)"
@@ -38,6 +39,13 @@ SCHEMA_ERROR = "values don't meet the specifications of the schema(s)"
         ({"devicePluginPath": "relative/dir"}, "at '/devicePluginPath'"),
         ({"allocationPolicy": "fastest"}, "at '/allocationPolicy': value must be one of"),
         ({"deviceIDStrategy": "serial"}, "at '/deviceIDStrategy': value must be one of"),
+        ({"deviceListStrategy": "magic"}, "at '/deviceListStrategy': 'magic' does not match"),
+        ({"deviceListStrategy": "envvar,cdi"}, "at '/deviceListStrategy': 'envvar,cdi' does not"),
+        (
+            {"deviceListStrategy": ["envvar", "cdi"]},
+            "at '/deviceListStrategy/1': value must be one of 'envvar', 'volume-mounts'",
+        ),
+        ({"deviceListStrategy": 3}, "at '/deviceListStrategy': 'anyOf' failed"),
         ({"log": {"level": "trace"}}, "at '/log/level': value must be one of"),
         ({"resourceNmae": "x"}, "additional properties 'resourceNmae' not allowed"),
         ({"health": {"enable": True}}, "at '/health': additional properties 'enable' not allowed"),
@@ -125,6 +133,13 @@ def test_values_that_cannot_work_together_fail_with_a_clear_message(
     assert message in error
 
 
+@pytest.mark.parametrize(
+    "value", ["", "envvar", "envvar,cdi-cri", "volume-mounts, cdi-annotations", ["cdi-cri"]]
+)
+def test_valid_device_list_strategies_render(value: object) -> None:
+    render({"deviceListStrategy": value})
+
+
 def test_the_same_setting_in_both_places_is_fine() -> None:
     rendered = render(
         {
@@ -161,6 +176,10 @@ def _schema() -> dict[str, Any]:
 
 def test_schema_choices_are_the_plugins() -> None:
     props = _schema()["properties"]
+    string, array = props["deviceListStrategy"]["anyOf"]
+    assert array["items"]["enum"] == list(DEVICE_LIST_STRATEGIES)
+    assert string["pattern"].count("|".join(DEVICE_LIST_STRATEGIES)) == 2
+    assert props["deviceIDStrategy"]["enum"] == ["", *DEVICE_ID_STRATEGIES]
     assert props["allocationPolicy"]["enum"] == ["", *POLICY_NAMES]
     assert props["log"]["properties"]["format"]["enum"] == ["", *LOG_FORMATS]
     assert props["log"]["properties"]["level"]["enum"] == ["", *LOG_LEVELS]

@@ -297,6 +297,10 @@ def test_strategy_keys_from_env_and_flags() -> None:
         ("device_id_strategy: serial\n", "'serial' is not one of uuid, index"),
         ("pass_device_specs: yes please\n", 'key "pass_device_specs": expected true or false'),
         ("cdi_annotation_prefix: cdi.k8s.io\n", "must end with '/'"),
+        (
+            "dev_root: run/nvidia/driver\n",
+            "key \"dev_root\": 'run/nvidia/driver' is not an absolute",
+        ),
         ("cdi_annotation_prefix: Not_A_Domain/\n", "cannot prefix an annotation key"),
     ],
 )

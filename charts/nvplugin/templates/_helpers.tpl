@@ -255,20 +255,22 @@ can only see its content at install/upgrade time in a cluster (lookup; empty off
 {{- end }}
 
 {{/*
-The exec probe: the plugin's gRPC health service on its socket answers SERVING, or (live) answers
-at all. args: socket, live (bool), Values.
+The exec probe: the plugin's gRPC health service answers SERVING, or (live) answers at all, on
+one of its sockets. Which sockets a node has depends on the config and the node's GPUs, not on
+resourceName alone: resources.gpus can leave the default resource empty on a node (not served),
+and time-slicing renames it (nvplugin-gpu.shared.sock). So the probe tries every
+<devicePluginPath>/nvplugin-*.sock and passes on the first that answers: a socket left behind by
+a killed pod (nobody listening) cannot fail it while the plugin serves another. args: live (bool),
+Values.
 */}}
 {{- define "nvplugin.probeCommand" -}}
 exec:
   command:
-    - nvplugin
-    - probe
-    - --socket
-    - {{ .socket }}
-    - --timeout
+    - sh
+    - -c
+    - {{ printf "for s in \"$1\"/nvplugin-*.sock; do nvplugin probe --socket \"$s\" --timeout \"$2\"%s && exit 0; done; exit 1" (ternary " --live" "" .live) | quote }}
+    - nvplugin-probe
+    - {{ trimSuffix "/" .Values.devicePluginPath | quote }}
     - {{ .Values.probes.rpcTimeoutSeconds | quote }}
-    {{- if .live }}
-    - --live
-    {{- end }}
 timeoutSeconds: {{ .Values.probes.timeoutSeconds }}
 {{- end }}
