@@ -18,8 +18,16 @@ POLICY_NAMES: tuple[str, ...] = ("best-effort", "simple")
 """Policy names as config files and ``--policy`` spell them; the first is the default."""
 
 
+def check_policy_name(name: str) -> None:
+    """Raise InputError naming ``name`` and the known policies unless it is one of them (cheap:
+    callers check before any precomputation)."""
+    if name not in POLICY_NAMES:
+        raise InputError(f"unknown allocation policy {name!r}; have: {', '.join(POLICY_NAMES)}")
+
+
 def make_policy(name: str, topology: Topology) -> Policy:
     """The named policy over ``topology``, with its start-up precomputation done."""
+    check_policy_name(name)
     if name == "best-effort":
         from nvplugin.allocator.besteffort import BestEffort
 
@@ -28,7 +36,7 @@ def make_policy(name: str, topology: Topology) -> Policy:
         from nvplugin.allocator.simple import Simple
 
         return Simple(topology)
-    raise InputError(f"unknown allocation policy {name!r}; have: {', '.join(POLICY_NAMES)}")
+    raise AssertionError(f"policy {name!r} is listed in POLICY_NAMES but not made here")
 
 
 def explain_allocation(
@@ -59,6 +67,7 @@ __all__ = [
     "Allocation",
     "AllocationError",
     "Policy",
+    "check_policy_name",
     "explain_allocation",
     "make_policy",
 ]

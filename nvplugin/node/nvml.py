@@ -202,12 +202,14 @@ class Nvml:
         links: list[list[Link | None]] = [[None] * count for _ in range(count)]
         for i in range(count):
             for j in range(i + 1, count):
-                level = _call(
-                    f"read the PCIe relation of GPU {i} and GPU {j}",
-                    pynvml.nvmlDeviceGetTopologyCommonAncestor,
-                    handles[i],
-                    handles[j],
-                )
+                try:
+                    level = pynvml.nvmlDeviceGetTopologyCommonAncestor(handles[i], handles[j])
+                except pynvml.NVMLError_NotSupported:
+                    # Some virtual machines (vGPU) cannot tell. Assume the weakest relation, so
+                    # no pair is preferred on PCIe grounds, rather than refuse to run at all.
+                    level = pynvml.NVML_TOPOLOGY_SYSTEM
+                except pynvml.NVMLError as exc:
+                    raise _failure(exc, f"read the PCIe relation of GPU {i} and GPU {j}") from None
                 pcie = _LEVEL_TO_PCIE.get(level)
                 if pcie is None:
                     raise NvpluginError(
@@ -260,7 +262,11 @@ class Nvml:
             peer = by_pci.get(pci_key(_text(remote.busId)))
             try:
                 kind = pynvml.nvmlDeviceGetNvLinkRemoteDeviceType(handle, link)
-            except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound):
+            except (
+                pynvml.NVMLError_NotSupported,
+                pynvml.NVMLError_InvalidArgument,
+                pynvml.NVMLError_FunctionNotFound,
+            ):
                 # Older drivers: a link whose far end is a known GPU is a GPU link.
                 kind = pynvml.NVML_NVLINK_DEVICE_TYPE_GPU if peer is not None else None
             except pynvml.NVMLError as exc:

@@ -201,6 +201,72 @@ links: |
     assert topo == spec.topology()
 
 
+@pytest.mark.parametrize("error", ["NOT_SUPPORTED", "INVALID_ARGUMENT"])
+def test_per_link_errors_are_skipped_not_fatal(error: str) -> None:
+    """A link whose state or remote PCI info NVML refuses is skipped; a link whose remote type
+    NVML refuses counts as a GPU link when its far end is a known GPU (older drivers)."""
+    spec = load_node("dgx-1")
+    code = getattr(pynvml, f"NVML_ERROR_{error}")
+    with SimulatedNvml(spec) as sim:
+        state, remote_type = (
+            pynvml.nvmlDeviceGetNvLinkState,
+            pynvml.nvmlDeviceGetNvLinkRemoteDeviceType,
+        )
+        first = pynvml.nvmlDeviceGetHandleByIndex
+
+        def refuse_link_0_of_gpu_0(handle: object, link: int) -> int:
+            if link == 0 and nvml_module._address(handle) == nvml_module._address(gpu0):
+                raise pynvml.NVMLError(code)
+            result: int = state(handle, link)
+            return result
+
+        def refuse_every_type(handle: object, link: int) -> int:
+            raise pynvml.NVMLError(code)
+
+        pynvml.nvmlInit()
+        gpu0 = first(0)
+        pynvml.nvmlShutdown()
+        pynvml.nvmlDeviceGetNvLinkState = refuse_link_0_of_gpu_0
+        pynvml.nvmlDeviceGetNvLinkRemoteDeviceType = refuse_every_type
+        try:
+            topo = Nvml(sim.sysfs_root).discover("dgx-1")
+        finally:
+            pynvml.nvmlDeviceGetNvLinkState = state
+            pynvml.nvmlDeviceGetNvLinkRemoteDeviceType = remote_type
+    # GPU0's link 0 (to GPU1) is gone from GPU0's side, but GPU1 still sees it: max of the ends.
+    assert topo == spec.topology()
+
+
+def test_pcie_relation_not_supported_falls_back_to_sys() -> None:
+    """A VM whose NVML cannot report the common ancestor still runs: every pair SYS, NVLinks
+    kept. Any other failure of that call stays fatal, with the pair named."""
+    spec = load_node("dgx-1")
+    with SimulatedNvml(spec) as sim:
+        original = pynvml.nvmlDeviceGetTopologyCommonAncestor
+
+        def refuse(code: int) -> object:
+            def call(a: object, b: object) -> int:
+                raise pynvml.NVMLError(code)
+
+            return call
+
+        try:
+            pynvml.nvmlDeviceGetTopologyCommonAncestor = refuse(pynvml.NVML_ERROR_NOT_SUPPORTED)
+            topo = Nvml(sim.sysfs_root).discover("vm")
+            pynvml.nvmlDeviceGetTopologyCommonAncestor = refuse(pynvml.NVML_ERROR_UNKNOWN)
+            nvml = Nvml(sim.sysfs_root)
+            with pytest.raises(NvpluginError, match="PCIe relation of GPU 0 and GPU 1"):
+                nvml.discover("vm")
+            nvml.close()
+        finally:
+            pynvml.nvmlDeviceGetTopologyCommonAncestor = original
+    expected = spec.topology()
+    assert [link.pcie for _, _, link in topo.pairs()] == [Pcie.SYS] * 28
+    assert [link.nvlinks for _, _, link in topo.pairs()] == [
+        link.nvlinks for _, _, link in expected.pairs()
+    ]
+
+
 def test_sim_counts_calls_and_raises_on_unmodelled_functions() -> None:
     with open_node("workstation-4gpu") as node:
         assert node.sim is not None

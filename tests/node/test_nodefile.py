@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from nvplugin.errors import InputError
 from nvplugin.node import open_node
-from nvplugin.node.model import Link, Pcie
+from nvplugin.node.model import MAX_NVLINKS, Link, Pcie
 from nvplugin.node.nodefile import builtin_names, load_node, parse_node
 
 GOOD = """version: 1
@@ -301,11 +301,18 @@ def node_files(draw: st.DrawFn) -> tuple[str, dict[str, object]]:
     with_bus = [draw(st.booleans()) for _ in range(n)]
     cells = [["X"] * n for _ in range(n)]
     links: list[list[tuple[str, int] | None]] = [[None] * n for _ in range(n)]
+    # NVLinks each GPU may still take (direct links + nvswitch_links <= 18, or the file is bad).
+    budget = [MAX_NVLINKS - f for f in fabric]
     for i in range(n):
         for j in range(i + 1, n):
             pcie = draw(st.sampled_from(PCIE))
             both = fabric[i] and fabric[j]
-            nv = min(fabric[i], fabric[j]) if both else draw(st.integers(0, 2))
+            if both:
+                nv = min(fabric[i], fabric[j])
+            else:
+                nv = draw(st.integers(0, min(2, budget[i], budget[j])))
+                budget[i] -= nv
+                budget[j] -= nv
             default = Pcie.NODE if numa[i] is not None and numa[i] == numa[j] else Pcie.SYS
             if nv and pcie == default and draw(st.booleans()):
                 cell = f"NV{nv}"  # the PCIe part left to the default rule
