@@ -176,9 +176,16 @@ class HealthMonitor:
                 except Exception as exc:  # EventWaitError, or anything NVML threw at us
                     self._fail("nvml event wait failed", exc)
                     continue
-                for event in events:
-                    self._apply(event)
-                self._try_recover()
+                try:
+                    for event in events:
+                        self._apply(event)
+                    self._try_recover()
+                except Exception as exc:
+                    # A bug or an NVML surprise must not end the thread: health would freeze
+                    # at its last value. Treat it as an NVML failure (every GPU Unhealthy) and
+                    # rebuild the event set with backoff, as after a failed wait.
+                    _log.error("health monitor cycle failed", error=repr(exc))
+                    self._fail("health monitor cycle failed", exc)
         finally:
             self._close_watcher()
 

@@ -412,6 +412,22 @@ def test_a_failing_callback_does_not_end_monitoring(nvml: FakeNvml) -> None:
         m.stop()
 
 
+def test_an_unexpected_error_in_a_cycle_does_not_end_monitoring(
+    nvml: FakeNvml, changes: Changes
+) -> None:
+    m = monitor(nvml, changes)
+    m.start()
+    try:
+        assert m.health == healthy(4)
+        nvml.script.put([None])  # type: ignore[list-item]  # makes _apply raise
+        assert changes.next() == healthy(4, 0, 1, 2, 3)  # as an NVML failure: all Unhealthy
+        assert changes.next() == healthy(4)  # event set rebuilt, previous state back
+        nvml.script.put([GpuEvent(1, xid=48)])
+        assert changes.next() == healthy(4, 1)  # still monitoring
+    finally:
+        m.stop()
+
+
 # --- through the simulated NVML -----------------------------------------------------------
 
 BUILTIN = Path(nvplugin.node.__file__).parent / "nodes" / "workstation-4gpu.yaml"
