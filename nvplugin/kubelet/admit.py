@@ -347,7 +347,8 @@ class Admission:
             f"{self.plugin.describe_exit()} before pod {before!r} was admitted; the kubelet "
             "marked its GPUs unhealthy, so from then on pods that need GPUs are rejected"
         )
-        _log.warning("device plugin gone", detail=self.plugin_failure)
+        # Info, not warning: ``nvplugin admit`` itself reports this to the user (once).
+        _log.info("device plugin gone", detail=self.plugin_failure)
 
     async def admit(self, pod: Pod) -> PodResult:
         await self._check_plugin(pod.name)

@@ -258,3 +258,60 @@ def test_plugin_dying_mid_run_rejects_later_pods_with_the_kubelet_message() -> N
         assert (later["reason"], later["message"]) == ("UnexpectedAdmissionError", message)
     assert "the device plugin (nvplugin serve, pid" in done.stderr
     assert "was killed by signal 9 before pod 'second' was admitted" in done.stderr
+
+
+SIDECAR_POD = """\
+apiVersion: v1
+kind: Pod
+metadata: {name: side}
+spec:
+  initContainers:
+    - name: init1
+      resources: {limits: {nvidia.com/gpu: 3, cpu: "2", memory: 1Gi}}
+    - name: sidecar
+      restartPolicy: Always
+      resources: {limits: {nvidia.com/gpu: 1, cpu: "1", memory: 1Gi}}
+    - name: init2
+      resources: {limits: {nvidia.com/gpu: 2, cpu: "4", memory: 1Gi}}
+  containers:
+    - name: main
+      resources: {limits: {nvidia.com/gpu: 2, cpu: "2", memory: 1Gi}}
+"""
+
+
+def test_sidecar_pod_scope_restricted_with_static_cpus() -> None:
+    # Effective pod request: max(2 + 1, max(3, 1 + 2)) = 3 GPUs, which fit NUMA node 0 of a
+    # DGX-1 (four GPUs per node). Init containers' devices and CPUs are reused by later
+    # containers; the sidecar keeps its own, so the main container may not share them.
+    path = pods(SIDECAR_POD, gpu_pod("pair", 2), gpu_pod("three", 3))
+    side, pair, three = admit_json(
+        "--simulate",
+        "dgx-1",
+        "--topology-manager-policy",
+        "restricted",
+        "--topology-manager-scope",
+        "pod",
+        "--cpu-manager-policy",
+        "static",
+        "--reserved-cpus",
+        "0",
+        path,
+    )
+    topo = load_topology("dgx-1")
+    assert side["admitted"], side
+    c = {x["name"]: x for x in side["containers"]}
+    assert [x["name"] for x in side["containers"]] == ["init1", "sidecar", "init2", "main"]
+    assert all(x["numa_nodes"] == [0] for x in c.values())
+    gpus = {name: set(x["gpu_indices"]) for name, x in c.items()}
+    assert len(gpus["init1"]) == 3 and all(topo.gpus[i].numa_node == 0 for i in gpus["init1"])
+    assert len(gpus["sidecar"]) == 1 and gpus["sidecar"] < gpus["init1"]
+    assert gpus["init2"] == gpus["main"] == gpus["init1"] - gpus["sidecar"]
+    cpus = {name: set(x["cpus"]) for name, x in c.items()}
+    assert [len(cpus[n]) for n in ("init1", "sidecar", "init2", "main")] == [2, 1, 4, 2]
+    assert cpus["main"] <= cpus["init2"] and not cpus["sidecar"] & (cpus["init2"] | cpus["main"])
+    assert 0 not in set().union(*cpus.values())  # reserved
+    assert set().union(*cpus.values()) <= set(topo.cpus.on_node(0))
+    # Three GPUs of NUMA node 0 are held: a pair fits node 1 ...
+    assert pair["admitted"] and pair["containers"][0]["numa_nodes"] == [1]
+    # ... and three more cannot come from one node any more.
+    assert (three["admitted"], three["reason"], three["message"]) == (False, *AFFINITY)
