@@ -145,12 +145,12 @@ def preferred(
     """
     import json
 
-    from nvplugin.allocator import explain_allocation, make_policy
+    from nvplugin.allocator import check_policy_name, explain_allocation
     from nvplugin.allocator import report as allocator_report
     from nvplugin.node import load_topology
 
+    check_policy_name(policy)  # unknown policy names fail before any work
     topology = load_topology(simulate)
-    make_policy(policy, topology)  # unknown policy names fail before any work
     free = (
         tuple(range(len(topology)))
         if available is None

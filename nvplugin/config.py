@@ -251,6 +251,11 @@ def _address_rule(value: object) -> str | None:
     return address_problem(str(value))
 
 
+def _absolute_rule(value: object) -> str | None:
+    # DeviceSpecs' host paths are <dev_root>/dev/<name>: the kubelet needs them absolute.
+    return None if str(value).startswith("/") else f"{value!r} is not an absolute path"
+
+
 def _cdi_prefix_rule(value: object) -> str | None:
     return cdi_annotation_prefix_problem(str(value))
 
@@ -279,7 +284,7 @@ KEYS: tuple[Key, ...] = (
     Key("device_list_strategy", STRATEGIES, DEFAULT_DEVICE_LIST_STRATEGY, flag=True),
     Key("device_id_strategy", STRING, "uuid", flag=True, choices=DEVICE_ID_STRATEGIES),
     Key("pass_device_specs", BOOL, False, flag=True),
-    Key("dev_root", STRING, DEFAULT_DEV_ROOT, flag=True),
+    Key("dev_root", STRING, DEFAULT_DEV_ROOT, flag=True, rule=_absolute_rule),
     Key(
         "cdi_annotation_prefix",
         STRING,

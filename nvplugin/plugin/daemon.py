@@ -19,7 +19,9 @@ reach must be restarted, not kept as a zombie.
 
 NVML failing at start: with ``fail_on_init_error`` the error propagates (the CLI prints it and
 exits 1); without, the daemon keeps running with no devices, retries discovery every
-``discovery_retry_s`` seconds and registers once GPUs appear.
+``discovery_retry_s`` seconds and registers once GPUs appear. Meanwhile (and while NVML finds no
+GPU) it serves its socket unregistered, so that the health service answers probes NOT_SERVING
+instead of the liveness probe finding no socket and restarting the plugin in a loop.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import contextlib
 import dataclasses
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from nvplugin.allocator import Policy, make_policy
@@ -42,11 +44,14 @@ from nvplugin.plugin import healthservice
 from nvplugin.plugin.healthservice import HealthServiceSettings, PluginHealthService
 from nvplugin.plugin.metrics import Metrics, MetricsServer
 from nvplugin.plugin.registration import SERVE_AGAIN_GIVE_UP_S, DirWatcher, Registrar
-from nvplugin.plugin.resources import ServedResource, plan_resources
+from nvplugin.plugin.resources import ServedResource, plan_resources, socket_name
 from nvplugin.plugin.responses import Responder, make_responder
 from nvplugin.plugin.server import DevicePluginService, PluginSocket
 
 DISCOVERY_RETRY_S = 30.0
+WAITING_CHECK_S = 1.0
+"""While waiting for GPUs, how often the daemon checks that its socket is still there (a kubelet
+restart removes it; the liveness probe needs it)."""
 STOP_GRACE_S = 0.3
 """How long in-flight unary RPCs get at shutdown; streams are ended at once."""
 
@@ -108,6 +113,8 @@ class Daemon:
         self._resources: list[_Resource] = []  # one per served resource name, GPU index order
         self._watcher: DirWatcher | None = None
         self._watcher_task: asyncio.Task[None] | None = None
+        # While no GPU is discovered: the health service alone on the plugin socket.
+        self._waiting: tuple[DevicePluginService, PluginHealthService, PluginSocket] | None = None
 
     @property
     def node(self) -> NodeSession | None:
@@ -220,13 +227,62 @@ class Daemon:
                         gpus=len(node.topology.gpus),
                         simulated=node.sim is not None,
                     )
+                    await self._stop_waiting()
                     return node
                 node.close()
                 self._log.warning("no GPUs found; waiting", retry_s=self._discovery_retry_s)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self._discovery_retry_s):
-                    await self._stop.wait()
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self._discovery_retry_s
+            while not self._stop.is_set() and loop.time() < deadline:
+                await self._serve_waiting()  # again at once if a kubelet restart removed it
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(min(WAITING_CHECK_S, deadline - loop.time())):
+                        await self._stop.wait()
         return None
+
+    async def _serve_waiting(self) -> None:
+        """Serve the plugin socket with no devices while discovery waits for GPUs.
+
+        Only the health service matters on it: it answers NOT_SERVING (not registered, no GPU),
+        so the chart's liveness and startup probes (``nvplugin probe --live``) see a live plugin
+        and do not restart it in a loop -- with ``fail_on_init_error: false`` the point is to
+        stay up -- while readiness shows it is not ready. It is not registered: there is
+        nothing to advertise. Another live process on the path is the usual start-up error.
+        """
+        if self._waiting is not None and self._waiting[2].intact():
+            return
+        await self._stop_waiting()
+        config = self.config
+        name = config.resource_name
+        service = DevicePluginService(name, (), _NoGpus())
+        health_service = PluginHealthService(name, _health_service_settings(config))
+        service.watch_health(health_service.set_health)
+        self.metrics.set_serving(name, False)
+        sock = PluginSocket(
+            os.path.join(config.device_plugin_dir, socket_name(name)),
+            service,
+            extra_services=[lambda server: healthservice.add_to_server(health_service, server)],
+            interceptors=[self.metrics.interceptor(name)],
+        )
+        try:
+            _make_dir(config.device_plugin_dir)
+            await sock.start()
+        except BaseException:
+            service.close()
+            health_service.close()
+            raise
+        self._waiting = (service, health_service, sock)
+        self._log.info(
+            "serving the health service only (unregistered) until GPUs appear", socket=sock.path
+        )
+
+    async def _stop_waiting(self) -> None:
+        waiting, self._waiting = self._waiting, None
+        if waiting is not None:
+            service, health_service, sock = waiting
+            service.close()
+            health_service.close()
+            await sock.stop(0)
 
     # --- resources ---
 
@@ -244,7 +300,7 @@ class Daemon:
             self._log.warning("config has no effect on this node", reason=warning)
         if plan.empty:
             self._log.info("not serving resources without GPUs", resources=list(plan.empty))
-        os.makedirs(config.device_plugin_dir, mode=0o750, exist_ok=True)
+        _make_dir(config.device_plugin_dir)
         watcher = await self._ensure_watcher(config.device_plugin_dir)
         # One policy for the node: each resource asks it about its own GPUs' indices.
         policy: asyncio.Future[Policy] = loop.run_in_executor(
@@ -499,12 +555,35 @@ class Daemon:
         )
 
     async def _shutdown(self) -> None:
+        await self._stop_waiting()
         await self._stop_resource(keep_health=False)
         self._stop_metrics()
         await self._stop_watcher()
         if self._node is not None:
             node, self._node = self._node, None
             await asyncio.to_thread(node.close)
+
+
+def _make_dir(directory: str) -> None:
+    """Create the device-plugin directory (0750, as the kubelet does) if it is missing."""
+    try:
+        os.makedirs(directory, mode=0o750, exist_ok=True)
+    except OSError as exc:  # a message and exit 1 (or, on SIGHUP, the previous config)
+        raise NvpluginError(
+            f"cannot create the device-plugin directory {directory}: {exc.strerror or exc}"
+        ) from None
+
+
+class _NoGpus:
+    """The policy of the socket served while no GPU is discovered: it advertises no device, so
+    every well-formed request is impossible (and names only unknown IDs before it gets here)."""
+
+    name = "none"
+
+    def allocate(
+        self, available: Sequence[int], must_include: Sequence[int], size: int
+    ) -> list[int]:
+        return []
 
 
 def _health_service_settings(config: Config) -> HealthServiceSettings:

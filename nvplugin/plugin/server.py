@@ -369,8 +369,12 @@ class PluginSocket:
             raise NvpluginError(f"cannot serve on {self.path}: {exc}") from None
         if not bound:
             raise NvpluginError(f"cannot serve on {self.path}: gRPC could not bind it")
-        os.chmod(self.path, 0o600)
-        info = os.stat(self.path)
+        try:
+            os.chmod(self.path, 0o600)
+            info = os.stat(self.path)
+        except OSError as exc:  # a kubelet restart deleted it between bind and chmod: retry
+            await server.stop(None)
+            raise NvpluginError(f"cannot serve on {self.path}: {exc.strerror or exc}") from None
         self._inode = (info.st_dev, info.st_ino)
         await server.start()
         self._server = server

@@ -7,6 +7,8 @@ import asyncio
 import os
 import signal
 import stat
+import subprocess
+import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -517,6 +519,16 @@ def test_second_serve_on_the_same_socket_exits_1() -> None:
     run(body)
 
 
+def test_a_device_plugin_dir_that_cannot_be_created_exits_1() -> None:
+    blocker = Path(new_dir()) / "a-file"
+    blocker.write_text("")
+    result = run_serve("--simulate", "workstation-4gpu", "--device-plugin-dir", str(blocker))
+    assert result.returncode == 1, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last == f"error: cannot create the device-plugin directory {blocker}: File exists"
+    assert "Traceback" not in result.stderr
+
+
 def test_stale_socket_is_replaced() -> None:
     import socket as sockets
 
@@ -562,6 +574,7 @@ def test_nvml_init_failure() -> None:
 
     async def body() -> None:
         serve = Serve(directory, "--no-fail-on-init-error", "--discovery-retry-s", "0.2")
+        path = os.path.join(directory, SOCKET)
         try:
             if result is None:
                 await serve.wait_log("serving")
@@ -569,8 +582,24 @@ def test_nvml_init_failure() -> None:
             await serve.wait_log("nvml init failed; running with no devices")
             await asyncio.sleep(0.6)
             assert len(serve.events("nvml init failed; running with no devices")) >= 2
-            assert not os.path.exists(os.path.join(directory, SOCKET))
+            # Unregistered, but alive for the chart's liveness probe: NOT_SERVING, not absent.
+            assert (
+                len(
+                    serve.events("serving the health service only (unregistered) until GPUs appear")
+                )
+                == 1
+            )
+            probe = await asyncio.to_thread(
+                subprocess.run,
+                [sys.executable, "-m", "nvplugin", "probe", "--live", "--socket", path],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            assert probe.returncode == 0, probe.stderr
+            assert "NOT_SERVING: not registered with the kubelet" in probe.stdout
         finally:
             assert serve.stop() == 0
+        assert not os.path.exists(path)
 
     run(body)

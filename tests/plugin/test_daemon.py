@@ -6,7 +6,9 @@ import asyncio
 import os
 import tempfile
 
+import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from nvplugin.config import load_config
 from nvplugin.errors import NvpluginError
@@ -63,7 +65,20 @@ def test_with_fail_on_init_error_the_error_propagates() -> None:
     asyncio.run(asyncio.wait_for(body(), 30))
 
 
+async def health_check(path: str) -> tuple[int, str]:
+    async with grpc.aio.insecure_channel(f"unix:{path}") as channel:
+        call = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service=""), timeout=5
+        )
+        answer = await call
+        reason = dict(await call.trailing_metadata() or ()).get("nvplugin-reason", "")
+    return answer.status, str(reason)
+
+
 def test_stop_while_waiting_for_gpus() -> None:
+    """While NVML fails, the socket answers the health service NOT_SERVING (liveness probes see
+    a live plugin), is served again when a kubelet restart removes it, and goes at stop."""
+
     async def body() -> None:
         directory = tempfile.mkdtemp(dir="/tmp")
         config = load_config(
@@ -71,8 +86,24 @@ def test_stop_while_waiting_for_gpus() -> None:
         )
         daemon = Daemon(config, discovery_retry_s=30, opener=FlakyNvml(failures=100))
         task = asyncio.create_task(daemon.run(handle_signals=False))
-        await asyncio.sleep(0.2)
+        path = os.path.join(directory, "nvplugin-gpu.sock")
+        for _ in range(200):
+            if os.path.exists(path):
+                break
+            await asyncio.sleep(0.01)
+        status, reason = await health_check(path)
+        assert status == health_pb2.HealthCheckResponse.NOT_SERVING
+        assert reason.startswith("not registered with the kubelet")
+        async with FakeKubelet(directory):  # deletes every socket, as the kubelet's start does
+            assert not os.path.exists(path)
+            for _ in range(300):
+                if os.path.exists(path):
+                    break
+                await asyncio.sleep(0.01)
+            status, _ = await health_check(path)
+            assert status == health_pb2.HealthCheckResponse.NOT_SERVING
         daemon.stop()
         assert await asyncio.wait_for(task, 2) == 0
+        assert not os.path.exists(path)
 
     asyncio.run(asyncio.wait_for(body(), 30))

@@ -364,3 +364,38 @@ def test_a_file_that_is_not_a_socket_is_left_alone() -> None:
         claim_socket_path(path)
     with open(path) as kept:
         assert kept.read() == "mine"
+
+
+def test_socket_deleted_between_bind_and_chmod_is_an_error_to_retry(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A kubelet restart can delete the socket right after gRPC bound it: start() must raise
+    NvpluginError (the registrar retries it), not an OSError that would end the daemon."""
+
+    async def body() -> None:
+        directory = tempfile.mkdtemp(dir="/tmp")
+        path = os.path.join(directory, "nvplugin-gpu.sock")
+        topology = load_topology("workstation-4gpu")
+        service = DevicePluginService(
+            "nvidia.com/gpu", topology.gpus, make_policy("simple", topology)
+        )
+        sock = PluginSocket(path, service)
+        real_chmod = os.chmod
+
+        def deleted_first(target: str, mode: int) -> None:
+            os.unlink(target)  # what the kubelet does on start
+            real_chmod(target, mode)
+
+        monkeypatch.setattr("nvplugin.plugin.server.os.chmod", deleted_first)
+        with pytest.raises(NvpluginError, match=r"cannot serve on .*No such file"):
+            await sock.start()
+        assert not sock.intact()
+        monkeypatch.undo()
+        await sock.start()  # the retry serves again
+        async with grpc.aio.insecure_channel(f"unix:{path}") as channel:
+            await api_pb2_grpc.DevicePluginStub(channel).GetDevicePluginOptions(api_pb2.Empty())
+        service.close()
+        await sock.stop()
+        assert not os.path.exists(path)
+
+    run(body)
