@@ -111,16 +111,42 @@ class Serve:
         self.wait()
 
 
-def run_serve(*args: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
-    """``nvplugin serve ARGS`` to completion (for the start-up failures)."""
+def run_nvplugin(command: str, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """``nvplugin COMMAND ARGS`` to completion, without the caller's NVPLUGIN_* settings."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("NVPLUGIN_")}
     return subprocess.run(
-        [sys.executable, "-m", "nvplugin", "serve", *args],
+        [sys.executable, "-m", "nvplugin", command, *args],
         capture_output=True,
         text=True,
         timeout=timeout,
         env=env,
     )
+
+
+def run_serve(*args: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
+    """``nvplugin serve ARGS`` to completion (for the start-up failures)."""
+    return run_nvplugin("serve", *args, timeout=timeout)
+
+
+def admit(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """``nvplugin admit ARGS`` to completion."""
+    return run_nvplugin("admit", *args, timeout=timeout)
+
+
+def admit_json(*args: str) -> list[dict[str, Any]]:
+    """``nvplugin admit --output json ARGS``: must succeed; its parsed results."""
+    done = admit("--output", "json", *args)
+    assert done.returncode == 0, done.stderr
+    result: list[dict[str, Any]] = json.loads(done.stdout)
+    return result
+
+
+def pods_file(text: str) -> str:
+    """Write a pod manifest to a temporary file; its path."""
+    fd, path = tempfile.mkstemp(dir="/tmp", suffix=".yaml")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    return path
 
 
 def new_dir() -> str:

@@ -4,44 +4,15 @@ drives it with the fake kubelet over real sockets; results checked against the k
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from nvplugin.node import load_topology
+from tests.e2e.serving import admit, admit_json, pods_file
 
 SAMPLES = Path(__file__).resolve().parents[2] / "nvplugin" / "kubelet" / "samples"
 AFFINITY = ("TopologyAffinityError", "Resources cannot be allocated with Topology locality")
-
-
-def admit(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NVPLUGIN_")}
-    return subprocess.run(
-        [sys.executable, "-m", "nvplugin", "admit", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
-
-
-def admit_json(*args: str) -> list[dict[str, Any]]:
-    done = admit("--output", "json", *args)
-    assert done.returncode == 0, done.stderr
-    result: list[dict[str, Any]] = json.loads(done.stdout)
-    return result
-
-
-def pods_file(text: str) -> str:
-    fd, path = tempfile.mkstemp(dir="/tmp", suffix=".yaml")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    return path
 
 
 def gpu_pod(name: str, gpus: int | str, extra: str = "") -> str:

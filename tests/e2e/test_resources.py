@@ -8,14 +8,10 @@ the effective-config log; config errors exit 2 naming the key; and the kubelet's
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
-import subprocess
-import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -25,7 +21,7 @@ from nvplugin.kubelet.kubelet import FakeKubelet
 from nvplugin.kubelet.pods import load_pods
 from nvplugin.node import load_topology
 from nvplugin.plugin.sharing import replica_id
-from tests.e2e.serving import Serve, new_dir, node_file, run_serve
+from tests.e2e.serving import Serve, admit_json, new_dir, node_file, pods_file, run_serve
 
 NODE = "mixed-a100-t4"
 TOPOLOGY = load_topology(NODE)
@@ -314,24 +310,11 @@ def test_sighup_splits_and_joins_resources() -> None:
     run(body)
 
 
-def admit_json(config: str, pods: str, *flags: str) -> list[dict[str, Any]]:
-    """Run ``nvplugin admit --config`` (a real process) and return its JSON results."""
-    pods_path = os.path.join(new_dir(), "pods.yaml")
-    Path(pods_path).write_text(pods)
-    command = [sys.executable, "-m", "nvplugin", "admit", "--simulate", NODE, *flags]
-    command += ["--config", config_file(config), "--output", "json", pods_path]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    results: list[dict[str, Any]] = json.loads(done.stdout)
-    return results
-
-
 def test_nvplugin_admit_places_an_a100_pod_on_a100s_only() -> None:
     """The same story through the command users run: ``nvplugin admit --config``."""
-    results = {
-        r["pod"]: r
-        for r in admit_json(TWO_MODELS, PODS, "--topology-manager-policy", "single-numa-node")
-    }
+    flags = ("--simulate", NODE, "--config", config_file(TWO_MODELS))
+    policy = ("--topology-manager-policy", "single-numa-node")
+    results = {r["pod"]: r for r in admit_json(*flags, *policy, pods_file(PODS))}
     a100_indices = {g.index for g in TOPOLOGY.gpus if "A100" in g.name}
     t4_indices = {g.index for g in TOPOLOGY.gpus if "T4" in g.name}
     [trainer] = results["trainer"]["containers"]
@@ -353,7 +336,7 @@ def test_nvplugin_admit_with_time_sliced_replicas() -> None:
         "apiVersion: v1\nkind: Pod\nmetadata: {name: share}\nspec:\n  containers:\n"
         "    - name: main\n      resources:\n        limits: {nvidia.com/t4-shared: 1}\n"
     )
-    [result] = admit_json(T4_SHARED, pod)
+    [result] = admit_json("--simulate", NODE, "--config", config_file(T4_SHARED), pods_file(pod))
     [container] = result["containers"]
     assert result["admitted"] is True
     [replica] = container["devices"]["nvidia.com/t4-shared"]
