@@ -4,28 +4,21 @@ config keys that choose them (file, env, flags) and their errors."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from collections.abc import Sequence
 from itertools import combinations
 from pathlib import Path
 
-import grpc
 import pytest
 
-from nvplugin.allocator import make_policy
 from nvplugin.config import Config, load_config
 from nvplugin.errors import InputError
 from nvplugin.node import load_topology
-from nvplugin.node.model import Topology
-from nvplugin.plugin.api.v1beta1 import api_pb2, api_pb2_grpc
+from nvplugin.plugin.api.v1beta1 import api_pb2
 from nvplugin.plugin.responses import Responder, make_responder
-from nvplugin.plugin.server import DevicePluginService, PluginSocket
-from nvplugin.plugin.sharing import NOT_SHARED, Replicas
+from tests.plugin.serving import run, serving
 
 STRATEGIES = ("envvar", "volume-mounts", "cdi-annotations", "cdi-cri")
 COMBINATIONS = [c for n in range(1, 5) for c in combinations(STRATEGIES, n)]
@@ -33,48 +26,6 @@ ENV = "NVIDIA_VISIBLE_DEVICES"
 MOUNT_ROOT = "/var/run/nvidia-container-devices"
 ANNOTATION = re.compile(r"^cdi\.k8s\.io/nvplugin_[0-9a-f]{16}$")
 TOPOLOGY = load_topology("workstation-4gpu")
-
-
-@dataclass
-class Served:
-    service: DevicePluginService
-    stub: api_pb2_grpc.DevicePluginStub
-    topology: Topology
-
-    def uuid(self, index: int) -> str:
-        return self.topology.gpus[index].uuid
-
-
-@asynccontextmanager
-async def serving(
-    topology: Topology = TOPOLOGY,
-    responder: Responder | None = None,
-    replicas: Replicas = NOT_SHARED,
-    resource: str = "nvidia.com/gpu",
-    policy: str = "best-effort",
-) -> AsyncIterator[Served]:
-    """A DevicePluginService on a fresh socket, and a client stub connected to it."""
-    directory = tempfile.mkdtemp(dir="/tmp")
-    service = DevicePluginService(
-        resource,
-        topology.gpus,
-        make_policy(policy, topology),
-        responder=responder,
-        replicas=replicas,
-    )
-    sock = PluginSocket(os.path.join(directory, "nvplugin-test.sock"), service)
-    await sock.start()
-    channel = grpc.aio.insecure_channel(f"unix:{sock.path}")
-    try:
-        yield Served(service, api_pb2_grpc.DevicePluginStub(channel), topology)
-    finally:
-        await channel.close()
-        service.close()
-        await sock.stop()
-
-
-def run(body: Callable[[], Awaitable[None]]) -> None:
-    asyncio.run(asyncio.wait_for(body(), 60))
 
 
 def allocate_request(*containers: Sequence[str]) -> api_pb2.AllocateRequest:
@@ -119,7 +70,7 @@ def test_allocate_response_fields(strategies: tuple[str, ...], id_strategy: str)
     assert config.device_list_strategy == tuple(reversed(strategies))
 
     async def body() -> None:
-        async with serving(responder=responder_of(config)) as s:
+        async with serving(TOPOLOGY, responder=responder_of(config)) as s:
             # Two containers; the first lists its GPUs out of index order.
             request = allocate_request([s.uuid(3), s.uuid(1)], [s.uuid(0)])
             reply = await s.stub.Allocate(request)
@@ -165,7 +116,7 @@ def test_default_is_envvar_with_uuids() -> None:
     assert config.cdi_annotation_prefix == "cdi.k8s.io/"
 
     async def body() -> None:
-        async with serving(responder=responder_of(config)) as s:
+        async with serving(TOPOLOGY, responder=responder_of(config)) as s:
             reply = await s.stub.Allocate(allocate_request([s.uuid(2), s.uuid(0)]))
             (response,) = reply.container_responses
             assert dict(response.envs) == {ENV: f"{s.uuid(0)},{s.uuid(2)}"}
@@ -184,7 +135,7 @@ def test_cdi_annotation_key_is_stable_per_device_set_and_prefix_is_configurable(
     )
 
     async def body() -> None:
-        async with serving(responder=responder_of(config)) as s:
+        async with serving(TOPOLOGY, responder=responder_of(config)) as s:
             reply = await s.stub.Allocate(
                 allocate_request([s.uuid(0), s.uuid(1)], [s.uuid(1), s.uuid(0)], [s.uuid(2)])
             )
@@ -222,7 +173,7 @@ def test_device_specs_for_gpus_and_present_control_nodes(id_strategy: str) -> No
     )
 
     async def body() -> None:
-        async with serving(responder=responder_of(config)) as s:
+        async with serving(TOPOLOGY, responder=responder_of(config)) as s:
             reply = await s.stub.Allocate(allocate_request([s.uuid(3), s.uuid(1)]))
             (response,) = reply.container_responses
             specs = [(d.container_path, d.host_path, d.permissions) for d in response.devices]

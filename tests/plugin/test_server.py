@@ -7,9 +7,7 @@ import os
 import socket
 import stat
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from collections.abc import Awaitable
 from itertools import combinations
 
 import grpc
@@ -18,46 +16,12 @@ import pytest
 from nvplugin.allocator import POLICY_NAMES, make_policy
 from nvplugin.errors import NvpluginError
 from nvplugin.node import NodeSession, load_topology, open_node
-from nvplugin.node.model import Topology
 from nvplugin.plugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from nvplugin.plugin.server import DevicePluginService, PluginSocket, claim_socket_path
+from tests.plugin.serving import run, serving
 
 BUILT_IN = ["workstation-4gpu", "dgx-1", "dgx-a100", "dgx-h100", "dgx-2", "pcie-8gpu", "no-numa"]
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
-
-
-@dataclass
-class Served:
-    service: DevicePluginService
-    socket: PluginSocket
-    stub: api_pb2_grpc.DevicePluginStub
-    topology: Topology
-
-    def uuid(self, index: int) -> str:
-        return self.topology.gpus[index].uuid
-
-
-@asynccontextmanager
-async def serving(
-    topology: Topology, policy_name: str = "best-effort", **kwargs: bool
-) -> AsyncIterator[Served]:
-    directory = tempfile.mkdtemp(dir="/tmp")
-    service = DevicePluginService(
-        "nvidia.com/gpu", topology.gpus, make_policy(policy_name, topology), **kwargs
-    )
-    sock = PluginSocket(os.path.join(directory, "nvplugin-gpu.sock"), service)
-    await sock.start()
-    channel = grpc.aio.insecure_channel(f"unix:{sock.path}")
-    try:
-        yield Served(service, sock, api_pb2_grpc.DevicePluginStub(channel), topology)
-    finally:
-        await channel.close()
-        service.close()
-        await sock.stop()
-
-
-def run(body: Callable[[], Awaitable[None]]) -> None:
-    asyncio.run(asyncio.wait_for(body(), 60))
 
 
 def gpa(available: list[str], must: list[str], size: int) -> api_pb2.PreferredAllocationRequest:

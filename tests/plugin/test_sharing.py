@@ -11,15 +11,8 @@ from nvplugin.config import load_config
 from nvplugin.errors import InputError
 from nvplugin.plugin.api.v1beta1 import api_pb2
 from nvplugin.plugin.sharing import Replicas, TimeSlicing, replica_id
-from tests.plugin.test_responses import (
-    ENV,
-    TOPOLOGY,
-    Served,
-    allocate_request,
-    run,
-    serving,
-    write_config,
-)
+from tests.plugin.serving import Served, run, serving
+from tests.plugin.test_responses import ENV, TOPOLOGY, allocate_request, write_config
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 # workstation-4gpu: 0-1 and 2-3 share a PCIe switch (50); 0-3 and 1-2 have two NVLinks (210).
@@ -53,7 +46,7 @@ async def prefer(s: Served, available: list[str], must: list[str], size: int) ->
 
 def test_list_advertises_every_replica_with_its_gpus_numa_node_and_health() -> None:
     async def body() -> None:
-        async with serving(replicas=Replicas(4)) as s:
+        async with serving(TOPOLOGY, replicas=Replicas(4)) as s:
             stream = s.stub.ListAndWatch(api_pb2.Empty())
             first = await stream.read()
             assert [d.ID for d in first.devices] == every_replica(s, 4)
@@ -82,7 +75,7 @@ def test_list_advertises_every_replica_with_its_gpus_numa_node_and_health() -> N
 
 def test_allocate_maps_replicas_to_their_gpus_once_each() -> None:
     async def body() -> None:
-        async with serving(replicas=Replicas(4)) as s:
+        async with serving(TOPOLOGY, replicas=Replicas(4)) as s:
             request = allocate_request([rid(s, 3, 1), rid(s, 1, 2), rid(s, 1, 0)], [rid(s, 2, 3)])
             reply = await s.stub.Allocate(request)
             first, second = reply.container_responses
@@ -99,7 +92,9 @@ def test_allocate_maps_replicas_to_their_gpus_once_each() -> None:
 
 def test_fail_requests_greater_than_one() -> None:
     async def body() -> None:
-        async with serving(replicas=Replicas(4, fail_requests_greater_than_one=True)) as s:
+        async with serving(
+            TOPOLOGY, replicas=Replicas(4, fail_requests_greater_than_one=True)
+        ) as s:
             reply = await s.stub.Allocate(allocate_request([rid(s, 0, 2)]))
             assert dict(reply.container_responses[0].envs) == {ENV: s.uuid(0)}
             with pytest.raises(grpc.aio.AioRpcError) as caught:
@@ -110,7 +105,7 @@ def test_fail_requests_greater_than_one() -> None:
             details = caught.value.details() or ""
             assert details.startswith("container request 1: devices_ids: 2 replicas requested")
             assert "failRequestsGreaterThanOne allows at most 1 per container" in details
-        async with serving(replicas=Replicas(4)) as s:  # without the option: allowed
+        async with serving(TOPOLOGY, replicas=Replicas(4)) as s:  # without the option: allowed
             reply = await s.stub.Allocate(allocate_request([rid(s, 0, 0), rid(s, 0, 1)]))
             assert dict(reply.container_responses[0].envs) == {ENV: s.uuid(0)}
 
@@ -132,7 +127,7 @@ def busy(s: Served, in_use: dict[int, int], count: int = 4) -> list[str]:
 
 def test_distributed_spreads_over_the_least_used_gpus() -> None:
     async def body() -> None:
-        async with serving(replicas=Replicas(4)) as s:
+        async with serving(TOPOLOGY, replicas=Replicas(4)) as s:
             available = busy(s, {0: 2, 1: 1})
             # GPUs 2 and 3 have no replica in use: one goes to 2 (tie: lowest index).
             assert await prefer(s, available, [], 1) == [rid(s, 2, 0)]
@@ -156,7 +151,7 @@ def test_distributed_spreads_over_the_least_used_gpus() -> None:
 
 def test_packed_fills_the_busiest_gpu_first() -> None:
     async def body() -> None:
-        async with serving(replicas=Replicas(4, allocation="packed")) as s:
+        async with serving(TOPOLOGY, replicas=Replicas(4, allocation="packed")) as s:
             available = busy(s, {0: 2, 1: 1})
             assert await prefer(s, available, [], 1) == [rid(s, 0, 2)]
             assert await prefer(s, available, [], 3) == [rid(s, 0, 2), rid(s, 0, 3), rid(s, 1, 1)]
@@ -172,7 +167,7 @@ def test_packed_fills_the_busiest_gpu_first() -> None:
 
 def test_impossible_and_malformed_replica_requests() -> None:
     async def body() -> None:
-        async with serving(replicas=Replicas(2)) as s:
+        async with serving(TOPOLOGY, replicas=Replicas(2)) as s:
             every = every_replica(s, 2)
             assert await prefer(s, every, [], 0) == []
             assert await prefer(s, every[:3], [], 4) == []
