@@ -31,7 +31,7 @@ from nvplugin.plugin.resources import (
     ResourceRules,
     parse_gpu_patterns,
     resolve_layout,
-    resource_name_problem,
+    resource_name_error,
 )
 from nvplugin.plugin.responses import (
     DEFAULT_CDI_ANNOTATION_PREFIX,
@@ -239,8 +239,7 @@ class Key:
 
 
 def _resource_rule(value: object) -> str | None:
-    problem = resource_name_problem(str(value))
-    return None if problem is None else f'the ResourceName "{value}" is invalid: {problem}'
+    return resource_name_error(str(value))
 
 
 def _non_negative(value: object) -> str | None:

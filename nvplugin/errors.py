@@ -27,3 +27,9 @@ def describe(value: object) -> str:
     if isinstance(value, list):
         return "a list"
     return f"{value!r} ({type(value).__name__})"
+
+
+def shortened(text: str, limit: int) -> str:
+    """Client-supplied text for an error message: whole when short, else its first ``limit``
+    characters and its length (gRPC status messages travel in size-capped trailers)."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"

@@ -424,7 +424,7 @@ class Daemon:
             socket=sock.path,
             devices=[gpu.uuid for gpu in service.gpus],
             replicas=service.replicas.count,
-            unhealthy=[gpu.uuid for gpu in service.gpus if not service.health[gpu.index]],
+            unhealthy=service.unhealthy_uuids(),
         )
 
     def _new_health(self, config: Config, services: list[DevicePluginService]) -> _Health:

@@ -27,6 +27,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from nvplugin.errors import shortened
 from nvplugin.log import get_logger
 
 SERVING: int = health_pb2.HealthCheckResponse.SERVING
@@ -130,10 +131,10 @@ class PluginHealthService(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
 
     async def Check(self, request: Any, context: Any) -> Any:
         if request.service not in self._names:
+            shown = shortened(request.service, MAX_SHOWN_SERVICE)
             await context.abort(
                 grpc.StatusCode.NOT_FOUND,
-                f'unknown service "{_shown(request.service)}": this socket reports "" and '
-                f'"{self.resource_name}"',
+                f'unknown service "{shown}": this socket reports "" and "{self.resource_name}"',
             )
         context.set_trailing_metadata(((REASON_KEY, self._reason),))
         return health_pb2.HealthCheckResponse(status=self._status)
@@ -156,9 +157,8 @@ class PluginHealthService(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
         return response
 
 
-def _shown(name: str, limit: int = 64) -> str:
-    """A requested service name, cut short (it comes from the client and may be huge)."""
-    return name if len(name) <= limit else f"{name[:limit]}... ({len(name)} characters)"
+MAX_SHOWN_SERVICE = 64
+"""Longest requested service name quoted whole in an error (it comes from the client)."""
 
 
 def add_to_server(service: PluginHealthService, server: grpc.aio.Server) -> None:

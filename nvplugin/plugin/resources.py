@@ -97,15 +97,19 @@ def is_extended_resource_name(name: str) -> bool:
     return resource_name_problem(name) is None
 
 
-def validate_resource_name(name: str) -> None:
-    """Raise :class:`InputError` (with the reason) unless ``name`` is an extended resource name.
-
-    The message starts the way the kubelet's does (``the ResourceName "<n>" is invalid``) so a user
-    who has seen the kubelet's error recognises it.
-    """
+def resource_name_error(name: str) -> str | None:
+    """None when ``name`` is an extended resource name, else the error message: it starts the way
+    the kubelet's does (``the ResourceName "<n>" is invalid``) so a user who has seen the
+    kubelet's error recognises it, then says why."""
     problem = resource_name_problem(name)
-    if problem is not None:
-        raise InputError(f'the ResourceName "{name}" is invalid: {problem}')
+    return None if problem is None else f'the ResourceName "{name}" is invalid: {problem}'
+
+
+def validate_resource_name(name: str) -> None:
+    """Raise :class:`InputError` (see :func:`resource_name_error`) unless ``name`` is valid."""
+    error = resource_name_error(name)
+    if error is not None:
+        raise InputError(error)
 
 
 def short_name(resource_name: str) -> str:
@@ -279,9 +283,9 @@ def resolve_layout(
 
 
 def _valid(name: str, at: str) -> None:
-    problem = resource_name_problem(name)
-    if problem is not None:
-        raise ValueProblem(at, f'the ResourceName "{name}" is invalid: {problem}')
+    error = resource_name_error(name)
+    if error is not None:
+        raise ValueProblem(at, error)
 
 
 # --- the plan for one node ------------------------------------------------------------------------

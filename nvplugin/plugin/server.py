@@ -26,12 +26,12 @@ from typing import Any
 import grpc
 
 from nvplugin.allocator import AllocationError, Policy
-from nvplugin.errors import NvpluginError
+from nvplugin.errors import NvpluginError, shortened
 from nvplugin.log import get_logger
 from nvplugin.node.model import Gpu
 from nvplugin.plugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from nvplugin.plugin.responses import Responder
-from nvplugin.plugin.sharing import NOT_SHARED, Device, Replicas, gpus_of
+from nvplugin.plugin.sharing import NOT_SHARED, Device, Replicas, sorted_replicas
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
@@ -122,11 +122,10 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
             return
         changed = sorted(i for i in new if new[i] != self._health[i])
         self._health = new
-        unhealthy = [self._gpus_by_index(i).uuid for i in sorted(new) if not new[i]]
         self._log.info(
             "device health changed",
             changed=[{"gpu": i, "healthy": new[i]} for i in changed],
-            unhealthy=unhealthy,
+            unhealthy=self.unhealthy_uuids(),
             streams=self._streams,
         )
         self._publish()
@@ -150,11 +149,9 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         self._closing = True
         self._wake()
 
-    def _gpus_by_index(self, index: int) -> Gpu:
-        for gpu in self._gpus:
-            if gpu.index == index:
-                return gpu
-        raise KeyError(index)
+    def unhealthy_uuids(self) -> list[str]:
+        """UUIDs of this resource's Unhealthy GPUs, in index order."""
+        return [gpu.uuid for gpu in self._gpus if not self._health[gpu.index]]
 
     def _publish(self) -> None:
         self._version += 1
@@ -243,10 +240,11 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
             self._log.debug("rpc", method="Allocate", error=str(exc))
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             raise
-        # Replicas back to their GPUs, each once: the container sees GPUs, not replicas.
+        # Replicas back to their GPUs: the responder lists each GPU once, in index order (the
+        # container sees GPUs, not replicas).
         response = api_pb2.AllocateResponse(
             container_responses=[
-                self._responder.container_response(gpus_of(devices)) for devices in chosen
+                self._responder.container_response([d.gpu for d in devices]) for devices in chosen
             ]
         )
         self._log.debug(
@@ -278,7 +276,7 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
             if device_id in seen:
                 raise BadRequest(f"{where}: device {_shown_id(device_id)} listed twice")
             seen[device_id] = device
-        return sorted(seen.values(), key=lambda d: (d.gpu.index, d.replica or 0))
+        return sorted_replicas(list(seen.values()))
 
     def _prefer(
         self,
@@ -321,10 +319,7 @@ transport error on the kubelet's side."""
 
 
 def _shown_id(device_id: str) -> str:
-    """A device ID for an error message: whole when short, else its start and its length."""
-    if len(device_id) <= MAX_SHOWN_ID:
-        return device_id
-    return f"{device_id[:MAX_SHOWN_ID]}... ({len(device_id)} characters)"
+    return shortened(device_id, MAX_SHOWN_ID)
 
 
 def _where(field: str, number: int, total: int) -> str:

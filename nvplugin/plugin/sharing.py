@@ -243,7 +243,7 @@ class _Plan:
 
     def __post_init__(self) -> None:
         self.free = {}
-        for device in sorted(self.available, key=lambda d: (d.gpu.index, d.replica or 0)):
+        for device in sorted_replicas(self.available):
             self.free.setdefault(device.gpu.index, []).append(device)
         self.taken = {}
         for device in self.must_include:
@@ -314,13 +314,8 @@ class _Plan:
 
 
 def sorted_replicas(devices: Sequence[Device]) -> list[Device]:
+    """Devices in GPU index order, then replica order."""
     return sorted(devices, key=lambda d: (d.gpu.index, d.replica or 0))
-
-
-def gpus_of(devices: Sequence[Device]) -> list[Gpu]:
-    """The GPUs behind ``devices``, each once, in index order."""
-    by_index = {device.gpu.index: device.gpu for device in devices}
-    return [by_index[i] for i in sorted(by_index)]
 
 
 NOT_SHARED = Replicas()
