@@ -339,8 +339,9 @@ class HealthConfig:
 
 @dataclass(frozen=True)
 class HealthServiceConfig:
-    """The gRPC health service (``health_service:``): NOT_SERVING while unregistered, and, with
-    ``not_serving_without_healthy_gpus``, while no GPU is Healthy."""
+    """The gRPC health service's settings (``health_service:``; the service takes this object):
+    NOT_SERVING while unregistered, and, with ``not_serving_without_healthy_gpus``, while no GPU
+    is Healthy."""
 
     not_serving_without_healthy_gpus: bool = True
 

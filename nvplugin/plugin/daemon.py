@@ -41,7 +41,7 @@ from nvplugin.log import configure, get_logger
 from nvplugin.node import NodeSession, open_node
 from nvplugin.node.health import HealthMonitor, HealthSettings
 from nvplugin.plugin import healthservice
-from nvplugin.plugin.healthservice import HealthServiceSettings, PluginHealthService
+from nvplugin.plugin.healthservice import PluginHealthService
 from nvplugin.plugin.metrics import Metrics, MetricsServer
 from nvplugin.plugin.registration import SERVE_AGAIN_GIVE_UP_S, DirWatcher, Registrar
 from nvplugin.plugin.resources import ServedResource, plan_resources, socket_name
@@ -255,7 +255,7 @@ class Daemon:
         config = self.config
         name = config.resource_name
         service = DevicePluginService(name, (), _NoGpus())
-        health_service = PluginHealthService(name, _health_service_settings(config))
+        health_service = PluginHealthService(name, config.health_service)
         service.watch_health(health_service.set_health)
         self.metrics.set_serving(name, False)
         sock = PluginSocket(
@@ -362,7 +362,7 @@ class Daemon:
         resource_name = served.name
         health_service = PluginHealthService(
             resource_name,
-            _health_service_settings(config),
+            config.health_service,
             on_status=lambda serving: self.metrics.set_serving(resource_name, serving),
         )
         self.metrics.set_serving(resource_name, health_service.serving)
@@ -546,7 +546,7 @@ class Daemon:
                 resource.health = health
                 resource.service.set_health(health.monitor.health)
         for resource in resources:
-            resource.health_service.set_settings(_health_service_settings(config))
+            resource.health_service.set_settings(config.health_service)
             resource.config = config
         self.config = config
         self._log.info(
@@ -584,12 +584,6 @@ class _NoGpus:
         self, available: Sequence[int], must_include: Sequence[int], size: int
     ) -> list[int]:
         return []
-
-
-def _health_service_settings(config: Config) -> HealthServiceSettings:
-    return HealthServiceSettings(
-        not_serving_without_healthy_gpus=config.health_service.not_serving_without_healthy_gpus
-    )
 
 
 def _same_sockets(old: Config, new: Config) -> bool:

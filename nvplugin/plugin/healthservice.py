@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from nvplugin.config import HealthServiceConfig
 from nvplugin.errors import shortened
 from nvplugin.log import get_logger
 
@@ -39,26 +39,19 @@ REASON_KEY = "nvplugin-reason"
 STATUS_NAMES = {SERVING: "SERVING", NOT_SERVING: "NOT_SERVING", SERVICE_UNKNOWN: "SERVICE_UNKNOWN"}
 
 
-@dataclass(frozen=True)
-class HealthServiceSettings:
-    """The ``health_service:`` config section."""
-
-    not_serving_without_healthy_gpus: bool = True
-
-
 class PluginHealthService(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
     """``grpc.health.v1.Health`` for one plugin socket (one resource)."""
 
     def __init__(
         self,
         resource_name: str,
-        settings: HealthServiceSettings | None = None,
+        settings: HealthServiceConfig | None = None,
         *,
         on_status: Callable[[bool], None] | None = None,
     ) -> None:
         self.resource_name = resource_name
         self._names = ("", resource_name)
-        self._settings = settings if settings is not None else HealthServiceSettings()
+        self._settings = settings if settings is not None else HealthServiceConfig()
         self._on_status = on_status
         self._registered = False
         self._healthy = 0
@@ -93,7 +86,7 @@ class PluginHealthService(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
         self._total = len(health)
         self._update()
 
-    def set_settings(self, settings: HealthServiceSettings) -> None:
+    def set_settings(self, settings: HealthServiceConfig) -> None:
         self._settings = settings
         self._update()
 

@@ -16,12 +16,12 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from nvplugin.config import HealthServiceConfig
 from nvplugin.kubelet.kubelet import FakeKubelet
 from nvplugin.plugin.healthservice import (
     NOT_SERVING,
     SERVICE_UNKNOWN,
     SERVING,
-    HealthServiceSettings,
     PluginHealthService,
     add_to_server,
 )
@@ -87,7 +87,7 @@ def test_status_follows_registration_and_healthy_gpus() -> None:
                 NOT_SERVING,
                 "registered, but no healthy GPU (0 of 2 GPUs healthy)",
             )
-            service.set_settings(HealthServiceSettings(not_serving_without_healthy_gpus=False))
+            service.set_settings(HealthServiceConfig(not_serving_without_healthy_gpus=False))
             assert (await served.check(GPU))[0] == SERVING
             service.set_registered(False)  # a kubelet restart
             assert (await served.check(GPU))[0] == NOT_SERVING
