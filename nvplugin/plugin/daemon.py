@@ -32,14 +32,14 @@ import dataclasses
 import os
 import signal
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from nvplugin.allocator import Policy, make_policy
 from nvplugin.config import Config
 from nvplugin.errors import InputError, NvpluginError
 from nvplugin.log import configure, get_logger
 from nvplugin.node import NodeSession, open_node
-from nvplugin.node.health import HealthMonitor, HealthSettings
+from nvplugin.node.health import HealthMonitor
 from nvplugin.plugin import healthservice
 from nvplugin.plugin.healthservice import PluginHealthService
 from nvplugin.plugin.metrics import Metrics, MetricsServer
@@ -59,25 +59,25 @@ NodeOpener = Callable[[str | None], NodeSession]
 
 
 @dataclass
-class _Resource:
-    """One advertised resource: its service, socket, registrar task and health monitor."""
+class _Served:
+    """One socket being served: the DevicePlugin service and the health service on it."""
 
-    config: Config
     service: DevicePluginService
-    socket: PluginSocket
-    registrar: Registrar
-    policy: asyncio.Future[Policy]
-    health: _Health
     health_service: PluginHealthService
-    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    socket: PluginSocket
+
+    async def close(self, grace: float) -> None:
+        """End the streams and stop serving (the socket file goes)."""
+        self.service.close()
+        self.health_service.close()
+        await self.socket.stop(grace)
 
 
 @dataclass
 class _Health:
-    """A health monitor, the settings it runs with, and where it sends its changes."""
+    """A health monitor and where it sends its changes."""
 
     monitor: HealthMonitor
-    settings: HealthSettings
     forward: _Forward
 
     def stop(self) -> None:
@@ -110,11 +110,14 @@ class Daemon:
         self._stop = asyncio.Event()
         self._hup = asyncio.Event()
         self._node: NodeSession | None = None
-        self._resources: list[_Resource] = []  # one per served resource name, GPU index order
+        self._resources: list[_Served] = []  # one per served resource name, GPU index order
+        self._registrars: list[asyncio.Task[None]] = []  # one per served resource
+        self._policy: asyncio.Future[Policy] | None = None  # shared by every served resource
+        self._health: _Health | None = None  # one monitor for every served GPU
         self._watcher: DirWatcher | None = None
         self._watcher_task: asyncio.Task[None] | None = None
         # While no GPU is discovered: the health service alone on the plugin socket.
-        self._waiting: tuple[DevicePluginService, PluginHealthService, PluginSocket] | None = None
+        self._waiting: _Served | None = None
 
     @property
     def node(self) -> NodeSession | None:
@@ -249,40 +252,45 @@ class Daemon:
         stay up -- while readiness shows it is not ready. It is not registered: there is
         nothing to advertise. Another live process on the path is the usual start-up error.
         """
-        if self._waiting is not None and self._waiting[2].intact():
+        if self._waiting is not None and self._waiting.socket.intact():
             return
         await self._stop_waiting()
         config = self.config
         name = config.resource_name
+        _make_dir(config.device_plugin_dir)
         service = DevicePluginService(name, (), _NoGpus())
         health_service = PluginHealthService(name, config.health_service)
         service.watch_health(health_service.set_health)
         self.metrics.set_serving(name, False)
-        sock = PluginSocket(
-            os.path.join(config.device_plugin_dir, socket_name(name)),
-            service,
-            extra_services=[lambda server: healthservice.add_to_server(health_service, server)],
-            interceptors=[self.metrics.interceptor(name)],
-        )
-        try:
-            _make_dir(config.device_plugin_dir)
-            await sock.start()
-        except BaseException:
-            service.close()
-            health_service.close()
-            raise
-        self._waiting = (service, health_service, sock)
+        path = os.path.join(config.device_plugin_dir, socket_name(name))
+        self._waiting = await self._serve_socket(path, service, health_service)
         self._log.info(
-            "serving the health service only (unregistered) until GPUs appear", socket=sock.path
+            "serving the health service only (unregistered) until GPUs appear", socket=path
         )
 
     async def _stop_waiting(self) -> None:
         waiting, self._waiting = self._waiting, None
         if waiting is not None:
-            service, health_service, sock = waiting
+            await waiting.close(0)
+
+    async def _serve_socket(
+        self, path: str, service: DevicePluginService, health_service: PluginHealthService
+    ) -> _Served:
+        """Serve ``service`` and ``health_service`` on ``path`` (RPCs counted in the metrics);
+        NvpluginError when another process serves the path. Both are closed if it fails."""
+        sock = PluginSocket(
+            path,
+            service,
+            extra_services=[lambda server: healthservice.add_to_server(health_service, server)],
+            interceptors=[self.metrics.interceptor(service.resource_name)],
+        )
+        try:
+            await sock.start()
+        except BaseException:
             service.close()
             health_service.close()
-            await sock.stop(0)
+            raise
+        return _Served(service, health_service, sock)
 
     # --- resources ---
 
@@ -314,15 +322,13 @@ class Daemon:
             dev_root=config.dev_root,
             cdi_annotation_prefix=config.cdi_annotation_prefix,
         )
-        parts: list[tuple[DevicePluginService, PluginHealthService, PluginSocket]] = []
+        parts: list[_Served] = []
         try:
             for served in plan.resources:
                 parts.append(await self._open_resource(config, served, policy, responder, health))
         except BaseException:
-            for service, health_service, sock in parts:
-                service.close()
-                health_service.close()
-                await sock.stop(STOP_GRACE_S)
+            for part in parts:
+                await part.close(STOP_GRACE_S)
             policy.cancel()
             raise
         if not parts:
@@ -331,15 +337,16 @@ class Daemon:
             if health is not None:
                 await asyncio.to_thread(health.stop)
             return
-        services = [service for service, _, _ in parts]
+        services = [part.service for part in parts]
         if health is None:
             health = self._new_health(config, services)
         else:
             health.forward.retarget(services)
             for service in services:
                 service.set_health(health.monitor.health)  # a change may have raced the rewire
-        for service, health_service, sock in parts:
-            self._register(config, service, health_service, sock, watcher, policy, health)
+        self._policy, self._health = policy, health
+        for part in parts:
+            self._register(config, part, watcher)
 
     async def _open_resource(
         self,
@@ -348,7 +355,7 @@ class Daemon:
         policy: asyncio.Future[Policy],
         responder: Responder,
         health: _Health | None,
-    ) -> tuple[DevicePluginService, PluginHealthService, PluginSocket]:
+    ) -> _Served:
         """The service for one resource, serving on its socket (not registered yet)."""
         service = DevicePluginService(
             served.name,
@@ -368,31 +375,12 @@ class Daemon:
         self.metrics.set_serving(resource_name, health_service.serving)
         service.watch_health(health_service.set_health)
         service.watch_health(lambda h: self.metrics.observe_health(resource_name, h))
-        sock = PluginSocket(
-            os.path.join(config.device_plugin_dir, served.socket),
-            service,
-            extra_services=[lambda server: healthservice.add_to_server(health_service, server)],
-            interceptors=[self.metrics.interceptor(resource_name)],
-        )
-        try:
-            await sock.start()  # NvpluginError when another process serves the path
-        except BaseException:
-            service.close()
-            health_service.close()
-            raise
-        return service, health_service, sock
+        path = os.path.join(config.device_plugin_dir, served.socket)
+        return await self._serve_socket(path, service, health_service)
 
-    def _register(
-        self,
-        config: Config,
-        service: DevicePluginService,
-        health_service: PluginHealthService,
-        sock: PluginSocket,
-        watcher: DirWatcher,
-        policy: asyncio.Future[Policy],
-        health: _Health,
-    ) -> None:
+    def _register(self, config: Config, served: _Served, watcher: DirWatcher) -> None:
         """Start registering one served resource, and keep re-registering it."""
+        service, health_service, sock = served.service, served.health_service, served.socket
         resource_name = service.resource_name
 
         def registered() -> None:
@@ -413,11 +401,10 @@ class Daemon:
             on_unregistered=unregistered,
             serve_give_up_s=self._serve_give_up_s,
         )
-        resource = _Resource(config, service, sock, registrar, policy, health, health_service)
         task = asyncio.create_task(registrar.run(), name="nvplugin-registrar")
         task.add_done_callback(self._registrar_done)
-        resource.tasks.append(task)
-        self._resources.append(resource)
+        self._registrars.append(task)
+        self._resources.append(served)
         self._log.info(
             "serving",
             resource=resource_name,
@@ -440,7 +427,7 @@ class Daemon:
             on_xid=self.metrics.xid,
         )
         monitor.start()
-        return _Health(monitor, settings, forward)
+        return _Health(monitor, forward)
 
     def _registrar_done(self, task: asyncio.Task[None]) -> None:
         """A registrar only ends by cancellation; if it failed, the plugin must not stay up
@@ -475,17 +462,18 @@ class Daemon:
     async def _stop_resource(self, keep_health: bool) -> _Health | None:
         """Stop serving every resource; returns their health monitor if asked to keep it."""
         resources, self._resources = self._resources, []
+        registrars, self._registrars = self._registrars, []
+        policy, self._policy = self._policy, None
+        health, self._health = self._health, None
         if not resources:
             return None
-        await _cancel([task for resource in resources for task in resource.tasks])
+        await _cancel(registrars)
         for resource in resources:
-            resource.service.close()
-            resource.health_service.close()
-            await resource.socket.stop(STOP_GRACE_S)
+            await resource.close(STOP_GRACE_S)
             self.metrics.forget(resource.service.resource_name)
-            if not resource.policy.done():
-                resource.policy.cancel()
-        health = resources[0].health  # shared by all
+        if policy is not None and not policy.done():
+            policy.cancel()
+        assert health is not None  # set with the resources
         if keep_health:
             return health
         await asyncio.to_thread(health.stop)
@@ -538,16 +526,14 @@ class Daemon:
         re-registration. Changed health rules get a fresh monitor, as the old verdicts were made
         by rules no longer configured."""
         resources = self._resources
-        assert resources
-        if config.health != resources[0].config.health:
-            await asyncio.to_thread(resources[0].health.stop)  # one monitor for all
-            health = self._new_health(config, [resource.service for resource in resources])
+        assert resources and self._health is not None
+        if config.health != self.config.health:
+            await asyncio.to_thread(self._health.stop)  # one monitor for all
+            self._health = self._new_health(config, [resource.service for resource in resources])
             for resource in resources:
-                resource.health = health
-                resource.service.set_health(health.monitor.health)
+                resource.service.set_health(self._health.monitor.health)
         for resource in resources:
             resource.health_service.set_settings(config.health_service)
-            resource.config = config
         self.config = config
         self._log.info(
             "config applied in place; still registered",
