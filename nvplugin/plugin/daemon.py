@@ -374,7 +374,8 @@ class Daemon:
         )
         self.metrics.set_serving(resource_name, health_service.serving)
         service.watch_health(health_service.set_health)
-        service.watch_health(lambda h: self.metrics.observe_health(resource_name, h))
+        replicas = served.replicas.count
+        service.watch_health(lambda h: self.metrics.observe_health(resource_name, h, replicas))
         path = os.path.join(config.device_plugin_dir, served.socket)
         return await self._serve_socket(path, service, health_service)
 

@@ -141,10 +141,13 @@ class Metrics:
 
     # --- what the daemon reports ---
 
-    def observe_health(self, resource: str, health: Mapping[int, bool]) -> None:
+    def observe_health(
+        self, resource: str, health: Mapping[int, bool], devices_per_gpu: int = 1
+    ) -> None:
+        """``health`` is per GPU; with time-slicing each GPU is ``devices_per_gpu`` devices."""
         healthy = sum(1 for ok in health.values() if ok)
-        self.devices.labels(resource, "Healthy").set(healthy)
-        self.devices.labels(resource, "Unhealthy").set(len(health) - healthy)
+        self.devices.labels(resource, "Healthy").set(healthy * devices_per_gpu)
+        self.devices.labels(resource, "Unhealthy").set((len(health) - healthy) * devices_per_gpu)
 
     def registered(self, resource: str) -> None:
         self.registrations.labels(resource).inc()

@@ -155,6 +155,16 @@ def test_health_gauges_and_forgetting_a_resource() -> None:
     assert value(found, "nvplugin_registrations_total", resource=GPU) == 1  # counters stay
 
 
+def test_device_gauges_count_time_sliced_replicas() -> None:
+    metrics = Metrics()
+    metrics.observe_health("nvidia.com/gpu.shared", {0: True, 1: False}, devices_per_gpu=4)
+    found = samples(metrics.exposition())
+    assert value(found, "nvplugin_devices", resource="nvidia.com/gpu.shared", health="Healthy") == 4
+    assert (
+        value(found, "nvplugin_devices", resource="nvidia.com/gpu.shared", health="Unhealthy") == 4
+    )
+
+
 def test_endpoint_serves_only_the_private_registry_on_the_given_address() -> None:
     metrics = Metrics()
     metrics.xid(3, 48)
