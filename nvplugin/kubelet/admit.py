@@ -39,7 +39,7 @@ import structlog
 from nvplugin.config import load_config
 from nvplugin.errors import InputError, NvpluginError
 from nvplugin.kubelet.cpumanager import POLICIES as CPU_POLICIES
-from nvplugin.kubelet.cpumanager import CpuManager, format_cpu_list, parse_cpu_list
+from nvplugin.kubelet.cpumanager import CpuManager, parse_cpu_list
 from nvplugin.kubelet.devicemanager import DeviceManager
 from nvplugin.kubelet.kubelet import FakeKubelet
 from nvplugin.kubelet.pods import Pod
@@ -52,7 +52,7 @@ from nvplugin.kubelet.topologymanager import (
     new_policy_options,
     validate_config,
 )
-from nvplugin.node.model import Topology
+from nvplugin.node.model import Topology, format_cpu_list
 from nvplugin.plugin.resources import plan_resources
 from nvplugin.plugin.sharing import REPLICA_SEPARATOR
 

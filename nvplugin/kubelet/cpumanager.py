@@ -33,7 +33,7 @@ from nvplugin.kubelet.topologymanager.hints import generate_hints
 from nvplugin.kubelet.topologymanager.options import StartupError
 from nvplugin.kubelet.topologymanager.policy import ProviderHints
 from nvplugin.kubelet.topologymanager.scope import AllocationError, Store
-from nvplugin.node.model import Cpu, CpuLayout, Topology
+from nvplugin.node.model import Cpu, CpuLayout, Topology, format_cpu_list
 
 POLICY_NONE = "none"
 POLICY_STATIC = "static"
@@ -66,20 +66,6 @@ def _cpu_number(text: str) -> int:
     if not text.isdigit() or not text.isascii():
         raise ValueError(f'"{text}" is not a CPU number')
     return int(text)
-
-
-def format_cpu_list(cpus: Iterable[int]) -> str:
-    """CPU ids as Linux ranges: ``[0, 1, 2, 3, 8]`` -> ``"0-3,8"`` (empty -> ``""``)."""
-    ordered = sorted(set(cpus))
-    parts = []
-    i = 0
-    while i < len(ordered):
-        j = i
-        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
-            j += 1
-        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
-        i = j + 1
-    return ",".join(parts)
 
 
 class CpuManager:

@@ -10,7 +10,7 @@ The pair-score weights live here and nowhere else (see ../shared/docs/allocation
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 NVLINK_WEIGHT = 100
@@ -88,6 +88,21 @@ class Cpu:
     socket: int
     core: int
     numa_node: int
+
+
+def format_cpu_list(cpus: Iterable[int]) -> str:
+    """CPU ids as Linux cpulist ranges (sysfs, the kubelet's flags): ``[0, 1, 2, 3, 8]`` ->
+    ``"0-3,8"`` (empty -> ``""``)."""
+    ordered = sorted(set(cpus))
+    parts = []
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return ",".join(parts)
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from nvplugin.node.model import Gpu, Topology
+from nvplugin.node.model import Gpu, Topology, format_cpu_list
 
 LEGEND = """Legend:
   X    = self
@@ -26,22 +26,6 @@ LEGEND = """Legend:
   PIX  = one PCIe switch
   INT  = same board
   NV#  = # NVLinks, direct or through NVSwitches (shown with the PCIe relation beneath them)"""
-
-
-def format_cpulist(cpus: tuple[int, ...] | list[int]) -> str:
-    """CPU ids in Linux cpulist form (``0-19,40-59``); ids must be ascending."""
-    parts: list[str] = []
-    start = prev = -2
-    for cpu in cpus:
-        if cpu == prev + 1:
-            prev = cpu
-            continue
-        if start >= 0:
-            parts.append(f"{start}-{prev}" if start != prev else str(start))
-        start = prev = cpu
-    if start >= 0:
-        parts.append(f"{start}-{prev}" if start != prev else str(start))
-    return ",".join(parts)
 
 
 def gpu_dict(gpu: Gpu) -> dict[str, Any]:
@@ -120,7 +104,7 @@ def topology_matrix(topo: Topology) -> str:
     rows = [["", *names, "CPU Affinity", "NUMA Affinity"]]
     for i, gpu in enumerate(topo.gpus):
         cells = ["X" if link is None else link.cell for link in topo.links[i]]
-        cpus = "N/A" if gpu.numa_node is None else format_cpulist(topo.cpus.on_node(gpu.numa_node))
+        cpus = "N/A" if gpu.numa_node is None else format_cpu_list(topo.cpus.on_node(gpu.numa_node))
         rows.append([names[i], *cells, cpus or "N/A", _numa(gpu)])
     scores = [["", *names]]
     for i in range(n):

@@ -36,9 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from nvplugin.node import nvml
-from nvplugin.node.model import MAX_NVLINKS
+from nvplugin.node.model import MAX_NVLINKS, format_cpu_list
 from nvplugin.node.nodefile import NodeSpec
-from nvplugin.node.report import format_cpulist
 
 _HANDLE_BASE = 0x7E5A0000
 _SET_BASE = 0x7E5B0000
@@ -241,7 +240,7 @@ class SimulatedNvml:
                 folder = root / f"devices/system/node/node{node}"
                 folder.mkdir(parents=True, exist_ok=True)
                 (folder / "distance").write_text(" ".join(str(d) for d in row) + "\n")
-                (folder / "cpulist").write_text(format_cpulist(layout.on_node(node)) + "\n")
+                (folder / "cpulist").write_text(format_cpu_list(layout.on_node(node)) + "\n")
         for cpu in layout.cpus:
             topo = f"{root}/devices/system/cpu/cpu{cpu.id}/topology"
             os.makedirs(topo, exist_ok=True)

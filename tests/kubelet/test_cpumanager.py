@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from nvplugin.errors import InputError
-from nvplugin.kubelet.cpumanager import CpuManager, format_cpu_list, parse_cpu_list
+from nvplugin.kubelet.cpumanager import CpuManager, parse_cpu_list
 from nvplugin.kubelet.pods import Container, Pod
 from nvplugin.kubelet.topologymanager import (
     AllocationError,
@@ -15,7 +15,7 @@ from nvplugin.kubelet.topologymanager import (
     TopologyHint,
     new_manager,
 )
-from nvplugin.node.model import CpuLayout
+from nvplugin.node.model import CpuLayout, format_cpu_list
 from tests.kubelet.hint_notation import show
 
 # 2 sockets = 2 NUMA nodes, 4 cores each, 2 threads: node 0 = CPUs 0-3 + 8-11 (siblings i, i+8).

@@ -114,8 +114,7 @@ def test_gpus_numa_and_cpus(
     cpus: int,
     cpulist: str | None,
 ) -> None:
-    from nvplugin.node.model import Topology
-    from nvplugin.node.report import format_cpulist
+    from nvplugin.node.model import Topology, format_cpu_list
 
     topo = discovered[name]
     assert isinstance(topo, Topology)
@@ -127,7 +126,7 @@ def test_gpus_numa_and_cpus(
     assert len(topo.numa_distances) == nodes
     assert len(topo.cpus.cpus) == cpus
     if cpulist is not None:
-        assert format_cpulist(topo.cpus.on_node(topo.gpus[0].numa_node or 0)) == cpulist
+        assert format_cpu_list(topo.cpus.on_node(topo.gpus[0].numa_node or 0)) == cpulist
 
 
 def test_dgx1_worked_example_partitions_tie_at_920(discovered: dict[str, object]) -> None:
