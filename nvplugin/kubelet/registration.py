@@ -10,7 +10,6 @@ Errors travel as plain gRPC errors (status UNKNOWN carrying the message), as the
 
 from __future__ import annotations
 
-import json
 import os
 import posixpath
 import time
@@ -26,6 +25,7 @@ from nvplugin.kubelet.devicemanager import (
     PluginOptions,
     RegistrationRecord,
 )
+from nvplugin.kubelet.topologymanager.options import go_quote
 from nvplugin.plugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from nvplugin.plugin.resources import is_extended_resource_name
 
@@ -35,21 +35,16 @@ KUBELET_SOCKET = "kubelet.sock"
 _log = structlog.get_logger("nvplugin.kubelet.registration")
 
 
-def _go_quote(value: str) -> str:
-    """Go's ``%q`` for a string (close enough: JSON escaping without forcing ASCII)."""
-    return json.dumps(value, ensure_ascii=False)
-
-
 def check_request(version: str, resource_name: str) -> str | None:
     """The kubelet's first two Register checks; the error text, or None when both pass."""
     if version not in SUPPORTED_VERSIONS:
-        supported = "[" + " ".join(_go_quote(v) for v in SUPPORTED_VERSIONS) + "]"
+        supported = "[" + " ".join(go_quote(v) for v in SUPPORTED_VERSIONS) + "]"
         return (
-            f"requested API version {_go_quote(version)} is not supported by kubelet. "
+            f"requested API version {go_quote(version)} is not supported by kubelet. "
             f"Supported version is {supported}"
         )
     if not is_extended_resource_name(resource_name):
-        return f"the ResourceName {_go_quote(resource_name)} is invalid"
+        return f"the ResourceName {go_quote(resource_name)} is invalid"
     return None
 
 
