@@ -39,7 +39,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Collection, Coroutine, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
@@ -188,8 +188,8 @@ class ContainerAllocation:
     container: str
     resource: str
     device_ids: frozenset[str]
-    by_numa: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
-    response: api_pb2.ContainerAllocateResponse | None = None
+    by_numa: Mapping[int, tuple[str, ...]]
+    response: api_pb2.ContainerAllocateResponse
 
 
 class Endpoint:
@@ -715,9 +715,7 @@ class DeviceManager:
         for containers in self._pod_devices.values():
             for resources in containers.values():
                 for resource, entry in resources.items():
-                    held = allocated.setdefault(resource, set())
-                    if entry.response is not None:
-                        held |= entry.device_ids
+                    allocated.setdefault(resource, set()).update(entry.device_ids)
         self._allocated = allocated
 
     def remove_pods(self, pod_uids: Iterable[str]) -> None:
@@ -758,7 +756,6 @@ class DeviceManager:
                 alloc_resp=e.response.SerializeToString(),
             )
             for e in self.allocations()
-            if e.response is not None
         )
         registered = {r: tuple(sorted(ids)) for r, ids in self._healthy.items()}
         return ckpt.CheckpointData(entries, registered)
@@ -1082,9 +1079,7 @@ class DeviceManager:
         reuse = self._reuse.setdefault(pod.uid, {})
         await self.allocate_container_resources(pod, container, reuse)
         held = self._pod_devices.get(pod.uid, {}).get(container.name, {})
-        regular_init = any(c.name == container.name for c in pod.init_containers) and not any(
-            c.name == container.name and c.restartable for c in pod.init_containers
-        )
+        regular_init = container.init and not container.restartable
         for resource, entry in held.items():
             pool = reuse.setdefault(resource, set())
             if regular_init:
@@ -1094,12 +1089,7 @@ class DeviceManager:
 
     async def pre_start(self, pod_uid: str, container: str, resource: str) -> bool:
         """PreStartContainer for one resource if the plugin asked for it; True if called."""
-        if self.primary(resource) is None:
-            raise DevicePluginError(
-                f"endpoint not found in cache for a registered resource: {resource}"
-            )
-        options = self.options(resource)
-        if options is None or not options.pre_start_required:
+        if not self._primary_or_error(resource).options.pre_start_required:
             return False
         devices = self.container_devices(pod_uid, container, resource)
         if devices is None:
@@ -1119,9 +1109,8 @@ class DeviceManager:
                 continue
             await self.pre_start(pod.uid, container.name, resource)
         for _, entry in sorted(self._pod_devices.get(pod.uid, {}).get(container.name, {}).items()):
-            if entry.response is not None:
-                for name, value in entry.response.envs.items():
-                    envs.setdefault(name, value)
+            for name, value in entry.response.envs.items():
+                envs.setdefault(name, value)
         return envs
 
     # --- the synchronous seam --------------------------------------------------------------
