@@ -842,49 +842,49 @@ class DeviceManager:
     def container_hints(self, pod: Pod, container: Container) -> ProviderHints:
         """The kubelet's ``GetTopologyHints`` for one container."""
         self.update_allocated_devices()
-        hints: dict[str, list[TopologyHint] | None] = {}
-        for resource, requested in sorted(self._device_requests([container]).items()):
-            if not self.has_topology_alignment(resource):
-                hints[resource] = None
-                continue
-            allocated = self.container_devices(pod.uid, container.name, resource) or frozenset()
-            if allocated:
-                if len(allocated) != requested:
-                    hints[resource] = []
-                else:
-                    hints[resource] = self._hints_for(resource, allocated, (), requested)
-                continue
-            available = self.available_devices(resource)
-            reusable = self.reusable_devices(pod.uid, resource)
-            if len(available | reusable) < requested:
-                hints[resource] = []
-                continue
-            hints[resource] = self._hints_for(resource, available, reusable, requested)
-        return hints
+        return {
+            resource: self._resource_hints(
+                resource,
+                requested,
+                self.container_devices(pod.uid, container.name, resource) or frozenset(),
+                self.reusable_devices(pod.uid, resource),
+            )
+            for resource, requested in sorted(self._device_requests([container]).items())
+        }
 
     def pod_hints(self, pod: Pod) -> ProviderHints:
         """The kubelet's ``GetPodTopologyHints``: the effective pod request, no reuse."""
         self.update_allocated_devices()
-        hints: dict[str, list[TopologyHint] | None] = {}
-        resources = self._device_requests(pod.all_containers)
-        for resource in sorted(resources):
-            requested = pod.effective_count(resource)
-            if not self.has_topology_alignment(resource):
-                hints[resource] = None
-                continue
-            allocated = self.pod_devices(pod.uid, resource)
-            if allocated:
-                if len(allocated) != requested:
-                    hints[resource] = []
-                else:
-                    hints[resource] = self._hints_for(resource, allocated, (), requested)
-                continue
-            available = self.available_devices(resource)
-            if len(available) < requested:
-                hints[resource] = []
-                continue
-            hints[resource] = self._hints_for(resource, available, (), requested)
-        return hints
+        return {
+            resource: self._resource_hints(
+                resource,
+                pod.effective_count(resource),
+                self.pod_devices(pod.uid, resource),
+                frozenset(),
+            )
+            for resource in sorted(self._device_requests(pod.all_containers))
+        }
+
+    def _resource_hints(
+        self,
+        resource: str,
+        requested: int,
+        allocated: frozenset[str],
+        reusable: frozenset[str],
+    ) -> list[TopologyHint] | None:
+        """One resource's hints, the same for both scopes: None without NUMA alignment; for
+        devices already held, hints over them if the count still matches (else none); else
+        hints over what is free plus reusable, none when that is too little."""
+        if not self.has_topology_alignment(resource):
+            return None
+        if allocated:
+            if len(allocated) != requested:
+                return []
+            return self._hints_for(resource, allocated, (), requested)
+        available = self.available_devices(resource)
+        if len(available | reusable) < requested:
+            return []
+        return self._hints_for(resource, available, reusable, requested)
 
     # --- allocation (kubelet-behaviour.md §5) ------------------------------------------------
 
