@@ -437,7 +437,6 @@ def run_admit(settings: AdmitSettings, pods_path: str) -> AdmitReport:
     check_settings(settings)
     pods = load_pod_file(pods_path)
     topology = load_topology(settings.simulate)
-    build_managers(settings, topology, None)  # start-up errors before any process starts
     return asyncio.run(admit_pods(settings, pods, topology))
 
 

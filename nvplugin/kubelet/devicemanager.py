@@ -441,9 +441,9 @@ class DeviceManager:
         self._devices[resource] = {d.id: d for d in infos}
         self._healthy[resource] = {d.id for d in infos if d.healthy}
         self._unhealthy[resource] = {d.id for d in infos if not d.healthy}
-        self._devices_updated(resource)
+        self._devices_updated()
 
-    def _devices_updated(self, resource: str) -> None:
+    def _devices_updated(self) -> None:
         """After every device update; the kubelet writes its checkpoint here."""
         self.write_checkpoint()
         self._notify()
@@ -468,7 +468,7 @@ class DeviceManager:
             healthy = self._healthy.get(resource, set())
             self._unhealthy.setdefault(resource, set()).update(healthy)
             self._healthy[resource] = set()
-        self._devices_updated(resource)
+        self._devices_updated()
 
     # --- queries -----------------------------------------------------------------------------
 

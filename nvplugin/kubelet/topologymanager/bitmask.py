@@ -47,10 +47,6 @@ class BitMask:
             value |= _bit(b)
         return cls(value)
 
-    @classmethod
-    def from_bits(cls, bits: Iterable[int]) -> BitMask:
-        return cls.of(*bits)
-
     # --- set operations (each returns a new mask) ---
     def add(self, *bits: int) -> BitMask:
         value = self.value

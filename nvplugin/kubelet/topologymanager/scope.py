@@ -130,13 +130,6 @@ class Scope:
     def set_affinity(self, pod_uid: str, container_name: str, hint: TopologyHint) -> None:
         self._hints.setdefault(pod_uid, {})[container_name] = hint
 
-    def remove_container(self, pod_uid: str, container_name: str) -> None:
-        hints = self._hints.get(pod_uid)
-        if hints is not None:
-            hints.pop(container_name, None)
-            if not hints:
-                del self._hints[pod_uid]
-
     def remove_pod(self, pod_uid: str) -> None:
         self._hints.pop(pod_uid, None)
 
