@@ -64,21 +64,22 @@ def devices(simulate: str | None, output: str, config_path: str | None) -> None:
     from nvplugin.node import load_topology, report
 
     topo = load_topology(simulate)
-    if config_path is None:
-        render = report.devices_json if output == "json" else report.devices_table
-        click.echo(render(topo), nl=False)
-        return
-    from nvplugin.config import load_config
-    from nvplugin.plugin.resources import plan_resources
+    labels = plan_dict = None
+    if config_path is not None:
+        from nvplugin.config import load_config
+        from nvplugin.plugin.resources import plan_resources
 
-    config = load_config(config_path)
-    plan = plan_resources(topo.gpus, config.resource_name, config.resources, config.time_slicing)
-    for warning in plan.warnings:
-        click.echo(f"warning: {warning}", err=True)
+        config = load_config(config_path)
+        plan = plan_resources(
+            topo.gpus, config.resource_name, config.resources, config.time_slicing
+        )
+        for warning in plan.warnings:
+            click.echo(f"warning: {warning}", err=True)
+        labels, plan_dict = plan.labels(), plan.as_dict()
     if output == "json":
-        click.echo(report.devices_json(topo, plan.labels(), plan.as_dict()), nl=False)
+        click.echo(report.devices_json(topo, labels, plan_dict), nl=False)
     else:
-        click.echo(report.devices_table(topo, plan.labels()), nl=False)
+        click.echo(report.devices_table(topo, labels), nl=False)
 
 
 @main.command()

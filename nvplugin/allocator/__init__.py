@@ -51,15 +51,15 @@ def explain_allocation(
     tables (to score any policy's answer), so it is for the CLI, not for request paths."""
     from nvplugin.allocator.besteffort import BestEffort
 
+    check_policy_name(name)
+    request = check_request(len(topology), available, must_include, size)
+    if request.impossible:  # every policy answers nothing: no tables needed to say why
+        return Allocation(name, (), None, None, reason=request.impossible)
     best_effort = BestEffort(topology)
     if name == best_effort.name:
         return best_effort.solve(available, must_include, size)
-    policy = make_policy(name, topology)
-    indices = policy.allocate(available, must_include, size)
-    if not indices:
-        reason = check_request(len(topology), available, must_include, size).impossible
-        return Allocation(policy.name, (), None, None, reason=reason)
-    return best_effort.evaluate(available, indices, policy.name)
+    indices = make_policy(name, topology).allocate(available, must_include, size)
+    return best_effort.evaluate(available, indices, name)
 
 
 __all__ = [

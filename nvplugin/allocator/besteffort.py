@@ -97,7 +97,7 @@ class BestEffort:
         """Score a group another policy chose: its own score and the best partition of
         ``available`` that contains it as a full group (``partition_score``)."""
         request = check_request(len(self._topology), available, group, len(group))
-        if request.impossible or not group:
+        if request.impossible:
             return Allocation(policy, (), None, None, reason=request.impossible)
         tables, labels = self._tables_for(request)
         answer = self._explain(tables, labels, request, _relabel(request.must_include_mask, labels))

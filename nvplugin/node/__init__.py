@@ -56,14 +56,17 @@ def open_node(simulate: str | None = None, *, sysfs_root: str | None = None) -> 
     """
     from nvplugin.node.nvml import Nvml
 
-    if simulate is None:
-        root = sysfs_root or "/sys"
+    def discover(root: str, name: str) -> tuple[Nvml, Topology]:
         session = Nvml(root)
         try:
-            topology = session.discover(platform.node() or "localhost")
+            return session, session.discover(name)
         except BaseException:
             session.close()
             raise
+
+    if simulate is None:
+        root = sysfs_root or "/sys"
+        session, topology = discover(root, platform.node() or "localhost")
         return NodeSession(topology, session, None, root)
 
     from nvplugin.node.nodefile import load_node
@@ -72,12 +75,7 @@ def open_node(simulate: str | None = None, *, sysfs_root: str | None = None) -> 
     spec = load_node(simulate)
     simulation = SimulatedNvml(spec, sysfs_root=sysfs_root).install()
     try:
-        session = Nvml(simulation.sysfs_root)
-        try:
-            topology = session.discover(spec.name)
-        except BaseException:
-            session.close()
-            raise
+        session, topology = discover(simulation.sysfs_root, spec.name)
     except BaseException:
         simulation.uninstall()
         raise

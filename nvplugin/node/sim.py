@@ -279,7 +279,14 @@ class SimulatedNvml:
         except (TypeError, ctypes.ArgumentError):
             raise self._error(self._pynvml.NVML_ERROR_INVALID_ARGUMENT) from None
         index, rest = divmod(offset, 16)
-        if rest or not 0 <= index < len(self.spec.gpus):
+        if rest:
+            raise self._error(self._pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return self._check_index(index)
+
+    def _check_index(self, index: int) -> int:
+        """``index`` if it names a GPU that answers; raises like NVML otherwise."""
+        self._require_init()
+        if not 0 <= index < len(self.spec.gpus):
             raise self._error(self._pynvml.NVML_ERROR_INVALID_ARGUMENT)
         if self.is_lost(index):
             raise self._error(self._pynvml.NVML_ERROR_GPU_IS_LOST)
@@ -336,12 +343,7 @@ class SimulatedNvml:
         return len(self.spec.gpus)
 
     def nvmlDeviceGetHandleByIndex(self, index: int) -> Any:
-        self._require_init()
-        if not 0 <= index < len(self.spec.gpus):
-            raise self._error(self._pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        if self.is_lost(index):
-            raise self._error(self._pynvml.NVML_ERROR_GPU_IS_LOST)
-        return self._handles[index]
+        return self._handles[self._check_index(index)]
 
     def nvmlDeviceGetUUID(self, handle: Any) -> str:
         return self.spec.gpus[self._device(handle)].uuid
