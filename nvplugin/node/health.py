@@ -254,13 +254,8 @@ class HealthMonitor:
             if event.xid is not None:
                 _log.debug("ignored xid", gpu=event.index, xid=event.xid)
             return
-        now = self._clock()
-        gpu.last_fault = now
-        gpu.next_probe = now + self._settings.recovery_quiet_s
-        if gpu.healthy:
-            gpu.healthy = False
-            reason = {"lost": True} if lost else {"xid": event.xid}
-            _log.info("gpu unhealthy", gpu=event.index, **reason)
+        reason: dict[str, object] = {"lost": True} if lost else {"xid": event.xid}
+        if self._fault(event.index, self._clock(), **reason):
             self._publish()
         if lost:
             # Rebuild the event set without it (the next open probes every GPU): a lost GPU in
@@ -298,15 +293,21 @@ class HealthMonitor:
         """A GPU that failed its probe is lost (and Unhealthy); one that answered is not lost."""
         now = self._clock()
         for index, ok in answers.items():
-            gpu = self._gpus[index]
-            gpu.lost = not ok
-            if ok:
-                continue
-            gpu.last_fault = now
-            gpu.next_probe = now + self._settings.recovery_quiet_s
-            if gpu.healthy:
-                gpu.healthy = False
-                _log.info("gpu unhealthy", gpu=index, lost=True, probe="failed")
+            self._gpus[index].lost = not ok
+            if not ok:
+                self._fault(index, now, lost=True, probe="failed")
+
+    def _fault(self, index: int, now: float, **reason: object) -> bool:
+        """A fault of GPU ``index`` at ``now``: it is Unhealthy and its quiet period (recovery)
+        starts again. True when it was Healthy until now (the caller publishes)."""
+        gpu = self._gpus[index]
+        gpu.last_fault = now
+        gpu.next_probe = now + self._settings.recovery_quiet_s
+        if not gpu.healthy:
+            return False
+        gpu.healthy = False
+        _log.info("gpu unhealthy", gpu=index, **reason)
+        return True
 
     def _probe(self, index: int) -> bool:
         try:
