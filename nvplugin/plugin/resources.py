@@ -33,6 +33,8 @@ from nvplugin.plugin.sharing import (
     ReplicatedResource,
     TimeSlicing,
     ValueProblem,
+    check_keys,
+    string_field,
 )
 
 DEFAULT_RESOURCE_NAME = "nvidia.com/gpu"
@@ -187,20 +189,11 @@ def parse_gpu_patterns(value: object) -> tuple[GpuPattern, ...]:
         at = f"[{number}]"
         if not isinstance(item, dict):
             raise ValueProblem(at, f"expected a mapping {{pattern, name}}, got {describe(item)}")
-        for key in item:
-            if key not in ("pattern", "name"):
-                raise ValueProblem(f"{at}.{key}", "unknown key; valid keys here: pattern, name")
-        fields = []
-        for key in ("pattern", "name"):
-            if key not in item:
-                raise ValueProblem(f"{at}.{key}", "is missing")
-            text = item[key]
-            if not isinstance(text, str) or not text:
-                raise ValueProblem(
-                    f"{at}.{key}", "expected a non-empty string, got " + describe(text)
-                )
-            fields.append(text)
-        out.append(GpuPattern(fields[0], fields[1]))
+        check_keys(item, ("pattern", "name"), at)
+        pattern = string_field(item, "pattern", at, required=True)
+        name = string_field(item, "name", at, required=True)
+        assert pattern is not None and name is not None  # required
+        out.append(GpuPattern(pattern, name))
     return tuple(out)
 
 

@@ -118,8 +118,8 @@ def parse_replicated_resources(value: object) -> tuple[ReplicatedResource, ...]:
             raise ValueProblem(
                 at, "expected a mapping {name, replicas, rename}, got " + describe(item)
             )
-        _known_keys(item, _ENTRY_KEYS, at)
-        name = _string(item, "name", at, required=True)
+        check_keys(item, _ENTRY_KEYS, at)
+        name = string_field(item, "name", at, required=True)
         replicas = item.get("replicas")
         if "replicas" not in item:
             raise ValueProblem(f"{at}.replicas", "is missing (how many devices per GPU, >= 2)")
@@ -131,7 +131,7 @@ def parse_replicated_resources(value: object) -> tuple[ReplicatedResource, ...]:
                 f"{replicas} is less than {MIN_REPLICAS} (one replica per GPU is not sharing; "
                 "leave the resource out of sharing.timeSlicing instead)",
             )
-        rename = _string(item, "rename", at, required=False)
+        rename = string_field(item, "rename", at, required=False)
         if "devices" in item and item["devices"] != "all":
             raise ValueProblem(
                 f"{at}.devices",
@@ -143,13 +143,15 @@ def parse_replicated_resources(value: object) -> tuple[ReplicatedResource, ...]:
     return tuple(out)
 
 
-def _known_keys(item: dict[object, object], known: tuple[str, ...], at: str) -> None:
+def check_keys(item: dict[object, object], known: tuple[str, ...], at: str) -> None:
+    """ValueProblem for a key of the config mapping ``item`` (at ``at``) not in ``known``."""
     for key in item:
         if key not in known:
             raise ValueProblem(f"{at}.{key}", f"unknown key; valid keys here: {', '.join(known)}")
 
 
-def _string(item: dict[object, object], key: str, at: str, *, required: bool) -> str | None:
+def string_field(item: dict[object, object], key: str, at: str, *, required: bool) -> str | None:
+    """``item[key]`` as a non-empty string (None when absent and not ``required``)."""
     if key not in item:
         if required:
             raise ValueProblem(f"{at}.{key}", "is missing")
