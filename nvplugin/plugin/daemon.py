@@ -396,7 +396,6 @@ class Daemon:
             sock,
             service,
             config.kubelet_socket_path,
-            service.options,
             watcher,
             on_registered=registered,
             on_unregistered=unregistered,

@@ -173,7 +173,6 @@ class Registrar:
         plugin_socket: PluginSocket,
         service: DevicePluginService,
         kubelet_socket: str,
-        options: api_pb2.DevicePluginOptions,
         watcher: DirWatcher,
         *,
         backoff: Backoff | None = None,
@@ -188,7 +187,7 @@ class Registrar:
             version=API_VERSION,
             endpoint=os.path.basename(plugin_socket.path),
             resource_name=service.resource_name,
-            options=options,
+            options=service.options,
         )
         self._watcher = watcher
         self._backoff = backoff if backoff is not None else Backoff()
@@ -199,10 +198,6 @@ class Registrar:
         self._last_serve_error = ""
         self._log = get_logger("nvplugin.registration", resource=service.resource_name)
         self.registrations = 0
-
-    @property
-    def request(self) -> api_pb2.RegisterRequest:
-        return self._request
 
     async def run(self) -> None:
         """Serve and register until cancelled. The socket must already be started once."""

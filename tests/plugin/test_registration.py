@@ -32,7 +32,6 @@ async def start_plugin(
         sock,
         service,
         os.path.join(directory, "kubelet.sock"),
-        service.options,
         watcher,
         backoff=Backoff(0.05, 0.5),
     )
