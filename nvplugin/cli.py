@@ -207,14 +207,14 @@ def preferred(
     metavar="HOST:PORT",
     help="Serve Prometheus metrics on http://HOST:PORT/metrics (default: off).",
 )
-@click.option("--discovery-retry-s", type=float, default=30.0, hidden=True)
-@click.option("--socket-give-up-s", type=float, default=20.0, hidden=True)
+@click.option("--discovery-retry-s", type=float, hidden=True)  # tests: shorter waits
+@click.option("--socket-give-up-s", type=float, hidden=True)
 @user_errors
 def serve(
     simulate: str | None,
     config_path: str | None,
-    discovery_retry_s: float,
-    socket_give_up_s: float,
+    discovery_retry_s: float | None,
+    socket_give_up_s: float | None,
     **flags: object,
 ) -> None:
     """Run the device plugin: serve the kubelet, register, follow its restarts and GPU health.
@@ -232,13 +232,14 @@ def serve(
     def load() -> Any:
         return load_config(config_path, flags=flags, env=env)
 
+    # The daemon's own defaults apply unless a test shortens them.
+    timing = {"discovery_retry_s": discovery_retry_s, "serve_give_up_s": socket_give_up_s}
     sys.exit(
         run_daemon(
             load(),
             reload=load,
             simulate=simulate,
-            discovery_retry_s=discovery_retry_s,
-            serve_give_up_s=socket_give_up_s,
+            **{name: value for name, value in timing.items() if value is not None},
         )
     )
 
