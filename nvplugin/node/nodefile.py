@@ -34,9 +34,6 @@ from typing import Any, NoReturn
 from nvplugin.errors import InputError
 from nvplugin.node.model import MAX_NVLINKS, CpuLayout, Gpu, Link, Pcie, Topology
 
-MAX_LINKS_PER_GPU = MAX_NVLINKS
-"""The most NVLinks one GPU may have in all (direct links plus links into an NVSwitch fabric)."""
-
 MAX_GPUS = 128
 MAX_NUMA_NODES = 64
 MAX_CPUS = 4096
@@ -403,7 +400,7 @@ class _Parser:
             switch = 0
             if "nvswitch_links" in data:
                 switch = self.integer(
-                    data["nvswitch_links"], f"{field}.nvswitch_links", 0, MAX_LINKS_PER_GPU
+                    data["nvswitch_links"], f"{field}.nvswitch_links", 0, MAX_NVLINKS
                 )
             gpus.append(GpuSpec(i, name, uuid, memory, bus_id, numa, switch))
         return tuple(gpus)
@@ -512,11 +509,11 @@ class _Parser:
                 else:
                     direct += link.nvlinks
             total = direct + gpu.nvswitch_links
-            if total > MAX_LINKS_PER_GPU:
+            if total > MAX_NVLINKS:
                 self.fail(
                     f"gpus[{i}]",
                     f"GPU{i} has {total} NVLinks in all (direct links in its links row plus "
-                    f"nvswitch_links); a GPU has at most {MAX_LINKS_PER_GPU}",
+                    f"nvswitch_links); a GPU has at most {MAX_NVLINKS}",
                     total,
                 )
 

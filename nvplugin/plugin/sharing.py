@@ -103,7 +103,7 @@ _ENTRY_KEYS = ("name", "replicas", "rename", "devices")
 def parse_replicated_resources(value: object) -> tuple[ReplicatedResource, ...]:
     """Check ``sharing.timeSlicing.resources`` (a list of ``{name, replicas, rename?}``).
 
-    Names stay as written (short or full); :func:`nvplugin.plugin.resources.check_layout`
+    Names stay as written (short or full); :func:`nvplugin.plugin.resources.resolve_layout`
     resolves and cross-checks them. ``devices: all`` (NVIDIA's default) is accepted so ported
     configs load; a device subset is refused rather than ignored.
     """
