@@ -19,8 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
-
+from nvplugin import yamlinput
 from nvplugin.allocator import POLICY_NAMES
 from nvplugin.errors import InputError, describe
 from nvplugin.node.health import DEFAULT_IGNORED_XIDS, HealthSettings
@@ -436,20 +435,7 @@ def load_config(
 
 def _read_file(path: str) -> dict[str, object]:
     where = f"config file {path}"
-    try:
-        with open(path, encoding="utf-8") as handle:
-            document = yaml.safe_load(handle)
-    except FileNotFoundError:
-        raise InputError(f"{where}: no such file") from None
-    except IsADirectoryError:
-        raise InputError(f"{where}: is a directory, not a file") from None
-    except OSError as exc:
-        raise InputError(f"{where}: cannot read it: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise InputError(f"{where}: not valid YAML{at}: {problem}") from None
+    document = yamlinput.load(yamlinput.read_text(path, where), where)
     if document is None:
         document = {}
     if not isinstance(document, dict):

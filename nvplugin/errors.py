@@ -4,11 +4,18 @@
 
 from __future__ import annotations
 
+MAX_MESSAGE = 2000
+"""Longest message an error keeps: a last guard for values no caller thought to shorten (a log
+line or a terminal should never receive a user's megabyte)."""
+
 
 class NvpluginError(Exception):
     """A failure with a message fit for a user; never shown with a traceback."""
 
     exit_code = 1
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(shortened(message, MAX_MESSAGE))
 
 
 class InputError(NvpluginError):
@@ -18,15 +25,28 @@ class InputError(NvpluginError):
 
 
 def describe(value: object) -> str:
-    """A value as an error message shows it: ``null``, ``a mapping``, ``a list`` or its repr and
-    type, e.g. ``'yes' (str)``."""
+    """A value as an error message shows it: ``null``, ``a mapping``, ``a list`` or its bounded
+    repr and type, e.g. ``'yes' (str)``."""
     if value is None:
         return "null"
     if isinstance(value, dict):
         return "a mapping"
     if isinstance(value, list):
         return "a list"
-    return f"{value!r} ({type(value).__name__})"
+    return f"{show(value)} ({type(value).__name__})"
+
+
+def show(value: object, limit: int = 80) -> str:
+    """``repr(value)`` for a message, never longer than about ``limit`` characters and never
+    failing: Python refuses to print an int of more than 4300 digits (ValueError), and a user's
+    value may be megabytes long."""
+    if isinstance(value, int) and value.bit_length() > 4 * limit:
+        return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
+    try:
+        text = repr(value)
+    except Exception:  # an object whose repr fails still gets a message
+        return f"a {type(value).__name__}"
+    return shortened(text, limit)
 
 
 def shortened(text: str, limit: int) -> str:

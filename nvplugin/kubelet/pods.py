@@ -28,8 +28,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from nvplugin import yamlinput
 from nvplugin.errors import InputError
 
 QOS_GUARANTEED = "Guaranteed"
@@ -287,25 +286,12 @@ class _Doc:
 
 def load_pod_file(path: str | Path) -> list[Pod]:
     """Pods from a YAML file (one or many documents; ``kind: List`` of Pods too)."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise InputError(f"{p}: cannot read pod file: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise InputError(f"{p}: not a UTF-8 text file") from None
-    return load_pods(text, str(p))
+    return load_pods(yamlinput.read_text(path, f"pod file {path}"), str(path))
 
 
 def load_pods(text: str, source: str = "<input>") -> list[Pod]:
     """Pods from YAML text, in document order; duplicate namespace/name is an error."""
-    try:
-        documents = list(yaml.safe_load_all(text))
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise InputError(f"{source}: not valid YAML{at}: {problem}") from None
+    documents = yamlinput.load_all(text, source)
     pods: list[Pod] = []
     seen: dict[tuple[str, str], str] = {}
     for number, document in enumerate(documents, start=1):

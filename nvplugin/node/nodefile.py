@@ -28,10 +28,11 @@ import uuid as uuidlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
-from pathlib import Path
 from typing import Any, NoReturn
 
-from nvplugin.errors import InputError
+from nvplugin import yamlinput
+from nvplugin.errors import InputError, shortened
+from nvplugin.errors import show as show_value
 from nvplugin.node.model import MAX_NVLINKS, CpuLayout, Gpu, Link, Pcie, Topology
 
 MAX_GPUS = 128
@@ -155,12 +156,8 @@ def load_node(name_or_path: str) -> NodeSpec:
                 f"unknown node {name_or_path!r}: not a built-in node "
                 f"(built-in nodes: {', '.join(names)}) and no such node file"
             )
-    try:
-        text = Path(name_or_path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise InputError(f"node file {name_or_path}: cannot read it: {reason}") from None
-    return parse_node(text, f"node file {name_or_path}")
+    source = f"node file {name_or_path}"
+    return parse_node(yamlinput.read_text(name_or_path, source), source)
 
 
 def parse_node(text: str, source: str) -> NodeSpec:
@@ -200,33 +197,6 @@ def _indent_links_block(text: str) -> str:
     return "\n".join(lines)
 
 
-def _loader() -> type[Any]:
-    import yaml
-
-    base: type[Any] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-    class StrictLoader(base):  # type: ignore[misc]
-        """A safe loader that refuses duplicate mapping keys (the last would silently win)."""
-
-        def construct_mapping(self, node: Any, deep: bool = False) -> dict[Any, Any]:
-            seen: set[Any] = set()
-            for key_node, _ in node.value:
-                key = self.construct_object(key_node, deep=deep)
-                try:
-                    duplicate = key in seen
-                except TypeError:
-                    duplicate = False
-                if duplicate:
-                    raise yaml.constructor.ConstructorError(
-                        None, None, f"duplicate key {key!r}", key_node.start_mark
-                    )
-                seen.add(key)
-            result: dict[Any, Any] = super().construct_mapping(node, deep=deep)
-            return result
-
-    return StrictLoader
-
-
 def _parse_pcie(text: str) -> Pcie | None:
     try:
         return Pcie[text]
@@ -239,7 +209,7 @@ class _Parser:
         self.source = source
 
     def fail(self, field: str, problem: str, value: Any = None, *, show: bool = True) -> NoReturn:
-        shown = f" (got {value!r})" if show else ""
+        shown = f" (got {show_value(value)})" if show else ""
         raise InputError(f"{self.source}: {field}: {problem}{shown}")
 
     # -- typed field readers ------------------------------------------------------------------
@@ -248,7 +218,8 @@ class _Parser:
             self.fail(field or "top level", "must be a mapping", data)
         for key in data:
             if key not in allowed:
-                where = f"{field}.{key}" if field else str(key)
+                shown = shortened(str(key), 40)
+                where = f"{field}.{shown}" if field else shown
                 self.fail(where, f"unknown key (allowed: {', '.join(allowed)})", key)
         return data
 
@@ -278,15 +249,7 @@ class _Parser:
 
     # -- the file -----------------------------------------------------------------------------
     def parse(self, text: str) -> NodeSpec:
-        import yaml
-
-        try:
-            data = yaml.load(_indent_links_block(text), Loader=_loader())
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "YAML"
-            problem = getattr(exc, "problem", None) or str(exc)
-            raise InputError(f"{self.source}: {where}: invalid YAML: {problem}") from None
+        data = yamlinput.load(_indent_links_block(text), self.source)
         top = self.keys(data, "", _TOP_KEYS)
         for required in ("version", "name", "gpus", "links"):
             if required not in top:

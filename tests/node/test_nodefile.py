@@ -209,7 +209,7 @@ BAD = [
     (
         "bad-yaml",
         GOOD + "gpus: [\n",
-        ["invalid YAML"],
+        ["not valid YAML"],
     ),
     (
         "version",
@@ -283,7 +283,7 @@ def test_unknown_builtin_lists_builtins() -> None:
 def test_missing_node_file() -> None:
     result = _cli("devices", "--simulate", "/nonexistent/node.yaml")
     assert result.returncode == 2
-    assert "node file /nonexistent/node.yaml: cannot read it: No such file" in result.stderr
+    assert "node file /nonexistent/node.yaml: no such file" in result.stderr
 
 
 # -- hypothesis: node file -> fake NVML -> discovery -> the same node --------------------------

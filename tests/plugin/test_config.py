@@ -182,7 +182,7 @@ def test_env_values_are_parsed_and_checked() -> None:
         ("resource_name: a/b\n", 'key "version" is missing; set it to v1'),
         ("version: v2\n", "key \"version\": 'v2' (str) is not supported"),
         ("- a\n- b\n", "expected a mapping of keys, got a list"),
-        ("version: v1\nlog: [\n", "not valid YAML at line"),
+        ("version: v1\nlog: [\n", "line 3, column 1: not valid YAML"),
     ],
 )
 def test_bad_files_name_the_key(text: str, expected: str) -> None:

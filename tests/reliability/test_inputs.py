@@ -1,0 +1,139 @@
+"""Hostile input files: each is refused with a message and exit 2, in bounded time and memory, by
+the one bounded reader (nvplugin/yamlinput.py) that config, node and pod files go through.
+
+Each case runs the real command in a subprocess whose address space is capped, so a loader that
+expanded an alias bomb or recursed into deep nesting would fail the test (MemoryError, a crash or
+the timeout), not the machine.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nvplugin import yamlinput
+from nvplugin.errors import InputError, describe
+
+MEMORY_CAP = 1 << 30  # bytes of address space for each command
+TIMEOUT_S = 60.0  # generous: the refusals take milliseconds; the cap is for a loaded machine
+
+# 575 bytes that expand to 10^9 nodes if every alias is followed.
+ALIAS_BOMB = "\n".join(
+    [
+        'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]',
+        *(
+            f"{chr(c)}: &{chr(c)} [{','.join(['*' + chr(c - 1)] * 9)}]"
+            for c in range(ord("b"), ord("j"))
+        ),
+        "gpus: *i",
+    ]
+)
+DEEP = "[" * 200_000 + "]" * 200_000
+NODE_HEAD = "version: 1\nname: x\n"
+
+
+def _run(command: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NVPLUGIN_")}
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP, MEMORY_CAP))
+
+    return subprocess.run(
+        [sys.executable, "-m", "nvplugin", command, *args],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        env=env,
+        preexec_fn=cap,
+    )
+
+
+def _refused(done: subprocess.CompletedProcess[str], *fragments: str) -> None:
+    assert done.returncode == 2, (done.returncode, done.stderr[-2000:])
+    assert "Traceback" not in done.stderr
+    assert done.stderr.startswith("error: ") and done.stderr.count("\n") == 1, done.stderr[:2000]
+    assert len(done.stderr) < 1000, "an error message must not render the input"
+    for fragment in fragments:
+        assert fragment in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "fragment"),
+    [
+        ("alias-bomb", NODE_HEAD + ALIAS_BOMB, "aliases are expanded"),
+        ("deep-nesting", NODE_HEAD + "gpus: " + DEEP, "nested deeper than 64 levels"),
+        ("huge-integer", NODE_HEAD + "gpus: " + "9" * 5000, "not valid YAML"),
+        ("huge-key", NODE_HEAD + "? " + "x" * 100_000 + "\n: 1", "unknown key"),
+    ],
+)
+def test_node_files_refused_in_bounded_time_and_memory(
+    tmp_path: Path, name: str, text: str, fragment: str
+) -> None:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(text)
+    for command in ("topo", "devices"):
+        _refused(_run(command, "--simulate", str(path)), f"node file {path}", fragment)
+
+
+@pytest.mark.parametrize(
+    ("name", "data", "fragment"),
+    [
+        ("alias-bomb", ("version: v1\n" + ALIAS_BOMB).encode(), "aliases are expanded"),
+        ("deep-nesting", ("version: v1\nlog: " + DEEP).encode(), "nested deeper"),
+        ("huge-integer", b"version: v1\nhealth:\n  enabled: " + b"1" * 5000, "digits"),
+        ("non-utf8", b"version: v1\nlog:\n  level: \xff\n", "byte 0xff at offset 26"),
+        ("too-big", b"version: v1\n#" + b"x" * yamlinput.MAX_BYTES, "larger than"),
+    ],
+)
+def test_config_files_refused_at_start_with_exit_2(
+    tmp_path: Path, name: str, data: bytes, fragment: str
+) -> None:
+    path = tmp_path / f"{name}.yaml"
+    path.write_bytes(data)
+    done = _run("serve", "--config", str(path), "--simulate", "workstation-4gpu")
+    _refused(done, f"config file {path}", fragment)
+
+
+def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path: Path) -> None:
+    fifo = tmp_path / "config.yaml"
+    os.mkfifo(fifo)
+    done = _run("serve", "--config", str(fifo), "--simulate", "workstation-4gpu")
+    _refused(done, f"config file {fifo}: not a regular file")
+
+
+def test_pod_files_go_through_the_same_bounds(tmp_path: Path) -> None:
+    path = tmp_path / "pods.yaml"
+    path.write_text("apiVersion: v1\nkind: Pod\nmetadata:\n  " + ALIAS_BOMB.replace("\n", "\n  "))
+    done = _run("admit", "--simulate", "workstation-4gpu", str(path))
+    _refused(done, "aliases are expanded")
+
+
+def test_bounds_count_aliases_by_what_they_expand_to() -> None:
+    # Aliases are fine while the expansion stays under the bound.
+    small = "a: &a [1, 2, 3]\nb: [*a, *a, *a]\n"
+    assert yamlinput.load(small, "s") == {"a": [1, 2, 3], "b": [[1, 2, 3]] * 3}
+    with pytest.raises(InputError, match="line 7, column 8: more than 1000000 values"):
+        yamlinput.load(ALIAS_BOMB, "bomb")
+
+
+def test_depth_is_counted_in_block_style_too() -> None:
+    text = "".join(" " * depth + f"k{depth}:\n" for depth in range(100))
+    with pytest.raises(InputError, match="line 65, column 65: nested deeper than 64 levels"):
+        yamlinput.load(text, "deep")
+    yamlinput.load("".join(" " * depth + f"k{depth}:\n" for depth in range(60)), "fine")
+
+
+def test_duplicate_keys_are_refused() -> None:
+    with pytest.raises(InputError, match="line 2, column 1: not valid YAML: duplicate key 'a'"):
+        yamlinput.load("a: 1\na: 2\n", "dup")
+
+
+def test_describe_stays_short_for_any_value() -> None:
+    assert describe(10**5000) == "an integer of about 5001 digits (int)"
+    long = describe("x" * 10**6)
+    assert len(long) < 200 and "1000002 characters" in long
