@@ -44,7 +44,8 @@ def main() -> None:
 
 _SIMULATE_HELP = (
     "Simulate a node instead of asking NVML: a built-in node name (dgx-1, dgx-2, dgx-a100, "
-    "dgx-h100, pcie-8gpu, workstation-4gpu, no-numa, mixed-a100-t4) or a node-file path."
+    "dgx-a100-mig, dgx-h100, pcie-8gpu, workstation-4gpu, no-numa, mixed-a100-t4) or a "
+    "node-file path."
 )
 
 

@@ -56,8 +56,8 @@ def open_node(simulate: str | None = None, *, sysfs_root: str | None = None) -> 
     """
     from nvplugin.node.nvml import Nvml
 
-    def discover(root: str, name: str) -> tuple[Nvml, Topology]:
-        session = Nvml(root)
+    def discover(root: str, name: str, driver_root: str = "/") -> tuple[Nvml, Topology]:
+        session = Nvml(root, driver_root)
         try:
             return session, session.discover(name)
         except BaseException:
@@ -75,7 +75,7 @@ def open_node(simulate: str | None = None, *, sysfs_root: str | None = None) -> 
     spec = load_node(simulate)
     simulation = SimulatedNvml(spec, sysfs_root=sysfs_root).install()
     try:
-        session, topology = discover(simulation.sysfs_root, spec.name)
+        session, topology = discover(simulation.sysfs_root, spec.name, simulation.driver_root)
     except BaseException:
         simulation.uninstall()
         raise

@@ -14,6 +14,11 @@ The rules (issue 4, item 4), kept here and nowhere else:
   critical Xid (or loss) arrived for it for ``recovery_quiet_s`` and a cheap NVML probe of it
   succeeds. NVIDIA's plugin never recovers a GPU; a node had to be rebooted for one Xid 48.
 - Health checks disabled: every GPU is Healthy for good and no event set is created.
+- MIG: events come from the parent GPU (Xid events are registered on it), so the map stays per
+  GPU and a MIG device is exactly as healthy as its parent (:func:`mig_health`): an Xid on the
+  parent, or its loss, makes every one of its MIG devices Unhealthy, and its recovery brings them
+  all back. (NVIDIA's plugin kept one device per parent UUID and so marked at most one MIG
+  device: its issue #1929.)
 
 NVML calls block, so the loop runs on its own thread with short waits (a wait returns as soon as an
 event arrives, so a change reaches ``on_change`` within milliseconds; the short timeout bounds how
@@ -25,12 +30,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import structlog
 
+from nvplugin.node.model import MigDevice
 from nvplugin.node.nvml import GpuEvent
 
 DEFAULT_IGNORED_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
@@ -326,3 +332,9 @@ class HealthMonitor:
             self._on_change(dict(current))
         except Exception as exc:  # a bad callback must not end health monitoring
             _log.error("health change callback failed", error=repr(exc))
+
+
+def mig_health(health: Mapping[int, bool], devices: Iterable[MigDevice]) -> dict[str, bool]:
+    """MIG device UUID -> healthy, from the per-GPU map: each device takes its parent's health
+    (a parent the map does not cover is not watched, hence Healthy)."""
+    return {device.uuid: health.get(device.parent, True) for device in devices}

@@ -68,8 +68,51 @@ class Link:
 
 
 @dataclass(frozen=True, slots=True)
+class MigCaps:
+    """The ``/dev/nvidia-caps/nvidia-cap<minor>`` minors a container needs for one MIG device:
+    its GPU instance's and its compute instance's access capabilities (``mig-minors``)."""
+
+    gpu_instance: int
+    compute_instance: int
+
+
+@dataclass(frozen=True, slots=True)
+class MigDevice:
+    """One MIG device (a GPU instance with a compute instance) as NVML reports it.
+
+    ``parent`` is the parent GPU's NVML index and ``index`` the MIG device's index under it
+    (``nvmlDeviceGetMigDeviceHandleByIndex``): NVIDIA's ``deviceIDStrategy: index`` names it
+    ``<parent>:<index>``. ``profile`` is the name NVIDIA's plugin and nvidia-smi use (``1g.5gb``,
+    ``1c.3g.20gb``, ``1g.10gb+me``); ``slices`` the GPU instance's compute slices; ``placement``
+    its (start, size) in memory slices. ``caps`` is None when the driver's ``mig-minors`` file
+    could not be read. The NUMA node is the parent's: a MIG device has no PCI function of its own.
+    """
+
+    parent: int
+    index: int
+    uuid: str
+    profile: str
+    gpu_instance: int
+    compute_instance: int
+    memory_mib: int
+    slices: int
+    placement: tuple[int, int]
+    caps: MigCaps | None = None
+
+    @property
+    def label(self) -> str:
+        """``<parent>:<index>``, as NVIDIA writes MIG device indices."""
+        return f"{self.parent}:{self.index}"
+
+
+@dataclass(frozen=True, slots=True)
 class Gpu:
-    """One GPU as NVML reports it. ``index`` is the NVML index; ``numa_node`` None = unknown."""
+    """One GPU as NVML reports it. ``index`` is the NVML index; ``numa_node`` None = unknown.
+
+    ``mig_enabled`` is the current MIG mode (a GPU without MIG support reports False);
+    ``mig_devices`` its MIG devices in MIG index order (none when MIG is off, and possibly none
+    when it is on: instances are created separately).
+    """
 
     index: int
     uuid: str
@@ -78,6 +121,8 @@ class Gpu:
     pci_bus_id: str
     minor: int
     numa_node: int | None
+    mig_enabled: bool = False
+    mig_devices: tuple[MigDevice, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,6 +265,7 @@ class Topology:
         uuids = {g.uuid: g for g in self.gpus}
         if len(uuids) != n:
             raise ValueError("duplicate GPU UUIDs")
+        _check_mig(self.gpus, set(uuids))
         scores = tuple(
             tuple(0 if link is None else link.score for link in row) for row in self.links
         )
@@ -260,6 +306,29 @@ class Topology:
         return self._by_uuid.get(uuid)
 
     @property
+    def mig_devices(self) -> tuple[MigDevice, ...]:
+        """Every MIG device of the node, by parent GPU index, then MIG index."""
+        return tuple(mig for gpu in self.gpus for mig in gpu.mig_devices)
+
+    @property
     def numa_nodes(self) -> tuple[int, ...]:
         """The machine's NUMA node ids, 0..k-1."""
         return tuple(range(len(self.numa_distances)))
+
+
+def _check_mig(gpus: Sequence[Gpu], gpu_uuids: set[str]) -> None:
+    """MIG devices belong to a MIG-enabled parent, in MIG index order, with UUIDs unique on the
+    node (a MIG UUID is a device ID the kubelet sees beside GPU UUIDs)."""
+    seen = set(gpu_uuids)
+    for gpu in gpus:
+        if gpu.mig_devices and not gpu.mig_enabled:
+            raise ValueError(f"GPU{gpu.index} has MIG devices but MIG mode off")
+        indices = [mig.index for mig in gpu.mig_devices]
+        if indices != sorted(set(indices)):
+            raise ValueError(f"GPU{gpu.index} MIG devices not in MIG index order: {indices}")
+        for mig in gpu.mig_devices:
+            if mig.parent != gpu.index:
+                raise ValueError(f"MIG device {mig.label} listed under GPU{gpu.index}")
+            if mig.uuid in seen:
+                raise ValueError(f"duplicate UUID {mig.uuid} (MIG device {mig.label})")
+            seen.add(mig.uuid)

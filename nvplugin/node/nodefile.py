@@ -17,6 +17,12 @@ Defaults, chosen so a pasted matrix "just works":
   one), distance 10 to self and 20 otherwise.
 - ``cpus``: one socket per NUMA node, 16 cores per socket, 2 threads per core, numbered the way
   Linux numbers x86 servers (:meth:`CpuLayout.build`).
+
+MIG: a GPU may carry ``mig: [<profile>, ...]``. The key present means MIG mode on (``mig: []``:
+on, no instances yet), absent means off. Each profile is one GPU instance with one compute
+instance spanning it, in MIG index order; the list is checked against the model's profile table
+(:mod:`nvplugin.node.mig`) and laid out as the driver would place it. A GPU with ``mig`` and no
+``memory_mib`` gets its model's memory (profile names depend on it).
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ from typing import Any, NoReturn
 from nvplugin import yamlinput
 from nvplugin.errors import InputError, shortened
 from nvplugin.errors import show as show_value
+from nvplugin.node.mig import MIG_MODELS, MigInstance, MigLayoutError, lay_out, mig_model
+from nvplugin.node.mig import simulated_devices as simulated_mig_devices
 from nvplugin.node.model import MAX_NVLINKS, CpuLayout, Gpu, Link, Pcie, Topology
 
 MAX_GPUS = 128
@@ -43,7 +51,7 @@ DEFAULT_CORES_PER_SOCKET = 16
 DEFAULT_THREADS_PER_CORE = 2
 
 _TOP_KEYS = ("version", "name", "numa_distances", "cpus", "gpus", "links", "events")
-_GPU_KEYS = ("name", "uuid", "memory_mib", "pci_bus_id", "numa_node", "nvswitch_links")
+_GPU_KEYS = ("name", "uuid", "memory_mib", "pci_bus_id", "numa_node", "nvswitch_links", "mig")
 _CPU_KEYS = ("sockets", "cores_per_socket", "threads_per_core")
 _EVENT_KEYS = ("after_s", "gpu", "xid", "lost", "recover", "wait_error", "for_s")
 _PCI_RE = re.compile(r"^([0-9a-fA-F]{1,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$")
@@ -54,7 +62,8 @@ _GPU_RE = re.compile(r"^GPU(\d+)$")
 
 @dataclass(frozen=True, slots=True)
 class GpuSpec:
-    """One simulated GPU. ``nvswitch_links`` = NVLinks into an NVSwitch fabric (0 = none)."""
+    """One simulated GPU. ``nvswitch_links`` = NVLinks into an NVSwitch fabric (0 = none);
+    ``mig`` its MIG instances (None: MIG mode off)."""
 
     index: int
     name: str
@@ -63,6 +72,7 @@ class GpuSpec:
     pci_bus_id: str
     numa_node: int | None
     nvswitch_links: int = 0
+    mig: tuple[MigInstance, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +131,17 @@ class NodeSpec:
     def topology(self) -> Topology:
         """The topology discovery is expected to find on this node."""
         gpus = tuple(
-            Gpu(g.index, g.uuid, g.name, g.memory_mib, g.pci_bus_id, g.index, g.numa_node)
+            Gpu(
+                g.index,
+                g.uuid,
+                g.name,
+                g.memory_mib,
+                g.pci_bus_id,
+                g.index,
+                g.numa_node,
+                g.mig is not None,
+                simulated_mig_devices(g.index, g.index, g.uuid, g.mig or ()),
+            )
             for g in self.gpus
         )
         return Topology(self.name, gpus, self.links, self.numa_distances, self.cpu_layout)
@@ -331,6 +351,9 @@ class _Parser:
             memory = DEFAULT_MEMORY_MIB
             if "memory_mib" in data:
                 memory = self.integer(data["memory_mib"], f"{field}.memory_mib", 1, 1 << 24)
+            mig = None
+            if "mig" in data:
+                mig, memory = self.mig(data, i, memory if "memory_mib" in data else None)
             if "pci_bus_id" in data:
                 raw_bus = self.string(data["pci_bus_id"], f"{field}.pci_bus_id")
                 match = _PCI_RE.match(raw_bus)
@@ -365,8 +388,49 @@ class _Parser:
                 switch = self.integer(
                     data["nvswitch_links"], f"{field}.nvswitch_links", 0, MAX_NVLINKS
                 )
-            gpus.append(GpuSpec(i, name, uuid, memory, bus_id, numa, switch))
+            gpus.append(GpuSpec(i, name, uuid, memory, bus_id, numa, switch, mig))
         return tuple(gpus)
+
+    def mig(
+        self, data: dict[str, Any], i: int, memory: int | None
+    ) -> tuple[tuple[MigInstance, ...], int]:
+        """``gpus[i].mig``: the instances laid out on the GPU's model, and the GPU's memory
+        (the model's when ``memory_mib`` is not given)."""
+        field = f"gpus[{i}].mig"
+        name = data["name"]
+        model = mig_model(name)
+        if model is None:
+            labels = ", ".join(m.label for m in MIG_MODELS)
+            self.fail(
+                field,
+                f"GPU{i} ({shortened(name, 60)}) has no MIG profile table (MIG models: "
+                f"{labels}); remove mig, or name one of their GPUs",
+                show=False,
+            )
+        raw = data["mig"]
+        if not isinstance(raw, list):
+            self.fail(field, "must be a list of MIG profile names ([] = MIG on, no instances)", raw)
+        if len(raw) > model.compute_slices:
+            self.fail(
+                field,
+                f"GPU{i} ({model.label}) holds at most {model.compute_slices} MIG devices",
+                len(raw),
+            )
+        for j, profile in enumerate(raw):
+            self.string(profile, f"{field}[{j}]")
+        if memory is not None and memory != model.memory_mib:
+            self.fail(
+                f"gpus[{i}].memory_mib",
+                f"GPU{i} is a {model.label} with MIG: its memory is {model.memory_mib} MiB, which "
+                "its MIG profile names depend on (leave memory_mib out to use it)",
+                memory,
+            )
+        try:
+            instances = lay_out(model, raw)
+        except MigLayoutError as exc:
+            where = field if exc.at is None else f"{field}[{exc.at}]"
+            self.fail(where, f"GPU{i}: {exc}", show=False)
+        return instances, model.memory_mib
 
     def cell(self, text: str, row: int, col: int, gpus: tuple[GpuSpec, ...]) -> Link:
         where = f"links row GPU{row} column GPU{col}"

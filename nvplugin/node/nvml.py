@@ -5,6 +5,11 @@ replaces exactly the pynvml functions called here, so the same code runs on a re
 laptop. Discovery reads the rest of the node (NUMA node of each GPU, NUMA distances, CPU layout)
 from sysfs, under a configurable root, the same way in both cases.
 
+MIG: for each GPU, its current MIG mode and, when on, each MIG device (index, UUID, GPU and
+compute instance IDs, attributes, and the GPU instance's profile for the name suffix: the calls
+go-nvlib makes, so profile names match NVIDIA's plugin). The ``/dev/nvidia-caps`` minors come from
+``proc/driver/nvidia-caps/mig-minors`` under the driver root, read once if any GPU has MIG on.
+
 Every NVML failure a user can meet becomes an :class:`NvpluginError` saying what to do (no
 library, driver not loaded, driver/library mismatch, GPU lost), never a traceback.
 """
@@ -24,7 +29,18 @@ from typing import Any, TypeVar
 import pynvml
 
 from nvplugin.errors import NvpluginError
-from nvplugin.node.model import MAX_NVLINKS, Cpu, CpuLayout, Gpu, Link, Pcie, Topology
+from nvplugin.node import mig
+from nvplugin.node.model import (
+    MAX_NVLINKS,
+    Cpu,
+    CpuLayout,
+    Gpu,
+    Link,
+    MigCaps,
+    MigDevice,
+    Pcie,
+    Topology,
+)
 
 T = TypeVar("T")
 
@@ -42,6 +58,15 @@ CALLED = (
     "nvmlDeviceGetNvLinkState",
     "nvmlDeviceGetNvLinkRemotePciInfo",
     "nvmlDeviceGetNvLinkRemoteDeviceType",
+    "nvmlDeviceGetMigMode",
+    "nvmlDeviceGetMaxMigDeviceCount",
+    "nvmlDeviceGetMigDeviceHandleByIndex",
+    "nvmlDeviceGetGpuInstanceId",
+    "nvmlDeviceGetComputeInstanceId",
+    "nvmlDeviceGetAttributes",
+    "nvmlDeviceGetGpuInstanceById",
+    "nvmlGpuInstanceGetInfo",
+    "nvmlDeviceGetGpuInstanceProfileInfo",
     "nvmlEventSetCreate",
     "nvmlDeviceRegisterEvents",
     "nvmlEventSetWait",
@@ -162,11 +187,13 @@ class Nvml:
     """An initialised NVML session; :meth:`close` shuts it down.
 
     ``sysfs_root`` is where discovery reads NUMA nodes and CPUs (``/sys`` on a real node, the
-    simulated node's generated tree under ``--simulate``).
+    simulated node's generated tree under ``--simulate``); ``driver_root`` where it reads the
+    MIG capability minors (``/``; the generated tree too when simulating).
     """
 
-    def __init__(self, sysfs_root: str = "/sys") -> None:
+    def __init__(self, sysfs_root: str = "/sys", driver_root: str = "/") -> None:
         self.sysfs_root = sysfs_root
+        self.driver_root = driver_root
         self._handles: list[Any] = []
         _call("initialise NVML", pynvml.nvmlInit)
         self._open = True
@@ -193,7 +220,8 @@ class Nvml:
         ]
         self._handles = handles
         numa_distances = read_numa_distances(self.sysfs_root)
-        gpus = tuple(self._gpu(i, h, len(numa_distances)) for i, h in enumerate(handles))
+        minors = _MinorsOnce(self.driver_root)
+        gpus = tuple(self._gpu(i, h, len(numa_distances), minors) for i, h in enumerate(handles))
         by_pci = {pci_key(g.pci_bus_id): g.index for g in gpus}
         direct = [[0] * count for _ in range(count)]
         fabric = [0] * count
@@ -224,7 +252,7 @@ class Nvml:
         cpus = read_cpu_layout(self.sysfs_root)
         return Topology(name, gpus, tuple(tuple(row) for row in links), numa_distances, cpus)
 
-    def _gpu(self, index: int, handle: Any, numa_count: int) -> Gpu:
+    def _gpu(self, index: int, handle: Any, numa_count: int, minors: _MinorsOnce) -> Gpu:
         what = f"read GPU {index}"
         uuid = _text(_call(f"{what}'s UUID", pynvml.nvmlDeviceGetUUID, handle))
         name = _text(_call(f"{what}'s name", pynvml.nvmlDeviceGetName, handle))
@@ -235,7 +263,106 @@ class Nvml:
         numa = read_numa_node(self.sysfs_root, bus_id)
         if numa is not None and numa >= numa_count:
             numa = None  # a node sysfs does not list: treat as unknown rather than fail
-        return Gpu(index, uuid, name, int(memory.total) // (1 << 20), bus_id, int(minor), numa)
+        enabled, migs = self._mig(index, handle, int(minor), int(memory.total), minors)
+        return Gpu(
+            index,
+            uuid,
+            name,
+            int(memory.total) // (1 << 20),
+            bus_id,
+            int(minor),
+            numa,
+            enabled,
+            migs,
+        )
+
+    def _mig(
+        self, index: int, handle: Any, minor: int, total_bytes: int, minors: _MinorsOnce
+    ) -> tuple[bool, tuple[MigDevice, ...]]:
+        """GPU ``index``'s MIG mode (current, not pending) and its MIG devices in index order.
+
+        A GPU without MIG answers NotSupported: MIG off. Indices up to the GPU's maximum MIG
+        device count that hold no device answer NotFound and are skipped (as go-nvlib does).
+        """
+        try:
+            current, _pending = pynvml.nvmlDeviceGetMigMode(handle)
+        except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound):
+            return False, ()
+        except pynvml.NVMLError as exc:
+            raise _failure(exc, f"read GPU {index}'s MIG mode") from None
+        if current != pynvml.NVML_DEVICE_MIG_ENABLE:
+            return False, ()
+        what = f"read GPU {index}'s MIG devices"
+        count = _call(what, pynvml.nvmlDeviceGetMaxMigDeviceCount, handle)
+        gi_profiles: dict[int, int] | None = None  # profile ID -> NVML profile enum, read once
+        devices = []
+        for n in range(int(count)):
+            try:
+                device = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, n)
+            except pynvml.NVMLError_NotFound:
+                continue
+            except pynvml.NVMLError as exc:
+                raise _failure(exc, what) from None
+            if gi_profiles is None:
+                gi_profiles = self._gi_profiles(index, handle)
+            devices.append(
+                self._mig_device(index, n, handle, device, minor, total_bytes, gi_profiles, minors)
+            )
+        return True, tuple(devices)
+
+    def _gi_profiles(self, index: int, handle: Any) -> dict[int, int]:
+        """GPU ``index``'s GPU instance profiles: profile ID -> NVML profile enum."""
+        profiles: dict[int, int] = {}
+        for enum in range(pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
+            try:
+                try:
+                    info = pynvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, enum)
+                except pynvml.NVMLError_FunctionNotFound:  # drivers before the v2 call
+                    info = pynvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, enum, 1)
+            except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_InvalidArgument):
+                continue
+            except pynvml.NVMLError as exc:
+                raise _failure(exc, f"read GPU {index}'s MIG profiles") from None
+            profiles.setdefault(int(info.id), enum)
+        return profiles
+
+    def _mig_device(
+        self,
+        index: int,
+        n: int,
+        parent: Any,
+        device: Any,
+        minor: int,
+        total_bytes: int,
+        gi_profiles: dict[int, int],
+        minors: _MinorsOnce,
+    ) -> MigDevice:
+        what = f"read MIG device {index}:{n}"
+        uuid = _text(_call(f"{what}'s UUID", pynvml.nvmlDeviceGetUUID, device))
+        gi = int(_call(f"{what}'s GPU instance", pynvml.nvmlDeviceGetGpuInstanceId, device))
+        ci = int(_call(f"{what}'s compute instance", pynvml.nvmlDeviceGetComputeInstanceId, device))
+        attributes = _call(f"{what}'s attributes", pynvml.nvmlDeviceGetAttributes, device)
+        instance = _call(f"{what}'s GPU instance", pynvml.nvmlDeviceGetGpuInstanceById, parent, gi)
+        info = _call(f"{what}'s GPU instance", pynvml.nvmlGpuInstanceGetInfo, instance)
+        enum = gi_profiles.get(int(info.profileId))
+        if enum is None:
+            raise NvpluginError(
+                f"MIG device {index}:{n} ({uuid}) has GPU instance profile {info.profileId}, "
+                f"which GPU {index} does not list among its profiles: cannot name it"
+            )
+        gi_slices = int(attributes.gpuInstanceSliceCount)
+        memory_mib = int(attributes.memorySizeMB)
+        name = mig.profile_name(
+            enum, gi_slices, int(attributes.computeInstanceSliceCount), memory_mib, total_bytes
+        )
+        table = minors.get()
+        caps = None
+        if table is not None:
+            gi_minor, ci_minor = table.get((minor, gi, None)), table.get((minor, gi, ci))
+            if gi_minor is not None and ci_minor is not None:
+                caps = MigCaps(gi_minor, ci_minor)
+        placement = (int(info.placement.start), int(info.placement.size))
+        return MigDevice(index, n, uuid, name, gi, ci, memory_mib, gi_slices, placement, caps)
 
     def _walk_nvlinks(
         self,
@@ -367,6 +494,23 @@ class EventWatcher:
             event_set, self._set = self._set, None
             with contextlib.suppress(pynvml.NVMLError):  # a broken session: nothing to free
                 pynvml.nvmlEventSetFree(event_set)
+
+
+class _MinorsOnce:
+    """The driver's MIG capability minors, read on first use (only nodes with MIG need them);
+    None when the file cannot be read (no MIG-capable driver, or not mounted)."""
+
+    def __init__(self, driver_root: str) -> None:
+        self._path = Path(driver_root, mig.MIG_MINORS_PATH)
+        self._read = False
+        self._table: dict[mig.CapsKey, int] | None = None
+
+    def get(self) -> dict[mig.CapsKey, int] | None:
+        if not self._read:
+            self._read = True
+            text = _read(self._path)
+            self._table = None if text is None else mig.parse_mig_minors(text)
+        return self._table
 
 
 # -- sysfs ------------------------------------------------------------------------------------

@@ -3,10 +3,14 @@
 ``topo --output json`` is a contract other tools read::
 
     {"name": str,
-     "gpus": [{"index", "uuid", "name", "memory_mib", "pci_bus_id", "numa_node"}],
+     "gpus": [{"index", "uuid", "name", "memory_mib", "pci_bus_id", "numa_node", "mig"}],
      "pairs": [{"a": i, "b": j, "pcie": "SYS|NODE|PHB|PXB|PIX|INT", "nvlinks": k, "score": n}]}
 
-with one entry per pair a < b (index order) and ``numa_node`` null when unknown.
+with one entry per pair a < b (index order) and ``numa_node`` null when unknown. ``mig`` is null
+when the GPU's MIG mode is off, else ``{"devices": [...]}`` (possibly empty), each device
+``{"index", "uuid", "profile", "gpu_instance", "compute_instance", "memory_mib", "slices",
+"placement": {"start", "size"}, "caps": {"gpu_instance", "compute_instance"} | null}`` in MIG
+index order (``caps``: the ``/dev/nvidia-caps`` minors). Its NUMA node is the GPU's.
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from nvplugin.node.model import Gpu, Topology, format_cpu_list
+from nvplugin.node.mig import mig_state
+from nvplugin.node.model import Gpu, MigDevice, Topology, format_cpu_list
 
 LEGEND = """Legend:
   X    = self
@@ -36,6 +41,24 @@ def gpu_dict(gpu: Gpu) -> dict[str, Any]:
         "memory_mib": gpu.memory_mib,
         "pci_bus_id": gpu.pci_bus_id,
         "numa_node": gpu.numa_node,
+        "mig": {"devices": [mig_dict(m) for m in gpu.mig_devices]} if gpu.mig_enabled else None,
+    }
+
+
+def mig_dict(device: MigDevice) -> dict[str, Any]:
+    caps = device.caps
+    return {
+        "index": device.index,
+        "uuid": device.uuid,
+        "profile": device.profile,
+        "gpu_instance": device.gpu_instance,
+        "compute_instance": device.compute_instance,
+        "memory_mib": device.memory_mib,
+        "slices": device.slices,
+        "placement": {"start": device.placement[0], "size": device.placement[1]},
+        "caps": None
+        if caps is None
+        else {"gpu_instance": caps.gpu_instance, "compute_instance": caps.compute_instance},
     }
 
 
@@ -63,15 +86,47 @@ def _numa(gpu: Gpu) -> str:
 
 def devices_table(topo: Topology, resources: Mapping[int, str] | None = None) -> str:
     """One row per GPU; with ``resources`` (GPU index -> what it is served as, from
-    ``devices --config``) a RESOURCE column too."""
+    ``devices --config``) a RESOURCE column too. On a node with MIG on anywhere, a MIG column
+    and the MIG devices' table follow."""
+    mig = any(g.mig_enabled for g in topo.gpus)
     header = ["INDEX", "UUID", "NAME", "MEMORY", "BUS ID", "NUMA"]
+    header += ["MIG"] if mig else []
     rows = [header if resources is None else [*header, "RESOURCE"]]
     for g in topo.gpus:
         row = [str(g.index), g.uuid, g.name, f"{g.memory_mib} MiB", g.pci_bus_id, _numa(g)]
+        if mig:
+            row.append(f"on ({len(g.mig_devices)})" if g.mig_enabled else "off")
         if resources is not None:
             row.append(resources.get(g.index, "-"))
         rows.append(row)
-    return f"{_table(rows)}\n"
+    return f"{_table(rows)}\n" + (f"\n{mig_table(topo)}" if mig else "")
+
+
+def mig_table(topo: Topology) -> str:
+    """Every MIG device, by parent then MIG index: ``<gpu>:<index>`` (NVIDIA's index form), its
+    profile, GPU and compute instance, placement (start:size in memory slices), memory, NUMA node
+    (its parent's) and UUID; a MIG-enabled GPU without MIG devices says so."""
+    rows = [["MIG DEVICE", "PROFILE", "GI", "CI", "PLACEMENT", "MEMORY", "NUMA", "UUID"]]
+    empty = []
+    for g in topo.gpus:
+        if g.mig_enabled and not g.mig_devices:
+            empty.append(f"GPU{g.index}: {mig_state(g)}")
+        for m in g.mig_devices:
+            start, size = m.placement
+            rows.append(
+                [
+                    m.label,
+                    m.profile,
+                    str(m.gpu_instance),
+                    str(m.compute_instance),
+                    f"{start}:{size}",
+                    f"{m.memory_mib} MiB",
+                    _numa(g),
+                    m.uuid,
+                ]
+            )
+    text = _table(rows) + "\n" if len(rows) > 1 else ""
+    return text + "".join(f"{line}\n" for line in empty)
 
 
 def devices_json(
@@ -109,9 +164,14 @@ def topology_matrix(topo: Topology) -> str:
     scores = [["", *names]]
     for i in range(n):
         scores.append([names[i], *("-" if i == j else str(topo.score(i, j)) for j in range(n))])
+    mig = ""
+    if any(g.mig_enabled for g in topo.gpus):
+        mig = (
+            f"\nMIG devices (no NVLink of their own; NUMA node = their GPU's):\n\n{mig_table(topo)}"
+        )
     return (
         f"Node {topo.name}: {n} GPU(s)\n\n{_table(rows)}\n\n{LEGEND}\n\n"
-        f"Pair scores (PCIe weight + 100 per NVLink):\n\n{_table(scores)}\n"
+        f"Pair scores (PCIe weight + 100 per NVLink):\n\n{_table(scores)}\n{mig}"
     )
 
 
@@ -127,7 +187,12 @@ def topology_mermaid(topo: Topology) -> str:
         title = "NUMA node unknown" if node is None else f"NUMA node {node}"
         lines.append(f'  subgraph {ident}["{title}"]')
         for gpu in groups[node]:
-            label = f"GPU{gpu.index}<br/>{gpu.name}<br/>{gpu.pci_bus_id}".replace('"', "'")
+            label = f"GPU{gpu.index}<br/>{gpu.name}<br/>{gpu.pci_bus_id}"
+            if gpu.mig_devices:
+                label += f"<br/>MIG: {mig_state(gpu)}"
+            elif gpu.mig_enabled:
+                label += f"<br/>{mig_state(gpu)}"
+            label = label.replace('"', "'")
             lines.append(f'    gpu{gpu.index}["{label}"]')
         lines.append("  end")
     for a, b, link in topo.pairs():

@@ -14,6 +14,12 @@ Model of the node file:
   PCI info of one of the switches, which are not GPUs). Between two fabric GPUs nothing is
   direct; discovery recovers min(links of each). Indices past the GPU's links up to
   ``MAX_NVLINKS`` answer NotSupported, beyond that InvalidArgument;
+- MIG: a GPU whose model has a MIG profile table (:mod:`nvplugin.node.mig`) reports its mode
+  from the node file (``mig`` key present = on); its MIG devices are the node file's instances in
+  list order (MIG index), with their own opaque handles, one GPU instance handle each, and the
+  profile table behind ``nvmlDeviceGetGpuInstanceProfileInfo``. Other GPUs answer NotSupported.
+  The driver's ``mig-minors`` file is written under the tree (the simulated driver root) when a
+  GPU has MIG on;
 - scripted events (``after_s`` from the first simulated ``nvmlInit``): an Xid event is
   delivered once, by the next ``nvmlEventSetWait`` of a set the GPU is registered in; a lost GPU
   raises GpuIsLost on every query until a ``recover`` event, and the next wait raises GpuIsLost
@@ -35,12 +41,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from nvplugin.node import nvml
+from nvplugin.node import mig, nvml
 from nvplugin.node.model import MAX_NVLINKS, format_cpu_list
 from nvplugin.node.nodefile import NodeSpec
 
 _HANDLE_BASE = 0x7E5A0000
 _SET_BASE = 0x7E5B0000
+_MIG_BASE = 0x7E5C0000
+_GI_BASE = 0x7E5E0000
+_MIG_SLOTS = 16
+"""Handle slots per GPU for its MIG devices and for its GPU instances (IDs 0..14)."""
 SWITCHES = 6
 """How many NVSwitches the simulated fabric spreads a GPU's switch links over."""
 
@@ -133,6 +143,11 @@ class SimulatedNvml:
             ctypes.cast(ctypes.c_void_p(_HANDLE_BASE + 16 * i), self._pynvml.c_nvmlDevice_t)
             for i in range(len(spec.gpus))
         ]
+        self._mig_models = [mig.mig_model(gpu.name) for gpu in spec.gpus]
+        self._mig_uuids = [
+            [mig.mig_uuid(g.uuid, i.gpu_instance, i.compute_instance) for i in g.mig or ()]
+            for g in spec.gpus
+        ]
         self._sets: dict[int, set[int]] = {}  # event-set address -> registered GPU indices
         self._next_set = 0
         self._delivered: set[int] = set()  # event numbers already delivered / raised
@@ -208,6 +223,15 @@ class SimulatedNvml:
             "nvmlDeviceGetNvLinkState": self.nvmlDeviceGetNvLinkState,
             "nvmlDeviceGetNvLinkRemotePciInfo": self.nvmlDeviceGetNvLinkRemotePciInfo,
             "nvmlDeviceGetNvLinkRemoteDeviceType": self.nvmlDeviceGetNvLinkRemoteDeviceType,
+            "nvmlDeviceGetMigMode": self.nvmlDeviceGetMigMode,
+            "nvmlDeviceGetMaxMigDeviceCount": self.nvmlDeviceGetMaxMigDeviceCount,
+            "nvmlDeviceGetMigDeviceHandleByIndex": self.nvmlDeviceGetMigDeviceHandleByIndex,
+            "nvmlDeviceGetGpuInstanceId": self.nvmlDeviceGetGpuInstanceId,
+            "nvmlDeviceGetComputeInstanceId": self.nvmlDeviceGetComputeInstanceId,
+            "nvmlDeviceGetAttributes": self.nvmlDeviceGetAttributes,
+            "nvmlDeviceGetGpuInstanceById": self.nvmlDeviceGetGpuInstanceById,
+            "nvmlGpuInstanceGetInfo": self.nvmlGpuInstanceGetInfo,
+            "nvmlDeviceGetGpuInstanceProfileInfo": self.nvmlDeviceGetGpuInstanceProfileInfo,
             "nvmlEventSetCreate": self.nvmlEventSetCreate,
             "nvmlDeviceRegisterEvents": self.nvmlDeviceRegisterEvents,
             "nvmlEventSetWait": self.nvmlEventSetWait,
@@ -248,6 +272,16 @@ class SimulatedNvml:
                 out.write(f"{cpu.socket}\n")
             with open(f"{topo}/core_id", "w") as out:
                 out.write(f"{cpu.core}\n")
+        if any(gpu.mig is not None for gpu in self.spec.gpus):
+            minors = root / mig.MIG_MINORS_PATH
+            minors.parent.mkdir(parents=True, exist_ok=True)
+            minors.write_text(mig.mig_minors_text(max(mig.CAPS_GPUS, len(self.spec.gpus))))
+
+    @property
+    def driver_root(self) -> str:
+        """The simulated driver root (``proc/driver/nvidia-caps/mig-minors`` lives under it):
+        the same generated tree as the simulated sysfs, which has no ``proc`` of its own."""
+        return self.sysfs_root
 
     # -- state --------------------------------------------------------------------------------
     def _now(self) -> float:
@@ -271,15 +305,20 @@ class SimulatedNvml:
         if not self._initialised:
             raise self._error(self._pynvml.NVML_ERROR_UNINITIALIZED)
 
-    def _device(self, handle: Any) -> int:
-        """The GPU index of a handle; raises like NVML for a foreign handle or a lost GPU."""
+    def _slot(self, handle: Any, base: int) -> int | None:
+        """Which of our handles (numbered from ``base``) ``handle`` is; None for any other."""
         self._require_init()
         try:
-            offset = nvml._address(handle) - _HANDLE_BASE
+            offset = nvml._address(handle) - base
         except (TypeError, ctypes.ArgumentError):
-            raise self._error(self._pynvml.NVML_ERROR_INVALID_ARGUMENT) from None
-        index, rest = divmod(offset, 16)
-        if rest:
+            return None
+        slot, rest = divmod(offset, 16)
+        return None if rest or offset < 0 else slot
+
+    def _device(self, handle: Any) -> int:
+        """The GPU index of a handle; raises like NVML for a foreign handle or a lost GPU."""
+        index = self._slot(handle, _HANDLE_BASE)
+        if index is None:
             raise self._error(self._pynvml.NVML_ERROR_INVALID_ARGUMENT)
         return self._check_index(index)
 
@@ -291,6 +330,39 @@ class SimulatedNvml:
         if self.is_lost(index):
             raise self._error(self._pynvml.NVML_ERROR_GPU_IS_LOST)
         return index
+
+    def _mig_handle(self, handle: Any) -> tuple[int, int] | None:
+        """(GPU index, MIG index) of a MIG device handle; None for any other handle. Raises like
+        NVML when the parent GPU is lost."""
+        slot = self._slot(handle, _MIG_BASE)
+        if slot is None:
+            return None
+        gpu, index = divmod(slot, _MIG_SLOTS)
+        if gpu >= len(self.spec.gpus):
+            return None
+        instances = self.spec.gpus[gpu].mig or ()
+        if index >= len(instances):
+            return None
+        self._check_index(gpu)
+        return gpu, index
+
+    def _instance(self, handle: Any) -> mig.MigInstance:
+        """The instance behind a MIG device handle; InvalidArgument for any other handle."""
+        found = self._mig_handle(handle)
+        if found is None:
+            raise self._error(self._pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        gpu, index = found
+        instances = self.spec.gpus[gpu].mig
+        assert instances is not None
+        return instances[index]
+
+    def _mig_gpu(self, device: Any) -> tuple[int, mig.MigModel]:
+        """A GPU handle's index and MIG model; NotSupported for a GPU without MIG."""
+        index = self._device(device)
+        model = self._mig_models[index]
+        if model is None:
+            raise self._error(self._pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return index, model
 
     def _links_of(self, index: int) -> list[tuple[int, int]]:
         """GPU ``index``'s NVLinks in link-index order: (remote type, peer or switch number)."""
@@ -346,6 +418,10 @@ class SimulatedNvml:
         return self._handles[self._check_index(index)]
 
     def nvmlDeviceGetUUID(self, handle: Any) -> str:
+        found = self._mig_handle(handle)
+        if found is not None:
+            gpu, index = found
+            return self._mig_uuids[gpu][index]
         return self.spec.gpus[self._device(handle)].uuid
 
     def nvmlDeviceGetName(self, handle: Any) -> str:
@@ -386,6 +462,98 @@ class SimulatedNvml:
 
     def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle: Any, link: int) -> int:
         return self._link(handle, link)[0]
+
+    def nvmlDeviceGetMigMode(self, device: Any) -> list[int]:
+        index, _ = self._mig_gpu(device)
+        p = self._pynvml
+        mode: int = p.NVML_DEVICE_MIG_DISABLE
+        if self.spec.gpus[index].mig is not None:
+            mode = p.NVML_DEVICE_MIG_ENABLE
+        return [mode, mode]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, device: Any) -> int:
+        """Zero when MIG is not supported or not enabled, as NVML documents."""
+        index = self._device(device)
+        model = self._mig_models[index]
+        if model is None or self.spec.gpus[index].mig is None:
+            return 0
+        return model.compute_slices
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, device: Any, index: int) -> Any:
+        gpu, model = self._mig_gpu(device)
+        instances = self.spec.gpus[gpu].mig
+        if instances is None:
+            raise self._error(self._pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if not 0 <= index < model.compute_slices:
+            raise self._error(self._pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if index >= len(instances):
+            raise self._error(self._pynvml.NVML_ERROR_NOT_FOUND)
+        address = _MIG_BASE + 16 * (gpu * _MIG_SLOTS + index)
+        return ctypes.cast(ctypes.c_void_p(address), self._pynvml.c_nvmlDevice_t)
+
+    def nvmlDeviceGetGpuInstanceId(self, device: Any) -> int:
+        return self._instance(device).gpu_instance
+
+    def nvmlDeviceGetComputeInstanceId(self, device: Any) -> int:
+        return self._instance(device).compute_instance
+
+    def nvmlDeviceGetAttributes(self, device: Any) -> Any:
+        profile = self._instance(device).profile
+        attributes = self._pynvml.c_nvmlDeviceAttributes()
+        attributes.gpuInstanceSliceCount = profile.compute_slices
+        attributes.computeInstanceSliceCount = profile.compute_slices
+        attributes.memorySizeMB = profile.memory_mib
+        return attributes
+
+    def nvmlDeviceGetGpuInstanceById(self, device: Any, gpuInstanceId: int) -> Any:
+        gpu, _ = self._mig_gpu(device)
+        instances = self.spec.gpus[gpu].mig
+        if instances is None:
+            raise self._error(self._pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if not any(inst.gpu_instance == gpuInstanceId for inst in instances):
+            raise self._error(self._pynvml.NVML_ERROR_NOT_FOUND)
+        address = _GI_BASE + 16 * (gpu * _MIG_SLOTS + gpuInstanceId)
+        return ctypes.cast(ctypes.c_void_p(address), self._pynvml.c_nvmlGpuInstance_t)
+
+    def nvmlGpuInstanceGetInfo(self, gpuInstance: Any) -> Any:
+        slot = self._slot(gpuInstance, _GI_BASE)
+        if slot is None:
+            raise self._error(self._pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        gpu, gi = divmod(slot, _MIG_SLOTS)
+        self._check_index(gpu)
+        found = [inst for inst in self.spec.gpus[gpu].mig or () if inst.gpu_instance == gi]
+        if not found:
+            raise self._error(self._pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        info = self._pynvml.c_nvmlGpuInstanceInfo_t()
+        info.device = self._handles[gpu]
+        info.id = gi
+        info.profileId = found[0].profile.id
+        info.placement.start, info.placement.size = found[0].placement
+        return info
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(
+        self, device: Any, profile: int, version: int = 2
+    ) -> Any:
+        _, model = self._mig_gpu(device)
+        p = self._pynvml
+        if not 0 <= profile < p.NVML_GPU_INSTANCE_PROFILE_COUNT:
+            raise self._error(p.NVML_ERROR_INVALID_ARGUMENT)
+        found = [entry for entry in model.profiles if entry.gi_profile == profile]
+        if not found:
+            raise self._error(p.NVML_ERROR_NOT_SUPPORTED)
+        entry = found[0]
+        info = (
+            p.c_nvmlGpuInstanceProfileInfo_v2_t()
+            if version == 2
+            else p.c_nvmlGpuInstanceProfileInfo_t()
+        )
+        info.id = entry.id
+        info.sliceCount = entry.compute_slices
+        info.instanceCount = entry.instances
+        info.memorySizeMB = entry.memory_mib
+        if version == 2:
+            info.name = f"MIG {entry.name}".encode()
+        return info
 
     def nvmlEventSetCreate(self) -> Any:
         self._require_init()

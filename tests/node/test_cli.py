@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from nvplugin.node.nodefile import builtin_names, load_node
+from nvplugin.node.report import mig_dict
 
 BUILTINS = builtin_names()
 
@@ -24,16 +25,25 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 def test_devices_table(name: str) -> None:
     result = _cli("devices", "--simulate", name)
     assert result.returncode == 0, result.stderr
-    lines = result.stdout.splitlines()
-    assert lines[0].split() == ["INDEX", "UUID", "NAME", "MEMORY", "BUS", "ID", "NUMA"]
+    gpu_table, _, mig_table = result.stdout.partition("\n\n")
+    lines = gpu_table.splitlines()
     spec = load_node(name)
+    mig = any(gpu.mig is not None for gpu in spec.gpus)
+    header = ["INDEX", "UUID", "NAME", "MEMORY", "BUS", "ID", "NUMA"]
+    assert lines[0].split() == [*header, "MIG"] if mig else header
     assert len(lines) == 1 + len(spec.gpus)
     for line, gpu in zip(lines[1:], spec.gpus, strict=True):
         assert line.startswith(f"{gpu.index} ")
         assert gpu.uuid in line and gpu.name in line and gpu.pci_bus_id in line
         assert f"{gpu.memory_mib} MiB" in line
         numa = "N/A" if gpu.numa_node is None else str(gpu.numa_node)
-        assert line.split()[-1] == numa
+        cells = line.split()
+        if mig:
+            state = "off" if gpu.mig is None else f"({len(gpu.mig)})"
+            assert cells[-1] == state
+            cells = cells[:-2] if gpu.mig is not None else cells[:-1]
+        assert cells[-1] == numa
+    assert bool(mig_table) == mig
 
 
 @pytest.mark.parametrize("name", BUILTINS)
@@ -51,6 +61,7 @@ def test_devices_json(name: str) -> None:
             "memory_mib": g.memory_mib,
             "pci_bus_id": g.pci_bus_id,
             "numa_node": g.numa_node,
+            "mig": {"devices": [mig_dict(m) for m in g.mig_devices]} if g.mig_enabled else None,
         }
         for g in topo.gpus
     ]
@@ -65,7 +76,7 @@ def test_topo_json_contract(name: str) -> None:
     assert set(data) == {"name", "gpus", "pairs"}
     assert [g["index"] for g in data["gpus"]] == list(range(len(topo)))
     assert all(
-        set(g) == {"index", "uuid", "name", "memory_mib", "pci_bus_id", "numa_node"}
+        set(g) == {"index", "uuid", "name", "memory_mib", "pci_bus_id", "numa_node", "mig"}
         for g in data["gpus"]
     )
     n = len(topo)
