@@ -169,44 +169,44 @@ def preferred(
 # --- plugin: serve ---
 
 
+def setting_options(func: F) -> F:
+    """Add one ``serve`` option per config setting that has flags (nvplugin/config/model.py),
+    with NVIDIA's names and forms for NVIDIA's settings: ``--flag`` alone or ``--flag=true|false``
+    for booleans, list flags repeatable and comma-separated. Each lands in ``settings`` by key
+    path."""
+    from nvplugin.config import SETTINGS
+    from nvplugin.config.schema import Bool, List, Nullable
+
+    for number, (path, setting) in reversed(list(enumerate(SETTINGS.items()))):
+        if not setting.flags:
+            continue
+        kind = setting.kind.inner if isinstance(setting.kind, Nullable) else setting.kind
+        env = ", ".join(setting.env)
+        extra: dict[str, Any] = {}
+        if isinstance(kind, Bool):
+            extra = {"is_flag": False, "flag_value": "true", "metavar": "true|false"}
+        elif isinstance(kind, List):
+            extra = {"multiple": True, "metavar": "V[,V]"}
+        func = click.option(
+            *(f"--{name}" for name in setting.flags),
+            f"setting_{number}",
+            default=None,
+            help=f"{setting.help} (config {path}; env {env})",
+            **extra,
+        )(func)
+    return func
+
+
 @main.command()
 @click.option("--simulate", metavar="NODE", help="Simulated node: built-in name or node file.")
-@click.option("--config", "config_path", metavar="FILE", help="Config file (YAML, version: v1).")
-@click.option("--device-plugin-dir", metavar="DIR", help="The kubelet's device-plugin directory.")
-@click.option("--kubelet-socket", metavar="PATH", help="Default: <device-plugin-dir>/kubelet.sock.")
-@click.option("--resource-name", metavar="NAME", help="Extended resource (nvidia.com/gpu).")
-@click.option("--allocation-policy", metavar="P", help="best-effort (default) or simple.")
-@click.option("--log-format", metavar="F", help="json or console (default: console on a TTY).")
-@click.option("--log-level", metavar="L", help="debug, info (default), warning or error.")
 @click.option(
-    "--fail-on-init-error/--no-fail-on-init-error",
-    default=None,
-    help="Exit 1 when NVML fails at start (default), or keep retrying with no devices.",
+    "--config-file",
+    "--config",
+    "config_path",
+    metavar="FILE",
+    help="Config file (YAML or JSON; NVIDIA's v1 format plus nvplugin's keys); env CONFIG_FILE.",
 )
-@click.option(
-    "--pre-start-required/--no-pre-start-required",
-    default=None,
-    help="Ask the kubelet to call PreStartContainer.",
-)
-@click.option(
-    "--device-list-strategy",
-    metavar="S[,S]",
-    help="How containers get their GPUs: envvar (default), volume-mounts, cdi-annotations, "
-    "cdi-cri; several comma-separated.",
-)
-@click.option("--device-id-strategy", metavar="S", help="IDs given to containers: uuid or index.")
-@click.option(
-    "--pass-device-specs/--no-pass-device-specs",
-    default=None,
-    help="Add the /dev/nvidia* device nodes to Allocate responses.",
-)
-@click.option("--dev-root", metavar="DIR", help="Where the host's /dev/nvidia* live (default /).")
-@click.option("--cdi-annotation-prefix", metavar="P", help="CDI annotation prefix (cdi.k8s.io/).")
-@click.option(
-    "--metrics-address",
-    metavar="HOST:PORT",
-    help="Serve Prometheus metrics on http://HOST:PORT/metrics (default: off).",
-)
+@setting_options
 @click.option("--discovery-retry-s", type=float, hidden=True)  # tests: shorter waits
 @click.option("--socket-give-up-s", type=float, hidden=True)
 @user_errors
@@ -215,22 +215,26 @@ def serve(
     config_path: str | None,
     discovery_retry_s: float | None,
     socket_give_up_s: float | None,
-    **flags: object,
+    **options: object,
 ) -> None:
     """Run the device plugin: serve the kubelet, register, follow its restarts and GPU health.
 
-    Settings come from flags, then NVPLUGIN_<FLAG> environment variables, then --config, then
-    defaults. SIGTERM/SIGINT stop it (exit 0); SIGHUP reloads the config.
+    Settings come from flags, then environment variables (NVIDIA's names for NVIDIA's settings,
+    NVPLUGIN_* for nvplugin's), then the config file, then defaults. SIGTERM/SIGINT stop it
+    (exit 0); SIGHUP reloads the config.
     """
     import os
 
-    from nvplugin.config import load_config
+    from nvplugin.config import SETTINGS, load_config
     from nvplugin.plugin.daemon import run_daemon
 
     env = dict(os.environ)
+    paths = list(SETTINGS)
+    flags = {paths[int(name.split("_")[1])]: value for name, value in options.items()}
+    path = config_path or env.get("CONFIG_FILE") or None
 
     def load() -> Any:
-        return load_config(config_path, flags=flags, env=env)
+        return load_config(path, flags=flags, env=env)
 
     # The daemon's own defaults apply unless a test shortens them.
     timing = {"discovery_retry_s": discovery_retry_s, "serve_give_up_s": socket_give_up_s}

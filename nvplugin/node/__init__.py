@@ -47,17 +47,21 @@ class NodeSession:
         self.close()
 
 
-def open_node(simulate: str | None = None, *, sysfs_root: str | None = None) -> NodeSession:
+def open_node(
+    simulate: str | None = None, *, sysfs_root: str | None = None, driver_root: str | None = None
+) -> NodeSession:
     """Open the node: real NVML and ``sysfs_root`` (default ``/sys``), or a simulated node.
 
     ``simulate`` is a built-in node name or a node-file path; with it, ``sysfs_root`` (if given)
     is where the simulated sysfs tree is written, else a temporary directory removed on close.
-    Raises InputError for a bad node file or unknown built-in, NvpluginError when NVML fails.
+    ``driver_root`` (real NVML only): where the host's driver root is mounted, to load
+    ``libnvidia-ml.so.1`` from. Raises InputError for a bad node file or unknown built-in,
+    NvpluginError when NVML fails.
     """
     from nvplugin.node.nvml import Nvml
 
-    def discover(root: str, name: str) -> tuple[Nvml, Topology]:
-        session = Nvml(root)
+    def discover(root: str, name: str, library_root: str | None = None) -> tuple[Nvml, Topology]:
+        session = Nvml(root, library_root)
         try:
             return session, session.discover(name)
         except BaseException:
@@ -66,7 +70,7 @@ def open_node(simulate: str | None = None, *, sysfs_root: str | None = None) -> 
 
     if simulate is None:
         root = sysfs_root or "/sys"
-        session, topology = discover(root, platform.node() or "localhost")
+        session, topology = discover(root, platform.node() or "localhost", driver_root)
         return NodeSession(topology, session, None, root)
 
     from nvplugin.node.nodefile import load_node

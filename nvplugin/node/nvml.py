@@ -66,6 +66,20 @@ PCIE_TO_LEVEL: Mapping[Pcie, int] = MappingProxyType(
 
 _PCI_RE = re.compile(r"^([0-9a-fA-F]+):([0-9a-fA-F]+):([0-9a-fA-F]+)\.([0-9a-fA-F]+)$")
 
+NVML_LIBRARY = "libnvidia-ml.so.1"
+LIBRARY_DIRS = (
+    "usr/lib64",
+    "usr/lib/x86_64-linux-gnu",
+    "usr/lib/aarch64-linux-gnu",
+    "lib64",
+    "lib/x86_64-linux-gnu",
+    "lib/aarch64-linux-gnu",
+    "usr/lib",
+    "lib",
+)
+"""Where driver installs put libnvidia-ml.so.1, relative to the driver root (distribution
+packages, the .run installer, the GPU Operator's driver container)."""
+
 MAX_EVENTS_PER_WAIT = 64
 """How many queued events one :meth:`EventWatcher.wait` drains at most."""
 
@@ -117,6 +131,31 @@ def sysfs_pci_name(bus_id: str) -> str:
     return f"{domain:04x}:{bus:02x}:{dev:02x}.{fn:x}"
 
 
+def driver_library(driver_root: str) -> str | None:
+    """``libnvidia-ml.so.1`` under ``driver_root`` (the host's driver root as mounted in the
+    plugin's container, NVIDIA's ``containerDriverRoot``), or None when it is not there."""
+    for directory in LIBRARY_DIRS:
+        candidate = os.path.join(driver_root, directory, NVML_LIBRARY)
+        if os.path.isfile(candidate):
+            return candidate
+    return None
+
+
+def load_library(driver_root: str | None) -> str | None:
+    """Load NVML from ``driver_root`` when the library is there, before NVML starts: a plugin
+    whose pod mounts the host's driver root needs no NVIDIA container runtime to find it.
+    Returns the path loaded (None: the library loader's own search will be used, as without a
+    driver root). Only the first load counts: pynvml keeps one library per process."""
+    path = driver_library(driver_root) if driver_root else None
+    if path is None or pynvml.nvmlLib is not None:
+        return None
+    try:
+        pynvml.nvmlLib = ctypes.CDLL(path)
+    except OSError as exc:
+        raise NvpluginError(f"cannot load the NVML library {path}: {exc}") from None
+    return path
+
+
 def _failure(exc: Exception, what: str) -> NvpluginError:
     """An NVML error as a message a user can act on."""
     if isinstance(exc, pynvml.NVMLError_LibraryNotFound):
@@ -162,12 +201,14 @@ class Nvml:
     """An initialised NVML session; :meth:`close` shuts it down.
 
     ``sysfs_root`` is where discovery reads NUMA nodes and CPUs (``/sys`` on a real node, the
-    simulated node's generated tree under ``--simulate``).
+    simulated node's generated tree under ``--simulate``); ``driver_root``, where the host's
+    driver root is mounted (NVML is loaded from it when there, see :func:`load_library`).
     """
 
-    def __init__(self, sysfs_root: str = "/sys") -> None:
+    def __init__(self, sysfs_root: str = "/sys", driver_root: str | None = None) -> None:
         self.sysfs_root = sysfs_root
         self._handles: list[Any] = []
+        self.library = load_library(driver_root)
         _call("initialise NVML", pynvml.nvmlInit)
         self._open = True
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from nvplugin.errors import InputError
-from nvplugin.plugin.resources import (
+from nvplugin.resourcenames import (
     is_extended_resource_name,
     resource_name_problem,
     short_name,
