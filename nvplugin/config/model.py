@@ -161,7 +161,7 @@ SCHEMA = Section(
                     help="How MIG devices are exposed: none, single, mixed.",
                     flags=("mig-strategy",),
                     env=("MIG_STRATEGY",),
-                    supported=lambda value: value in SUPPORTED_MIG_STRATEGIES,
+                    supported=SUPPORTED_MIG_STRATEGIES,
                     unsupported=_unsupported("MIG strategies other than none"),
                 ),
                 "failOnInitError": Setting(
@@ -194,7 +194,7 @@ SCHEMA = Section(
                     help="How devices are found: auto or nvml (tegra and vfio are not supported).",
                     flags=("device-discovery-strategy",),
                     env=("DEVICE_DISCOVERY_STRATEGY",),
-                    supported=lambda value: value in DISCOVERY_STRATEGIES,
+                    supported=DISCOVERY_STRATEGIES,
                     unsupported=_unsupported(
                         "device discovery other than NVML", "use auto or nvml"
                     ),
@@ -205,7 +205,7 @@ SCHEMA = Section(
                     help="MPS's host directory (MPS is not supported).",
                     flags=("mps-root",),
                     env=("MPS_ROOT",),
-                    supported=lambda value: value == "",
+                    supported=("",),
                     unsupported=_unsupported("MPS sharing"),
                 ),
                 "gdrcopyEnabled": Setting(
@@ -214,7 +214,7 @@ SCHEMA = Section(
                     help="GDRCopy in containers (not supported).",
                     flags=("gdrcopy-enabled",),
                     env=("GDRCOPY_ENABLED",),
-                    supported=lambda value: value is False,
+                    supported=(False,),
                     unsupported=_unsupported("GDRCopy"),
                 ),
                 "gdsEnabled": Setting(
@@ -223,7 +223,7 @@ SCHEMA = Section(
                     help="GPUDirect Storage in containers (not supported).",
                     flags=("gds-enabled",),
                     env=("GDS_ENABLED",),
-                    supported=lambda value: value is False,
+                    supported=(False,),
                     unsupported=_unsupported("GPUDirect Storage"),
                 ),
                 "mofedEnabled": Setting(
@@ -232,7 +232,7 @@ SCHEMA = Section(
                     help="MOFED in containers (not supported).",
                     flags=("mofed-enabled",),
                     env=("MOFED_ENABLED",),
-                    supported=lambda value: value is False,
+                    supported=(False,),
                     unsupported=_unsupported("MOFED"),
                 ),
                 "useNodeFeatureAPI": Setting(
@@ -286,7 +286,7 @@ SCHEMA = Section(
                             "use nvidia-ctk cdi generate on the node).",
                             flags=("nvidia-cdi-hook-path", "nvidia-ctk-path"),
                             env=("NVIDIA_CDI_HOOK_PATH", "NVIDIA_CTK_PATH"),
-                            supported=lambda value: value == DEFAULT_NVIDIA_CTK_PATH,
+                            supported=(DEFAULT_NVIDIA_CTK_PATH,),
                             unsupported=_unsupported(
                                 "generating CDI specs",
                                 "generate the spec on the node with nvidia-ctk cdi generate",
@@ -322,7 +322,7 @@ SCHEMA = Section(
                             help="Feature flags for generated CDI specs (nvplugin generates none).",
                             flags=("cdi-feature-flags",),
                             env=("CDI_FEATURE_FLAGS",),
-                            supported=lambda value: value == (),
+                            supported=((),),
                             unsupported=_unsupported("generating CDI specs"),
                         ),
                     },
@@ -350,7 +350,7 @@ SCHEMA = Section(
                     List(_PATTERN_ENTRY),
                     (),
                     help="MIG devices by profile pattern (MIG is not supported yet).",
-                    supported=lambda value: value == () or SUPPORTED_MIG_STRATEGIES != ("none",),
+                    supported=((),) if SUPPORTED_MIG_STRATEGIES == ("none",) else None,
                     unsupported=_unsupported("MIG devices (resources.mig)"),
                 ),
                 "exclude": Section(
@@ -393,7 +393,7 @@ SCHEMA = Section(
                     AnyMapping(),
                     None,
                     help="MPS sharing (not supported).",
-                    supported=lambda value: not value,
+                    supported=(None, {}),
                     unsupported=_unsupported("MPS sharing", "use sharing.timeSlicing"),
                 ),
             },
@@ -406,7 +406,7 @@ SCHEMA = Section(
                     help="IMEX channels given to containers (not supported).",
                     flags=("imex-channel-ids",),
                     env=("IMEX_CHANNEL_IDS",),
-                    supported=lambda value: value == (),
+                    supported=((),),
                     unsupported=_unsupported("IMEX channels"),
                 ),
                 "required": Setting(

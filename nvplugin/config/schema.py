@@ -252,7 +252,11 @@ class List(Kind):
             listed["minItems"] = self.min_items
         if not self.comma:
             return listed
-        return {"anyOf": [{"type": "string"}, listed]}
+        text: JsonSchema = {"type": "string"}
+        if isinstance(self.item, Str) and self.item.choices:
+            one = "|".join(re.escape(choice) for choice in self.item.choices)
+            text["pattern"] = rf"^\s*({one})\s*(,\s*({one})\s*)*$"
+        return {"anyOf": [text, listed]}
 
 
 @dataclass(frozen=True)
@@ -346,6 +350,13 @@ class Nullable(Kind):
         return {"anyOf": [self.inner.schema(), {"type": "null"}]}
 
 
+def plain(value: object) -> object:
+    """A checked value as JSON data (tuples as lists)."""
+    if isinstance(value, tuple | list):
+        return [plain(item) for item in value]
+    return value
+
+
 def _described(schema: JsonSchema, help_text: str) -> JsonSchema:
     return {**schema, "description": help_text} if help_text else schema
 
@@ -359,8 +370,9 @@ class Setting:
 
     ``flags``: ``serve`` options that set it (first = the main name); ``env``: environment
     variables that set it (NVIDIA's names for NVIDIA's settings, ``NVPLUGIN_*`` for ours).
-    ``supported``: for NVIDIA settings nvplugin does not implement, which values it accepts (the
-    default, typically); any other value is refused with ``unsupported`` as the reason. ``note``:
+    ``supported``: for NVIDIA settings nvplugin does not implement, the values it accepts (the
+    default, typically; None: every valid value); any other value is refused with
+    ``unsupported`` as the reason. ``note``:
     logged once at start when the key is present (a block that is not for the plugin).
     """
 
@@ -369,13 +381,13 @@ class Setting:
     help: str = ""
     flags: tuple[str, ...] = ()
     env: tuple[str, ...] = ()
-    supported: Callable[[object], bool] | None = None
+    supported: tuple[object, ...] | None = None
     unsupported: str = ""
     note: str = ""
 
     def check(self, value: object) -> object:
         checked = self.kind.check(value)
-        if self.supported is not None and not self.supported(checked):
+        if self.supported is not None and plain(checked) not in [plain(v) for v in self.supported]:
             raise Invalid(self.unsupported or "is not supported by nvplugin yet")
         return checked
 
@@ -384,6 +396,7 @@ class Setting:
         if self.supported is not None:
             # The chart's render-time check refuses these with the reason (Helm's own schema
             # check can only say "not allowed").
+            out["x-nvplugin-supported"] = [plain(value) for value in self.supported]
             out["x-nvplugin-unsupported"] = self.unsupported
         if self.note:
             out["x-nvplugin-note"] = self.note

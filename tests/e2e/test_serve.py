@@ -573,7 +573,7 @@ def _nvml_loads() -> bool:
 
 def test_nvml_init_failure() -> None:
     """Real NVML: on a machine without it, exit 1 with the reason (or keep running with
-    --no-fail-on-init-error). On a machine with a GPU, serve comes up instead."""
+    --fail-on-init-error=false). On a machine with a GPU, serve comes up instead."""
     directory = new_dir()
     if _nvml_loads():
         result: Any = None
@@ -585,7 +585,7 @@ def test_nvml_init_failure() -> None:
         assert "Traceback" not in result.stderr
 
     async def body() -> None:
-        serve = Serve(directory, "--no-fail-on-init-error", "--discovery-retry-s", "0.2")
+        serve = Serve(directory, "--fail-on-init-error=false", "--discovery-retry-s", "0.2")
         path = os.path.join(directory, SOCKET)
         try:
             if result is None:

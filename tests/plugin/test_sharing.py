@@ -7,10 +7,9 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from nvplugin.config import load_config
+from nvplugin.config import TimeSlicing, load_config
 from nvplugin.errors import InputError
 from nvplugin.plugin.api.v1beta1 import api_pb2
-from nvplugin.config import TimeSlicing
 from nvplugin.plugin.sharing import Replicas, replica_id
 from tests.plugin.serving import Served, run, serving
 from tests.plugin.test_responses import ENV, TOPOLOGY, allocate_request, write_config
@@ -249,7 +248,8 @@ def slicing(entries: str, extra: str = "", top: str = "") -> str:
         ),
         (
             slicing("      - {name: gpu, replicas: 2, replica: 3}\n"),
-            'key "sharing.timeSlicing.resources[0]": unknown key "replica"; did you mean "replicas"?',
+            'key "sharing.timeSlicing.resources[0]": unknown key "replica"; '
+            'did you mean "replicas"?',
         ),
         (
             slicing("      - {name: gpu, replicas: 2, devices: [0, 1]}\n"),
@@ -300,7 +300,8 @@ def slicing(entries: str, extra: str = "", top: str = "") -> str:
         ),
         (
             "version: v1\nsharing:\n  timeSlicing:\n    resources: {name: gpu}\n",
-            'key "sharing.timeSlicing.resources": expected a list of mapping {name, replicas, rename',
+            'key "sharing.timeSlicing.resources": expected a list of mapping '
+            "{name, replicas, rename",
         ),
         (
             "version: v1\nsharing:\n  timeSlicing:\n    renameByDefault: 1\n",
