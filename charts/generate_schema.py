@@ -130,14 +130,15 @@ def outputs() -> dict[Path, str]:
 
 
 def main(argv: list[str]) -> int:
+    written = outputs()
     stale = [
-        path for path, text in outputs().items() if not path.exists() or path.read_text() != text
+        path for path, text in written.items() if not path.exists() or path.read_text() != text
     ]
     if "--check" in argv:
         for path in stale:
             print(f"{path} is stale: run python charts/generate_schema.py", file=sys.stderr)
         return 1 if stale else 0
-    for path, text in outputs().items():
+    for path, text in written.items():
         path.write_text(text)
     return 0
 
