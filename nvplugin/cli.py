@@ -226,7 +226,6 @@ def serve(
     import os
 
     from nvplugin.config import SETTINGS, load_config
-    from nvplugin.plugin.daemon import run_daemon
 
     env = dict(os.environ)
     paths = list(SETTINGS)
@@ -236,11 +235,14 @@ def serve(
     def load() -> Any:
         return load_config(path, flags=flags, env=env)
 
+    config = load()  # a bad config exits 2 before gRPC is even imported
+    from nvplugin.plugin.daemon import run_daemon
+
     # The daemon's own defaults apply unless a test shortens them.
     timing = {"discovery_retry_s": discovery_retry_s, "serve_give_up_s": socket_give_up_s}
     sys.exit(
         run_daemon(
-            load(),
+            config,
             reload=load,
             simulate=simulate,
             **{name: value for name, value in timing.items() if value is not None},

@@ -12,12 +12,12 @@ reload that changes only log, health rules, health service or metrics is applied
 sockets, the kubelet's streams and the registrations stay, so no request fails meanwhile.
 
 Observability: each socket also serves the gRPC health service (registered and a healthy GPU:
-SERVING), every RPC goes through the metrics interceptor, and ``metrics_address`` (off by
+SERVING), every RPC goes through the metrics interceptor, and ``nvplugin.metrics.address`` (off by
 default) serves the daemon's private Prometheus registry. Exit 1 after start only when a socket
 the kubelet removed cannot be served again (the registrar gives up): a plugin that nobody can
 reach must be restarted, not kept as a zombie.
 
-NVML failing at start: with ``fail_on_init_error`` the error propagates (the CLI prints it and
+NVML failing at start: with ``flags.failOnInitError`` the error propagates (the CLI prints it and
 exits 1); without, the daemon keeps running with no devices, retries discovery every
 ``discovery_retry_s`` seconds and registers once GPUs appear. Meanwhile (and while NVML finds no
 GPU) it serves its socket unregistered, so that the health service answers probes NOT_SERVING

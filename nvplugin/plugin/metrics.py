@@ -1,6 +1,6 @@
 """Prometheus metrics: what the plugin did, for the operator who was not watching its log.
 
-Off by default: only ``metrics_address`` (``--metrics-address host:port``) starts the HTTP
+Off by default: only ``nvplugin.metrics.address`` (``--metrics-address host:port``) starts the HTTP
 endpoint, and it binds exactly that address -- nothing is exposed on a node the user did not ask
 for. The collectors live in a private :class:`CollectorRegistry` owned by one :class:`Metrics`
 object per daemon (no global registry: two daemons in one test process never share counters, and

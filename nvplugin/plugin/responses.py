@@ -11,8 +11,8 @@ once, in index order) into a ``ContainerAllocateResponse`` by applying each conf
   value, as in NVIDIA's plugin, since the runtime can honour only one);
 - ``cdi-annotations``: annotation ``<prefix>nvplugin_<id hash>`` = ``nvidia.com/gpu=<id>,...``;
 - ``cdi-cri``: the same CDI names in ``cdi_devices`` (CRI field, containerd >= 1.7 / CRI-O);
-- with ``pass_device_specs``: DeviceSpecs for ``/dev/nvidia<minor>`` of each GPU, then the control
-  nodes that exist under ``dev_root``.
+- with ``passDeviceSpecs``: DeviceSpecs for ``/dev/nvidia<minor>`` of each GPU, then the control
+  nodes that exist under the dev root (``flags.nvidiaDevRoot``).
 
 IDs are UUIDs or NVML indices (``device_id_strategy``). CDI names use the kind ``nvidia.com/gpu``
 of the spec ``nvidia-ctk cdi generate`` writes, which names every GPU both by index and by UUID
