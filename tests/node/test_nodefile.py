@@ -242,6 +242,31 @@ BAD = [
         ["events[0].for_s", "missing"],
     ),
     (
+        "version-without-v",
+        _swap("version: v1", "version: 1"),
+        ["version", "must be v1 (as in config files)", "1"],
+    ),
+    (
+        "cpus-forms-mixed",
+        GOOD + 'cpus: {sockets: 2, numa_cpus: ["0-3", "4-7"]}\n',
+        ["cpus.sockets", "not with numa_cpus"],
+    ),
+    (
+        "cpus-list-syntax",
+        GOOD + 'cpus: {numa_cpus: ["0-3", "4-x"]}\n',
+        ["cpus.numa_cpus[1]", "not a CPU list", "'4-x'"],
+    ),
+    (
+        "cpus-lists-count",
+        GOOD + 'cpus: {numa_cpus: ["0-3", "4-7", "8-11"]}\n',
+        ["cpus.numa_cpus", "does not fit 2 NUMA node(s)", "lists 3 NUMA nodes"],
+    ),
+    (
+        "cpus-lists-overlap",
+        GOOD + 'cpus: {numa_cpus: ["0-3", "3-7"]}\n',
+        ["cpus", "CPU 3 is on NUMA nodes 0 and 1"],
+    ),
+    (
         "cpus-do-not-fit",
         GOOD + "cpus: {sockets: 3, cores_per_socket: 4, threads_per_core: 1}\n",
         ["cpus", "does not fit 2 NUMA node(s)", "sockets"],
