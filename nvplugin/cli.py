@@ -490,9 +490,9 @@ def demo() -> None:
 @click.option(
     "--device-plugin-dir",
     metavar="DIR",
-    default=DEFAULT_DEVICE_PLUGIN_DIR,
-    show_default=True,
-    help="Serve kubelet.sock here: the --device-plugin-dir of the nvplugin serve to attach to.",
+    required=True,
+    help="Serve kubelet.sock here: the --device-plugin-dir of the nvplugin serve to attach to "
+    f"(serve's default is {DEFAULT_DEVICE_PLUGIN_DIR}).",
 )
 @user_errors
 def kubelet(device_plugin_dir: str) -> None:
@@ -500,7 +500,8 @@ def kubelet(device_plugin_dir: str) -> None:
 
     Serves the kubelet's Registration API on DIR/kubelet.sock (deleting the sockets in DIR, as
     the kubelet does when it starts; the plugin registers again) and prints each registration
-    and each change of a resource's devices, health and NUMA nodes.
+    and each change of a resource's devices, health and NUMA nodes. Refuses a DIR where a
+    kubelet answers already.
     """
     from nvplugin.kubelet.standalone import run
     from nvplugin.log import configure

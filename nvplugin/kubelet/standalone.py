@@ -12,12 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
+import socket
+import stat
 from collections.abc import Callable
 from typing import TextIO
 
+from nvplugin.errors import NvpluginError
 from nvplugin.kubelet.devicemanager import DeviceManager
 from nvplugin.kubelet.kubelet import FakeKubelet
+from nvplugin.kubelet.registration import KUBELET_SOCKET
 
 WAKE_S = 3600.0
 """How long one wait for a change lasts before it is simply started again."""
@@ -37,10 +42,36 @@ def describe_resource(devices: DeviceManager, resource: str) -> str:
     return f"{resource}: {len(known)} devices, {healthy} healthy ({numa})"
 
 
+def check_no_kubelet(directory: str) -> None:
+    """Refuse a directory where a kubelet answers on ``kubelet.sock``: starting would delete
+    the sockets of that kubelet's plugins, as a kubelet restart does."""
+    path = os.path.join(directory, KUBELET_SOCKET)
+    if not stat.S_ISSOCK(_mode(path)):
+        return
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(path)
+        except OSError:
+            return  # a stale socket: the kubelet that made it is gone
+    raise NvpluginError(
+        f"a kubelet already serves {path}; give nvplugin kubelet the --device-plugin-dir of "
+        "your nvplugin serve instead (a second kubelet would delete its plugins' sockets)"
+    )
+
+
+def _mode(path: str) -> int:
+    try:
+        return os.stat(path).st_mode
+    except OSError:
+        return 0
+
+
 async def watch(
     directory: str, say: Callable[[str], None], stop: asyncio.Event | None = None
 ) -> None:
     """Run the fake kubelet on ``directory`` until ``stop`` is set (or SIGINT/SIGTERM)."""
+    check_no_kubelet(directory)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -96,4 +127,9 @@ def run(directory: str, out: TextIO) -> None:
     def say(line: str) -> None:
         print(line, file=out, flush=True)
 
-    asyncio.run(watch(directory, say))
+    try:
+        asyncio.run(watch(directory, say))
+    except OSError as exc:
+        raise NvpluginError(
+            f"cannot serve the kubelet in {directory}: {exc.strerror or exc}"
+        ) from None

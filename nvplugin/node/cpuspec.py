@@ -190,9 +190,9 @@ def _try(
             return None
         labels.append(matches[0])
     guess = (
-        f"{sockets} socket(s) of {spec.cores_per_socket} cores with {threads} thread(s) each "
-        f"reproduce every CPU Affinity list; nvidia-smi topo -m shows neither sockets nor "
-        f"threads, so check them with lscpu"
+        f"cpus: {_count(sockets, 'socket')} of {spec.cores_per_socket} cores with "
+        f"{_count(threads, 'thread')} each reproduce every CPU Affinity list; nvidia-smi topo -m "
+        "shows neither sockets nor threads, so check them with lscpu"
     )
     return AffinityFit(spec, nodes, tuple(labels), (guess,))
 
@@ -223,11 +223,16 @@ def _explicit(
     socket_cpus = tuple(cpus for cpus in numa_cpus if cpus)
     threads = _threads_from_runs(socket_cpus)
     note = (
-        "no sockets x cores x threads layout reproduces the CPU Affinity lists, so the lists are "
+        "cpus: no sockets x cores x threads layout reproduces the CPU Affinity lists, so the "
+        "lists are "
         f"written as they are; NUMA nodes with no GPU have no CPUs here, each NUMA node is its "
         f"own socket and threads_per_core ({threads}) is a guess: check with lscpu"
     )
     return AffinityFit(CpuLists(numa_cpus, socket_cpus, threads), count, tuple(labels), (note,))
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}" if n == 1 else f"{n} {what}s"
 
 
 def _threads_from_runs(socket_cpus: Sequence[tuple[int, ...]]) -> int:

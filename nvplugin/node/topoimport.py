@@ -66,9 +66,7 @@ def _draft(
     guess = guess_layout(table)
     fabric = guess_nvswitch(table)
     n = table.size
-    header = [
-        f"Imported by `nvplugin node import` from the nvidia-smi topo -m text of {topo.name}."
-    ]
+    header = [f"Imported by `nvplugin node import` from {topo.name} (nvidia-smi topo -m)."]
     if details is None:
         header.append(
             f"GPU names are placeholders, and uuid, memory_mib and pci_bus_id take the node-file "
@@ -82,10 +80,11 @@ def _draft(
             f"GPU NUMA ID (a GPU's own memory as a NUMA node without CPUs) is not modelled: {own}."
         )
     notes: dict[str, list[str]] = {"": header}
-    notes["numa_distances"] = [
-        "numa_distances are placeholders (nvidia-smi topo -m does not show them): 10 to itself, "
-        "20 to others; the real ones are in /sys/devices/system/node/node*/distance."
-    ]
+    if guess.numa_nodes > 1:
+        notes["numa_distances"] = [
+            "numa_distances are placeholders (nvidia-smi topo -m does not show them): 10 to "
+            "itself, 20 to others; the real ones are in /sys/devices/system/node/node*/distance."
+        ]
     notes["cpus"] = list(guess.notes)
     if guess.cpus is None:
         notes["cpus"].append(

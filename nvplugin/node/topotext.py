@@ -403,8 +403,8 @@ def guess_layout(table: TopoTable) -> LayoutGuess:
     label = dict(zip(alone, fit.labels, strict=True))
     numa_of = tuple(label.get(c) if c is not None else None for c in cpus)
     notes.append(
-        "this nvidia-smi prints no NUMA Affinity column: each distinct CPU Affinity list is a "
-        "NUMA node, numbered as the CPU layout below numbers it"
+        "numa_node: this nvidia-smi prints no NUMA Affinity column, so each distinct CPU "
+        "Affinity list is a NUMA node, numbered as the CPU layout below numbers it"
     )
     for i, c in enumerate(cpus):
         if c is not None and c not in label:

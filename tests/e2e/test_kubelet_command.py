@@ -62,6 +62,14 @@ def test_kubelet_attaches_to_a_serve_started_by_hand() -> None:
     try:
         kubelet.wait_line(DEVICES)
         assert "register nvidia.com/gpu from nvplugin-gpu.sock: accepted" in kubelet.seen
+        # A second kubelet on the same directory would delete the first one's plugin sockets.
+        second = Kubelet(directory)
+        assert second.process.wait(30) == 1
+        second.wait_line(
+            f"error: a kubelet already serves {directory}/kubelet.sock; give "
+            "nvplugin kubelet the --device-plugin-dir of your nvplugin serve instead "
+            "(a second kubelet would delete its plugins' sockets)"
+        )
         assert kubelet.stop() == 0
         # A kubelet started after the plugin deletes its socket; the plugin registers again.
         again = Kubelet(directory)
