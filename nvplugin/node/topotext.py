@@ -7,7 +7,8 @@ What the drivers print, and what is read from it:
   read the same. The header is found as the first line starting with ``GPU0`` whose next
   non-blank line starts with ``GPU0`` too, so a shell prompt, comments or other text above it
   are skipped; the matrix ends at the first line that is not a device row (a blank line, the
-  ``Legend:``), and everything after it (legends, a second matrix) is ignored.
+  ``Legend:``, a row title seen before), and everything after it (legends, the ``topo -p2p``
+  matrix some pastes add) is ignored.
 - Device columns: ``GPU0``..``GPUn-1`` first, then network devices (``mlx5_0``, ``NIC0`` with a
   ``NIC Legend``, ...), each with its own row: NIC cells and rows are skipped.
 - Affinity columns after the devices, on GPU rows only: ``CPU Affinity`` (a Linux CPU list),
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from nvplugin.errors import InputError
 from nvplugin.errors import show as show_value
@@ -93,7 +94,6 @@ class TopoTable:
     cpu_affinity: tuple[tuple[int, ...] | None, ...] | None = None
     numa_affinity: tuple[tuple[int, ...] | None, ...] | None = None
     gpu_numa_id: tuple[int | None, ...] | None = None
-    row_lines: tuple[int, ...] = field(default=())
 
     @property
     def size(self) -> int:
@@ -128,10 +128,8 @@ def parse_topo(text: str) -> TopoTable:
                 break
             continue
         title = tokens[0][0]
-        if title not in names:
+        if title not in names or title in rows:  # a title seen before: a second matrix
             break
-        if title in rows:
-            raise TopoTextError(number + 1, tokens[0][1], f"a second row {title}")
         rows[title] = (number + 1, tokens)
     for i in range(gpus):
         if f"GPU{i}" not in rows:
@@ -169,7 +167,6 @@ def parse_topo(text: str) -> TopoTable:
         cpu_affinity=columns.get(CPU_AFFINITY),  # type: ignore[arg-type]
         numa_affinity=columns.get(NUMA_AFFINITY),  # type: ignore[arg-type]
         gpu_numa_id=columns.get(GPU_NUMA_ID),  # type: ignore[arg-type]
-        row_lines=tuple(rows[f"GPU{i}"][0] for i in range(gpus)),
     )
 
 
