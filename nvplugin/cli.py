@@ -11,6 +11,8 @@ from typing import Any, TypeVar
 import click
 
 from nvplugin import __version__
+from nvplugin.allocator import POLICY_NAMES
+from nvplugin.kubelet import DEFAULT_DEVICE_PLUGIN_DIR
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -40,12 +42,19 @@ def main() -> None:
 # Commands. Each section below is owned by one part of the package; keep each command a thin
 # shell over its library module (imports inside the function, so start-up stays fast).
 
-# --- node: devices, topo ---
+# --- node: devices, topo, node import, node capture ---
 
-_SIMULATE_HELP = (
-    "Simulate a node instead of asking NVML: a built-in node name (dgx-1, dgx-2, dgx-a100, "
-    "dgx-h100, pcie-8gpu, workstation-4gpu, no-numa, mixed-a100-t4) or a node-file path."
-)
+
+def _simulate_help() -> str:
+    from nvplugin.node import builtin_names
+
+    return (
+        "Simulate a node instead of asking NVML: a built-in node name "
+        f"({', '.join(builtin_names())}) or a node-file path."
+    )
+
+
+_SIMULATE_HELP = _simulate_help()
 
 
 @main.command()
@@ -104,6 +113,83 @@ def topo(simulate: str | None, output: str) -> None:
     click.echo(render(topology), nl=False)
 
 
+@main.group()
+def node() -> None:
+    """Node files from real machines: import nvidia-smi topo -m text, or capture through NVML."""
+
+
+@node.command("import")
+@click.argument("topo_file", metavar="TOPO.txt")
+@click.option(
+    "--gpus",
+    "gpus_csv",
+    metavar="GPUS.csv",
+    help="Models, UUIDs, memory and bus ids: the output of `nvidia-smi --query-gpu=index,name,"
+    "uuid,memory.total,pci.bus_id --format=csv` (else placeholders and node-file defaults).",
+)
+@click.option("--name", metavar="NAME", help="The node's name (default: TOPO.txt's file name).")
+@click.option("-o", "--output", metavar="FILE", help="Write the node file here, not to stdout.")
+@user_errors
+def node_import(topo_file: str, gpus_csv: str | None, name: str | None, output: str | None) -> None:
+    """Print a node file made from the text of `nvidia-smi topo -m` in TOPO.txt (- = stdin).
+
+    Reads the text as any driver since 2016 prints it, whole (tabs or spaces, NIC rows and
+    columns, affinity columns, legends): NUMA nodes and CPUs come from the affinity columns,
+    NVSwitch links are inferred where the NVLinks need them; comments in the file say what was
+    guessed. On a GPU node: nvidia-smi topo -m | nvplugin node import - > my-node.yaml
+    """
+    from pathlib import Path
+
+    from nvplugin.node.topoimport import import_topo
+
+    topo = _read_input(topo_file, "topo file")
+    gpus = _read_input(gpus_csv, "GPU CSV file") if gpus_csv is not None else None
+    default_name = "imported" if topo_file == "-" else Path(topo_file).stem
+    _write_output(import_topo(topo, name or default_name, gpus), output)
+
+
+@node.command("capture")
+@click.option("--simulate", metavar="NODE", help=_SIMULATE_HELP)
+@click.option("-o", "--output", metavar="FILE", help="Write the node file here, not to stdout.")
+@user_errors
+def node_capture(simulate: str | None, output: str | None) -> None:
+    """Print this machine's exact node file, read through NVML and sysfs (on a GPU node).
+
+    Models, UUIDs, memory, bus ids, NUMA nodes and distances, CPUs, every pair's PCIe relation
+    (also under NVLink) and NVLinks, NVSwitch links. With --simulate, the node file of a
+    simulated node as discovery sees it.
+    """
+    from nvplugin.node.capture import capture
+
+    _write_output(capture(simulate), output)
+
+
+def _read_input(path: str, what: str) -> Any:
+    """A text input of a node command: a file (bounded, regular) or - for stdin."""
+    from nvplugin import yamlinput
+    from nvplugin.node.topoimport import Source
+
+    if path == "-":
+        data = sys.stdin.buffer.read(yamlinput.MAX_BYTES + 1)
+        return Source(yamlinput.decode(data, "standard input"), "standard input")
+    source = f"{what} {path}"
+    return Source(yamlinput.read_text(path, source), source)
+
+
+def _write_output(text: str, output: str | None) -> None:
+    from nvplugin.errors import InputError
+
+    if output is None:
+        click.echo(text, nl=False)
+        return
+    try:
+        with open(output, "w", encoding="utf-8") as out:
+            out.write(text)
+    except OSError as exc:
+        raise InputError(f"-o {output}: cannot write it: {exc.strerror or exc}") from None
+    click.echo(f"wrote {output}", err=True)
+
+
 # --- allocator: preferred ---
 
 
@@ -123,9 +209,10 @@ def topo(simulate: str | None, output: str) -> None:
 )
 @click.option(
     "--policy",
-    default="best-effort",
+    type=click.Choice(POLICY_NAMES),
+    default=POLICY_NAMES[0],
     show_default=True,
-    help="Allocation policy: best-effort or simple.",
+    help="Allocation policy.",
 )
 @click.option("--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--explain", is_flag=True, help="Show the chosen partition and why the group won.")
@@ -146,11 +233,10 @@ def preferred(
     """
     import json
 
-    from nvplugin.allocator import check_policy_name, explain_allocation
+    from nvplugin.allocator import explain_allocation
     from nvplugin.allocator import report as allocator_report
     from nvplugin.node import load_topology
 
-    check_policy_name(policy)  # unknown policy names fail before any work
     topology = load_topology(simulate)
     free = (
         tuple(range(len(topology)))
@@ -191,14 +277,25 @@ def setting_options(func: F) -> F:
             *(f"--{name}" for name in setting.flags),
             f"setting_{number}",
             default=None,
-            help=f"{setting.help} (config {path}; env {env})",
+            help=f"{setting.help} (config {path}; env {env}{_default_text(setting.default)})",
             **extra,
         )(func)
     return func
 
 
+def _default_text(default: object) -> str:
+    """``; default X`` for an option's help (nothing for an empty or absent default)."""
+    if default is None or default == () or default == "":
+        return ""
+    if isinstance(default, bool):
+        return f"; default {str(default).lower()}"
+    if isinstance(default, tuple):
+        return f"; default {','.join(str(item) for item in default)}"
+    return f"; default {default}"
+
+
 @main.command()
-@click.option("--simulate", metavar="NODE", help="Simulated node: built-in name or node file.")
+@click.option("--simulate", metavar="NODE", help=_SIMULATE_HELP)
 @click.option(
     "--config-file",
     "--config",
@@ -221,7 +318,8 @@ def serve(
 
     Settings come from flags, then environment variables (NVIDIA's names for NVIDIA's settings,
     NVPLUGIN_* for nvplugin's), then the config file, then defaults. SIGTERM/SIGINT stop it
-    (exit 0); SIGHUP reloads the config.
+    (exit 0); SIGHUP reloads the config. Without a kubelet
+    (--simulate on a laptop), run `nvplugin kubelet --device-plugin-dir DIR` beside it.
     """
     import os
 
@@ -352,6 +450,8 @@ def admit(
 ) -> None:
     """Admit the pods of PODS.yaml, in order, as a kubelet on this node would.
 
+    Sample pod files to start from: nvplugin/kubelet/samples/ (dgx-a100.yaml, dgx-1.yaml).
+
     Starts the real plugin (nvplugin serve) on a temporary directory and drives it with the
     fake kubelet's topology, device and CPU managers. Prints, per pod, whether it is admitted
     (else the kubelet's reason and message) and which GPUs, CPUs and NUMA nodes it gets.
@@ -373,6 +473,8 @@ def admit(
         kill_plugin_after=kill_plugin_after,
     )
     report = admission.run_admit(settings, pods_file)
+    for warning in report.warnings:
+        click.echo(f"warning: {warning}", err=True)
     if output == "json":
         click.echo(admission.to_json(report))
     else:
@@ -395,3 +497,27 @@ def demo() -> None:
 
     configure(None, "warning")
     click.echo(run_demo(), nl=False)
+
+
+@main.command()
+@click.option(
+    "--device-plugin-dir",
+    metavar="DIR",
+    required=True,
+    help="Serve kubelet.sock here: the --device-plugin-dir of the nvplugin serve to attach to "
+    f"(serve's default is {DEFAULT_DEVICE_PLUGIN_DIR}).",
+)
+@user_errors
+def kubelet(device_plugin_dir: str) -> None:
+    """Run the fake kubelet for a `nvplugin serve` you started yourself, until Ctrl-C.
+
+    Serves the kubelet's Registration API on DIR/kubelet.sock (deleting the sockets in DIR, as
+    the kubelet does when it starts; the plugin registers again) and prints each registration
+    and each change of a resource's devices, health and NUMA nodes. Refuses a DIR where a
+    kubelet answers already.
+    """
+    from nvplugin.kubelet.standalone import run
+    from nvplugin.log import configure
+
+    configure(None, "warning")
+    run(device_plugin_dir, sys.stdout)

@@ -56,11 +56,11 @@ from nvplugin.config.schema import (
     format_duration,
 )
 from nvplugin.errors import show
+from nvplugin.kubelet import DEFAULT_DEVICE_PLUGIN_DIR
 from nvplugin.node.health import DEFAULT_IGNORED_XIDS, HealthSettings
 from nvplugin.resourcenames import DEFAULT_RESOURCE_NAME, resource_name_error
 
 CONFIG_VERSION = "v1"
-DEFAULT_DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 KUBELET_SOCKET_NAME = "kubelet.sock"
 LOG_FORMATS = ("json", "console")
 LOG_LEVELS = ("debug", "info", "warning", "error")

@@ -24,7 +24,16 @@ from typing import Any, TypeVar
 import pynvml
 
 from nvplugin.errors import NvpluginError
-from nvplugin.node.model import MAX_NVLINKS, Cpu, CpuLayout, Gpu, Link, Pcie, Topology
+from nvplugin.node.model import (
+    MAX_NVLINKS,
+    Cpu,
+    CpuLayout,
+    Gpu,
+    Link,
+    Pcie,
+    Topology,
+    parse_cpu_list,
+)
 
 T = TypeVar("T")
 
@@ -97,6 +106,14 @@ class GpuEvent:
     index: int
     xid: int | None = None
     lost: bool = False
+
+
+@dataclass(frozen=True)
+class Scan:
+    """What discovery read: the topology, and each GPU's NVLinks into an NVSwitch fabric."""
+
+    topology: Topology
+    nvswitch_links: tuple[int, ...]
 
 
 class EventWaitError(NvpluginError):
@@ -228,6 +245,11 @@ class Nvml:
     # -- discovery ----------------------------------------------------------------------------
     def discover(self, name: str) -> Topology:
         """Read the node once: GPUs, every pair's PCIe relation and NVLinks, NUMA and CPUs."""
+        return self.scan(name).topology
+
+    def scan(self, name: str) -> Scan:
+        """:meth:`discover`, keeping how many of each GPU's NVLinks go to NVSwitches (what a
+        node file records as ``nvswitch_links``, ``nvplugin node capture``)."""
         count = _call("count the GPUs", pynvml.nvmlDeviceGetCount)
         handles = [
             _call(f"open GPU {i}", pynvml.nvmlDeviceGetHandleByIndex, i) for i in range(count)
@@ -263,7 +285,8 @@ class Nvml:
                 link = Link(pcie, min(nvlinks, MAX_NVLINKS))
                 links[i][j] = links[j][i] = link
         cpus = read_cpu_layout(self.sysfs_root)
-        return Topology(name, gpus, tuple(tuple(row) for row in links), numa_distances, cpus)
+        topology = Topology(name, gpus, tuple(tuple(row) for row in links), numa_distances, cpus)
+        return Scan(topology, tuple(fabric))
 
     def _gpu(self, index: int, handle: Any, numa_count: int) -> Gpu:
         what = f"read GPU {index}"
@@ -418,17 +441,6 @@ def _read(path: Path) -> str | None:
         return None
 
 
-def parse_cpulist(text: str) -> list[int]:
-    """Linux cpulist format (``0-19,40-59``) as CPU ids."""
-    cpus: list[int] = []
-    for part in text.strip().split(","):
-        if not part:
-            continue
-        low, _, high = part.partition("-")
-        cpus.extend(range(int(low), int(high or low) + 1))
-    return cpus
-
-
 def read_numa_node(sysfs_root: str, bus_id: str) -> int | None:
     """NUMA node of a PCI device from sysfs: None when negative (-1) or unreadable."""
     path = Path(sysfs_root, "bus/pci/devices", sysfs_pci_name(bus_id), "numa_node")
@@ -480,7 +492,7 @@ def read_cpu_layout(sysfs_root: str) -> CpuLayout:
     for node in _node_ids(sysfs_root):
         text = _read(Path(sysfs_root, f"devices/system/node/node{node}/cpulist")) or ""
         try:
-            for cpu in parse_cpulist(text):
+            for cpu in parse_cpu_list(text):
                 node_of[cpu] = node
         except ValueError:
             continue

@@ -36,7 +36,7 @@ ALIAS_BOMB = "\n".join(
     ]
 )
 DEEP = "[" * 200_000 + "]" * 200_000
-NODE_HEAD = "version: 1\nname: x\n"
+NODE_HEAD = "version: v1\nname: x\n"
 
 
 def _run(command: str, *args: str) -> subprocess.CompletedProcess[str]:
