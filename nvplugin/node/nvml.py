@@ -8,7 +8,8 @@ from sysfs, under a configurable root, the same way in both cases.
 MIG: for each GPU, its current MIG mode and, when on, each MIG device (index, UUID, GPU and
 compute instance IDs, attributes, and the GPU instance's profile for the name suffix: the calls
 go-nvlib makes, so profile names match NVIDIA's plugin). The ``/dev/nvidia-caps`` minors come from
-``proc/driver/nvidia-caps/mig-minors`` under the driver root, read once if any GPU has MIG on.
+``proc/driver/nvidia-caps/mig-minors`` under the driver root (else under ``/``), read once if
+any GPU has MIG on.
 
 Every NVML failure a user can meet becomes an :class:`NvpluginError` saying what to do (no
 library, driver not loaded, driver/library mismatch, GPU lost), never a traceback.
@@ -40,6 +41,7 @@ from nvplugin.node.model import (
     MigDevice,
     Pcie,
     Topology,
+    parse_cpu_list,
 )
 
 T = TypeVar("T")
@@ -91,6 +93,20 @@ PCIE_TO_LEVEL: Mapping[Pcie, int] = MappingProxyType(
 
 _PCI_RE = re.compile(r"^([0-9a-fA-F]+):([0-9a-fA-F]+):([0-9a-fA-F]+)\.([0-9a-fA-F]+)$")
 
+NVML_LIBRARY = "libnvidia-ml.so.1"
+LIBRARY_DIRS = (
+    "usr/lib64",
+    "usr/lib/x86_64-linux-gnu",
+    "usr/lib/aarch64-linux-gnu",
+    "lib64",
+    "lib/x86_64-linux-gnu",
+    "lib/aarch64-linux-gnu",
+    "usr/lib",
+    "lib",
+)
+"""Where driver installs put libnvidia-ml.so.1, relative to the driver root (distribution
+packages, the .run installer, the GPU Operator's driver container)."""
+
 MAX_EVENTS_PER_WAIT = 64
 """How many queued events one :meth:`EventWatcher.wait` drains at most."""
 
@@ -108,6 +124,14 @@ class GpuEvent:
     index: int
     xid: int | None = None
     lost: bool = False
+
+
+@dataclass(frozen=True)
+class Scan:
+    """What discovery read: the topology, and each GPU's NVLinks into an NVSwitch fabric."""
+
+    topology: Topology
+    nvswitch_links: tuple[int, ...]
 
 
 class EventWaitError(NvpluginError):
@@ -140,6 +164,31 @@ def sysfs_pci_name(bus_id: str) -> str:
         return bus_id.lower()
     domain, bus, dev, fn = key
     return f"{domain:04x}:{bus:02x}:{dev:02x}.{fn:x}"
+
+
+def driver_library(driver_root: str) -> str | None:
+    """``libnvidia-ml.so.1`` under ``driver_root`` (the host's driver root as mounted in the
+    plugin's container, NVIDIA's ``containerDriverRoot``), or None when it is not there."""
+    for directory in LIBRARY_DIRS:
+        candidate = os.path.join(driver_root, directory, NVML_LIBRARY)
+        if os.path.isfile(candidate):
+            return candidate
+    return None
+
+
+def load_library(driver_root: str | None) -> str | None:
+    """Load NVML from ``driver_root`` when the library is there, before NVML starts: a plugin
+    whose pod mounts the host's driver root needs no NVIDIA container runtime to find it.
+    Returns the path loaded (None: the library loader's own search will be used, as without a
+    driver root). Only the first load counts: pynvml keeps one library per process."""
+    path = driver_library(driver_root) if driver_root else None
+    if path is None or pynvml.nvmlLib is not None:
+        return None
+    try:
+        pynvml.nvmlLib = ctypes.CDLL(path)
+    except OSError as exc:
+        raise NvpluginError(f"cannot load the NVML library {path}: {exc}") from None
+    return path
 
 
 def _failure(exc: Exception, what: str) -> NvpluginError:
@@ -187,14 +236,17 @@ class Nvml:
     """An initialised NVML session; :meth:`close` shuts it down.
 
     ``sysfs_root`` is where discovery reads NUMA nodes and CPUs (``/sys`` on a real node, the
-    simulated node's generated tree under ``--simulate``); ``driver_root`` where it reads the
-    MIG capability minors (``/``; the generated tree too when simulating).
+    simulated node's generated tree under ``--simulate``); ``driver_root``, where the host's
+    driver root is mounted (NVML is loaded from it when there, see :func:`load_library`; the
+    MIG capability minors are read under it, else under ``/``: ``/proc/driver`` is the kernel's
+    in every container).
     """
 
-    def __init__(self, sysfs_root: str = "/sys", driver_root: str = "/") -> None:
+    def __init__(self, sysfs_root: str = "/sys", driver_root: str | None = None) -> None:
         self.sysfs_root = sysfs_root
         self.driver_root = driver_root
         self._handles: list[Any] = []
+        self.library = load_library(driver_root)
         _call("initialise NVML", pynvml.nvmlInit)
         self._open = True
 
@@ -214,13 +266,18 @@ class Nvml:
     # -- discovery ----------------------------------------------------------------------------
     def discover(self, name: str) -> Topology:
         """Read the node once: GPUs, every pair's PCIe relation and NVLinks, NUMA and CPUs."""
+        return self.scan(name).topology
+
+    def scan(self, name: str) -> Scan:
+        """:meth:`discover`, keeping how many of each GPU's NVLinks go to NVSwitches (what a
+        node file records as ``nvswitch_links``, ``nvplugin node capture``)."""
         count = _call("count the GPUs", pynvml.nvmlDeviceGetCount)
         handles = [
             _call(f"open GPU {i}", pynvml.nvmlDeviceGetHandleByIndex, i) for i in range(count)
         ]
         self._handles = handles
         numa_distances = read_numa_distances(self.sysfs_root)
-        minors = _MinorsOnce(self.driver_root)
+        minors = _MinorsOnce((self.driver_root, "/") if self.driver_root else ("/",))
         gpus = tuple(self._gpu(i, h, len(numa_distances), minors) for i, h in enumerate(handles))
         by_pci = {pci_key(g.pci_bus_id): g.index for g in gpus}
         direct = [[0] * count for _ in range(count)]
@@ -250,7 +307,8 @@ class Nvml:
                 link = Link(pcie, min(nvlinks, MAX_NVLINKS))
                 links[i][j] = links[j][i] = link
         cpus = read_cpu_layout(self.sysfs_root)
-        return Topology(name, gpus, tuple(tuple(row) for row in links), numa_distances, cpus)
+        topology = Topology(name, gpus, tuple(tuple(row) for row in links), numa_distances, cpus)
+        return Scan(topology, tuple(fabric))
 
     def _gpu(self, index: int, handle: Any, numa_count: int, minors: _MinorsOnce) -> Gpu:
         what = f"read GPU {index}"
@@ -497,19 +555,23 @@ class EventWatcher:
 
 
 class _MinorsOnce:
-    """The driver's MIG capability minors, read on first use (only nodes with MIG need them);
-    None when the file cannot be read (no MIG-capable driver, or not mounted)."""
+    """The driver's MIG capability minors, read on first use (only nodes with MIG need them)
+    from the first of ``roots`` that has them; None when none can be read (no MIG-capable
+    driver, or not mounted)."""
 
-    def __init__(self, driver_root: str) -> None:
-        self._path = Path(driver_root, mig.MIG_MINORS_PATH)
+    def __init__(self, roots: tuple[str, ...]) -> None:
+        self._paths = tuple(Path(root, mig.MIG_MINORS_PATH) for root in roots)
         self._read = False
         self._table: dict[mig.CapsKey, int] | None = None
 
     def get(self) -> dict[mig.CapsKey, int] | None:
         if not self._read:
             self._read = True
-            text = _read(self._path)
-            self._table = None if text is None else mig.parse_mig_minors(text)
+            for path in self._paths:
+                text = _read(path)
+                if text is not None:
+                    self._table = mig.parse_mig_minors(text)
+                    break
         return self._table
 
 
@@ -519,17 +581,6 @@ def _read(path: Path) -> str | None:
         return path.read_text()
     except (OSError, UnicodeDecodeError):
         return None
-
-
-def parse_cpulist(text: str) -> list[int]:
-    """Linux cpulist format (``0-19,40-59``) as CPU ids."""
-    cpus: list[int] = []
-    for part in text.strip().split(","):
-        if not part:
-            continue
-        low, _, high = part.partition("-")
-        cpus.extend(range(int(low), int(high or low) + 1))
-    return cpus
 
 
 def read_numa_node(sysfs_root: str, bus_id: str) -> int | None:
@@ -583,7 +634,7 @@ def read_cpu_layout(sysfs_root: str) -> CpuLayout:
     for node in _node_ids(sysfs_root):
         text = _read(Path(sysfs_root, f"devices/system/node/node{node}/cpulist")) or ""
         try:
-            for cpu in parse_cpulist(text):
+            for cpu in parse_cpu_list(text):
                 node_of[cpu] = node
         except ValueError:
             continue

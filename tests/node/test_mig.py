@@ -42,7 +42,7 @@ def node_text(gpus: list[str], name: str = "mig-node") -> str:
     header = "      " + "  ".join(f"GPU{j}" for j in range(n))
     rows = [f"  GPU{i}  " + "  ".join("X" if i == j else "PIX" for j in range(n)) for i in range(n)]
     entries = "\n".join(f"  - {gpu}" for gpu in gpus)
-    return f"version: 1\nname: {name}\ngpus:\n{entries}\nlinks: |\n{header}\n" + "\n".join(rows)
+    return f"version: v1\nname: {name}\ngpus:\n{entries}\nlinks: |2\n{header}\n" + "\n".join(rows)
 
 
 # --- names ---------------------------------------------------------------------------------------

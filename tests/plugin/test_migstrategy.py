@@ -19,7 +19,7 @@ from nvplugin.plugin.migstrategy import (
     check_strategy,
     mixed_resource_name,
 )
-from nvplugin.plugin.resources import resource_name_problem
+from nvplugin.resourcenames import resource_name_problem
 
 MIXED = load_node("dgx-a100-mig").topology()
 
