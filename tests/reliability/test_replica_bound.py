@@ -91,6 +91,11 @@ def test_reload_keeps_the_running_config() -> None:
                 serve = Serve(directory, "--simulate", "dgx-2", "--config", str(config))
                 try:
                     await kubelet.wait_registered("nvidia.com/gpu", timeout=15)
+                    await kubelet.devices.wait_for(  # the first listing, before the reload
+                        lambda m: len(m.healthy_devices("nvidia.com/gpu")) == 4 * 16,
+                        15,
+                        "64 replicas listed",
+                    )
                     config.write_text(slicing(100_000))
                     serve.send(signal.SIGHUP)
                     line = await serve.wait_log("config reload failed; keeping the running config")
