@@ -54,7 +54,7 @@ def nvidia_values() -> dict[str, Any]:
     return {
         "migStrategy": _nullable(
             {"type": "string", "enum": _choices("flags.migStrategy")},
-            "NVIDIA's value (MIG_STRATEGY); only none is supported yet.",
+            "NVIDIA's value (MIG_STRATEGY): none, single or mixed.",
         ),
         "failOnInitError": _nullable({"type": "boolean"}, "NVIDIA's value (FAIL_ON_INIT_ERROR)."),
         "compatWithCPUManager": _nullable(

@@ -12,6 +12,7 @@ import click
 
 from nvplugin import __version__
 from nvplugin.allocator import POLICY_NAMES
+from nvplugin.config.rules import MIG_STRATEGIES
 from nvplugin.kubelet import DEFAULT_DEVICE_PLUGIN_DIR
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -45,6 +46,22 @@ def main() -> None:
 # --- node: devices, topo, node import, node capture ---
 
 
+def plugin_config_options(config_help: str) -> Callable[[F], F]:
+    """``--config FILE`` and ``--mig-strategy``: the plugin's config a command works with."""
+
+    def add(func: F) -> F:
+        func = click.option(
+            "--mig-strategy",
+            type=click.Choice(MIG_STRATEGIES),
+            help="The plugin's MIG strategy (nvplugin serve --mig-strategy; overrides the config "
+            "file's; default: the file's, else none). Under mixed, MIG devices are served as "
+            "nvidia.com/mig-<profile>.",
+        )(func)
+        return click.option("--config", "config_path", metavar="FILE", help=config_help)(func)
+
+    return add
+
+
 def _simulate_help() -> str:
     from nvplugin.node import builtin_names
 
@@ -60,35 +77,40 @@ _SIMULATE_HELP = _simulate_help()
 @main.command()
 @click.option("--simulate", metavar="NODE", help=_SIMULATE_HELP)
 @click.option("--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
-@click.option(
-    "--config",
-    "config_path",
-    metavar="FILE",
-    help="Also show which resource each GPU is served as under this config file (resources by "
-    "model, exclusions, time-slicing replicas).",
+@plugin_config_options(
+    "Also show which resource each GPU (MIG device) is served as under this config file "
+    "(MIG strategy, resources by model, exclusions, time-slicing replicas)."
 )
 @user_errors
-def devices(simulate: str | None, output: str, config_path: str | None) -> None:
-    """List the node's GPUs: index, UUID, model, memory, PCI bus id, NUMA node (and resource)."""
+def devices(
+    simulate: str | None, output: str, config_path: str | None, mig_strategy: str | None
+) -> None:
+    """List the node's GPUs: index, UUID, model, memory, PCI bus id, NUMA node (and resource);
+    MIG devices below them on a node with MIG."""
     from nvplugin.node import load_topology, report
 
     topo = load_topology(simulate)
-    labels = plan_dict = None
-    if config_path is not None:
+    labels = mig_labels = plan_dict = None
+    if config_path is not None or mig_strategy is not None:
         from nvplugin.config import load_config
         from nvplugin.plugin.resources import plan_resources
 
-        config = load_config(config_path)
+        flags = {} if mig_strategy is None else {"flags.migStrategy": mig_strategy}
+        config = load_config(config_path, flags=flags)
         plan = plan_resources(
-            topo.gpus, config.resource_name, config.resources, config.time_slicing
+            topo.gpus,
+            config.resource_name,
+            config.resources,
+            config.time_slicing,
+            config.mig_strategy,
         )
         for warning in plan.warnings:
             click.echo(f"warning: {warning}", err=True)
-        labels, plan_dict = plan.labels(), plan.as_dict()
+        labels, mig_labels, plan_dict = plan.labels(), plan.mig_labels(), plan.as_dict()
     if output == "json":
-        click.echo(report.devices_json(topo, labels, plan_dict), nl=False)
+        click.echo(report.devices_json(topo, labels, plan_dict, mig_labels), nl=False)
     else:
-        click.echo(report.devices_table(topo, labels), nl=False)
+        click.echo(report.devices_table(topo, labels, mig_labels), nl=False)
 
 
 @main.command()
@@ -216,6 +238,19 @@ def _write_output(text: str, output: str | None) -> None:
 )
 @click.option("--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--explain", is_flag=True, help="Show the chosen partition and why the group won.")
+@click.option(
+    "--mig-strategy",
+    type=click.Choice(MIG_STRATEGIES),
+    default=MIG_STRATEGIES[0],
+    show_default=True,
+    help="Serve MIG devices as the plugin would under this strategy (see --resource).",
+)
+@click.option(
+    "--resource",
+    metavar="NAME",
+    help="A MIG resource to ask about (nvidia.com/mig-1g.5gb under mixed, nvidia.com/gpu under "
+    "single); IDs are then MIG UUIDs or <gpu>:<mig index>, and the MIG policy answers.",
+)
 @user_errors
 def preferred(
     simulate: str | None,
@@ -225,6 +260,8 @@ def preferred(
     policy: str,
     output: str,
     explain: bool,
+    mig_strategy: str,
+    resource: str | None,
 ) -> None:
     """Answer GetPreferredAllocation as the plugin would: which GPUs a pod of SIZE should get.
 
@@ -238,6 +275,30 @@ def preferred(
     from nvplugin.node import load_topology
 
     topology = load_topology(simulate)
+    if mig_strategy != "none" or resource is not None:
+        from nvplugin.allocator import migreport
+        from nvplugin.errors import InputError
+        from nvplugin.plugin.migstrategy import mig_resource
+
+        if explain or policy != POLICY_NAMES[0]:
+            raise InputError(
+                "--explain and --policy are about NVLink groups of GPUs; MIG devices have no "
+                "NVLink and one policy (mig: one parent GPU, then one NUMA node)"
+            )
+        name, devices = mig_resource(topology.gpus, mig_strategy, resource)
+        free = (
+            tuple(range(len(devices)))
+            if available is None
+            else migreport.resolve_mig_ids(devices, available, "--available", name)
+        )
+        must = migreport.resolve_mig_ids(devices, must_include, "--must-include", name)
+        picked = migreport.prefer_mig(topology, devices, free, must, size)
+        if output == "json":
+            doc = migreport.mig_to_json(topology, devices, picked, name)
+            click.echo(json.dumps(doc, indent=2))
+        else:
+            click.echo(migreport.mig_to_text(topology, devices, picked, name, size))
+        return
     free = (
         tuple(range(len(topology)))
         if available is None
@@ -425,12 +486,9 @@ def probe(socket_path: str, timeout_s: float, service: str, live: bool) -> None:
     help="none or static (static needs --reserved-cpus).",
 )
 @click.option("--reserved-cpus", metavar="LIST", help="CPUs kept for the system, e.g. 0-1.")
-@click.option(
-    "--config",
-    "config_path",
-    metavar="FILE",
-    help="The plugin's config file (nvplugin serve --config): resources by GPU model, "
-    "time-slicing, strategies.",
+@plugin_config_options(
+    "The plugin's config file (nvplugin serve --config): resources by GPU model, "
+    "time-slicing, strategies."
 )
 @click.option("--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("--kill-plugin-after", metavar="POD", hidden=True)
@@ -444,13 +502,15 @@ def admit(
     cpu_manager_policy: str,
     reserved_cpus: str | None,
     config_path: str | None,
+    mig_strategy: str | None,
     output: str,
     kill_plugin_after: str | None,
     pods_file: str,
 ) -> None:
     """Admit the pods of PODS.yaml, in order, as a kubelet on this node would.
 
-    Sample pod files to start from: nvplugin/kubelet/samples/ (dgx-a100.yaml, dgx-1.yaml).
+    Sample pod files to start from: nvplugin/kubelet/samples/ (dgx-a100.yaml, dgx-1.yaml,
+    dgx-a100-mig.yaml with --mig-strategy mixed).
 
     Starts the real plugin (nvplugin serve) on a temporary directory and drives it with the
     fake kubelet's topology, device and CPU managers. Prints, per pod, whether it is admitted
@@ -470,6 +530,7 @@ def admit(
         cpu_manager_policy=cpu_manager_policy,
         reserved_cpus=reserved_cpus,
         config=config_path,
+        mig_strategy=mig_strategy,
         kill_plugin_after=kill_plugin_after,
     )
     report = admission.run_admit(settings, pods_file)

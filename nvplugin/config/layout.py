@@ -15,7 +15,7 @@ import fnmatch
 from dataclasses import dataclass
 
 from nvplugin.config.schema import Invalid
-from nvplugin.resourcenames import full_name, resource_name_error, socket_name
+from nvplugin.resourcenames import full_name, resource_domain, resource_name_error, socket_name
 
 ALLOCATIONS = ("distributed", "packed")
 """Preferred-allocation policies for replicas (NVIDIA's ``sharedDevicesAllocationPolicy``); the
@@ -89,8 +89,9 @@ class Exclude:
 
 @dataclass(frozen=True)
 class ResourceRules:
-    """``resources``: which GPU goes to which resource name, and which to none. ``mig`` holds
-    NVIDIA's ``resources.mig`` patterns (MIG devices by profile)."""
+    """``resources``: which GPU goes to which resource name, and which to none. ``mig``: NVIDIA's
+    ``resources.mig`` patterns, MIG devices by profile (same pattern rule as ``gpus``), honoured
+    under ``migStrategy: mixed``."""
 
     gpus: tuple[GpuPattern, ...] = ()
     exclude: Exclude = Exclude()
@@ -103,28 +104,58 @@ def model_matches(pattern: str, model: str) -> bool:
 
 
 def resolve_layout(
-    resource_name: str, rules: ResourceRules, time_slicing: TimeSlicing
+    resource_name: str,
+    rules: ResourceRules,
+    time_slicing: TimeSlicing,
+    mig_strategy: str = "none",
 ) -> tuple[ResourceRules, TimeSlicing]:
     """Short names made full, then every rule that spans keys checked; :class:`Invalid` with the
-    key path in ``at``."""
-    patterns = []
-    for number, pattern in enumerate(rules.gpus):
-        name = full_name(pattern.name, resource_name)
-        _valid(name, f"resources.gpus[{number}].name")
-        patterns.append(GpuPattern(pattern.pattern, name))
+    key path in ``at``.
+
+    Under ``mig_strategy`` mixed the names of ``resources.mig`` are served resources too, and a
+    time-slicing entry may name any MIG resource (``<domain>/mig-<profile>``): which profiles
+    exist is the node's to say, so :func:`nvplugin.plugin.resources.plan_resources` checks the
+    rest once the node is known (with :func:`check_served`, the same rule).
+    """
+    patterns = [
+        GpuPattern(p.pattern, _full(p.name, resource_name, f"resources.gpus[{n}].name"))
+        for n, p in enumerate(rules.gpus)
+    ]
+    mig = [
+        GpuPattern(p.pattern, _full(p.name, resource_name, f"resources.mig[{n}].name"))
+        for n, p in enumerate(rules.mig)
+    ]
     # Where each base resource comes from, for messages: the default, then pattern names.
     origin = {resource_name: "nvplugin.resourceName"}
     for number, pattern in enumerate(patterns):
         origin.setdefault(pattern.name, f"resources.gpus[{number}].name")
+    mixed = mig_strategy == "mixed"
+    if mixed:
+        for number, pattern in enumerate(mig):
+            at = f"resources.mig[{number}].name"
+            if origin.get(pattern.name, at).startswith(("resources.gpus", "nvplugin.")):
+                raise Invalid(
+                    f"{pattern.name} is already the resource of whole GPUs (from "
+                    f"{origin[pattern.name]}); MIG devices need a resource of their own",
+                    at,
+                )
+            origin.setdefault(pattern.name, at)
 
     entries = []
     seen: dict[str, int] = {}
     for number, entry in enumerate(time_slicing.resources):
         at = f"sharing.timeSlicing.resources[{number}]"
         name = full_name(entry.name, resource_name)
-        if name not in origin:
+        if name not in origin and not (mixed and is_mig_resource(name, resource_name)):
+            mig_note = (
+                f", or under migStrategy mixed a MIG resource such as "
+                f"{resource_domain(resource_name)}/{MIG_RESOURCE_PREFIX}1g.5gb"
+                if mixed
+                else ""
+            )
             raise Invalid(
-                f"{name} is not a resource this plugin serves (have: {', '.join(origin)})",
+                f"{name} is not a resource this plugin serves (have: {', '.join(origin)}"
+                f"{mig_note})",
                 f"{at}.name",
             )
         if name in seen:
@@ -132,8 +163,7 @@ def resolve_layout(
         seen[name] = number
         rename = None
         if entry.rename is not None:
-            rename = full_name(entry.rename, resource_name)
-            _valid(rename, f"{at}.rename")
+            rename = _full(entry.rename, resource_name, f"{at}.rename")
         entries.append(ReplicatedResource(name, entry.replicas, rename))
     resolved = TimeSlicing(
         time_slicing.rename_by_default,
@@ -141,21 +171,38 @@ def resolve_layout(
         time_slicing.allocation,
         tuple(entries),
     )
+    check_served(list(origin.items()), resolved)
+    return ResourceRules(tuple(patterns), rules.exclude, tuple(mig)), resolved
 
+
+MIG_RESOURCE_PREFIX = "mig-"
+"""Under ``mixed``, a MIG profile's resource is ``<domain>/mig-<profile>`` (NVIDIA's names)."""
+
+
+def is_mig_resource(name: str, resource_name: str) -> bool:
+    """Whether ``name`` is in the namespace of ``mixed``'s MIG resources (by default)."""
+    return name.startswith(f"{resource_domain(resource_name)}/{MIG_RESOURCE_PREFIX}")
+
+
+def check_served(bases: list[tuple[str, str]], time_slicing: TimeSlicing) -> None:
+    """The names resources are served under -- ``bases`` (base resource, the key path it comes
+    from), renamed by time-slicing -- must be distinct and take distinct sockets; :class:`Invalid`
+    naming the key that made the second one."""
     served: dict[str, str] = {}  # served name -> the key path that produced it
     sockets: dict[str, str] = {}
+    replicated = {entry.name: number for number, entry in enumerate(time_slicing.resources)}
     # Resources served under their own name first, so a collision names the renaming key.
-    for base, base_at in sorted(origin.items(), key=lambda item: item[0] in seen):
+    for base, base_at in sorted(bases, key=lambda item: item[0] in replicated):
         name, at = base, base_at
-        replicated = seen.get(base)
-        if replicated is not None:
-            entry = entries[replicated]
-            name = resolved.served_name(entry)
+        number = replicated.get(base)
+        if number is not None:
+            entry = time_slicing.resources[number]
+            name = time_slicing.served_name(entry)
             at = (
-                f"sharing.timeSlicing.resources[{replicated}].rename"
+                f"sharing.timeSlicing.resources[{number}].rename"
                 if entry.rename is not None
                 else "sharing.timeSlicing.renameByDefault"
-                if resolved.rename_by_default
+                if time_slicing.rename_by_default
                 else base_at
             )
             _valid(name, at)
@@ -170,7 +217,12 @@ def resolve_layout(
                 at,
             )
         sockets[sock] = at
-    return ResourceRules(tuple(patterns), rules.exclude, rules.mig), resolved
+
+
+def _full(name: str, resource_name: str, at: str) -> str:
+    full = full_name(name, resource_name)
+    _valid(full, at)
+    return full
 
 
 def _valid(name: str, at: str) -> None:

@@ -36,6 +36,7 @@ from nvplugin.config.rules import (
     DEFAULT_CDI_ANNOTATION_PREFIX,
     DEVICE_ID_STRATEGIES,
     DEVICE_LIST_STRATEGIES,
+    MIG_STRATEGIES,
     absolute_path_problem,
     address_problem,
     cdi_annotation_prefix_problem,
@@ -69,9 +70,6 @@ DEFAULT_DRIVER_ROOT = "/"
 DEFAULT_CONTAINER_DRIVER_ROOT = "/driver-root"
 DEFAULT_NVIDIA_CTK_PATH = "/usr/bin/nvidia-ctk"
 
-MIG_STRATEGIES = ("none", "single", "mixed")
-SUPPORTED_MIG_STRATEGIES: tuple[str, ...] = ("none",)
-"""The MIG strategies nvplugin serves. MIG support widens this (and with it ``resources.mig``)."""
 DISCOVERY_STRATEGIES = ("auto", "nvml")
 """NVIDIA's ``deviceDiscoveryStrategy`` values nvplugin honours (it discovers through NVML)."""
 MAX_XID = 2**31 - 1
@@ -157,12 +155,11 @@ SCHEMA = Section(
             {
                 "migStrategy": Setting(
                     Str(choices=MIG_STRATEGIES),
-                    "none",
-                    help="How MIG devices are exposed: none, single, mixed.",
+                    MIG_STRATEGIES[0],
+                    help="How MIG devices are served: none (whole GPUs), single (MIG devices as "
+                    "the GPU resource), mixed (nvidia.com/mig-<profile> per profile).",
                     flags=("mig-strategy",),
                     env=("MIG_STRATEGY",),
-                    supported=SUPPORTED_MIG_STRATEGIES,
-                    unsupported=_unsupported("MIG strategies other than none"),
                 ),
                 "failOnInitError": Setting(
                     Bool(),
@@ -349,9 +346,8 @@ SCHEMA = Section(
                 "mig": Setting(
                     List(_PATTERN_ENTRY),
                     (),
-                    help="MIG devices by profile pattern (MIG is not supported yet).",
-                    supported=((),) if SUPPORTED_MIG_STRATEGIES == ("none",) else None,
-                    unsupported=_unsupported("MIG devices (resources.mig)"),
+                    help="Under migStrategy mixed: MIG devices whose profile matches pattern "
+                    "(*, ?, [..], any case) are served as resource name; the first match wins.",
                 ),
                 "exclude": Section(
                     {
@@ -586,7 +582,7 @@ class Config:
     cdi_annotation_prefix: str = DEFAULT_CDI_ANNOTATION_PREFIX
     driver_root: str = DEFAULT_DRIVER_ROOT
     container_driver_root: str = DEFAULT_CONTAINER_DRIVER_ROOT
-    mig_strategy: str = "none"
+    mig_strategy: str = MIG_STRATEGIES[0]
     time_slicing: TimeSlicing = field(default_factory=TimeSlicing)  # names resolved
     resources: ResourceRules = field(default_factory=ResourceRules)  # names resolved
     source: str | None = None
@@ -627,9 +623,8 @@ class Config:
             }
             for e in self.time_slicing.resources
         ]
-        out["resources"]["gpus"] = [
-            {"pattern": p.pattern, "name": p.name} for p in self.resources.gpus
-        ]
+        for key, patterns in (("gpus", self.resources.gpus), ("mig", self.resources.mig)):
+            out["resources"][key] = [{"pattern": p.pattern, "name": p.name} for p in patterns]
         out["nvplugin"]["health"]["xids"]["ignoredEffective"] = sorted(self.health.ignored_xids)
         return out
 
@@ -653,6 +648,7 @@ def build(values: Mapping[str, object], source: str | None, notes: tuple[str, ..
         return values[path]
 
     resource_name = get("nvplugin.resourceName")
+    mig_strategy = get("flags.migStrategy")
     resources, time_slicing = resolve_layout(
         resource_name,
         ResourceRules(
@@ -666,6 +662,7 @@ def build(values: Mapping[str, object], source: str | None, notes: tuple[str, ..
             allocation=get("flags.plugin.sharedDevicesAllocationPolicy"),
             resources=get("sharing.timeSlicing.resources"),
         ),
+        mig_strategy,
     )
     driver_root = get("flags.nvidiaDriverRoot")
     return Config(
@@ -695,7 +692,7 @@ def build(values: Mapping[str, object], source: str | None, notes: tuple[str, ..
         cdi_annotation_prefix=get("flags.plugin.cdiAnnotationPrefix"),
         driver_root=driver_root,
         container_driver_root=get("flags.plugin.containerDriverRoot"),
-        mig_strategy=get("flags.migStrategy"),
+        mig_strategy=mig_strategy,
         time_slicing=time_slicing,
         resources=resources,
         source=source,

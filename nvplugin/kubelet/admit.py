@@ -36,7 +36,7 @@ from typing import Any
 
 import structlog
 
-from nvplugin.config import load_config
+from nvplugin.config import Config, load_config
 from nvplugin.errors import InputError, NvpluginError
 from nvplugin.kubelet.cpumanager import POLICIES as CPU_POLICIES
 from nvplugin.kubelet.cpumanager import CpuManager, parse_cpu_list
@@ -77,6 +77,8 @@ class AdmitSettings:
     reserved_cpus: str | None = None
     config: str | None = None
     """The plugin's config file (``nvplugin serve --config``): resources by model, time-slicing."""
+    mig_strategy: str | None = None
+    """``nvplugin serve --mig-strategy`` (None: the config file's, else none)."""
     kill_plugin_after: str | None = None
     """Testing aid: SIGKILL the plugin right after this pod is admitted (or rejected)."""
 
@@ -87,15 +89,17 @@ class ContainerResult:
 
     name: str
     devices: Mapping[str, tuple[str, ...]]  # resource -> device IDs (GPUs in index order)
-    gpu_indices: tuple[int, ...]
+    gpu_indices: tuple[int, ...]  # every GPU it uses: whole, or as a MIG device's parent
     cpus: tuple[int, ...]  # exclusive CPUs; empty = the shared pool
     numa_nodes: tuple[int, ...] | None  # stored topology hint; None = none stored / don't care
+    mig_devices: tuple[str, ...] = ()  # its MIG devices, ``<gpu>:<mig index>``, in index order
 
     def as_json(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "devices": {r: list(ids) for r, ids in self.devices.items()},
             "gpu_indices": list(self.gpu_indices),
+            "mig_devices": list(self.mig_devices),
             "cpus": list(self.cpus),
             "numa_nodes": None if self.numa_nodes is None else list(self.numa_nodes),
         }
@@ -198,7 +202,13 @@ def build_managers(
 class PluginProcess:
     """``nvplugin serve --simulate NODE`` on ``directory``; its log goes to a file there."""
 
-    def __init__(self, directory: str, simulate: str | None, config: str | None = None) -> None:
+    def __init__(
+        self,
+        directory: str,
+        simulate: str | None,
+        config: str | None = None,
+        mig_strategy: str | None = None,
+    ) -> None:
         self.directory = directory
         self.log_path = os.path.join(directory, "serve.log")
         command = [sys.executable, "-m", "nvplugin", "serve", "--device-plugin-dir", directory]
@@ -207,6 +217,8 @@ class PluginProcess:
             command += ["--simulate", simulate]
         if config is not None:
             command += ["--config", config]
+        if mig_strategy is not None:
+            command += ["--mig-strategy", mig_strategy]
         # The user's NVPLUGIN_* settings must not redirect this private plugin elsewhere.
         env = {k: v for k, v in os.environ.items() if not k.startswith("NVPLUGIN_")}
         with open(self.log_path, "wb") as log:
@@ -268,7 +280,9 @@ class Admission:
         except BaseException:
             shutil.rmtree(self.directory, ignore_errors=True)
             raise
-        self.expected = expected_resources(settings.config, topology)
+        config = plugin_config(settings)
+        self.mig_strategy = config.mig_strategy
+        self.expected = expected_resources(config, topology)
         self._active: set[str] = set()
         self._current: str | None = None
         self.devices.active_pods = self._active_pods
@@ -284,7 +298,9 @@ class Admission:
 
     async def start(self) -> None:
         await self.kubelet.start()
-        self.plugin = PluginProcess(self.directory, self.settings.simulate, self.settings.config)
+        self.plugin = PluginProcess(
+            self.directory, self.settings.simulate, self.settings.config, self.mig_strategy
+        )
         expected = self.expected
         wanted = ", ".join(f"{name} with {count} devices" for name, count in expected.items())
         wait = asyncio.ensure_future(
@@ -380,40 +396,59 @@ class Admission:
     def _container_result(self, pod: Pod, name: str) -> ContainerResult:
         devices: dict[str, tuple[str, ...]] = {}
         indices: list[int] = []
+        migs: dict[tuple[int, int], str] = {}
         for entry in self.devices.allocations():
             if entry.pod_uid != pod.uid or entry.container != name:
                 continue
-            # Device IDs are GPU UUIDs, or ``<uuid>::<n>`` replicas under time-slicing: list
-            # them in GPU index order; IDs of no known GPU (none expected) go last.
+            # Device IDs are GPU or MIG UUIDs, or ``<uuid>::<n>`` replicas under time-slicing:
+            # list them in GPU (then MIG) index order; IDs of nothing known (none expected) go
+            # last. A MIG device counts its parent among the GPUs the container uses.
             ids = sorted(entry.device_ids)
-            gpu_of = {i: self.topology.gpu_by_uuid(i.split(REPLICA_SEPARATOR)[0]) for i in ids}
-            index_of = {i: g.index for i, g in gpu_of.items() if g is not None}
-            ids.sort(key=lambda i: (i not in index_of, index_of.get(i, 0), i))
-            indices.extend(index_of.values())
+            order: dict[str, tuple[int, int]] = {}
+            for device_id in ids:
+                found = self.topology.owner(device_id.split(REPLICA_SEPARATOR)[0])
+                if found is not None:
+                    gpu, mig = found
+                    order[device_id] = (gpu.index, -1 if mig is None else mig.index)
+                    if mig is not None:
+                        migs[order[device_id]] = mig.label
+            ids.sort(key=lambda i: (i not in order, order.get(i, (0, 0)), i))
+            indices.extend(gpu for gpu, _ in order.values())
             devices[entry.resource] = tuple(ids)
         hint = self.manager.stored_affinity(pod.uid, name)
         numa = None
         if hint is not None and hint.numa_affinity is not None:
             numa = tuple(sorted(hint.numa_affinity.get_bits()))
         return ContainerResult(
-            name, devices, tuple(sorted(set(indices))), self.cpus.cpus(pod.uid, name), numa
+            name,
+            devices,
+            tuple(sorted(set(indices))),
+            self.cpus.cpus(pod.uid, name),
+            numa,
+            tuple(label for _, label in sorted(migs.items())),
         )
 
 
-def expected_resources(config_path: str | None, topology: Topology) -> dict[str, int]:
-    """The resources the plugin will register on this node, with their device counts.
+def plugin_config(settings: AdmitSettings) -> Config:
+    """The config of the private plugin ``admit`` starts: the file alone (the plugin ignores the
+    user's ``NVPLUGIN_*`` environment) and the MIG strategy, which ``admit`` passes as a flag
+    so that an inherited ``MIG_STRATEGY`` cannot change it behind the report's back."""
+    flags = {} if settings.mig_strategy is None else {"flags.migStrategy": settings.mig_strategy}
+    return load_config(settings.config, env={}, flags=flags)
 
-    Without a config file: every GPU as ``nvidia.com/gpu``. With one, the plugin's own resource
-    plan (resources by model, exclusions, time-slicing replicas), read from the file alone as the
-    private plugin ``admit`` starts ignores the user's ``NVPLUGIN_*`` environment.
-    """
-    if config_path is None:
-        return {RESOURCE: len(topology.gpus)}
-    config = load_config(config_path, env={})
+
+def expected_resources(config: Config, topology: Topology) -> dict[str, int]:
+    """The resources the plugin will register on this node under ``config``, with their device
+    counts: the plugin's own resource plan (MIG strategy, resources by model, exclusions,
+    time-slicing replicas)."""
     plan = plan_resources(
-        topology.gpus, config.resource_name, config.resources, config.time_slicing
+        topology.gpus,
+        config.resource_name,
+        config.resources,
+        config.time_slicing,
+        config.mig_strategy,
     )
-    return {served.name: len(served.gpus) * served.replicas.count for served in plan.resources}
+    return {served.name: served.device_count for served in plan.resources}
 
 
 async def admit_pods(
@@ -487,21 +522,31 @@ def to_json(report: AdmitReport) -> str:
     return json.dumps(report.as_json(), indent=2)
 
 
-def format_gpus(topology: Topology, indices: Sequence[int]) -> str:
-    """GPU indices grouped by NUMA node: ``0,1 (NUMA 3)``, ``2 (NUMA 1), 4 (NUMA 7)``."""
-    if not indices:
-        return "-"
-    groups: list[tuple[int | None, list[int]]] = []
-    for i in sorted(indices):
-        node = topology.gpus[i].numa_node
+def format_gpus(topology: Topology, indices: Sequence[int], mig: Sequence[str] = ()) -> str:
+    """GPU indices grouped by NUMA node: ``0,1 (NUMA 3)``, ``2 (NUMA 1), 4 (NUMA 7)``; then MIG
+    devices (``<gpu>:<mig index>``) likewise: ``MIG 2:2,2:3 (NUMA 1)``. Parents of ``mig`` are
+    not listed as GPUs of their own."""
+    parents = {int(label.split(":")[0]) for label in mig}
+    whole = _by_numa(topology, [(str(i), i) for i in sorted(indices) if i not in parents])
+    devices = _by_numa(topology, [(label, int(label.split(":")[0])) for label in mig])
+    if devices:
+        devices[0] = f"MIG {devices[0]}"
+    return ", ".join(whole + devices) or "-"
+
+
+def _by_numa(topology: Topology, items: Sequence[tuple[str, int]]) -> list[str]:
+    """Labels (each with its GPU) grouped by consecutive NUMA node: ``0,1 (NUMA 3)``."""
+    groups: list[tuple[int | None, list[str]]] = []
+    for label, gpu in items:
+        node = topology.gpus[gpu].numa_node
         if groups and groups[-1][0] == node:
-            groups[-1][1].append(i)
+            groups[-1][1].append(label)
         else:
-            groups.append((node, [i]))
-    return ", ".join(
-        ",".join(map(str, ids)) + (f" (NUMA {node})" if node is not None else " (no NUMA)")
-        for node, ids in groups
-    )
+            groups.append((node, [label]))
+    return [
+        ",".join(labels) + (f" (NUMA {node})" if node is not None else " (no NUMA)")
+        for node, labels in groups
+    ]
 
 
 def summary_line(report: AdmitReport) -> str:
@@ -536,7 +581,7 @@ def to_table(report: AdmitReport) -> str:
                     result.pod if i == 0 else "",
                     c.name,
                     "admitted" if i == 0 else "",
-                    format_gpus(report.topology, c.gpu_indices),
+                    format_gpus(report.topology, c.gpu_indices, c.mig_devices),
                     format_cpu_list(c.cpus) or "shared",
                     numa,
                 )

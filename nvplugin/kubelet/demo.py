@@ -12,8 +12,12 @@ Two acts, each a real ``nvplugin serve`` process driven by the fake kubelet with
    kubelet chose, the plugin picks the GPUs (GetPreferredAllocation) -- double-NVLink pairs,
    leaving another double-NVLink pair for the next pod -- where the kubelet alone would take
    the first free GPUs.
+3. **dgx-a100-mig** with ``migStrategy: mixed``: MIG devices are resources like any other
+   (``nvidia.com/mig-1g.5gb``, ...) with their parent GPU's NUMA node; the plugin keeps a pod's
+   MIG devices on one parent, and single-numa-node refuses a pod whose profile is spread over
+   two NUMA nodes.
 
-Both acts run concurrently; the report is built from what actually happened (nothing in it is
+The acts run concurrently; the report is built from what actually happened (nothing in it is
 canned except the act titles and the one-line stories).
 """
 
@@ -65,6 +69,21 @@ ACTS = (
         sample="dgx-1.yaml",
         settings=AdmitSettings(simulate="dgx-1", topology_manager_policy="single-numa-node"),
     ),
+    Act(
+        title="MIG devices as resources (migStrategy mixed)",
+        story=(
+            "MIG is on on six GPUs of this DGX A100 (five cut into MIG devices, one not yet),\n"
+            "served as one resource per profile beside nvidia.com/gpu for the two GPUs with MIG\n"
+            "off. A MIG device has its parent GPU's NUMA node; the plugin keeps a pod's MIG\n"
+            "devices on one parent GPU."
+        ),
+        sample="dgx-a100-mig.yaml",
+        settings=AdmitSettings(
+            simulate="dgx-a100-mig",
+            topology_manager_policy="single-numa-node",
+            mig_strategy="mixed",
+        ),
+    ),
 )
 
 
@@ -91,7 +110,8 @@ def _describe(topology: Topology, gpus: tuple[int, ...]) -> str:
 
 def explain_choices(report: AdmitReport) -> list[str]:
     """For every multi-GPU container: its links, and what taking the first free GPUs of the
-    same NUMA node (the kubelet without GetPreferredAllocation) would have given."""
+    same NUMA node (the kubelet without GetPreferredAllocation) would have given; for every
+    container with several MIG devices, their parent GPUs."""
     topology = report.topology
     used: set[int] = set()
     lines = []
@@ -101,7 +121,12 @@ def explain_choices(report: AdmitReport) -> list[str]:
         taken: set[int] = set()
         for c in result.containers:
             gpus = c.gpu_indices
-            if len(gpus) >= 2:
+            if len(c.mig_devices) >= 2:
+                parents = ", ".join(f"GPU{gpu}" for gpu in gpus)
+                lines.append(
+                    f"{result.pod}/{c.name}: MIG devices {','.join(c.mig_devices)} on {parents}"
+                )
+            elif len(gpus) >= 2 and not c.mig_devices:
                 line = f"{result.pod}/{c.name}: GPUs {_describe(topology, gpus)}"
                 nodes = set(c.numa_nodes or ())
                 free = [

@@ -403,6 +403,18 @@ class Topology:
     def gpu_by_uuid(self, uuid: str) -> Gpu | None:
         return self._by_uuid.get(uuid)
 
+    def owner(self, uuid: str) -> tuple[Gpu, MigDevice | None] | None:
+        """The GPU a device UUID is on, with the MIG device when it names one; None: neither a
+        GPU nor a MIG device of this node."""
+        gpu = self._by_uuid.get(uuid)
+        if gpu is not None:
+            return gpu, None
+        for gpu in self.gpus:
+            for mig in gpu.mig_devices:
+                if mig.uuid == uuid:
+                    return gpu, mig
+        return None
+
     @property
     def mig_devices(self) -> tuple[MigDevice, ...]:
         """Every MIG device of the node, by parent GPU index, then MIG index."""

@@ -84,10 +84,15 @@ def _numa(gpu: Gpu) -> str:
     return "N/A" if gpu.numa_node is None else str(gpu.numa_node)
 
 
-def devices_table(topo: Topology, resources: Mapping[int, str] | None = None) -> str:
+def devices_table(
+    topo: Topology,
+    resources: Mapping[int, str] | None = None,
+    mig_resources: Mapping[str, str] | None = None,
+) -> str:
     """One row per GPU; with ``resources`` (GPU index -> what it is served as, from
     ``devices --config``) a RESOURCE column too. On a node with MIG on anywhere, a MIG column
-    and the MIG devices' table follow."""
+    and the MIG devices' table follow (with ``mig_resources``, ``<gpu>:<index>`` -> resource,
+    their RESOURCE column)."""
     mig = any(g.mig_enabled for g in topo.gpus)
     header = ["INDEX", "UUID", "NAME", "MEMORY", "BUS ID", "NUMA"]
     header += ["MIG"] if mig else []
@@ -99,32 +104,35 @@ def devices_table(topo: Topology, resources: Mapping[int, str] | None = None) ->
         if resources is not None:
             row.append(resources.get(g.index, "-"))
         rows.append(row)
-    return f"{_table(rows)}\n" + (f"\n{mig_table(topo)}" if mig else "")
+    return f"{_table(rows)}\n" + (f"\n{mig_table(topo, mig_resources)}" if mig else "")
 
 
-def mig_table(topo: Topology) -> str:
+def mig_table(topo: Topology, resources: Mapping[str, str] | None = None) -> str:
     """Every MIG device, by parent then MIG index: ``<gpu>:<index>`` (NVIDIA's index form), its
     profile, GPU and compute instance, placement (start:size in memory slices), memory, NUMA node
-    (its parent's) and UUID; a MIG-enabled GPU without MIG devices says so."""
-    rows = [["MIG DEVICE", "PROFILE", "GI", "CI", "PLACEMENT", "MEMORY", "NUMA", "UUID"]]
+    (its parent's), UUID, and with ``resources`` what it is served as; a MIG-enabled GPU without
+    MIG devices says so."""
+    header = ["MIG DEVICE", "PROFILE", "GI", "CI", "PLACEMENT", "MEMORY", "NUMA", "UUID"]
+    rows = [header if resources is None else [*header, "RESOURCE"]]
     empty = []
     for g in topo.gpus:
         if g.mig_enabled and not g.mig_devices:
             empty.append(f"GPU{g.index}: {mig_state(g)}")
         for m in g.mig_devices:
             start, size = m.placement
-            rows.append(
-                [
-                    m.label,
-                    m.profile,
-                    str(m.gpu_instance),
-                    str(m.compute_instance),
-                    f"{start}:{size}",
-                    f"{m.memory_mib} MiB",
-                    _numa(g),
-                    m.uuid,
-                ]
-            )
+            row = [
+                m.label,
+                m.profile,
+                str(m.gpu_instance),
+                str(m.compute_instance),
+                f"{start}:{size}",
+                f"{m.memory_mib} MiB",
+                _numa(g),
+                m.uuid,
+            ]
+            if resources is not None:
+                row.append(resources.get(m.label, "-"))
+            rows.append(row)
     text = _table(rows) + "\n" if len(rows) > 1 else ""
     return text + "".join(f"{line}\n" for line in empty)
 
@@ -133,14 +141,18 @@ def devices_json(
     topo: Topology,
     resources: Mapping[int, str] | None = None,
     plan: Mapping[str, object] | None = None,
+    mig_resources: Mapping[str, str] | None = None,
 ) -> str:
-    """``{"name", "gpus": [...]}``; with a config, each GPU's ``resource`` and the whole
-    ``plan`` (served resources, sockets, replicas, warnings) as ``"resources"``."""
+    """``{"name", "gpus": [...]}``; with a config, each GPU's and MIG device's ``resource`` and
+    the whole ``plan`` (served resources, sockets, replicas, warnings) as ``"resources"``."""
     gpus = []
     for g in topo.gpus:
         entry = gpu_dict(g)
         if resources is not None:
             entry["resource"] = resources.get(g.index)
+        if mig_resources is not None and entry["mig"] is not None:
+            for device in entry["mig"]["devices"]:
+                device["resource"] = mig_resources.get(f"{g.index}:{device['index']}")
         gpus.append(entry)
     data: dict[str, Any] = {"name": topo.name, "gpus": gpus}
     if plan is not None:

@@ -32,10 +32,12 @@ import dataclasses
 import functools
 import os
 import signal
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from nvplugin.allocator import Policy, make_policy
+from nvplugin.allocator.mig import MigPolicy
 from nvplugin.config import Config
 from nvplugin.errors import InputError, NvpluginError
 from nvplugin.log import configure, get_logger
@@ -46,7 +48,7 @@ from nvplugin.plugin.healthservice import PluginHealthService
 from nvplugin.plugin.metrics import Metrics, MetricsServer
 from nvplugin.plugin.registration import SERVE_AGAIN_GIVE_UP_S, DirWatcher, Registrar
 from nvplugin.plugin.resources import ServedResource, plan_resources
-from nvplugin.plugin.responses import Responder, make_responder
+from nvplugin.plugin.responses import Responder, check_caps, make_responder
 from nvplugin.plugin.server import DevicePluginService, PluginSocket
 from nvplugin.resourcenames import socket_name
 
@@ -315,8 +317,14 @@ class Daemon:
         loop = asyncio.get_running_loop()
         topology = self._node.topology
         plan = plan_resources(
-            topology.gpus, config.resource_name, config.resources, config.time_slicing
+            topology.gpus,
+            config.resource_name,
+            config.resources,
+            config.time_slicing,
+            config.mig_strategy,
         )
+        if config.pass_device_specs:  # MIG devices need their nvidia-caps nodes: known now
+            check_caps([device for served in plan.resources for device in served.bases])
         for warning in plan.warnings:  # once per start (and per reload): config doing nothing
             self._log.warning("config has no effect on this node", reason=warning)
         if plan.empty:
@@ -375,15 +383,18 @@ class Daemon:
         responder: Responder,
         health: _Health | None,
     ) -> _Served:
-        """The service for one resource, serving on its socket (not registered yet)."""
+        """The service for one resource, serving on its socket (not registered yet). A MIG
+        resource gets its own policy over its MIG devices (cheap: made here)."""
+        assert self._node is not None
         service = DevicePluginService(
             served.name,
             served.gpus,
-            policy,
+            MigPolicy(self._node.topology, [m.mig for m in served.migs]) if served.migs else policy,
             responder=responder,
             pre_start_required=config.pre_start_required,
             health=health.monitor.health if health is not None else None,
             replicas=served.replicas,
+            migs=served.migs,
         )
         resource_name = served.name
         health_service = PluginHealthService(
@@ -393,8 +404,8 @@ class Daemon:
         )
         self.metrics.set_serving(resource_name, health_service.serving)
         service.watch_health(health_service.set_health)
-        replicas = served.replicas.count
-        service.watch_health(lambda h: self.metrics.observe_health(resource_name, h, replicas))
+        per_gpu = Counter(device.gpu.index for device in service.devices)  # GPU -> devices
+        service.watch_health(lambda h: self.metrics.observe_health(resource_name, h, per_gpu))
         path = os.path.join(config.device_plugin_dir, served.socket)
         return await self._serve_socket(path, service, health_service)
 
@@ -428,7 +439,7 @@ class Daemon:
             "serving",
             resource=resource_name,
             socket=sock.path,
-            devices=[gpu.uuid for gpu in service.gpus],
+            devices=service.uuids(),
             replicas=service.replicas.count,
             unhealthy=service.unhealthy_uuids(),
         )
@@ -510,12 +521,13 @@ class Daemon:
             return
         try:
             config = self._reload()
-            if self._node is not None:  # what only the node can tell (the kubelet's limit)
+            if self._node is not None:  # what only the node can tell (MIG, the kubelet's limit)
                 plan_resources(
                     self._node.topology.gpus,
                     config.resource_name,
                     config.resources,
                     config.time_slicing,
+                    config.mig_strategy,
                 )
         except InputError as exc:
             self._log.error("config reload failed; keeping the running config", error=str(exc))

@@ -44,15 +44,17 @@ def _entry_size(gpu: Gpu, id_length: int) -> int:
     return 1 + _varint_size(size) + size  # field tag, length, the Device itself
 
 
-def listing_size(gpus: Sequence[Gpu], replicas: int) -> int:
-    """The largest ListAndWatch message for ``gpus`` served with ``replicas`` devices each (1:
-    not shared, IDs are UUIDs), exactly as encoded."""
+def listing_size(units: Sequence[Gpu] | Sequence[Device], replicas: int) -> int:
+    """The largest ListAndWatch message for ``units`` (GPUs, or a resource's unreplicated
+    devices: its MIG devices) served with ``replicas`` devices each (1: not shared, IDs are
+    UUIDs), exactly as encoded."""
     total = 0
-    for gpu in gpus:
+    for unit in units:
+        gpu, base = (unit.gpu, unit.id) if isinstance(unit, Device) else (unit, unit.uuid)
         if replicas <= 1:
-            total += _entry_size(gpu, len(gpu.uuid.encode()))
+            total += _entry_size(gpu, len(base.encode()))
             continue
-        prefix = len(gpu.uuid.encode()) + len(REPLICA_SEPARATOR)
+        prefix = len(base.encode()) + len(REPLICA_SEPARATOR)
         low = 0
         while low < replicas:  # replica numbers grouped by their digit count
             digits = len(str(low))
@@ -62,14 +64,16 @@ def listing_size(gpus: Sequence[Gpu], replicas: int) -> int:
     return total
 
 
-def max_replicas(gpus: Sequence[Gpu], limit: int = KUBELET_MAX_RECEIVE_BYTES) -> int:
-    """The most replicas per GPU whose listing fits in ``limit`` bytes."""
+def max_replicas(
+    units: Sequence[Gpu] | Sequence[Device], limit: int = KUBELET_MAX_RECEIVE_BYTES
+) -> int:
+    """The most replicas per GPU (MIG device) whose listing fits in ``limit`` bytes."""
     low, high = 1, 1
-    while listing_size(gpus, high) <= limit:
+    while listing_size(units, high) <= limit:
         low, high = high, high * 2
     while high - low > 1:
         middle = (low + high) // 2
-        if listing_size(gpus, middle) <= limit:
+        if listing_size(units, middle) <= limit:
             low = middle
         else:
             high = middle
@@ -77,16 +81,21 @@ def max_replicas(gpus: Sequence[Gpu], limit: int = KUBELET_MAX_RECEIVE_BYTES) ->
 
 
 def check_listing(
-    name: str, gpus: Sequence[Gpu], replicas: int, key: str, limit: int = KUBELET_MAX_RECEIVE_BYTES
+    name: str,
+    units: Sequence[Gpu] | Sequence[Device],
+    replicas: int,
+    key: str,
+    limit: int = KUBELET_MAX_RECEIVE_BYTES,
 ) -> None:
     """InputError naming ``key`` (the config key that set ``replicas``) when resource ``name``'s
     listing would not fit in ``limit`` bytes."""
-    size = listing_size(gpus, replicas)
+    size = listing_size(units, replicas)
     if size <= limit:
         return
-    fit = max_replicas(gpus, limit)
+    fit = max_replicas(units, limit)
+    what = "MIG device(s)" if any(isinstance(u, Device) and u.mig for u in units) else "GPU(s)"
     raise InputError(
-        f'config key "{key}": {replicas} replicas of the {len(gpus)} GPU(s) of {name} make a '
+        f'config key "{key}": {replicas} replicas of the {len(units)} {what} of {name} make a '
         f"ListAndWatch message of {size} bytes, over the {limit} bytes the kubelet's gRPC client "
         f"receives (its default limit); at most {fit} replicas fit on this node"
     )

@@ -109,12 +109,23 @@ class Metrics:
     # --- what the daemon reports ---
 
     def observe_health(
-        self, resource: str, health: Mapping[int, bool], devices_per_gpu: int = 1
+        self,
+        resource: str,
+        health: Mapping[int, bool],
+        devices_per_gpu: int | Mapping[int, int] = 1,
     ) -> None:
-        """``health`` is per GPU; with time-slicing each GPU is ``devices_per_gpu`` devices."""
-        healthy = sum(1 for ok in health.values() if ok)
-        self.devices.labels(resource, "Healthy").set(healthy * devices_per_gpu)
-        self.devices.labels(resource, "Unhealthy").set((len(health) - healthy) * devices_per_gpu)
+        """``health`` is per GPU; each GPU is ``devices_per_gpu`` devices (time-slicing
+        replicas), or as many as the mapping says for it (MIG devices, their replicas)."""
+
+        def count(gpu: int) -> int:
+            if isinstance(devices_per_gpu, int):
+                return devices_per_gpu
+            return devices_per_gpu.get(gpu, 0)
+
+        healthy = sum(count(gpu) for gpu, ok in health.items() if ok)
+        unhealthy = sum(count(gpu) for gpu, ok in health.items() if not ok)
+        self.devices.labels(resource, "Healthy").set(healthy)
+        self.devices.labels(resource, "Unhealthy").set(unhealthy)
 
     def registered(self, resource: str) -> None:
         self.registrations.labels(resource).inc()

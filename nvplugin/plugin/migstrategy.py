@@ -16,22 +16,20 @@ line). Pure functions over the discovered node: the config and the servers use t
   to start instead, which takes every other GPU of the node down with it while the instances are
   being created.
 
-A MIG device's ID is its MIG UUID (``deviceIDStrategy: uuid``) or ``<gpu index>:<mig index>``
-(``index``, as NVIDIA writes it); its NUMA node is its parent's.
+A MIG device is advertised under its MIG UUID, with its parent's NUMA node and health; a container
+is told its MIG UUID or, with ``deviceIDStrategy: index``, ``<gpu index>:<mig index>`` as NVIDIA
+writes it (:func:`nvplugin.plugin.responses.device_id`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from nvplugin.config.layout import MIG_RESOURCE_PREFIX
+from nvplugin.config.rules import MIG_STRATEGIES
 from nvplugin.errors import InputError
 from nvplugin.node.mig import mig_state
 from nvplugin.node.model import Gpu, MigDevice
-
-MIG_STRATEGIES = ("none", "single", "mixed")
-"""``migStrategy`` values, NVIDIA's names; the first is the default."""
-
-MIG_RESOURCE_PREFIX = "mig-"
 
 
 def mixed_resource_name(profile: str, domain: str = "nvidia.com") -> str:
@@ -49,10 +47,6 @@ class ServedMig:
     @property
     def numa_node(self) -> int | None:
         return self.gpu.numa_node
-
-    def device_id(self, id_strategy: str) -> str:
-        """Its MIG UUID, or ``<gpu index>:<mig index>`` for ``deviceIDStrategy: index``."""
-        return f"{self.gpu.index}:{self.mig.index}" if id_strategy == "index" else self.mig.uuid
 
 
 @dataclass(frozen=True)
@@ -160,3 +154,26 @@ def _describe(gpus: tuple[Gpu, ...]) -> str:
     return "; ".join(
         f"GPU {a}: {state}" if a == b else f"GPU {a}-{b}: {state}" for a, b, state in groups
     )
+
+
+def mig_resource(
+    gpus: tuple[Gpu, ...] | list[Gpu],
+    strategy: str,
+    resource: str | None,
+    *,
+    resource_name: str = "nvidia.com/gpu",
+) -> tuple[str, tuple[MigDevice, ...]]:
+    """The MIG devices ``strategy`` serves as ``resource`` (None: the only MIG resource, or
+    tell which there are), for ``nvplugin preferred``; InputError naming the resources this node
+    has when ``resource`` is none of them."""
+    layout = apply_strategy(gpus, strategy, resource_name=resource_name)
+    names = [name for name, _ in layout.mig]
+    if resource is None and len(names) == 1:
+        resource = names[0]
+    devices = layout.resource(resource) if resource is not None else ()
+    if not devices:
+        have = ", ".join(names) or f"none under migStrategy {strategy}"
+        asked = "--resource is required" if resource is None else f"{resource} is no MIG resource"
+        raise InputError(f"{asked} on this node (MIG resources: {have})")
+    assert resource is not None
+    return resource, tuple(served.mig for served in devices)

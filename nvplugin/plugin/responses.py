@@ -1,8 +1,8 @@
 """Allocate responses: what a container gets for the GPUs the kubelet gave it.
 
-A :class:`Responder` turns the container's GPUs (replicas already mapped back to their GPU, each
-once, in index order) into a ``ContainerAllocateResponse`` by applying each configured
-:class:`Strategy` in a fixed order, whatever order the config lists them in:
+A :class:`Responder` turns the container's devices (replicas mapped back to the GPU or MIG device
+they share, each once, in index order) into a ``ContainerAllocateResponse`` by applying each
+configured :class:`Strategy` in a fixed order, whatever order the config lists them in:
 
 - ``envvar``: ``NVIDIA_VISIBLE_DEVICES=<id>,<id>`` (the NVIDIA container runtime reads it);
 - ``volume-mounts``: ``NVIDIA_VISIBLE_DEVICES=/var/run/nvidia-container-devices`` and one mount per
@@ -11,13 +11,15 @@ once, in index order) into a ``ContainerAllocateResponse`` by applying each conf
   value, as in NVIDIA's plugin, since the runtime can honour only one);
 - ``cdi-annotations``: annotation ``<prefix>nvplugin_<id hash>`` = ``nvidia.com/gpu=<id>,...``;
 - ``cdi-cri``: the same CDI names in ``cdi_devices`` (CRI field, containerd >= 1.7 / CRI-O);
-- with ``passDeviceSpecs``: DeviceSpecs for ``/dev/nvidia<minor>`` of each GPU, then the control
-  nodes that exist under the dev root (``flags.nvidiaDevRoot``).
+- with ``passDeviceSpecs``: DeviceSpecs for ``/dev/nvidia<minor>`` of each GPU (a MIG device:
+  its parent's, and the ``/dev/nvidia-caps/nvidia-cap<N>`` nodes of its GPU instance and compute
+  instance), then the control nodes that exist under the dev root (``flags.nvidiaDevRoot``).
 
-IDs are UUIDs or NVML indices (``device_id_strategy``). CDI names use the kind ``nvidia.com/gpu``
-of the spec ``nvidia-ctk cdi generate`` writes, which names every GPU both by index and by UUID
-(its default device-name strategies), so ``index`` IDs work with CDI too; a spec generated with
-``--device-name-strategy=uuid`` only needs ``device_id_strategy: uuid``.
+IDs are UUIDs or NVML indices (``device_id_strategy``): a MIG device is its ``MIG-`` UUID, or
+``<gpu index>:<mig index>`` as NVIDIA writes MIG indices. CDI names use the kind ``nvidia.com/gpu``
+of the spec ``nvidia-ctk cdi generate`` writes, which names every GPU and MIG device both by index
+and by UUID (its default device-name strategies), so ``index`` IDs work with CDI too; a spec
+generated with ``--device-name-strategy=uuid`` only needs ``device_id_strategy: uuid``.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from nvplugin.config.model import DEFAULT_DEVICE_LIST_STRATEGY, DEFAULT_DRIVER_ROOT
@@ -35,8 +37,10 @@ from nvplugin.config.rules import (
     DEVICE_ID_STRATEGIES,
     DEVICE_LIST_STRATEGIES,
 )
-from nvplugin.node.model import Gpu
+from nvplugin.errors import NvpluginError
+from nvplugin.node.mig import MIG_MINORS_PATH, caps_device
 from nvplugin.plugin.api.v1beta1 import api_pb2
+from nvplugin.plugin.sharing import Device
 
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
 NO_DEVICES = "void"
@@ -56,11 +60,15 @@ DEVICE_PERMISSIONS = "rw"
 class Strategy(Protocol):
     """Adds one kind of information about the container's devices to its response.
 
-    ``ids`` are the configured IDs of ``gpus`` (same order: GPU index order, no duplicates).
+    ``ids`` are the configured IDs of ``devices`` (same order: GPU index, then MIG index order;
+    no duplicates, no replicas).
     """
 
     def apply(
-        self, ids: Sequence[str], gpus: Sequence[Gpu], response: api_pb2.ContainerAllocateResponse
+        self,
+        ids: Sequence[str],
+        devices: Sequence[Device],
+        response: api_pb2.ContainerAllocateResponse,
     ) -> None: ...
 
 
@@ -69,7 +77,10 @@ class EnvvarStrategy:
     """``NVIDIA_VISIBLE_DEVICES=<id>,<id>,...``."""
 
     def apply(
-        self, ids: Sequence[str], gpus: Sequence[Gpu], response: api_pb2.ContainerAllocateResponse
+        self,
+        ids: Sequence[str],
+        devices: Sequence[Device],
+        response: api_pb2.ContainerAllocateResponse,
     ) -> None:
         response.envs[VISIBLE_DEVICES_ENV] = ",".join(ids) or NO_DEVICES
 
@@ -79,7 +90,10 @@ class VolumeMountsStrategy:
     """The env names the mount root; one ``/dev/null`` mount per device under it."""
 
     def apply(
-        self, ids: Sequence[str], gpus: Sequence[Gpu], response: api_pb2.ContainerAllocateResponse
+        self,
+        ids: Sequence[str],
+        devices: Sequence[Device],
+        response: api_pb2.ContainerAllocateResponse,
     ) -> None:
         response.envs[VISIBLE_DEVICES_ENV] = VOLUME_MOUNTS_ROOT if ids else NO_DEVICES
         for device_id in ids:
@@ -108,7 +122,10 @@ class CdiAnnotationsStrategy:
     prefix: str = DEFAULT_CDI_ANNOTATION_PREFIX
 
     def apply(
-        self, ids: Sequence[str], gpus: Sequence[Gpu], response: api_pb2.ContainerAllocateResponse
+        self,
+        ids: Sequence[str],
+        devices: Sequence[Device],
+        response: api_pb2.ContainerAllocateResponse,
     ) -> None:
         if ids:
             response.annotations[cdi_annotation_key(self.prefix, ids)] = ",".join(cdi_names(ids))
@@ -119,7 +136,10 @@ class CdiCriStrategy:
     """The CDI names in ``ContainerAllocateResponse.cdi_devices``."""
 
     def apply(
-        self, ids: Sequence[str], gpus: Sequence[Gpu], response: api_pb2.ContainerAllocateResponse
+        self,
+        ids: Sequence[str],
+        devices: Sequence[Device],
+        response: api_pb2.ContainerAllocateResponse,
     ) -> None:
         for name in cdi_names(ids):
             response.cdi_devices.add(name=name)
@@ -127,7 +147,8 @@ class CdiCriStrategy:
 
 @dataclass(frozen=True)
 class DeviceSpecsStrategy:
-    """``/dev/nvidia<minor>`` of each GPU (index order), then the control nodes present under
+    """``/dev/nvidia<minor>`` of each GPU (index order; a MIG device: its parent's, then its GPU
+    and compute instances' ``nvidia-caps`` nodes), then the control nodes present under
     ``dev_root``; host paths under ``dev_root``, container paths under ``/dev``.
 
     Control nodes are looked for on each Allocate (a ``stat`` each, no NVML): ``nvidia-uvm`` and
@@ -138,9 +159,20 @@ class DeviceSpecsStrategy:
     dev_root: str = DEFAULT_DEV_ROOT
 
     def apply(
-        self, ids: Sequence[str], gpus: Sequence[Gpu], response: api_pb2.ContainerAllocateResponse
+        self,
+        ids: Sequence[str],
+        devices: Sequence[Device],
+        response: api_pb2.ContainerAllocateResponse,
     ) -> None:
-        names = [f"nvidia{gpu.minor}" for gpu in gpus]
+        names = []
+        for device in devices:
+            names.append(f"nvidia{device.gpu.minor}")
+            if device.mig is not None:
+                caps = device.mig.caps
+                if caps is None:  # refused at start (check_caps): unreachable from the daemon
+                    raise NvpluginError(f"MIG device {device.mig.label}: {CAPS_UNKNOWN}")
+                for minor in (caps.gpu_instance, caps.compute_instance):
+                    names.append(caps_device(minor).removeprefix("/dev/"))
         names += [n for n in CONTROL_DEVICES if os.path.exists(self.host_path(n))]
         for name in dict.fromkeys(names):
             response.devices.add(
@@ -160,9 +192,34 @@ _BY_NAME: dict[str, Strategy] = {
 }
 
 
-def device_id(gpu: Gpu, id_strategy: str) -> str:
-    """The ID a container is told for ``gpu``: its UUID, or its NVML index."""
-    return str(gpu.index) if id_strategy == "index" else gpu.uuid
+CAPS_UNKNOWN = (
+    f"its /dev/nvidia-caps minors are unknown: the driver's {MIG_MINORS_PATH} could not be read "
+    "under the driver root (flags.plugin.containerDriverRoot) or under /; make it readable (it "
+    "is the host's /proc, which the plugin's container sees), or turn passDeviceSpecs off"
+)
+
+
+def check_caps(devices: Sequence[Device]) -> None:
+    """NvpluginError naming the MIG devices whose ``nvidia-caps`` minors are unknown: with
+    ``passDeviceSpecs`` their Allocate responses cannot be built, so the daemon refuses to start
+    rather than fail every pod that gets one."""
+    unknown = sorted({_order(d): d.mig.label for d in devices if d.mig and not d.mig.caps}.items())
+    if unknown:
+        shown = ", ".join(label for _, label in unknown[:8])
+        more = f" and {len(unknown) - 8} more" if len(unknown) > 8 else ""
+        raise NvpluginError(f"passDeviceSpecs: MIG devices {shown}{more}: {CAPS_UNKNOWN}")
+
+
+def device_id(device: Device, id_strategy: str) -> str:
+    """The ID a container is told for ``device``: its (MIG) UUID, or its NVML index (a MIG
+    device: ``<gpu index>:<mig index>``)."""
+    if id_strategy != "index":
+        return device.uuid
+    return str(device.gpu.index) if device.mig is None else device.mig.label
+
+
+def _order(device: Device) -> tuple[int, int]:
+    return device.gpu.index, -1 if device.mig is None else device.mig.index
 
 
 @dataclass(frozen=True)
@@ -172,9 +229,12 @@ class Responder:
     strategies: tuple[Strategy, ...] = (EnvvarStrategy(),)
     id_strategy: str = DEVICE_ID_STRATEGIES[0]
 
-    def container_response(self, gpus: Sequence[Gpu]) -> api_pb2.ContainerAllocateResponse:
-        ordered = sorted({gpu.index: gpu for gpu in gpus}.values(), key=lambda g: g.index)
-        ids = [device_id(gpu, self.id_strategy) for gpu in ordered]
+    def container_response(self, devices: Sequence[Device]) -> api_pb2.ContainerAllocateResponse:
+        """The response for a container given ``devices`` (replicas of one GPU or MIG device
+        count once: the container sees the device, not its replicas)."""
+        unique = {device.uuid: replace(device, id=device.uuid, replica=None) for device in devices}
+        ordered = sorted(unique.values(), key=_order)
+        ids = [device_id(device, self.id_strategy) for device in ordered]
         response = api_pb2.ContainerAllocateResponse()
         for strategy in self.strategies:
             strategy.apply(ids, ordered, response)

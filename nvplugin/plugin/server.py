@@ -31,6 +31,7 @@ from nvplugin.log import get_logger
 from nvplugin.node.model import Gpu
 from nvplugin.plugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from nvplugin.plugin.listing import device_message
+from nvplugin.plugin.migstrategy import ServedMig
 from nvplugin.plugin.responses import Responder
 from nvplugin.plugin.sharing import NOT_SHARED, Device, Replicas, sorted_replicas
 
@@ -40,7 +41,9 @@ class BadRequest(Exception):
 
 
 class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
-    """DevicePlugin for one resource over a fixed set of GPUs.
+    """DevicePlugin for one resource over a fixed set of GPUs, or of MIG devices (``migs``;
+    ``gpus`` are then their parents, whose health they take, and ``policy`` allocates positions
+    in ``migs``).
 
     ``policy`` may still be computing when the service starts (the best-effort tables take up to
     a second on 16 GPUs, and registration should not wait for them): GetPreferredAllocation awaits
@@ -57,12 +60,14 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         pre_start_required: bool = False,
         health: Mapping[int, bool] | None = None,
         replicas: Replicas = NOT_SHARED,
+        migs: Sequence[ServedMig] = (),
     ) -> None:
         self.resource_name = resource_name
         self._gpus = tuple(sorted(gpus, key=lambda gpu: gpu.index))
-        # What is advertised: each GPU once (ID = UUID), or ``replicas.count`` times (time-slicing).
+        # What is advertised: each GPU (MIG device) once (ID = UUID), or ``replicas.count``
+        # times (time-slicing).
         self._replicas = replicas
-        self._devices_list = replicas.devices(self._gpus)
+        self._devices_list = replicas.devices(self._gpus, migs)
         self._by_id = {device.id: device for device in self._devices_list}
         self._policy = policy
         self._responder = responder if responder is not None else Responder()
@@ -147,9 +152,18 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         self._closing = True
         self._wake()
 
+    def uuids(self) -> list[str]:
+        """UUIDs of what this resource serves (its GPUs, or its MIG devices), in index order."""
+        return [device.uuid for device in self._devices_list if not device.replica]
+
     def unhealthy_uuids(self) -> list[str]:
-        """UUIDs of this resource's Unhealthy GPUs, in index order."""
-        return [gpu.uuid for gpu in self._gpus if not self._health[gpu.index]]
+        """UUIDs of this resource's Unhealthy GPUs (MIG devices: all of an Unhealthy parent's),
+        in index order."""
+        return [
+            device.uuid
+            for device in self._devices_list
+            if not device.replica and not self._health[device.gpu.index]
+        ]
 
     def _publish(self) -> None:
         self._version += 1
@@ -232,12 +246,10 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
             self._log.debug("rpc", method="Allocate", error=str(exc))
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             raise
-        # Replicas back to their GPUs: the responder lists each GPU once, in index order (the
-        # container sees GPUs, not replicas).
+        # Replicas back to their GPUs (MIG devices): the responder lists each once, in index
+        # order (the container sees devices, not replicas).
         response = api_pb2.AllocateResponse(
-            container_responses=[
-                self._responder.container_response([d.gpu for d in devices]) for devices in chosen
-            ]
+            container_responses=[self._responder.container_response(devices) for devices in chosen]
         )
         self._log.debug(
             "rpc", method="Allocate", devices=[[d.id for d in devices] for devices in chosen]
@@ -295,13 +307,13 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
             if self._replicas.shared:  # replicas: counts per GPU, then the policy among GPUs
                 picked = self._replicas.prefer(policy.allocate, available, must_include, size)
                 return [device.id for device in picked]
-            indices = policy.allocate(
-                [d.gpu.index for d in available], [d.gpu.index for d in must_include], size
+            units = policy.allocate(
+                [d.unit for d in available], [d.unit for d in must_include], size
             )
         except AllocationError as exc:  # the checks above should make this unreachable
             raise BadRequest(f"{_where('request', number, total)}: {exc}") from None
-        by_index = {device.gpu.index: device for device in available}
-        return [by_index[i].id for i in sorted(indices)]
+        by_unit = {device.unit: device for device in available}
+        return [by_unit[u].id for u in sorted(units)]
 
 
 MAX_SHOWN_ID = 128

@@ -14,6 +14,10 @@ use" when the kubelet does not offer it as available. When an answer spans sever
 counts leave a choice, the GPUs are chosen by the node's allocation policy (best-effort: the best
 linked set), so a multi-replica pod still gets well-connected GPUs.
 
+MIG devices are time-sliced the same way (NVIDIA's config allows it): ``MIG-abc::0`` ..
+``MIG-abc::3`` share the MIG device ``MIG-abc``, and "GPU" above reads "MIG device" (the resource's
+MIG policy then chooses among MIG devices).
+
 The config block is NVIDIA's ``sharing.timeSlicing`` (:mod:`nvplugin.config.layout` holds its
 values), and the policy NVIDIA's ``flags.plugin.sharedDevicesAllocationPolicy``.
 """
@@ -21,10 +25,11 @@ values), and the policy NVIDIA's ``flags.plugin.sharedDevicesAllocationPolicy``.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from nvplugin.config.layout import ALLOCATIONS
-from nvplugin.node.model import Gpu
+from nvplugin.node.model import Gpu, MigDevice
+from nvplugin.plugin.migstrategy import ServedMig
 
 REPLICA_SEPARATOR = "::"
 """Replica IDs are ``<uuid>::<n>``, as in NVIDIA's plugin (tools that parse them keep working)."""
@@ -34,15 +39,42 @@ REPLICA_SEPARATOR = "::"
 
 @dataclass(frozen=True, slots=True)
 class Device:
-    """One advertised device: a whole GPU (``replica`` None, ID = UUID) or one replica."""
+    """One advertised device: a whole GPU (ID = its UUID), a MIG device (``mig``, ID = its MIG
+    UUID, ``gpu`` = its parent, whose health and NUMA node it shares), or one replica of either
+    (``replica``; ID ``<uuid>::<n>``). ``position`` is a MIG device's place in its resource's
+    MIG device list, what that resource's policy allocates (see :attr:`unit`)."""
 
     id: str
     gpu: Gpu
     replica: int | None = None
+    mig: MigDevice | None = None
+    position: int | None = None
+
+    @property
+    def unit(self) -> int:
+        """What the resource's preferred-allocation policy counts in: the GPU's index, or the
+        MIG device's position."""
+        return self.gpu.index if self.position is None else self.position
+
+    @property
+    def uuid(self) -> str:
+        """The UUID of the device a container gets: the MIG device's, else the GPU's."""
+        return self.gpu.uuid if self.mig is None else self.mig.uuid
 
 
 def replica_id(uuid: str, replica: int) -> str:
     return f"{uuid}{REPLICA_SEPARATOR}{replica}"
+
+
+def base_devices(gpus: Sequence[Gpu], migs: Sequence[ServedMig] = ()) -> tuple[Device, ...]:
+    """The devices a resource serves before any replication: its GPUs in index order, or (a MIG
+    resource) its MIG devices in their order, each with its position."""
+    if migs:
+        return tuple(
+            Device(served.mig.uuid, served.gpu, None, served.mig, position)
+            for position, served in enumerate(migs)
+        )
+    return tuple(Device(gpu.uuid, gpu) for gpu in sorted(gpus, key=lambda gpu: gpu.index))
 
 
 Prefer = Callable[[Sequence[int], Sequence[int], int], list[int]]
@@ -61,13 +93,16 @@ class Replicas:
     def shared(self) -> bool:
         return self.count > 1
 
-    def devices(self, gpus: Sequence[Gpu]) -> tuple[Device, ...]:
-        """Every device, in GPU index order then replica number."""
-        ordered = sorted(gpus, key=lambda gpu: gpu.index)
+    def devices(self, gpus: Sequence[Gpu], migs: Sequence[ServedMig] = ()) -> tuple[Device, ...]:
+        """Every device, in GPU index order then replica number; with ``migs`` (a MIG resource:
+        ``gpus`` is ignored) its MIG devices in their order, then replica number."""
+        bases = base_devices(gpus, migs)
         if not self.shared:
-            return tuple(Device(gpu.uuid, gpu) for gpu in ordered)
+            return bases
         return tuple(
-            Device(replica_id(gpu.uuid, n), gpu, n) for gpu in ordered for n in range(self.count)
+            replace(base, id=replica_id(base.id, n), replica=n)
+            for base in bases
+            for n in range(self.count)
         )
 
     def too_many(self, requested: int) -> str | None:
@@ -113,11 +148,11 @@ class _Plan:
     def __post_init__(self) -> None:
         self.free = {}
         for device in sorted_replicas(self.available):
-            self.free.setdefault(device.gpu.index, []).append(device)
+            self.free.setdefault(device.unit, []).append(device)
         self.taken = {}
         for device in self.must_include:
-            self.free[device.gpu.index].remove(device)
-            self.taken.setdefault(device.gpu.index, []).append(device)
+            self.free[device.unit].remove(device)
+            self.taken.setdefault(device.unit, []).append(device)
 
     def load(self, gpu: int) -> int:
         """Replicas of ``gpu`` in use: not offered as available, plus taken for this answer."""
@@ -183,8 +218,8 @@ class _Plan:
 
 
 def sorted_replicas(devices: Sequence[Device]) -> list[Device]:
-    """Devices in GPU index order, then replica order."""
-    return sorted(devices, key=lambda d: (d.gpu.index, d.replica or 0))
+    """Devices in GPU index (MIG: position) order, then replica order."""
+    return sorted(devices, key=lambda d: (d.unit, d.replica or 0))
 
 
 NOT_SHARED = Replicas()

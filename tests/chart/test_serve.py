@@ -18,7 +18,7 @@ import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +58,28 @@ def dirs() -> Iterator[tuple[str, Path]]:
     shutil.rmtree(work, ignore_errors=True)
 
 
+@contextlib.asynccontextmanager
+async def _plugin(args: list[str], env: dict[str, str], log_path: Path) -> AsyncIterator[None]:
+    """``nvplugin ARGS`` running with its output in ``log_path``; on leaving, SIGTERM, and it
+    must exit 0 (within 20 s, else it is killed and the test fails)."""
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "nvplugin", *args], env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+    try:
+        yield
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        try:
+            code = await asyncio.to_thread(proc.wait, 20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise
+    assert code == 0, log_path.read_text()
+
+
 def _on_host(words: list[str], plugin_dir: str, config: Path) -> list[str]:
     """The pod's paths replaced by this test's."""
     out = []
@@ -94,14 +116,7 @@ async def _scenario(
     log_path: Path,
 ) -> None:
     async with FakeKubelet(plugin_dir) as kubelet:
-        with log_path.open("wb") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "nvplugin", *args],
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        try:
+        async with _plugin(args, env, log_path):
             try:
                 await kubelet.wait_registered(RESOURCE, timeout=60)
                 await kubelet.devices.wait_for(
@@ -123,16 +138,6 @@ async def _scenario(
             assert _metric_lines(
                 log_path, 'nvplugin_registrations_total{resource="example.com/a100"}'
             )
-        finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-            try:
-                code = await asyncio.to_thread(proc.wait, 20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-                raise
-        assert code == 0, log_path.read_text()
         assert not os.path.exists(os.path.join(plugin_dir, "nvplugin-a100.sock"))
     # The plugin's own account of what it was told (one JSON line: log.format came from the env).
     effective = _effective_config(log_path)
@@ -211,14 +216,7 @@ def test_probes_find_the_plugin_when_the_config_renames_its_sockets(
             for kind in ("startupProbe", "readinessProbe"):
                 probe = await asyncio.to_thread(_probe, rendered, kind, plugin_dir, config)
                 assert probe.returncode == 1, probe.stdout  # nothing serving yet
-            with log_path.open("wb") as log:
-                proc = subprocess.Popen(
-                    [sys.executable, "-m", "nvplugin", *args],
-                    env=env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                )
-            try:
+            async with _plugin(args, env, log_path):
                 try:
                     for resource in ("nvidia.com/a100", "nvidia.com/gpu.shared"):
                         await kubelet.wait_registered(resource, timeout=60)
@@ -234,16 +232,6 @@ def test_probes_find_the_plugin_when_the_config_renames_its_sockets(
                     probe = await asyncio.to_thread(_probe, rendered, kind, plugin_dir, config)
                     assert probe.returncode == 0, probe.stderr
                     assert "answers the health check" in probe.stdout
-            finally:
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGTERM)
-                try:
-                    code = await asyncio.to_thread(proc.wait, 20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-                    raise
-            assert code == 0, log_path.read_text()
 
     asyncio.run(scenario())
 
@@ -282,3 +270,56 @@ def _config_text(rendered: Rendered) -> str:
     (item,) = volumes["config"]["configMap"]["items"]
     text: str = rendered.one("ConfigMap")["data"][item["key"]]
     return text
+
+
+MIG_VALUES = {
+    "simulate": "dgx-a100-mig",
+    "log": {"format": "json"},
+    "migStrategy": "mixed",
+    "config": {
+        "map": {
+            "mig": {
+                "resources": {"mig": [{"pattern": "1g.5gb", "name": "mig-small"}]},
+                "sharing": {"timeSlicing": {"resources": [{"name": "mig-2g.10gb", "replicas": 2}]}},
+            }
+        }
+    },
+}
+
+
+def test_the_charts_mig_strategy_reaches_the_plugin(dirs: tuple[str, Path]) -> None:
+    """``migStrategy: mixed`` (NVIDIA's value, MIG_STRATEGY) with ``resources.mig`` and time-
+    slicing of a MIG resource in ``config.map``: the plugin serves one resource per profile."""
+    plugin_dir, work = dirs
+    rendered = render(MIG_VALUES)
+    assert rendered.env["MIG_STRATEGY"] == "mixed"
+    config = work / "config.yaml"
+    config.write_text(_config_text(rendered))
+    args = _on_host(rendered.container["args"], plugin_dir, config)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NVPLUGIN_")} | rendered.env
+    log_path = work / "serve.log"
+    counts = {
+        "nvidia.com/mig-small": 16,  # renamed 1g.5gb (not 1g.5gb+me: patterns match whole names)
+        "nvidia.com/mig-2g.10gb": 6,  # 3 devices x 2 replicas
+        "nvidia.com/mig-3g.20gb": 3,
+        "nvidia.com/mig-1g.10gb": 1,
+        "nvidia.com/mig-1g.5gb.me": 1,
+        "nvidia.com/gpu": 2,
+    }
+
+    async def scenario() -> None:
+        async with FakeKubelet(plugin_dir) as kubelet, _plugin(args, env, log_path):
+            try:
+                await kubelet.devices.wait_for(
+                    lambda m: all(
+                        m.is_registered(name) and len(m.devices(name)) == count
+                        for name, count in counts.items()
+                    ),
+                    60,
+                    "the MIG resources",
+                )
+            except TimeoutError as exc:
+                raise AssertionError(f"{exc}\n{log_path.read_text()}") from None
+
+    asyncio.run(scenario())
+    assert _effective_config(log_path)["flags"]["migStrategy"] == "mixed"

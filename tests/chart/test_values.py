@@ -82,8 +82,8 @@ def test_wrong_types_fail_at_install_time(values: dict[str, Any], message: str) 
         # What NVIDIA users pass: the chart's config.map entries, checked against the plugin's
         # schema with the key path.
         (
-            {"config": {"map": {"default": "version: v1\nflags:\n  migStrategy: mixed\n"}}},
-            'values.config.map.default: key "flags.migStrategy": nvplugin does not support MIG',
+            {"config": {"map": {"default": "version: v1\nflags:\n  migStrategy: split\n"}}},
+            'values.config.map.default: key "flags.migStrategy": "split" is not one of none',
         ),
         (
             {
@@ -133,7 +133,6 @@ def test_wrong_types_fail_at_install_time(values: dict[str, Any], message: str) 
             },
             'key "nvplugin.health.recovery.quietPeriod": "5 minutes" does not match',
         ),
-        ({"migStrategy": "single"}, "values.migStrategy: nvplugin does not support MIG strategy"),
         ({"gdsEnabled": True}, "values.gdsEnabled: nvplugin does not support gdsEnabled yet"),
         ({"deviceDiscoveryStrategy": "tegra"}, "values.deviceDiscoveryStrategy: nvplugin does"),
         ({"gfd": {"enabled": True}}, "values.gfd: nvplugin's chart does not deploy gfd"),

@@ -166,13 +166,6 @@ def test_resources_gpus_are_honoured(write: Write) -> None:
         ("flags:\n  gdrcopyEnabled: true\n", "flags.gdrcopyEnabled", "GDRCopy"),
         ("flags:\n  mpsRoot: /run/nvidia/mps\n", "flags.mpsRoot", "MPS"),
         ("flags:\n  deviceDiscoveryStrategy: tegra\n", "flags.deviceDiscoveryStrategy", "device"),
-        ("flags:\n  migStrategy: mixed\n", "flags.migStrategy", "MIG strategies"),
-        ("flags:\n  migStrategy: single\n", "flags.migStrategy", "MIG strategies"),
-        (
-            "resources:\n  mig:\n  - {pattern: '1g.10gb', name: mig-small}\n",
-            "resources.mig",
-            "MIG devices",
-        ),
         (
             "flags:\n  plugin:\n    nvidiaCTKPath: /usr/local/bin/nvidia-ctk\n",
             "flags.plugin.nvidiaCTKPath",
@@ -205,7 +198,6 @@ def test_unsupported_settings_at_their_defaults_are_fine(write: Write) -> None:
     [
         ({"GDS_ENABLED": "true"}, "GDS_ENABLED"),
         ({"MOFED_ENABLED": "1"}, "MOFED_ENABLED"),
-        ({"MIG_STRATEGY": "mixed"}, "MIG_STRATEGY"),
         ({"MPS_ROOT": "/run/nvidia/mps"}, "MPS_ROOT"),
         ({"IMEX_CHANNEL_IDS": "0"}, "IMEX_CHANNEL_IDS"),
         ({"DEVICE_DISCOVERY_STRATEGY": "vfio"}, "DEVICE_DISCOVERY_STRATEGY"),

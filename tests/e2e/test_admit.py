@@ -60,7 +60,14 @@ def test_dgx_a100_samples_single_numa_node_with_static_cpus() -> None:
     wide = by_name["wide-trainer"]
     assert (wide["admitted"], wide["reason"], wide["message"]) == (False, *AFFINITY)
     assert wide["containers"] == [
-        {"name": "train", "devices": {}, "gpu_indices": [], "cpus": [], "numa_nodes": None}
+        {
+            "name": "train",
+            "devices": {},
+            "gpu_indices": [],
+            "mig_devices": [],
+            "cpus": [],
+            "numa_nodes": None,
+        }
     ]
     init, app = by_name["warm-start"]["containers"]
     assert init["name"] == "fetch-weights" and app["name"] == "serve"
@@ -70,6 +77,7 @@ def test_dgx_a100_samples_single_numa_node_with_static_cpus() -> None:
         "name": "web",
         "devices": {},
         "gpu_indices": [],
+        "mig_devices": [],
         "cpus": [],
         "numa_nodes": None,  # single-numa-node turns "any node" into don't care
     }

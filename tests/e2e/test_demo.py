@@ -1,4 +1,5 @@
-"""``nvplugin demo``: the real plugin and the fake kubelet on two simulated DGX nodes."""
+"""``nvplugin demo``: the real plugin and the fake kubelet on three simulated DGX nodes (one
+with MIG)."""
 
 from __future__ import annotations
 
@@ -27,11 +28,16 @@ def test_demo_tells_the_story_and_exits_0() -> None:
     assert (
         "  -> TopologyAffinityError: Resources cannot be allocated with Topology locality" in lines
     )
-    assert "4 of 5 pods admitted" in lines
+    assert lines.count("4 of 5 pods admitted") == 2  # acts 1 and 3
     # The NVLink-aware choice, and what first fit would have given.
     assert "  pair-a/train: GPUs 0,3 (GPU0-GPU3 NV2+PHB, score 230)" in lines
     assert (
         "    (first fit on that NUMA node would give 0,1 (GPU0-GPU1 NV1+PIX, score 150))" in lines
     )
     assert "  pair-b/train: GPUs 1,2 (GPU1-GPU2 NV2+PHB, score 230)" in lines
+    # MIG: resources per profile, a pod's MIG devices on one parent, one refused.
+    assert "== 3. MIG devices as resources (migStrategy mixed) (dgx-a100-mig) ==" in out
+    assert any(line.split()[:4] == ["pair", "worker", "admitted", "MIG"] for line in lines)
+    assert "  pair/worker: MIG devices 0:0,0:1 on GPU0" in lines
+    assert any(line.split()[:3] == ["split", "train", "rejected"] for line in lines)
     assert "error" not in out

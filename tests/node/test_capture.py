@@ -157,3 +157,30 @@ def test_capture_command(tmp_path: Path) -> None:
     mine = cli("topo", "--simulate", str(out), "--output", "json")
     theirs = cli("topo", "--simulate", "dgx-a100", "--output", "json")
     assert mine.returncode == 0 and mine.stdout == theirs.stdout
+
+
+def test_capture_writes_mig_layouts_and_says_which_it_cannot() -> None:
+    """A node file's MIG layout is one compute instance per GPU instance, from the profile
+    tables: a smaller compute instance is written as its GPU instance (with a comment), and a
+    profile variant no table has leaves the GPU without ``mig`` (with a comment), never a failed
+    capture."""
+    from nvplugin.node import load_topology
+    from nvplugin.node.capture import write_capture
+
+    topology = load_topology("dgx-a100-mig")
+    gpus = list(topology.gpus)
+    small_ci = tuple(dataclasses.replace(m, profile=f"1c.{m.profile}") for m in gpus[3].mig_devices)
+    gpus[3] = dataclasses.replace(gpus[3], mig_devices=small_ci)  # 1c.3g.20gb x2
+    gfx = dataclasses.replace(gpus[4].mig_devices[0], profile="2g.10gb+gfx")
+    gpus[4] = dataclasses.replace(gpus[4], mig_devices=(gfx,))
+    text = write_capture(dataclasses.replace(topology, gpus=tuple(gpus)), (12,) * 8, "a test")
+    spec = parse_node(text, "captured")
+    assert [i.profile.name for i in spec.gpus[3].mig or ()] == ["3g.20gb", "3g.20gb"]
+    assert spec.gpus[4].mig is None and spec.gpus[5].mig == ()
+    lines = text.splitlines()
+    gpu3 = next(line for line in lines if '"00000000:4E:00.0"' in line)
+    assert gpu3.endswith(
+        "# compute instances smaller than their GPU instance written as the latter"
+    )
+    gpu4 = next(line for line in lines if '"00000000:87:00.0"' in line)
+    assert "# MIG on (2g.10gb+gfx), not written: A100 40GB has no MIG profile" in gpu4

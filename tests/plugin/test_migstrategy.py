@@ -19,6 +19,8 @@ from nvplugin.plugin.migstrategy import (
     check_strategy,
     mixed_resource_name,
 )
+from nvplugin.plugin.responses import device_id
+from nvplugin.plugin.sharing import base_devices
 from nvplugin.resourcenames import resource_name_problem
 
 MIXED = load_node("dgx-a100-mig").topology()
@@ -156,9 +158,11 @@ def test_single_message_stays_short_on_a_large_node() -> None:
 
 def test_device_ids_are_mig_uuids_or_nvidias_index_form() -> None:
     served = apply_strategy(MIXED.gpus, "mixed").resource("nvidia.com/mig-3g.20gb")
-    assert [d.device_id("index") for d in served] == ["2:0", "3:0", "3:1"]
-    assert [d.device_id("uuid") for d in served] == [d.mig.uuid for d in served]
+    devices = base_devices((), served)
+    assert [device_id(d, "index") for d in devices] == ["2:0", "3:0", "3:1"]
+    assert [device_id(d, "uuid") for d in devices] == [d.mig.uuid for d in served]
     assert all(isinstance(d, ServedMig) and d.mig.uuid.startswith("MIG-") for d in served)
+    assert [d.numa_node for d in served] == [1, 1, 1]
 
 
 def test_strategies_agree_with_discovery() -> None:

@@ -83,7 +83,7 @@ def test_exclude_by_uuid_and_model_hides_from_every_resource() -> None:
     assert [i for i, name in plan.assignment.items() if name is None] == [2, 3, 4, 6, 7]
     assert plan.empty == ("nvidia.com/gpu",)
     assert plan.warnings == (
-        "resources.exclude.uuids[1] GPU-not-on-this-node is not a GPU on this node",
+        "resources.exclude.uuids[1] GPU-not-on-this-node is not a GPU or MIG device on this node",
         "resources.exclude.models[1] 'NVIDIA H100*' matches no GPU on this node "
         "(models: NVIDIA A100 80GB PCIe, Tesla T4)",
     )

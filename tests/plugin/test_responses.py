@@ -18,6 +18,7 @@ from nvplugin.errors import InputError
 from nvplugin.node import load_topology
 from nvplugin.plugin.api.v1beta1 import api_pb2
 from nvplugin.plugin.responses import Responder, make_responder
+from nvplugin.plugin.sharing import base_devices
 from tests.plugin.serving import run, serving
 
 STRATEGIES = ("envvar", "volume-mounts", "cdi-annotations", "cdi-cri")
@@ -203,7 +204,7 @@ def test_device_specs_for_gpus_and_present_control_nodes(id_strategy: str) -> No
 
 def test_default_dev_root_host_paths_are_under_slash_dev() -> None:
     responder = make_responder(pass_device_specs=True)
-    response = responder.container_response([TOPOLOGY.gpus[2]])
+    response = responder.container_response(base_devices([TOPOLOGY.gpus[2]]))
     assert response.devices[0].host_path == "/dev/nvidia2"
     assert response.devices[0].container_path == "/dev/nvidia2"
 

@@ -272,11 +272,6 @@ NVIDIA values nvplugin cannot honour fail rendering, saying so.
 {{- fail (printf "values.deviceDiscoveryStrategy: nvplugin does not support %q yet (it discovers GPUs through NVML: auto or nvml)" .) }}
 {{- end }}
 {{- end }}
-{{- with .Values.migStrategy }}
-{{- if ne . "none" }}
-{{- fail (printf "values.migStrategy: nvplugin does not support MIG strategy %q yet; use none" .) }}
-{{- end }}
-{{- end }}
 {{- range .Values.config.fallbackStrategies }}
 {{- if not (has . (list "named" "single" "empty")) }}
 {{- fail (printf "values.config.fallbackStrategies: %q needs NVIDIA's config manager (per-node selection by node label), which nvplugin's chart does not run" .) }}
