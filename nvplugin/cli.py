@@ -222,6 +222,12 @@ def serve(
     Settings come from flags, then NVPLUGIN_<FLAG> environment variables, then --config, then
     defaults. SIGTERM/SIGINT stop it (exit 0); SIGHUP reloads the config.
     """
+    # First, before any import or file read: from here on a signal is never fatal (SIGHUP before
+    # serving reloads once serving; SIGTERM/SIGINT before serving stop cleanly).
+    from nvplugin.plugin.signals import PendingSignals
+
+    pending = PendingSignals.install()
+
     import os
 
     from nvplugin.config import load_config
@@ -239,6 +245,7 @@ def serve(
             load(),
             reload=load,
             simulate=simulate,
+            pending=pending,
             **{name: value for name, value in timing.items() if value is not None},
         )
     )

@@ -30,13 +30,12 @@ import asyncio
 import contextlib
 import dataclasses
 import os
-import signal
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from nvplugin.allocator import Policy, make_policy
 from nvplugin.config import Config
-from nvplugin.errors import InputError, NvpluginError
+from nvplugin.errors import InputError, NvpluginError, reason
 from nvplugin.log import configure, get_logger
 from nvplugin.node import NodeSession, open_node
 from nvplugin.node.health import HealthMonitor
@@ -47,6 +46,7 @@ from nvplugin.plugin.registration import SERVE_AGAIN_GIVE_UP_S, DirWatcher, Regi
 from nvplugin.plugin.resources import ServedResource, plan_resources, socket_name
 from nvplugin.plugin.responses import Responder, make_responder
 from nvplugin.plugin.server import DevicePluginService, PluginSocket
+from nvplugin.plugin.signals import HANDLED, PendingSignals
 
 DISCOVERY_RETRY_S = 30.0
 WAITING_CHECK_S = 1.0
@@ -150,13 +150,21 @@ class Daemon:
         """Ask the daemon to reload its config (what SIGHUP does)."""
         self._hup.set()
 
-    async def run(self, *, handle_signals: bool = True) -> int:
-        """Serve until stopped; returns the exit status (0). Fatal start-up errors raise."""
+    async def run(
+        self, *, handle_signals: bool = True, pending: PendingSignals | None = None
+    ) -> int:
+        """Serve until stopped; returns the exit status (0). Fatal start-up errors raise.
+
+        ``pending`` holds the signals that arrived before the loop's handlers were in place
+        (``serve`` installs it first thing): they are acted on now, and it takes the signals
+        back when the loop ends.
+        """
         loop = asyncio.get_running_loop()
         if handle_signals:
-            loop.add_signal_handler(signal.SIGTERM, self._on_signal, "SIGTERM")
-            loop.add_signal_handler(signal.SIGINT, self._on_signal, "SIGINT")
-            loop.add_signal_handler(signal.SIGHUP, self._on_signal, "SIGHUP")
+            for sig in HANDLED:
+                loop.add_signal_handler(sig, self._on_signal, sig.name)
+        for name in pending.take() if pending is not None else ():
+            self._on_signal(name, before_serving=True)
         self._log.info("effective config", config=self.config.as_dict(), simulate=self._simulate)
         try:
             self._start_metrics(self.config.metrics_address)
@@ -164,8 +172,10 @@ class Daemon:
         finally:
             await self._shutdown()
             if handle_signals:
-                for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                for sig in HANDLED:
                     loop.remove_signal_handler(sig)
+                if pending is not None:
+                    pending.hold()
         if self._fatal is not None:
             # Only a lost socket we could not serve again (or a registrar bug) gets here: exit
             # non-zero so that Kubernetes restarts the plugin rather than keep a zombie.
@@ -187,12 +197,14 @@ class Daemon:
         if server is not None:
             server.stop()
 
-    def _on_signal(self, name: str) -> None:
-        self._log.info("signal", signal=name)
+    def _on_signal(self, name: str, before_serving: bool = False) -> None:
+        """Act first, log after: a log line must never stand between a signal and its effect
+        (the log sink drops what it cannot write, but acting first does not rely on that)."""
         if name == "SIGHUP":
-            self._hup.set()
+            self._hup.set()  # before serving: reload once serving
         else:
             self._stop.set()
+        self._log.info("signal", signal=name, before_serving=before_serving)
 
     async def _serve(self) -> None:
         self._node = await self._discover()
@@ -486,13 +498,16 @@ class Daemon:
             await _cancel([task])
 
     async def _reload_config(self) -> None:
+        """SIGHUP. Whatever goes wrong -- a config that fails to load in any way, even one
+        nobody foresaw, or one that cannot be served -- is logged and the running config kept:
+        a reload never ends the plugin (every GPU would be lost to the kubelet)."""
         if self._reload is None:
             self._log.info("SIGHUP: nothing to reload")
             return
         try:
             config = self._reload()
-        except InputError as exc:
-            self._log.error("config reload failed; keeping the running config", error=str(exc))
+        except Exception as exc:
+            self._log.error("config reload failed; keeping the running config", error=reason(exc))
             return
         configure(config.log.format, config.log.level)
         self._log.info("config reloaded", config=config.as_dict())
@@ -504,7 +519,13 @@ class Daemon:
             except NvpluginError as exc:
                 self._log.error("metrics off: cannot serve the reloaded address", error=str(exc))
         if self._resources and _same_sockets(previous, config):
-            await self._reload_in_place(config)
+            try:
+                await self._reload_in_place(config)
+            except Exception as exc:
+                configure(previous.log.format, previous.log.level)
+                self._log.error(
+                    "cannot apply the reloaded config; keeping the running one", error=reason(exc)
+                )
             return
         # Same health settings: keep the monitor and what it has seen. New ones: a fresh monitor,
         # as the old verdicts were made by rules no longer configured.
@@ -512,13 +533,20 @@ class Daemon:
         try:
             await self._start_resource(config, health)
             self.config = config
-        except NvpluginError as exc:
+        except Exception as exc:
             self._log.error(
                 "cannot serve with the reloaded config; going back to the previous one",
-                error=str(exc),
+                error=reason(exc),
             )
             configure(previous.log.format, previous.log.level)
-            await self._start_resource(previous, health)
+            try:
+                await self._start_resource(previous, health)
+            except Exception as again:
+                # What served a moment ago cannot be served again (the directory went away):
+                # exit 1 with the reason, so that Kubernetes restarts the plugin.
+                raise NvpluginError(
+                    f"cannot serve the previous config again after a failed reload: {reason(again)}"
+                ) from None
 
     async def _reload_in_place(self, config: Config) -> None:
         """Apply a config that changes nothing the kubelet sees (log, health rules, health
@@ -643,8 +671,10 @@ def run_daemon(
     simulate: str | None = None,
     discovery_retry_s: float = DISCOVERY_RETRY_S,
     serve_give_up_s: float = SERVE_AGAIN_GIVE_UP_S,
+    pending: PendingSignals | None = None,
 ) -> int:
-    """Configure logging, run the daemon on a fresh event loop, return its exit status."""
+    """Configure logging, run the daemon on a fresh event loop, return its exit status.
+    ``pending``: the signals recorded since the process started (see :mod:`.signals`)."""
     configure(config.log.format, config.log.level)
     daemon = Daemon(
         config,
@@ -653,4 +683,4 @@ def run_daemon(
         discovery_retry_s=discovery_retry_s,
         serve_give_up_s=serve_give_up_s,
     )
-    return asyncio.run(daemon.run())
+    return asyncio.run(daemon.run(pending=pending))

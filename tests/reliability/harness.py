@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import time
 import urllib.request
 from collections.abc import AsyncIterator, Sequence
@@ -129,6 +130,16 @@ async def settled_fds(pid: int, samples: int = 5, interval: float = 0.02) -> int
         counts.append(fd_count(pid))
         await asyncio.sleep(interval)
     return min(counts)
+
+
+def caught_signals(pid: int) -> set[signal.Signals]:
+    """The signals ``pid`` has a handler for (SigCgt in /proc/PID/status)."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("SigCgt:"):
+                mask = int(line.split()[1], 16)
+                return {sig for sig in signal.Signals if mask >> (sig - 1) & 1}
+    raise AssertionError(f"no SigCgt for pid {pid}")
 
 
 def sysfs_trees(pid: int | None = None) -> set[str]:

@@ -99,6 +99,11 @@ def test_config_files_refused_at_start_with_exit_2(
     _refused(done, f"config file {path}", fragment)
 
 
+def test_a_directory_is_refused(tmp_path: Path) -> None:
+    done = _run("serve", "--config", str(tmp_path), "--simulate", "workstation-4gpu")
+    _refused(done, f"config file {tmp_path}: is a directory, not a file")
+
+
 def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path: Path) -> None:
     fifo = tmp_path / "config.yaml"
     os.mkfifo(fifo)
