@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -618,8 +619,10 @@ class _Forward:
     """The health monitor's ``on_change``: hands each map to the services on the event loop
     (each takes the GPUs it serves; replicas follow their GPU).
 
-    Called on the monitor's thread; ``call_soon_threadsafe`` moves the update to the loop. The
-    targets can change on SIGHUP while the monitor (and the health it has seen) lives on.
+    Called on the monitor's thread. Maps are coalesced on their way to the loop: at most one
+    hand-over is queued at a time and it carries the latest map, so a storm of changes while the
+    loop is busy queues one callback, not one per change. The targets can change on SIGHUP
+    while the monitor (and the health it has seen) lives on.
     """
 
     def __init__(
@@ -627,14 +630,27 @@ class _Forward:
     ) -> None:
         self._loop = loop
         self._services = list(services)
+        self._lock = threading.Lock()
+        self._latest: dict[int, bool] | None = None  # set while a hand-over is queued
 
     def retarget(self, services: list[DevicePluginService]) -> None:
         self._services = list(services)
 
     def __call__(self, health: dict[int, bool]) -> None:
-        for service in self._services:
+        with self._lock:
+            queued = self._latest is not None
+            self._latest = dict(health)
+        if not queued:
             with contextlib.suppress(RuntimeError):  # the loop closed while shutting down
-                self._loop.call_soon_threadsafe(service.set_health, health)
+                self._loop.call_soon_threadsafe(self._deliver)
+
+    def _deliver(self) -> None:
+        with self._lock:
+            health, self._latest = self._latest, None
+        if health is None:
+            return
+        for service in self._services:
+            service.set_health(health)
 
 
 async def _cancel(tasks: list[asyncio.Task[None]], timeout: float = 1.0) -> None:

@@ -46,6 +46,22 @@ class Outcome:
     rss_start_kib: int | None = None
     rss_end_kib: int | None = None
     notes: list[str] = field(default_factory=list)
+    fds_start: int | None = None
+    fds_end: int | None = None
+    threads_start: int | None = None
+    threads_end: int | None = None
+
+    async def before(self, pid: int) -> None:
+        """The plugin's RSS, open fds and threads before the attack."""
+        self.rss_start_kib = rss_kib(pid)
+        self.fds_start = await settled_fds(pid)
+        self.threads_start = thread_count(pid)
+
+    async def after(self, pid: int) -> None:
+        """The same figures after it."""
+        self.rss_end_kib = rss_kib(pid)
+        self.fds_end = await settled_fds(pid)
+        self.threads_end = thread_count(pid)
 
     def fail(self, message: str) -> None:
         self.failures.append(message)
@@ -83,7 +99,8 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 
 def format_table(outcomes: Sequence[Outcome]) -> str:
-    """The soak table (Markdown): scenario, iterations, failures, p50/p99, RSS start/end."""
+    """The soak table (Markdown): scenario, iterations, failures, p50/p99, and the plugin's RSS,
+    open fds and threads before and after (``-`` where a scenario does not measure them)."""
 
     def ms(value: float | None) -> str:
         if value is None:
@@ -93,16 +110,20 @@ def format_table(outcomes: Sequence[Outcome]) -> str:
     def mib(kib: int | None) -> str:
         return "-" if kib is None else f"{kib / 1024:.1f}"
 
+    def pair(start: int | None, end: int | None) -> str:
+        return "-" if start is None and end is None else f"{start} -> {end}"
+
     header = (
         "| scenario | iterations | failures | p50 ms | p99 ms | latency measured | "
-        "RSS start MiB | RSS end MiB |"
+        "RSS start MiB | RSS end MiB | fds | threads |"
     )
-    rows = [header, "|---|---:|---:|---:|---:|---|---:|---:|"]
+    rows = [header, "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
     for o in outcomes:
         rows.append(
             f"| {o.scenario} | {o.iterations} | {len(o.failures)} | {ms(o.percentile(50))} | "
             f"{ms(o.percentile(99))} | {o.measure} | {mib(o.rss_start_kib)} | "
-            f"{mib(o.rss_end_kib)} |"
+            f"{mib(o.rss_end_kib)} | {pair(o.fds_start, o.fds_end)} | "
+            f"{pair(o.threads_start, o.threads_end)} |"
         )
     return "\n".join(rows)
 
@@ -117,6 +138,15 @@ def rss_kib(pid: int) -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
     raise AssertionError(f"no VmRSS for pid {pid}")
+
+
+def thread_count(pid: int) -> int:
+    """Threads of ``pid`` (from /proc)."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("Threads:"):
+                return int(line.split()[1])
+    raise AssertionError(f"no Threads for pid {pid}")
 
 
 def fd_count(pid: int) -> int:

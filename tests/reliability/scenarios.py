@@ -9,6 +9,7 @@ change, no valid request gets an error, and the kubelet's view equals the plugin
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import random
 import signal
@@ -26,6 +27,7 @@ from nvplugin.kubelet.devicemanager import DeviceManager, DevicePluginError
 from nvplugin.kubelet.kubelet import FakeKubelet
 from nvplugin.node import load_topology
 from nvplugin.plugin.api.v1beta1 import api_pb2, api_pb2_grpc
+from nvplugin.plugin.server import publish_interval
 from tests.e2e.serving import new_dir, node_file
 from tests.reliability.harness import (
     GPU,
@@ -56,6 +58,9 @@ class Scale:
     threads: int
     reloads: int
     fuzz_examples: int
+    storm_replicas: int  # time-slicing replicas per GPU of dgx-2 (16 GPUs) in the health storm
+    storm_s: float  # how long the storm lasts
+    storm_streams: int  # ListAndWatch streams open during it (besides the kubelet's)
 
 
 TEST = Scale(
@@ -67,6 +72,9 @@ TEST = Scale(
     threads=8,
     reloads=4,
     fuzz_examples=120,
+    storm_replicas=500,
+    storm_s=4.0,
+    storm_streams=2,
 )
 SOAK = Scale(
     kubelet_restarts=100,
@@ -77,6 +85,9 @@ SOAK = Scale(
     threads=8,
     reloads=20,
     fuzz_examples=1_500,
+    storm_replicas=500,
+    storm_s=30.0,
+    storm_streams=10,
 )
 
 
@@ -566,4 +577,108 @@ async def load(scale: Scale) -> Outcome:
             f"RSS grew {0 if growth is None else growth * 100:.1f}% "
             f"({out.rss_start_kib} -> {out.rss_end_kib} KiB)",
         )
+    return out
+
+
+# --- health storm -------------------------------------------------------------------------------
+
+STORM_RATE = 80
+"""Health changes a second in the storm: 40 Xids a second over 16 GPUs, each GPU recovering
+(quiet 0.05 s) before its next Xid."""
+STORM_START_S = 3.0
+PROBE_TIMEOUT_S = 3.0  # the chart's probes' RPC timeout (values probes.rpcTimeoutSeconds)
+
+
+async def health_storm(scale: Scale) -> Outcome:
+    """GPUs fail and recover 80 times a second on a node advertising thousands of time-sliced
+    replicas: the changes are coalesced (lists at least an interval apart, each stream gets at
+    most one per list), the health service answers every check within the probes' timeout
+    throughout, and every stream and the kubelet end on the final state, all healthy."""
+    devices = 16 * scale.storm_replicas
+    interval = publish_interval(devices)  # the rule checked here
+    out = Outcome(
+        f"health storm: {STORM_RATE} changes/s, {devices} devices, {scale.storm_s:g} s",
+        "health Check",
+    )
+    xids = int(scale.storm_s * STORM_RATE / 2)
+    spacing = 2 / STORM_RATE
+    events = [
+        {"after_s": round(STORM_START_S + k * spacing, 4), "gpu": k % 16, "xid": 48}
+        for k in range(xids)
+    ]
+    node = node_file(new_dir(), "dgx-2", events)
+    config = Path(new_dir()) / "config.yaml"
+    config.write_text(
+        "version: v1\nhealth: {recovery: {quiet_s: 0.05}}\n"
+        "sharing: {timeSlicing: {resources: "
+        f"[{{name: nvidia.com/gpu, replicas: {scale.storm_replicas}}}]}}}}\n"
+    )
+    async with running("--simulate", node, "--config", str(config)) as (kubelet, plugin):
+        dm = kubelet.devices
+        await dm.wait_for(lambda m: len(m.devices(GPU)) == devices, 20, f"{devices} devices")
+        await out.before(plugin.pid)
+        watchers = Watchers(plugin.socket, scale.storm_streams)
+        stop = asyncio.Event()
+        failures: list[str] = []
+
+        async def checks() -> None:
+            async with grpc.aio.insecure_channel(f"unix:{plugin.socket}") as channel:
+                stub = health_pb2_grpc.HealthStub(channel)
+                while not stop.is_set():
+                    started = time.perf_counter()
+                    try:
+                        await stub.Check(
+                            health_pb2.HealthCheckRequest(service=""), timeout=PROBE_TIMEOUT_S
+                        )
+                        out.latencies.append(time.perf_counter() - started)
+                    except grpc.aio.AioRpcError as exc:
+                        failures.append(f"health Check: {exc.code().name}: {exc.details()}")
+                    await asyncio.sleep(0.05)
+
+        checking = asyncio.create_task(checks())
+        try:
+            # Every Xid delivered (the metrics count them), then the last recovery reaches all.
+            async with asyncio.timeout(STORM_START_S + scale.storm_s * 3 + 30):
+                while True:
+                    samples = await plugin.metrics()
+                    seen = sum(
+                        v for (name, _), v in samples.items() if name.startswith("nvplugin_xid")
+                    )
+                    if seen >= xids:
+                        break
+                    await asyncio.sleep(0.2)
+            if not await watchers.wait_all(lambda s: bool(s.states) and s.states[-1][1] == (), 20):
+                out.fail("not every stream ended with every device healthy")
+            await dm.wait_for(
+                lambda m: len(m.healthy_devices(GPU)) == devices, 20, "the kubelet: all healthy"
+            )
+        except TimeoutError as exc:
+            out.fail(f"the storm did not end: {exc!r}")
+        finally:
+            stop.set()
+            await checking
+            await watchers.close()
+        for failure in failures:
+            out.fail(failure)
+        out.check(len(out.latencies) > 0, "no health check answered")
+        changes = len(plugin.events("gpu unhealthy")) + len(plugin.events("gpu recovered"))
+        lists = plugin.events("device health changed")
+        out.iterations = changes
+        times = [log_time(line) for line in lists]
+        gaps = [b - a for a, b in itertools.pairwise(times)]
+        out.check(
+            not gaps or min(gaps) >= interval - 0.002,
+            f"two lists {min(gaps, default=0):.4f} s apart",
+        )
+        out.check(2 * len(lists) <= changes, f"{len(lists)} lists for {changes} changes")
+        for number, seen in enumerate(watchers.seen):
+            out.check(
+                len(seen.states) <= len(lists) + 1,
+                f"stream {number}: {len(seen.states)} messages for {len(lists)} lists",
+            )
+        out.notes.append(
+            f"{changes} health changes -> {len(lists)} lists; "
+            f"{len(out.latencies)} health checks answered during the storm"
+        )
+        await out.after(plugin.pid)
     return out

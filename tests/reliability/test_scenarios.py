@@ -24,6 +24,7 @@ Scenario = Callable[[scenarios.Scale], Awaitable[Outcome]]
         scenarios.event_wait_failures,
         scenarios.sighup_during_traffic,
         scenarios.load,
+        scenarios.health_storm,
     ],
     ids=lambda s: s.__name__,
 )
