@@ -207,6 +207,11 @@ def preferred(
     metavar="HOST:PORT",
     help="Serve Prometheus metrics on http://HOST:PORT/metrics (default: off).",
 )
+@click.option(
+    "--health-probe-address",
+    metavar="HOST:PORT",
+    help="Serve the kubelet's HTTP probes on http://HOST:PORT/livez and /readyz (default: off).",
+)
 @click.option("--discovery-retry-s", type=float, hidden=True)  # tests: shorter waits
 @click.option("--socket-give-up-s", type=float, hidden=True)
 @user_errors
@@ -231,18 +236,20 @@ def serve(
     import os
 
     from nvplugin.config import load_config
-    from nvplugin.plugin.daemon import run_daemon
 
     env = dict(os.environ)
 
     def load() -> Any:
         return load_config(config_path, flags=flags, env=env)
 
+    config = load()  # a bad config exits 2 before gRPC is even loaded
+    from nvplugin.plugin.daemon import run_daemon
+
     # The daemon's own defaults apply unless a test shortens them.
     timing = {"discovery_retry_s": discovery_retry_s, "serve_give_up_s": socket_give_up_s}
     sys.exit(
         run_daemon(
-            load(),
+            config,
             reload=load,
             simulate=simulate,
             pending=pending,
@@ -286,7 +293,7 @@ def probe(socket_path: str, timeout_s: float, service: str, live: bool) -> None:
     """Exit 0 if the plugin on SOCKET reports SERVING on its gRPC health service, else 1.
 
     SERVING means registered with the kubelet and (by default) at least one healthy GPU. With
-    --live any answer in time counts. The chart's probes run this in the plugin's container.
+    --live any answer in time counts. (The chart's probes ask the same over HTTP: /readyz, /livez.)
     """
     from nvplugin.plugin.probe import probe_socket
 

@@ -23,7 +23,7 @@ from nvplugin import yamlinput
 from nvplugin.allocator import POLICY_NAMES
 from nvplugin.errors import InputError, describe
 from nvplugin.node.health import DEFAULT_IGNORED_XIDS, HealthSettings
-from nvplugin.plugin.metrics import address_problem
+from nvplugin.plugin.httpendpoint import address_problem
 from nvplugin.plugin.resources import (
     DEFAULT_RESOURCE_NAME,
     Exclude,
@@ -301,6 +301,7 @@ KEYS: tuple[Key, ...] = (
     Key("resources.exclude.models", STR_LIST, ()),
     Key("health_service.not_serving_without_healthy_gpus", BOOL, True),
     Key("metrics_address", STRING, None, nullable=True, flag=True, rule=_address_rule),
+    Key("health_probe_address", STRING, None, nullable=True, flag=True, rule=_address_rule),
 )
 _BY_PATH = {key.path: key for key in KEYS}
 _BY_FLAG = {key.flag_name: key for key in KEYS if key.flag}
@@ -359,6 +360,7 @@ class Config:
     health: HealthConfig
     health_service: HealthServiceConfig = HealthServiceConfig()
     metrics_address: str | None = None  # host:port of /metrics; None = no metrics endpoint
+    health_probe_address: str | None = None  # host:port of /livez and /readyz; None = none
     device_list_strategy: tuple[str, ...] = DEFAULT_DEVICE_LIST_STRATEGY
     device_id_strategy: str = DEVICE_ID_STRATEGIES[0]
     pass_device_specs: bool = False
@@ -409,6 +411,7 @@ class Config:
                 ),
             },
             "metrics_address": self.metrics_address,
+            "health_probe_address": self.health_probe_address,
         }
 
 
@@ -535,6 +538,18 @@ def _read_flags(flags: Mapping[str, object]) -> dict[str, object]:
     return values
 
 
+def _check_ports(metrics: str | None, probes: str | None) -> None:
+    """The two HTTP endpoints cannot share a port (port 0: each gets its own from the OS)."""
+    if metrics is None or probes is None:
+        return
+    metrics_port, probes_port = metrics.rpartition(":")[2], probes.rpartition(":")[2]
+    if metrics_port == probes_port != "0":
+        raise InputError(
+            f'keys "metrics_address" ({metrics}) and "health_probe_address" ({probes}) use the '
+            f"same port {metrics_port}: each endpoint needs its own"
+        )
+
+
 def _build(values: Mapping[str, object], source: str | None) -> Config:
     def get(path: str) -> Any:
         return values[path]
@@ -558,6 +573,7 @@ def _build(values: Mapping[str, object], source: str | None) -> Config:
     except ValueProblem as exc:
         where = f"config file {source}" if source is not None else "config"
         raise InputError(f'{where}: key "{exc.at}": {exc.message}') from None
+    _check_ports(get("metrics_address"), get("health_probe_address"))
     return Config(
         resource_name=get("resource_name"),
         allocation_policy=get("allocation_policy"),
@@ -576,6 +592,7 @@ def _build(values: Mapping[str, object], source: str | None) -> Config:
             not_serving_without_healthy_gpus=get("health_service.not_serving_without_healthy_gpus")
         ),
         metrics_address=get("metrics_address"),
+        health_probe_address=get("health_probe_address"),
         device_list_strategy=get("device_list_strategy"),
         device_id_strategy=get("device_id_strategy"),
         pass_device_specs=get("pass_device_specs"),

@@ -12,10 +12,14 @@ reload that changes only log, health rules, health service or metrics is applied
 sockets, the kubelet's streams and the registrations stay, so no request fails meanwhile.
 
 Observability: each socket also serves the gRPC health service (registered and a healthy GPU:
-SERVING), every RPC goes through the metrics interceptor, and ``metrics_address`` (off by
-default) serves the daemon's private Prometheus registry. Exit 1 after start only when a socket
-the kubelet removed cannot be served again (the registrar gives up): a plugin that nobody can
-reach must be restarted, not kept as a zombie.
+SERVING), every RPC goes through the metrics interceptor, ``metrics_address`` (off by default)
+serves the daemon's private Prometheus registry, and ``health_probe_address`` (off by default;
+the chart turns it on) serves the same statuses over HTTP for the kubelet's probes: ``/livez``
+(the daemon answers) and ``/readyz`` (a resource is SERVING). Both HTTP endpoints run on the
+event loop and start before anything else, so the startup probe passes at once.
+
+Exit 1 after start only when a socket the kubelet removed cannot be served again (the registrar
+gives up): a plugin that nobody can reach must be restarted, not kept as a zombie.
 
 NVML failing at start: with ``fail_on_init_error`` the error propagates (the CLI prints it and
 exits 1); without, the daemon keeps running with no devices, retries discovery every
@@ -42,7 +46,8 @@ from nvplugin.node import NodeSession, open_node
 from nvplugin.node.health import HealthMonitor
 from nvplugin.plugin import healthservice
 from nvplugin.plugin.healthservice import PluginHealthService
-from nvplugin.plugin.metrics import Metrics, MetricsServer
+from nvplugin.plugin.httpendpoint import HttpEndpoint, Response
+from nvplugin.plugin.metrics import Metrics, metrics_endpoint
 from nvplugin.plugin.registration import SERVE_AGAIN_GIVE_UP_S, DirWatcher, Registrar
 from nvplugin.plugin.resources import ServedResource, plan_resources, socket_name
 from nvplugin.plugin.responses import Responder, make_responder
@@ -100,7 +105,8 @@ class Daemon:
     ) -> None:
         self.config = config
         self.metrics = Metrics()
-        self._metrics_server: MetricsServer | None = None
+        # The HTTP endpoints, by what they serve (METRICS, PROBES); absent when not configured.
+        self._endpoints: dict[str, HttpEndpoint] = {}
         self._serve_give_up_s = serve_give_up_s
         self._fatal: NvpluginError | None = None
         self._reload = reload
@@ -141,7 +147,14 @@ class Daemon:
     @property
     def metrics_port(self) -> int | None:
         """The port /metrics is served on (None: metrics off)."""
-        return self._metrics_server.port if self._metrics_server is not None else None
+        endpoint = self._endpoints.get(METRICS)
+        return endpoint.port if endpoint is not None else None
+
+    @property
+    def probe_port(self) -> int | None:
+        """The port /livez and /readyz are served on (None: off)."""
+        endpoint = self._endpoints.get(PROBES)
+        return endpoint.port if endpoint is not None else None
 
     def stop(self) -> None:
         """Ask the daemon to shut down (what SIGTERM does)."""
@@ -168,7 +181,9 @@ class Daemon:
             self._on_signal(name, before_serving=True)
         self._log.info("effective config", config=self.config.as_dict(), simulate=self._simulate)
         try:
-            self._start_metrics(self.config.metrics_address)
+            # The probes first: the startup probe passes as soon as the process answers.
+            for kind in (PROBES, METRICS):
+                await self._start_endpoint(kind, _endpoint_address(self.config, kind))
             await self._serve()
         finally:
             await self._shutdown()
@@ -185,18 +200,34 @@ class Daemon:
         self._log.info("stopped")
         return 0
 
-    def _start_metrics(self, address: str | None) -> None:
-        """Serve /metrics on ``address`` (None: none); NvpluginError when it cannot bind."""
+    async def _start_endpoint(self, kind: str, address: str | None) -> None:
+        """Serve ``kind`` (METRICS, PROBES) on ``address`` (None: not at all); NvpluginError
+        when it cannot bind."""
         if address is None:
             return
-        server = MetricsServer(address, self.metrics)
-        server.start()
-        self._metrics_server = server
+        endpoint = (
+            metrics_endpoint(address, self.metrics)
+            if kind == METRICS
+            else HttpEndpoint(kind, address, {"/livez": self._livez, "/readyz": self._readyz})
+        )
+        await endpoint.start()
+        self._endpoints[kind] = endpoint
 
-    def _stop_metrics(self) -> None:
-        server, self._metrics_server = self._metrics_server, None
-        if server is not None:
-            server.stop()
+    async def _stop_endpoint(self, kind: str) -> None:
+        endpoint = self._endpoints.pop(kind, None)
+        if endpoint is not None:
+            await endpoint.stop()
+
+    def _health_services(self) -> list[PluginHealthService]:
+        if self._waiting is not None:
+            return [self._waiting.health_service]
+        return [resource.health_service for resource in self._resources]
+
+    def _livez(self) -> Response:
+        return healthservice.probe_response(self._health_services(), live=True)
+
+    def _readyz(self) -> Response:
+        return healthservice.probe_response(self._health_services(), live=False)
 
     def _on_signal(self, name: str, before_serving: bool = False) -> None:
         """Act first, log after: a log line must never stand between a signal and its effect
@@ -260,10 +291,11 @@ class Daemon:
         """Serve the plugin socket with no devices while discovery waits for GPUs.
 
         Only the health service matters on it: it answers NOT_SERVING (not registered, no GPU),
-        so the chart's liveness and startup probes (``nvplugin probe --live``) see a live plugin
+        so liveness and startup probes (``/livez``, ``nvplugin probe --live``) see a live plugin
         and do not restart it in a loop -- with ``fail_on_init_error: false`` the point is to
-        stay up -- while readiness shows it is not ready. It is not registered: there is
-        nothing to advertise. Another live process on the path is the usual start-up error.
+        stay up -- while readiness (``/readyz``) shows it is not ready. It is not registered:
+        there is nothing to advertise. Another live process on the path is the usual start-up
+        error.
         """
         if self._waiting is not None and self._waiting.socket.intact():
             return
@@ -513,12 +545,15 @@ class Daemon:
         configure(config.log.format, config.log.level)
         self._log.info("config reloaded", config=config.as_dict())
         previous = self.config
-        if config.metrics_address != previous.metrics_address:
-            self._stop_metrics()
+        for kind in (PROBES, METRICS):
+            address = _endpoint_address(config, kind)
+            if address == _endpoint_address(previous, kind):
+                continue
+            await self._stop_endpoint(kind)
             try:
-                self._start_metrics(config.metrics_address)
+                await self._start_endpoint(kind, address)
             except NvpluginError as exc:
-                self._log.error("metrics off: cannot serve the reloaded address", error=str(exc))
+                self._log.error(f"{kind} off: cannot serve the reloaded address", error=str(exc))
         if self._resources and _same_sockets(previous, config):
             try:
                 await self._reload_in_place(config)
@@ -572,11 +607,20 @@ class Daemon:
     async def _shutdown(self) -> None:
         await self._stop_waiting()
         await self._stop_resource(keep_health=False)
-        self._stop_metrics()
+        for kind in (METRICS, PROBES):
+            await self._stop_endpoint(kind)
         await self._stop_watcher()
         if self._node is not None:
             node, self._node = self._node, None
             await asyncio.to_thread(node.close)
+
+
+METRICS = "metrics"
+PROBES = "health probes"
+
+
+def _endpoint_address(config: Config, kind: str) -> str | None:
+    return config.metrics_address if kind == METRICS else config.health_probe_address
 
 
 def _make_dir(directory: str) -> None:
@@ -603,13 +647,15 @@ class _NoGpus:
 
 def _same_sockets(old: Config, new: Config) -> bool:
     """Whether ``new`` differs from ``old`` only in what can change while serving (log, health
-    rules, health service, metrics): then a reload keeps the socket and the registration."""
+    rules, health service, metrics, probes): then a reload keeps the socket and the
+    registration."""
     in_place = dataclasses.replace(
         old,
         log=new.log,
         health=new.health,
         health_service=new.health_service,
         metrics_address=new.metrics_address,
+        health_probe_address=new.health_probe_address,
         source=new.source,
     )
     return in_place == new

@@ -67,7 +67,10 @@ def _load(rendered: Rendered, workdir: Path, name: str) -> Config:
 def test_defaults_are_the_plugins_defaults(workdir: Path) -> None:
     config = _load(render(CASES["defaults"]), workdir, "defaults")
     plain = load_config(None)
-    assert config.as_dict() | {"source": None} == plain.as_dict()
+    # The one setting the chart adds: the health endpoint its probes ask (probes.enabled).
+    chart_on = {"source": None, "health_probe_address": "0.0.0.0:9401"}
+    assert config.as_dict() | chart_on == plain.as_dict() | chart_on
+    assert config.health_probe_address == "0.0.0.0:9401"
 
 
 def test_every_chart_setting_arrives(workdir: Path) -> None:
@@ -123,7 +126,8 @@ def test_readme_example_config_is_valid_through_the_chart(workdir: Path) -> None
     direct.write_text(example)
     expected = load_config(str(direct))
     through_chart = _load(render({"config": example}), workdir, "example-chart")
-    assert through_chart.as_dict() | {"source": None} == expected.as_dict() | {"source": None}
+    chart_on = {"source": None, "health_probe_address": "0.0.0.0:9401"}  # the chart's probes
+    assert through_chart.as_dict() | chart_on == expected.as_dict() | chart_on
 
 
 def test_service_link_variables_would_stop_the_plugin() -> None:

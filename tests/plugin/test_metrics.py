@@ -21,7 +21,8 @@ from nvplugin.errors import InputError, NvpluginError
 from nvplugin.kubelet.kubelet import FakeKubelet
 from nvplugin.node import load_topology
 from nvplugin.plugin.api.v1beta1 import api_pb2, api_pb2_grpc
-from nvplugin.plugin.metrics import Metrics, MetricsServer, parse_address
+from nvplugin.plugin.httpendpoint import parse_address
+from nvplugin.plugin.metrics import Metrics, metrics_endpoint
 from nvplugin.plugin.server import DevicePluginService, PluginSocket
 from tests.e2e.serving import Serve, new_dir, node_file
 
@@ -166,24 +167,27 @@ def test_device_gauges_count_time_sliced_replicas() -> None:
 
 
 def test_endpoint_serves_only_the_private_registry_on_the_given_address() -> None:
-    metrics = Metrics()
-    metrics.xid(3, 48)
-    server = MetricsServer("127.0.0.1:0", metrics)
-    server.start()
-    port = server.port
-    assert port
-    try:
-        text = scrape(port)
-        found = samples(text)
-        assert value(found, "nvplugin_xid_events_total", gpu="3", xid="48") == 1
-        assert "python_gc" not in text and "process_cpu" not in text  # no global collectors
-        # Taken: a second endpoint on the same port fails with the address in the message.
-        with pytest.raises(NvpluginError, match=f"cannot serve metrics on 127.0.0.1:{port}"):
-            MetricsServer(f"127.0.0.1:{port}", Metrics()).start()
-    finally:
-        server.stop()
-    with pytest.raises(OSError):
-        scrape(port)
+    async def body() -> None:
+        metrics = Metrics()
+        metrics.xid(3, 48)
+        endpoint = metrics_endpoint("127.0.0.1:0", metrics)
+        await endpoint.start()
+        port = endpoint.port
+        assert port
+        try:
+            text = await asyncio.to_thread(scrape, port)
+            found = samples(text)
+            assert value(found, "nvplugin_xid_events_total", gpu="3", xid="48") == 1
+            assert "python_gc" not in text and "process_cpu" not in text  # no global collectors
+            # Taken: a second endpoint on the same port fails with the address in the message.
+            with pytest.raises(NvpluginError, match=f"cannot serve metrics on 127.0.0.1:{port}"):
+                await metrics_endpoint(f"127.0.0.1:{port}", Metrics()).start()
+        finally:
+            await endpoint.stop()
+        with pytest.raises(OSError):
+            await asyncio.to_thread(scrape, port)
+
+    run(body)
 
 
 # --- a real plugin -------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ import contextlib
 import os
 import signal
 import time
+import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -131,22 +132,22 @@ def format_table(outcomes: Sequence[Outcome]) -> str:
 # --- process figures --------------------------------------------------------------------------
 
 
-def rss_kib(pid: int) -> int:
-    """Resident set size of ``pid`` in KiB (from /proc)."""
+def status_field(pid: int, name: str) -> str:
+    """The first word of field ``name`` in /proc/PID/status (``VmRSS``, ``Threads``, ...)."""
     with open(f"/proc/{pid}/status") as status:
         for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise AssertionError(f"no VmRSS for pid {pid}")
+            if line.startswith(f"{name}:"):
+                return line.split()[1]
+    raise AssertionError(f"no {name} for pid {pid}")
+
+
+def rss_kib(pid: int) -> int:
+    """Resident set size of ``pid`` in KiB."""
+    return int(status_field(pid, "VmRSS"))
 
 
 def thread_count(pid: int) -> int:
-    """Threads of ``pid`` (from /proc)."""
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("Threads:"):
-                return int(line.split()[1])
-    raise AssertionError(f"no Threads for pid {pid}")
+    return int(status_field(pid, "Threads"))
 
 
 def fd_count(pid: int) -> int:
@@ -163,13 +164,9 @@ async def settled_fds(pid: int, samples: int = 5, interval: float = 0.02) -> int
 
 
 def caught_signals(pid: int) -> set[signal.Signals]:
-    """The signals ``pid`` has a handler for (SigCgt in /proc/PID/status)."""
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("SigCgt:"):
-                mask = int(line.split()[1], 16)
-                return {sig for sig in signal.Signals if mask >> (sig - 1) & 1}
-    raise AssertionError(f"no SigCgt for pid {pid}")
+    """The signals ``pid`` has a handler for (SigCgt)."""
+    mask = int(status_field(pid, "SigCgt"), 16)
+    return {sig for sig in signal.Signals if mask >> (sig - 1) & 1}
 
 
 def sysfs_trees(pid: int | None = None) -> set[str]:
@@ -185,18 +182,31 @@ def sysfs_trees(pid: int | None = None) -> set[str]:
 
 
 class Plugin(Serve):
-    """``nvplugin serve`` with metrics on 127.0.0.1 (a free port the OS picks)."""
+    """``nvplugin serve`` with metrics and health probes on 127.0.0.1 (free ports the OS
+    picks)."""
 
     def __init__(self, directory: str, *args: str) -> None:
-        super().__init__(directory, "--metrics-address", "127.0.0.1:0", *args)
+        addresses = ("--metrics-address", "127.0.0.1:0", "--health-probe-address", "127.0.0.1:0")
+        super().__init__(directory, *addresses, *args)
         self.socket = os.path.join(directory, SOCKET)
         self._port: int | None = None
+        self._probe_port: int | None = None
 
     async def metrics_port(self) -> int:
         if self._port is None:
             line = await self.wait_log("serving metrics", 20)
             self._port = int(line["port"])
         return self._port
+
+    async def probe_port(self) -> int:
+        if self._probe_port is None:
+            line = await self.wait_log("serving health probes", 20)
+            self._probe_port = int(line["port"])
+        return self._probe_port
+
+    async def probe(self, path: str) -> tuple[int, str]:
+        """GET ``path`` (/livez, /readyz) as the kubelet's httpGet probe does: status, body."""
+        return await http_get(await self.probe_port(), path)
 
     async def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         """Every sample: (name, sorted labels) -> value."""
@@ -227,6 +237,28 @@ class Plugin(Serve):
                 return False
             await asyncio.sleep(0.02)
         return False
+
+
+async def http_get(port: int, path: str, timeout: float = 5.0) -> tuple[int, str]:
+    """GET http://127.0.0.1:PORT/PATH: status and body (any status, 4xx/5xx included)."""
+
+    def get() -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as r:
+                return int(r.status), r.read().decode()
+        except urllib.error.HTTPError as exc:
+            return int(exc.code), exc.read().decode()
+
+    return await asyncio.to_thread(get)
+
+
+async def dropped(reader: asyncio.StreamReader) -> bool:
+    """Wait until the server ends the connection: True when it ends without an answer (closed
+    or reset), False when an answer came."""
+    try:
+        return await reader.read() == b""
+    except ConnectionResetError:
+        return True
 
 
 def metric(

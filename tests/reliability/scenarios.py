@@ -27,6 +27,7 @@ from nvplugin.kubelet.devicemanager import DeviceManager, DevicePluginError
 from nvplugin.kubelet.kubelet import FakeKubelet
 from nvplugin.node import load_topology
 from nvplugin.plugin.api.v1beta1 import api_pb2, api_pb2_grpc
+from nvplugin.plugin.httpendpoint import MAX_CONNECTIONS, REQUEST_TIMEOUT_S
 from nvplugin.plugin.server import publish_interval
 from tests.e2e.serving import new_dir, node_file
 from tests.reliability.harness import (
@@ -37,12 +38,15 @@ from tests.reliability.harness import (
     Plugin,
     Watchers,
     distinct,
+    dropped,
+    fd_count,
     health_status,
     log_time,
     metric,
     running,
     settled_fds,
     sysfs_trees,
+    thread_count,
 )
 
 
@@ -61,6 +65,7 @@ class Scale:
     storm_replicas: int  # time-slicing replicas per GPU of dgx-2 (16 GPUs) in the health storm
     storm_s: float  # how long the storm lasts
     storm_streams: int  # ListAndWatch streams open during it (besides the kubelet's)
+    idle_connections: int  # idle TCP connections held to each HTTP endpoint
 
 
 TEST = Scale(
@@ -75,6 +80,7 @@ TEST = Scale(
     storm_replicas=500,
     storm_s=4.0,
     storm_streams=2,
+    idle_connections=300,
 )
 SOAK = Scale(
     kubelet_restarts=100,
@@ -88,6 +94,7 @@ SOAK = Scale(
     storm_replicas=500,
     storm_s=30.0,
     storm_streams=10,
+    idle_connections=3_000,
 )
 
 
@@ -681,4 +688,62 @@ async def health_storm(scale: Scale) -> Outcome:
             f"{len(out.latencies)} health checks answered during the storm"
         )
         await out.after(plugin.pid)
+    return out
+
+
+# --- idle HTTP connections ----------------------------------------------------------------------
+
+
+async def idle_connections(scale: Scale) -> Outcome:
+    """N connections to each HTTP endpoint (metrics, health probes) that never send a request,
+    or only half of one -- what any pod that reaches the port can do: the plugin's threads do
+    not grow, its fds stay within the endpoints' caps, /metrics and the probes answer while the
+    connections are held, and the plugin drops every one of them."""
+    n = scale.idle_connections
+    out = Outcome(f"idle HTTP connections: {n} x 2 endpoints", "scrape or probe while held")
+    async with running("--simulate", "workstation-4gpu") as (kubelet, plugin):
+        ports = [await plugin.metrics_port(), await plugin.probe_port()]
+        await plugin.metrics()  # the first scrape's allocations are not a leak
+        await kubelet.devices.wait_for(lambda m: m.is_registered(GPU), 10, "registered")
+        await out.before(plugin.pid)
+        held: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+        try:
+            for number in range(n):
+                for port in ports:
+                    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                    if number % 2:
+                        writer.write(b"GET /metrics HTTP/1.1\r\n")  # ... and never the rest
+                    held.append((reader, writer))
+            out.iterations = len(held)
+            for _ in range(10):
+                started = time.perf_counter()
+                samples = await plugin.metrics()
+                out.latencies.append(time.perf_counter() - started)
+                out.check(metric(samples, "nvplugin_health_serving", resource=GPU) == 1, "scrape")
+                started = time.perf_counter()
+                status, body = await plugin.probe("/readyz")
+                out.latencies.append(time.perf_counter() - started)
+                out.check(status == 200, f"/readyz answered {status}: {body}")
+                status, body = await plugin.probe("/livez")
+                out.check(status == 200, f"/livez answered {status}: {body}")
+            threads = thread_count(plugin.pid)
+            out.check(threads == out.threads_start, f"threads {out.threads_start} -> {threads}")
+            fds = fd_count(plugin.pid)
+            bound = (out.fds_start or 0) + 2 * MAX_CONNECTIONS + 2
+            out.check(fds <= bound, f"{fds} fds held (at most {bound})")
+            out.notes.append(f"{fds} fds and {threads} threads while {len(held)} were held")
+            # Every held connection is dropped: closed for a newer one, or at the timeout.
+            async with asyncio.timeout(REQUEST_TIMEOUT_S + 60):
+                for reader, _ in held:
+                    out.check(await dropped(reader), "a held connection got an answer")
+        except TimeoutError:
+            out.fail("the plugin did not drop every idle connection")
+        finally:
+            for _, writer in held:
+                writer.close()
+        await out.after(plugin.pid)
+        out.check(
+            (out.fds_end or 0) <= (out.fds_start or 0) + 2, f"fds {out.fds_start} -> {out.fds_end}"
+        )
+        out.check(out.threads_end == out.threads_start, "threads changed")
     return out

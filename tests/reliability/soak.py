@@ -29,6 +29,7 @@ RUNS: dict[str, Callable[[scenarios.Scale], Outcome]] = {
     "sighup": lambda scale: asyncio.run(scenarios.sighup_during_traffic(scale)),
     "load": lambda scale: asyncio.run(scenarios.load(scale)),
     "health-storm": lambda scale: asyncio.run(scenarios.health_storm(scale)),
+    "idle-connections": lambda scale: asyncio.run(scenarios.idle_connections(scale)),
 }
 
 

@@ -25,6 +25,7 @@ Scenario = Callable[[scenarios.Scale], Awaitable[Outcome]]
         scenarios.sighup_during_traffic,
         scenarios.load,
         scenarios.health_storm,
+        scenarios.idle_connections,
     ],
     ids=lambda s: s.__name__,
 )

@@ -199,6 +199,9 @@ file: [from, config path, value, variable], only the ones that are set.
 {{- if .Values.metrics.enabled }}
 {{- $out = append $out (list "metrics.port" (list "metrics_address") (printf "0.0.0.0:%d" (int .Values.metrics.port)) "NVPLUGIN_METRICS_ADDRESS") }}
 {{- end }}
+{{- if .Values.probes.enabled }}
+{{- $out = append $out (list "probes.port" (list "health_probe_address") (printf "0.0.0.0:%d" (int .Values.probes.port)) "NVPLUGIN_HEALTH_PROBE_ADDRESS") }}
+{{- end }}
 {{- toJson $out }}
 {{- end }}
 
@@ -206,6 +209,9 @@ file: [from, config path, value, variable], only the ones that are set.
 Fail early on values that cannot work together. Included by every template that depends on them.
 */}}
 {{- define "nvplugin.validate" -}}
+{{- if and .Values.metrics.enabled .Values.probes.enabled (eq (int .Values.metrics.port) (int .Values.probes.port)) }}
+{{- fail (printf "values.metrics.port and values.probes.port are both %d: the metrics and the health probes each need their own port" (int .Values.probes.port)) }}
+{{- end }}
 {{- if and (include "nvplugin.userConfigSet" .) .Values.existingConfigMap.name }}
 {{- fail (printf "values.config and values.existingConfigMap.name (%q) are both set: the plugin reads one config file. Use values.config for a ConfigMap this chart manages, or existingConfigMap.name for one you manage, not both" .Values.existingConfigMap.name) }}
 {{- end }}
@@ -255,22 +261,13 @@ can only see its content at install/upgrade time in a cluster (lookup; empty off
 {{- end }}
 
 {{/*
-The exec probe: the plugin's gRPC health service answers SERVING, or (live) answers at all, on
-one of its sockets. Which sockets a node has depends on the config and the node's GPUs, not on
-resourceName alone: resources.gpus can leave the default resource empty on a node (not served),
-and time-slicing renames it (nvplugin-gpu.shared.sock). So the probe tries every
-<devicePluginPath>/nvplugin-*.sock and passes on the first that answers: a socket left behind by
-a killed pod (nobody listening) cannot fail it while the plugin serves another. args: live (bool),
-Values.
+One probe: the kubelet's httpGet on the plugin's health endpoint (container port "health").
+/livez answers while the plugin's event loop turns; /readyz only while a resource is SERVING.
+args: path, Values.
 */}}
-{{- define "nvplugin.probeCommand" -}}
-exec:
-  command:
-    - sh
-    - -c
-    - {{ printf "for s in \"$1\"/nvplugin-*.sock; do nvplugin probe --socket \"$s\" --timeout \"$2\"%s && exit 0; done; exit 1" (ternary " --live" "" .live) | quote }}
-    - nvplugin-probe
-    - {{ trimSuffix "/" .Values.devicePluginPath | quote }}
-    - {{ .Values.probes.rpcTimeoutSeconds | quote }}
+{{- define "nvplugin.probe" -}}
+httpGet:
+  path: {{ .path }}
+  port: health
 timeoutSeconds: {{ .Values.probes.timeoutSeconds }}
 {{- end }}
