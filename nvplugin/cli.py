@@ -3,8 +3,17 @@ that a short command starts fast."""
 
 from __future__ import annotations
 
-import functools
 import sys
+
+from nvplugin.plugin.signals import PendingSignals
+
+if sys.argv[1:2] == ["serve"]:
+    # ``nvplugin serve`` handles SIGTERM, SIGINT and SIGHUP from here on, before click and the
+    # rest are imported (a tenth of a second, more on a loaded node), in which SIGHUP's default
+    # action would kill it. ``serve`` takes the recorder over (PendingSignals.current).
+    PendingSignals.install()
+
+import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -227,11 +236,10 @@ def serve(
     Settings come from flags, then NVPLUGIN_<FLAG> environment variables, then --config, then
     defaults. SIGTERM/SIGINT stop it (exit 0); SIGHUP reloads the config.
     """
-    # First, before any import or file read: from here on a signal is never fatal (SIGHUP before
-    # serving reloads once serving; SIGTERM/SIGINT before serving stop cleanly).
-    from nvplugin.plugin.signals import PendingSignals
-
-    pending = PendingSignals.install()
+    # First, before any import or file read (and usually since this module's first lines): a
+    # signal is never fatal (SIGHUP before serving reloads once serving; SIGTERM/SIGINT before
+    # serving stop cleanly).
+    pending = PendingSignals.current()
 
     import os
 

@@ -3,8 +3,9 @@
 The daemon's event loop handles SIGTERM, SIGINT and SIGHUP once it runs, but ``serve`` first
 imports the daemon, reads its config and opens a loop: tenths of a second in which SIGHUP's
 default action would kill the plugin (every GPU lost to the kubelet) and SIGTERM would end it
-without removing its socket. :class:`PendingSignals` is installed first thing in ``serve`` and
-only records what arrives; the daemon takes the record over when its handlers are in place
+without removing its socket. :class:`PendingSignals` is installed first thing -- by the CLI
+module's first lines when the command is ``serve``, else by ``serve`` -- and only records what
+arrives; the daemon takes the record over when its handlers are in place
 (SIGTERM/SIGINT: stop before serving, exit 0; SIGHUP: reload once serving), and puts the recorder
 back when its loop ends, so that a signal during the last steps of the exit changes nothing.
 
@@ -33,6 +34,18 @@ class PendingSignals:
         pending = cls()
         pending.hold()
         return pending
+
+    @classmethod
+    def current(cls) -> PendingSignals:
+        """The recorder installed for every handled signal, or a new one installed now. (The
+        signal table is where the process keeps it: no module state.)"""
+        handlers = {signal.getsignal(sig) for sig in HANDLED}
+        if len(handlers) == 1:
+            (handler,) = handlers
+            owner = getattr(handler, "__self__", None)
+            if isinstance(owner, cls):
+                return owner
+        return cls.install()
 
     def hold(self) -> None:
         """(Re)install the recorder for every handled signal, replacing whatever handles them."""

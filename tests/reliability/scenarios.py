@@ -33,6 +33,7 @@ from tests.e2e.serving import new_dir, node_file
 from tests.reliability.harness import (
     GPU,
     SOCKET,
+    CountingWatchers,
     HealthWatch,
     Outcome,
     Plugin,
@@ -624,7 +625,7 @@ async def health_storm(scale: Scale) -> Outcome:
         dm = kubelet.devices
         await dm.wait_for(lambda m: len(m.devices(GPU)) == devices, 20, f"{devices} devices")
         await out.before(plugin.pid)
-        watchers = Watchers(plugin.socket, scale.storm_streams)
+        watchers = CountingWatchers(plugin.socket, scale.storm_streams)
         stop = asyncio.Event()
         failures: list[str] = []
 
@@ -649,12 +650,12 @@ async def health_storm(scale: Scale) -> Outcome:
                 while True:
                     samples = await plugin.metrics()
                     seen = sum(
-                        v for (name, _), v in samples.items() if name.startswith("nvplugin_xid")
+                        v for (name, _), v in samples.items() if name == "nvplugin_xid_events_total"
                     )
                     if seen >= xids:
                         break
                     await asyncio.sleep(0.2)
-            if not await watchers.wait_all(lambda s: bool(s.states) and s.states[-1][1] == (), 20):
+            if not await watchers.wait_all(lambda s: s.unhealthy == 0, 20):
                 out.fail("not every stream ended with every device healthy")
             await dm.wait_for(
                 lambda m: len(m.healthy_devices(GPU)) == devices, 20, "the kubelet: all healthy"
@@ -678,10 +679,10 @@ async def health_storm(scale: Scale) -> Outcome:
             f"two lists {min(gaps, default=0):.4f} s apart",
         )
         out.check(2 * len(lists) <= changes, f"{len(lists)} lists for {changes} changes")
-        for number, seen in enumerate(watchers.seen):
+        for number, counted in enumerate(watchers.seen):
             out.check(
-                len(seen.states) <= len(lists) + 1,
-                f"stream {number}: {len(seen.states)} messages for {len(lists)} lists",
+                counted.messages <= len(lists) + 1,
+                f"stream {number}: {counted.messages} messages for {len(lists)} lists",
             )
         out.notes.append(
             f"{changes} health changes -> {len(lists)} lists; "

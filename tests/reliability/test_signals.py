@@ -8,11 +8,13 @@ step waits for an event (a log line, the kubelet's view, an inotify event, the p
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -193,20 +195,31 @@ def test_a_reload_raising_what_nobody_expected_keeps_the_plugin_serving() -> Non
 # --- item 2: signals in the first moments after start -------------------------------------------
 
 
-async def _at_daemon_import(start: Callable[[], Serve]) -> Serve:
-    """Start the plugin; return when it opens the daemon's module to import it: the start of
-    the heavy part of its start-up (gRPC, the config, the node), long before its event loop."""
-    here = Path(daemon_module.__file__).parent
-    with Inotify() as inotify:
-        for directory in (here, here / "__pycache__"):
-            if directory.is_dir():
-                inotify.add_watch(directory, Mask.OPEN)
-        serve = start()
-        async with asyncio.timeout(30):
-            async for event in inotify:
-                if event.name is not None and event.name.name.startswith("daemon."):
-                    break
-    return serve
+@contextlib.asynccontextmanager
+async def _at_daemon_import(directory: str, *args: str) -> AsyncIterator[Serve]:
+    """``nvplugin serve ARGS``, given when it opens the daemon's module to import it: the start
+    of the heavy part of its start-up (gRPC, the node), long before its event loop.
+
+    It runs a private copy of the package (PYTHONPATH, and PYTHONSAFEPATH so that the working
+    directory's copy does not come first), so that the inotify event is this process's and not
+    another's importing the same tree.
+    """
+    copy = new_dir()
+    try:
+        package = Path(daemon_module.__file__).parents[1]
+        shutil.copytree(
+            package, Path(copy) / "nvplugin", ignore=shutil.ignore_patterns("__pycache__")
+        )
+        with Inotify() as inotify:
+            inotify.add_watch(Path(copy) / "nvplugin" / "plugin", Mask.OPEN)
+            serve = Serve(directory, *args, env={"PYTHONSAFEPATH": "1", "PYTHONPATH": copy})
+            async with asyncio.timeout(60):
+                async for event in inotify:
+                    if event.name is not None and event.name.name.startswith("daemon."):
+                        break
+        yield serve
+    finally:
+        remove_dir(copy)
 
 
 def test_signals_are_handled_before_the_daemon_is_imported() -> None:
@@ -219,14 +232,14 @@ def test_signals_are_handled_before_the_daemon_is_imported() -> None:
         config = Path(config_dir) / "config.yaml"
         config.write_text("version: v1\n")
         try:
-            serve = await _at_daemon_import(
-                lambda: Serve(directory, "--simulate", NODE, "--config", str(config))
-            )
-            try:
-                caught = caught_signals(serve.pid)
-                assert {signal.SIGHUP, signal.SIGTERM, signal.SIGINT} <= caught, caught
-            finally:
-                serve.kill()
+            async with _at_daemon_import(
+                directory, "--simulate", NODE, "--config", str(config)
+            ) as serve:
+                try:
+                    caught = caught_signals(serve.pid)
+                    assert {signal.SIGHUP, signal.SIGTERM, signal.SIGINT} <= caught, caught
+                finally:
+                    serve.kill()
         finally:
             remove_dir(directory)
             remove_dir(config_dir)
@@ -240,10 +253,10 @@ def test_sighup_right_after_start_is_remembered_and_reloads_once_serving() -> No
         config = Path(config_dir) / "config.yaml"
         config.write_text("version: v1\n")
         try:
-            async with FakeKubelet(directory) as kubelet:
-                serve = await _at_daemon_import(
-                    lambda: Serve(directory, "--simulate", NODE, "--config", str(config)),
-                )
+            async with (
+                FakeKubelet(directory) as kubelet,
+                _at_daemon_import(directory, "--simulate", NODE, "--config", str(config)) as serve,
+            ):
                 try:
                     serve.send(signal.SIGHUP)
                     await kubelet.wait_registered(GPU, timeout=20)
@@ -267,10 +280,10 @@ def test_a_stop_signal_right_after_start_exits_0_and_leaves_no_socket(sig: int) 
         config = Path(config_dir) / "config.yaml"
         config.write_text("version: v1\n")
         try:
-            async with FakeKubelet(directory):
-                serve = await _at_daemon_import(
-                    lambda: Serve(directory, "--simulate", NODE, "--config", str(config)),
-                )
+            async with (
+                FakeKubelet(directory),
+                _at_daemon_import(directory, "--simulate", NODE, "--config", str(config)) as serve,
+            ):
                 serve.send(sig)
                 assert await asyncio.to_thread(serve.wait, 20) == 0, serve.text()[-2000:]
                 assert not os.path.exists(os.path.join(directory, SOCKET))
