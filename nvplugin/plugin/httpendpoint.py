@@ -150,11 +150,11 @@ class HttpEndpoint:
         if server is None:
             return
         server.close()
-        for task, writer in list(self._connections.items()):
+        tasks = list(self._connections)
+        for writer in self._connections.values():
             writer.transport.abort()
-            task.cancel()
-        if self._connections:
-            await asyncio.wait(list(self._connections), timeout=1.0)
+        if tasks:
+            await asyncio.wait(tasks, timeout=1.0)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(server.wait_closed(), 1.0)
 
@@ -162,10 +162,11 @@ class HttpEndpoint:
         task = asyncio.current_task()
         assert task is not None
         while len(self._connections) >= self._max_connections:
+            # Aborted, not cancelled: its read ends at once and its task finishes on its own
+            # (asyncio 3.11 logs a traceback for every cancelled connection task).
             oldest, its_writer = next(iter(self._connections.items()))
             del self._connections[oldest]
             its_writer.transport.abort()
-            oldest.cancel()
         self._connections[task] = writer
         # drain() returns only once the whole answer is with the kernel: nothing stays buffered
         # here for a client that never reads.

@@ -689,6 +689,7 @@ async def health_storm(scale: Scale) -> Outcome:
             f"{len(out.latencies)} health checks answered during the storm"
         )
         await out.after(plugin.pid)
+        out.check("Traceback" not in plugin.text(), "a traceback in the plugin's log")
     return out
 
 
@@ -747,4 +748,5 @@ async def idle_connections(scale: Scale) -> Outcome:
             (out.fds_end or 0) <= (out.fds_start or 0) + 2, f"fds {out.fds_start} -> {out.fds_end}"
         )
         out.check(out.threads_end == out.threads_start, "threads changed")
+        out.check("Traceback" not in plugin.text(), "a traceback in the plugin's log")
     return out
