@@ -27,6 +27,7 @@ import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from nvplugin.config.rules import parse_address
 from nvplugin.errors import NvpluginError, reason
 from nvplugin.log import get_logger
 
@@ -51,41 +52,6 @@ class Response:
 
 
 Handler = Callable[[], Response]
-
-
-def parse_address(text: str) -> tuple[str, int]:
-    """``host:port`` -> (host, port); ValueError says what is wrong. Port 0 = any free port.
-
-    The host is required (an IP address or a name; ``[...]`` around IPv6): the plugin binds what
-    it is told, and "every interface" must be asked for as ``0.0.0.0`` or ``[::]``.
-    """
-    import ipaddress
-
-    host, sep, port_text = text.rpartition(":")
-    if not sep or not host:
-        raise ValueError(f"{text!r} is not host:port (e.g. 127.0.0.1:9400 or 0.0.0.0:9400)")
-    if host.startswith("["):
-        if not host.endswith("]"):
-            raise ValueError(f"{text!r}: an IPv6 host must be written [address]")
-        host = host[1:-1]
-        try:
-            ipaddress.IPv6Address(host)
-        except ValueError:
-            raise ValueError(f"{text!r}: {host!r} is not an IPv6 address") from None
-    elif ":" in host:
-        raise ValueError(f"{text!r}: write an IPv6 host in brackets, e.g. [::1]:9400")
-    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
-        raise ValueError(f"{text!r}: the port must be a number from 0 to 65535")
-    return host, int(port_text)
-
-
-def address_problem(text: str) -> str | None:
-    """Why ``text`` is not a ``host:port`` to bind (None when it is)."""
-    try:
-        parse_address(text)
-    except ValueError as exc:
-        return str(exc)
-    return None
 
 
 class HttpEndpoint:

@@ -1,8 +1,8 @@
 """Prometheus metrics: what the plugin did, for the operator who was not watching its log.
 
-Off by default: only ``metrics_address`` (``--metrics-address host:port``) starts the HTTP
-endpoint, and it binds exactly that address -- nothing is exposed on a node the user did not ask
-for. It is served from the daemon's event loop with bounded connections
+Off by default: only ``nvplugin.metrics.address`` (``--metrics-address host:port``) starts the
+HTTP endpoint, and it binds exactly that address -- nothing is exposed on a node the user did not
+ask for. It is served from the daemon's event loop with bounded connections
 (:mod:`nvplugin.plugin.httpendpoint`): idle clients cost no thread.
 
 The collectors live in a private :class:`CollectorRegistry` owned by one :class:`Metrics` object

@@ -42,11 +42,9 @@ from nvplugin.errors import NvpluginError, shortened
 from nvplugin.log import get_logger
 from nvplugin.node.model import Gpu
 from nvplugin.plugin.api.v1beta1 import api_pb2, api_pb2_grpc
+from nvplugin.plugin.listing import device_message
 from nvplugin.plugin.responses import Responder
 from nvplugin.plugin.sharing import NOT_SHARED, Device, Replicas, sorted_replicas
-
-HEALTHY = "Healthy"
-UNHEALTHY = "Unhealthy"
 
 PUBLISH_S_PER_DEVICE = 50e-6
 """Seconds between two device lists, per advertised device. A list costs the loop ~0.5 us per
@@ -390,19 +388,14 @@ def _device_runs(devices: Sequence[Device]) -> tuple[_Run, ...]:
         runs.append(
             _Run(
                 index,
-                (_encoded(members, UNHEALTHY), _encoded(members, HEALTHY)),
+                (_encoded(members, healthy=False), _encoded(members, healthy=True)),
             )
         )
     return tuple(runs)
 
 
-def _encoded(devices: Sequence[Device], health: str) -> bytes:
-    listed = []
-    for advertised in devices:  # replicas share their GPU's health and NUMA node
-        device = api_pb2.Device(ID=advertised.id, health=health)
-        if advertised.gpu.numa_node is not None:
-            device.topology.nodes.add(ID=advertised.gpu.numa_node)
-        listed.append(device)
+def _encoded(devices: Sequence[Device], *, healthy: bool) -> bytes:
+    listed = [device_message(device, healthy) for device in devices]
     return api_pb2.ListAndWatchResponse(devices=listed).SerializeToString()
 
 

@@ -17,11 +17,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from nvplugin.allocator import make_policy
 from nvplugin.config import load_config
+from nvplugin.config.rules import parse_address
 from nvplugin.errors import InputError, NvpluginError
 from nvplugin.kubelet.kubelet import FakeKubelet
 from nvplugin.node import load_topology
 from nvplugin.plugin.api.v1beta1 import api_pb2, api_pb2_grpc
-from nvplugin.plugin.httpendpoint import parse_address
 from nvplugin.plugin.metrics import Metrics, metrics_endpoint
 from nvplugin.plugin.server import DevicePluginService, PluginSocket
 from tests.e2e.serving import Serve, new_dir, node_file
@@ -84,8 +84,8 @@ def test_addresses_refused_with_the_reason(text: str, problem: str) -> None:
     with pytest.raises(ValueError, match=problem.replace("[", r"\[")):
         parse_address(text)
     with pytest.raises(InputError) as caught:
-        load_config(None, flags={"metrics_address": text})
-    assert 'flag --metrics-address (config key "metrics_address")' in str(caught.value)
+        load_config(None, flags={"nvplugin.metrics.address": text})
+    assert 'flag --metrics-address (config key "nvplugin.metrics.address")' in str(caught.value)
 
 
 def test_off_by_default() -> None:

@@ -325,12 +325,27 @@ def distinct(states: Sequence[Any]) -> list[Any]:
     return out
 
 
+UNHEALTHY_FIELD = b"\x12\x09Unhealthy"
+"""A Device's ``health: "Unhealthy"`` as serialized (field 2, length 9)."""
+
+
+@dataclass
+class Counted:
+    """One raw stream's messages: how many, and the Unhealthy devices in the last one."""
+
+    messages: int = 0
+    unhealthy: int | None = None
+
+
 class Watchers:
-    """``count`` plain ListAndWatch clients on ``socket_path``, each on its own channel."""
+    """``count`` plain ListAndWatch clients on ``socket_path``, each on its own channel; what
+    each saw is a ``record`` (:class:`Seen`)."""
+
+    record: Any = Seen
 
     def __init__(self, socket_path: str, count: int) -> None:
         self.channels = [grpc.aio.insecure_channel(f"unix:{socket_path}") for _ in range(count)]
-        self.seen = [Seen() for _ in range(count)]
+        self.seen = [self.record() for _ in range(count)]
         self._tasks = [
             asyncio.create_task(self._read(channel, seen))
             for channel, seen in zip(self.channels, self.seen, strict=True)
@@ -364,33 +379,15 @@ class Watchers:
             await channel.close()
 
 
-UNHEALTHY_FIELD = b"\x12\x09Unhealthy"
-"""A Device's ``health: "Unhealthy"`` as serialized (field 2, length 9)."""
+class CountingWatchers(Watchers):
+    """Like :class:`Watchers`, but the clients do not parse what they get: each message's
+    Unhealthy devices are counted in its bytes (:class:`Counted`). For lists of thousands of
+    devices, which parsed in Python would make the test, not the plugin, the bottleneck."""
 
-
-@dataclass
-class Counted:
-    """One raw stream's messages: how many, and the Unhealthy devices in the last one."""
-
-    messages: int = 0
-    unhealthy: int | None = None
-
-
-class CountingWatchers:
-    """``count`` ListAndWatch clients that do not parse what they get: each message's Unhealthy
-    devices are counted in its bytes. For lists of thousands of devices, which parsed in Python
-    would make the test, not the plugin, the bottleneck."""
-
-    def __init__(self, socket_path: str, count: int) -> None:
-        self.channels = [grpc.aio.insecure_channel(f"unix:{socket_path}") for _ in range(count)]
-        self.seen = [Counted() for _ in range(count)]
-        self._tasks = [
-            asyncio.create_task(self._read(channel, seen))
-            for channel, seen in zip(self.channels, self.seen, strict=True)
-        ]
+    record = Counted
 
     @staticmethod
-    async def _read(channel: grpc.aio.Channel, seen: Counted) -> None:
+    async def _read(channel: grpc.aio.Channel, seen: Any) -> None:
         stream = channel.unary_stream(
             "/v1beta1.DevicePlugin/ListAndWatch",
             request_serializer=api_pb2.Empty.SerializeToString,
@@ -399,22 +396,6 @@ class CountingWatchers:
             async for data in stream(api_pb2.Empty()):
                 seen.messages += 1
                 seen.unhealthy = bytes(data).count(UNHEALTHY_FIELD)
-
-    async def wait_all(self, predicate: Any, timeout: float) -> bool:
-        """Wait until ``predicate(seen)`` holds for every stream; False on timeout."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if all(predicate(seen) for seen in self.seen):
-                return True
-            await asyncio.sleep(0.02)
-        return all(predicate(seen) for seen in self.seen)
-
-    async def close(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        for channel in self.channels:
-            await channel.close()
 
 
 class HealthWatch:

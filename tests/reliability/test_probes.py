@@ -1,5 +1,6 @@
-"""The kubelet's probes (the chart's httpGet on ``health_probe_address``): what they answer in each
-state of the plugin, and that one probe costs the plugin next to nothing -- no process, no thread.
+"""The kubelet's probes (the chart's httpGet on ``nvplugin.healthProbes.address``): what they
+answer in each state of the plugin, and that one probe costs the plugin next to nothing -- no
+process, no thread.
 The idle-connection attack on the same endpoint is the ``idle_connections`` scenario."""
 
 from __future__ import annotations
@@ -30,7 +31,11 @@ class NoNvml:
 def _config(directory: str, **flags: object) -> Config:
     return load_config(
         None,
-        flags={"device_plugin_dir": directory, "health_probe_address": "127.0.0.1:0", **flags},
+        flags={
+            "nvplugin.devicePluginDir": directory,
+            "nvplugin.healthProbes.address": "127.0.0.1:0",
+            **flags,
+        },
     )
 
 
@@ -47,7 +52,7 @@ def test_live_while_waiting_for_gpus_not_ready() -> None:
     async def body() -> None:
         directory = new_dir()
         try:
-            config = _config(directory, fail_on_init_error=False)
+            config = _config(directory, **{"flags.failOnInitError": False})
             daemon = Daemon(config, discovery_retry_s=30, opener=NoNvml())
             task = asyncio.create_task(daemon.run(handle_signals=False))
             port = await _port_of(daemon)

@@ -59,9 +59,12 @@ def _make_fifo(path: Path) -> None:
 
 
 BROKEN: dict[str, tuple[Callable[[Path], None], str]] = {
-    "huge-integer": (_write(b"version: v1\nhealth:\n  enabled: " + b"1" * 5000), "digits"),
-    "non-utf8": (_write(b"version: v1\nlog:\n  level: \xff\n"), "byte 0xff"),
-    "deep-nesting": (_write(b"version: v1\nlog: " + b"[" * 5000 + b"]" * 5000), "nested"),
+    "huge-integer": (
+        _write(b"version: v1\nnvplugin: {health: {enabled: " + b"1" * 5000 + b"}}"),
+        "digits",
+    ),
+    "non-utf8": (_write(b"version: v1\nnvplugin: {log: {level: \xff}}\n"), "byte 0xff"),
+    "deep-nesting": (_write(b"version: v1\nnvplugin: " + b"[" * 5000 + b"]" * 5000), "nested"),
     "alias-bomb": (_write(("version: v1\n" + ALIAS_BOMB).encode()), "aliases"),
     "too-big": (_write(b"version: v1\n#" + b"x" * yamlinput.MAX_BYTES), "larger than"),
     "unknown-key": (_write(b"version: v1\nresource_nam: x/y\n"), "unknown key"),
@@ -119,7 +122,7 @@ def test_a_sighup_whose_config_fails_in_any_way_keeps_the_plugin_serving() -> No
                         config.rmdir()
                     elif config.exists() or config.is_fifo():
                         config.unlink()
-                    config.write_text("version: v1\nlog: {level: debug}\n")
+                    config.write_text("version: v1\nnvplugin: {log: {level: debug}}\n")
                     serve.send(signal.SIGHUP)
                     await serve.wait_log("config applied in place; still registered", 20)
                     assert len(dm.registrations) == 1 and dm.primary(GPU) is endpoint
@@ -154,8 +157,11 @@ def test_a_reload_raising_what_nobody_expected_keeps_the_plugin_serving() -> Non
     async def body() -> None:
         directory = new_dir()
         try:
-            config = load_config(None, flags={"device_plugin_dir": directory})
-            good = load_config(None, flags={"device_plugin_dir": directory, "log_level": "warning"})
+            config = load_config(None, flags={"nvplugin.devicePluginDir": directory})
+            good = load_config(
+                None,
+                flags={"nvplugin.devicePluginDir": directory, "nvplugin.log.level": "warning"},
+            )
             failures: list[BaseException] = [
                 RuntimeError("a bug"),
                 RecursionError("maximum recursion depth exceeded"),
@@ -247,28 +253,36 @@ def test_signals_are_handled_before_the_daemon_is_imported() -> None:
     _run(body)
 
 
+@contextlib.asynccontextmanager
+async def _kubelet_and_early_plugin() -> AsyncIterator[tuple[FakeKubelet, Serve, str]]:
+    """A fake kubelet, and a plugin given at its daemon's import (with a config file); its
+    directory. Both removed after."""
+    directory, config_dir = new_dir(), new_dir()
+    config = Path(config_dir) / "config.yaml"
+    config.write_text("version: v1\n")
+    try:
+        async with (
+            FakeKubelet(directory) as kubelet,
+            _at_daemon_import(directory, "--simulate", NODE, "--config", str(config)) as serve,
+        ):
+            yield kubelet, serve, directory
+    finally:
+        remove_dir(directory)
+        remove_dir(config_dir)
+
+
 def test_sighup_right_after_start_is_remembered_and_reloads_once_serving() -> None:
     async def body() -> None:
-        directory, config_dir = new_dir(), new_dir()
-        config = Path(config_dir) / "config.yaml"
-        config.write_text("version: v1\n")
-        try:
-            async with (
-                FakeKubelet(directory) as kubelet,
-                _at_daemon_import(directory, "--simulate", NODE, "--config", str(config)) as serve,
-            ):
-                try:
-                    serve.send(signal.SIGHUP)
-                    await kubelet.wait_registered(GPU, timeout=20)
-                    await serve.wait_log("signal", 20, lambda e: e["signal"] == "SIGHUP")
-                    await serve.wait_log("config reloaded", 20)
-                    assert serve.process.poll() is None
-                finally:
-                    assert serve.stop() == 0
-                assert "Traceback" not in serve.text()
-        finally:
-            remove_dir(directory)
-            remove_dir(config_dir)
+        async with _kubelet_and_early_plugin() as (kubelet, serve, _):
+            try:
+                serve.send(signal.SIGHUP)
+                await kubelet.wait_registered(GPU, timeout=20)
+                await serve.wait_log("signal", 20, lambda e: e["signal"] == "SIGHUP")
+                await serve.wait_log("config reloaded", 20)
+                assert serve.process.poll() is None
+            finally:
+                assert serve.stop() == 0
+            assert "Traceback" not in serve.text()
 
     _run(body)
 
@@ -276,21 +290,11 @@ def test_sighup_right_after_start_is_remembered_and_reloads_once_serving() -> No
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_stop_signal_right_after_start_exits_0_and_leaves_no_socket(sig: int) -> None:
     async def body() -> None:
-        directory, config_dir = new_dir(), new_dir()
-        config = Path(config_dir) / "config.yaml"
-        config.write_text("version: v1\n")
-        try:
-            async with (
-                FakeKubelet(directory),
-                _at_daemon_import(directory, "--simulate", NODE, "--config", str(config)) as serve,
-            ):
-                serve.send(sig)
-                assert await asyncio.to_thread(serve.wait, 20) == 0, serve.text()[-2000:]
-                assert not os.path.exists(os.path.join(directory, SOCKET))
-                assert "Traceback" not in serve.text()
-        finally:
-            remove_dir(directory)
-            remove_dir(config_dir)
+        async with _kubelet_and_early_plugin() as (_, serve, directory):
+            serve.send(sig)
+            assert await asyncio.to_thread(serve.wait, 20) == 0, serve.text()[-2000:]
+            assert not os.path.exists(os.path.join(directory, SOCKET))
+            assert "Traceback" not in serve.text()
 
     _run(body)
 
@@ -325,7 +329,7 @@ def test_with_its_log_pipe_broken_the_plugin_serves_reloads_and_stops_on_sigterm
                     await dm.wait_for(lambda m: len(m.registrations) == 2, 20, "re-registered")
                     chosen = await dm.get_preferred_allocation(GPU, sorted(uuids(NODE)), [], 2)
                     assert chosen is not None and len(chosen) == 2
-                    config.write_text("version: v1\nresource_name: example.com/gpu\n")
+                    config.write_text("version: v1\nnvplugin: {resourceName: example.com/gpu}\n")
                     process.send_signal(signal.SIGHUP)
                     await kubelet.wait_registered("example.com/gpu", timeout=20)
                     process.send_signal(signal.SIGTERM)
