@@ -138,9 +138,9 @@ class CpuManager:
         if self.policy != POLICY_STATIC or pod.qos_class != QOS_GUARANTEED:
             return 0
         quantity = container.requests.get(CPU)
-        if quantity is None or not quantity.is_integer:
-            return 0
-        return int(quantity.value)
+        # The kubelet's test (Value()*1000 == MilliValue()) is the API server's integer test.
+        count = None if quantity is None else quantity.whole_number
+        return count or 0
 
     def pod_guaranteed_cpus(self, pod: Pod) -> int:
         """The pod-scope count: long-running containers' sum vs the largest init container."""
