@@ -42,7 +42,7 @@ CASES: dict[str, dict[str, Any]] = {
 
 @pytest.fixture(scope="module")
 def workdir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(dir="/tmp", prefix="nvp-chart-"))
+    path = Path(tempfile.mkdtemp(prefix="nvp-chart-"))
     yield path
     shutil.rmtree(path, ignore_errors=True)
 

@@ -43,8 +43,8 @@ VALUES = {
 
 @pytest.fixture
 def dirs() -> Iterator[tuple[str, Path]]:
-    plugin_dir = tempfile.mkdtemp(dir="/tmp", prefix="nvp-dp-")
-    work = Path(tempfile.mkdtemp(dir="/tmp", prefix="nvp-chart-"))
+    plugin_dir = tempfile.mkdtemp(prefix="nvp-dp-")
+    work = Path(tempfile.mkdtemp(prefix="nvp-chart-"))
     yield plugin_dir, work
     shutil.rmtree(plugin_dir, ignore_errors=True)
     shutil.rmtree(work, ignore_errors=True)
@@ -143,7 +143,7 @@ def _probe(
     """Run a rendered probe command as the kubelet would (through ``sh``), with ``nvplugin`` on
     PATH as in the image: here a shim running this interpreter's ``-m nvplugin``."""
     command = _on_host(rendered.container[kind]["exec"]["command"], plugin_dir, config)
-    shim_dir = tempfile.mkdtemp(dir="/tmp", prefix="nvp-bin-")
+    shim_dir = tempfile.mkdtemp(prefix="nvp-bin-")
     try:
         shim = Path(shim_dir, "nvplugin")
         shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m nvplugin "$@"\n')

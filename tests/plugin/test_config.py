@@ -35,7 +35,7 @@ health:
 
 
 def write(text: str) -> str:
-    directory = tempfile.mkdtemp(dir="/tmp")
+    directory = tempfile.mkdtemp()
     path = os.path.join(directory, "config.yaml")
     Path(path).write_text(text)
     return path
