@@ -77,13 +77,15 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     remove_stale_sysfs_trees(SHM)
     if problems:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-        lines = [
-            "tests left these behind (make temporary files with tempfile.mkdtemp()/mkstemp() "
-            "without dir=, which puts them in the run's directory, and stop what you start):",
-            *problems,
-        ]
         if reporter is not None:
-            reporter.write_line("\n  ".join(lines), red=True)
+            reporter.ensure_newline()
+            reporter.write_sep("=", "tests left these behind", red=True)
+            for problem in problems:
+                reporter.write_line(problem, red=True)
+            reporter.write_line(
+                "make temporary files with tempfile.mkdtemp() / mkstemp() without dir= (they go "
+                "to the run's directory, removed at the end), and stop what you start"
+            )
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
