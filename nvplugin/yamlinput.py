@@ -166,7 +166,10 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
     at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
     problem = getattr(exc, "problem", None) or str(exc)
     if "found character '\\t'" in problem or "found a tab character" in problem:
-        problem += " (YAML indents with spaces only; a pasted block with tabs goes under `|`)"
+        problem += (
+            " (YAML indents with spaces only; a pasted block with tabs goes under a block "
+            "scalar that states its indentation, such as `|2`)"
+        )
     return f"{at}not valid YAML: {shortened(problem, 300)}"
 
 

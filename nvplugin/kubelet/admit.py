@@ -30,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -129,6 +129,7 @@ class AdmitReport:
     results: tuple[PodResult, ...]
     plugin_failure: str | None = None
     notes: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
 
     def as_json(self) -> list[dict[str, Any]]:
         return [r.as_json() for r in self.results]
@@ -452,7 +453,46 @@ def run_admit(settings: AdmitSettings, pods_path: str) -> AdmitReport:
     check_settings(settings)
     pods = load_pod_file(pods_path)
     topology = load_topology(settings.simulate)
-    return asyncio.run(admit_pods(settings, pods, topology))
+    report = asyncio.run(admit_pods(settings, pods, topology))
+    return replace(report, warnings=numa_warnings(settings, topology))
+
+
+def numa_warnings(settings: AdmitSettings, topology: Topology) -> tuple[str, ...]:
+    """What GPUs without a NUMA node do to admission under a topology-manager policy.
+
+    The kubelet counts only devices with a NUMA node when it makes topology hints
+    (kubelet-behaviour.md §3). When some GPUs have one and some do not, the others can never
+    satisfy a hint: under single-numa-node and restricted they are never allocated, and a pod
+    needing them is rejected. When no GPU has one, the resource has no topology at all.
+    """
+    policy = settings.topology_manager_policy
+    if policy == "none":
+        return ()
+    missing = [g.index for g in topology.gpus if g.numa_node is None]
+    if not missing:
+        return ()
+    if len(missing) == len(topology.gpus):
+        return (
+            f"no GPU of this node has a NUMA node (nvidia-smi: NUMA Affinity N/A), so the "
+            f"kubelet gives its GPUs no topology hints ('don't care'): the {policy} policy "
+            "admits GPU pods without aligning them with CPUs or with each other",
+        )
+    which = ", ".join(map(str, missing))
+    it, has = ("it", "has") if len(missing) == 1 else ("them", "have")
+    if policy in ("single-numa-node", "restricted"):
+        effect = (
+            f"under {policy} GPU {which} {'is' if it == 'it' else 'are'} never allocated: a pod "
+            "that needs more GPUs than the others have free is rejected with "
+            "TopologyAffinityError, as the real kubelet does"
+        )
+    else:
+        effect = f"under {policy} a pod that needs {it} is admitted without a preferred alignment"
+    return (
+        f"GPU {which} {has} no NUMA node (nvidia-smi: NUMA Affinity N/A) while the other GPUs "
+        f"have one. The kubelet counts only GPUs with a NUMA node in its topology hints, so "
+        f"{effect}. Give {it} a numa_node in the node file (on a real node: fix the firmware's "
+        "ACPI SRAT so that sysfs reports one)",
+    )
 
 
 # --- output ------------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ from nvplugin.kubelet.topologymanager.options import StartupError
 from nvplugin.kubelet.topologymanager.policy import ProviderHints
 from nvplugin.kubelet.topologymanager.scope import AllocationError, Store
 from nvplugin.node.model import Cpu, CpuLayout, Topology, format_cpu_list
+from nvplugin.node.model import parse_cpu_list as parse_linux_cpu_list
 
 POLICY_NONE = "none"
 POLICY_STATIC = "static"
@@ -42,23 +43,10 @@ POLICIES = (POLICY_NONE, POLICY_STATIC)
 
 def parse_cpu_list(text: str, what: str = "CPU list") -> tuple[int, ...]:
     """Linux cpuset list syntax (``"0-3,8"``) -> sorted CPU ids; InputError names ``what``."""
-    cpus: set[int] = set()
-    for item in text.split(","):
-        item = item.strip()
-        if not item:
-            if text.strip():
-                raise InputError(f'{what}: invalid CPU list "{text}": empty item')
-            continue
-        first, sep, last = item.partition("-")
-        try:
-            start = _cpu_number(first)
-            end = _cpu_number(last) if sep else start
-        except ValueError as exc:
-            raise InputError(f'{what}: invalid CPU list "{text}": {exc}') from None
-        if start > end:
-            raise InputError(f'{what}: invalid CPU list "{text}": range {item} runs backwards')
-        cpus.update(range(start, end + 1))
-    return tuple(sorted(cpus))
+    try:
+        return parse_linux_cpu_list(text)
+    except ValueError as exc:
+        raise InputError(f'{what}: invalid CPU list "{text}": {exc}') from None
 
 
 def reserved_cpus(text: str, layout: CpuLayout) -> tuple[int, ...]:
@@ -76,13 +64,6 @@ def _require_online(cpus: Iterable[int], layout: CpuLayout, shown: str) -> None:
             f"reserved-cpus: {shortened(shown, 200)} is not a subset of online-cpus: "
             f"{format_cpu_list(online)}"
         )
-
-
-def _cpu_number(text: str) -> int:
-    text = text.strip()
-    if not text.isdigit() or not text.isascii():
-        raise ValueError(f'"{text}" is not a CPU number')
-    return int(text)
 
 
 class CpuManager:

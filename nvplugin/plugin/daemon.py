@@ -12,12 +12,12 @@ reload that changes only log, health rules, health service or metrics is applied
 sockets, the kubelet's streams and the registrations stay, so no request fails meanwhile.
 
 Observability: each socket also serves the gRPC health service (registered and a healthy GPU:
-SERVING), every RPC goes through the metrics interceptor, and ``metrics_address`` (off by
+SERVING), every RPC goes through the metrics interceptor, and ``nvplugin.metrics.address`` (off by
 default) serves the daemon's private Prometheus registry. Exit 1 after start only when a socket
 the kubelet removed cannot be served again (the registrar gives up): a plugin that nobody can
 reach must be restarted, not kept as a zombie.
 
-NVML failing at start: with ``fail_on_init_error`` the error propagates (the CLI prints it and
+NVML failing at start: with ``flags.failOnInitError`` the error propagates (the CLI prints it and
 exits 1); without, the daemon keeps running with no devices, retries discovery every
 ``discovery_retry_s`` seconds and registers once GPUs appear. Meanwhile (and while NVML finds no
 GPU) it serves its socket unregistered, so that the health service answers probes NOT_SERVING
@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import os
 import signal
 from collections.abc import Callable, Sequence
@@ -44,9 +45,10 @@ from nvplugin.plugin import healthservice
 from nvplugin.plugin.healthservice import PluginHealthService
 from nvplugin.plugin.metrics import Metrics, MetricsServer
 from nvplugin.plugin.registration import SERVE_AGAIN_GIVE_UP_S, DirWatcher, Registrar
-from nvplugin.plugin.resources import ServedResource, plan_resources, socket_name
+from nvplugin.plugin.resources import ServedResource, plan_resources
 from nvplugin.plugin.responses import Responder, make_responder
 from nvplugin.plugin.server import DevicePluginService, PluginSocket
+from nvplugin.resourcenames import socket_name
 
 DISCOVERY_RETRY_S = 30.0
 WAITING_CHECK_S = 1.0
@@ -56,6 +58,13 @@ STOP_GRACE_S = 0.3
 """How long in-flight unary RPCs get at shutdown; streams are ended at once."""
 
 NodeOpener = Callable[[str | None], NodeSession]
+
+ENVVAR_COLLISION = (
+    "a container that requests two of these resources gets one NVIDIA_VISIBLE_DEVICES per "
+    "resource and the kubelet keeps only one of them, so it silently loses GPUs; use "
+    "deviceListStrategy volume-mounts, cdi-annotations or cdi-cri (with or without envvar), "
+    "which the kubelet merges"
+)
 
 
 @dataclass
@@ -94,7 +103,7 @@ class Daemon:
         reload: Callable[[], Config] | None = None,
         simulate: str | None = None,
         discovery_retry_s: float = DISCOVERY_RETRY_S,
-        opener: NodeOpener = open_node,
+        opener: NodeOpener | None = None,
         serve_give_up_s: float = SERVE_AGAIN_GIVE_UP_S,
     ) -> None:
         self.config = config
@@ -105,7 +114,9 @@ class Daemon:
         self._reload = reload
         self._simulate = simulate
         self._discovery_retry_s = discovery_retry_s
-        self._opener = opener
+        self._opener = opener or functools.partial(
+            open_node, driver_root=config.container_driver_root
+        )
         self._log = get_logger("nvplugin.daemon")
         self._stop = asyncio.Event()
         self._hup = asyncio.Event()
@@ -158,6 +169,8 @@ class Daemon:
             loop.add_signal_handler(signal.SIGINT, self._on_signal, "SIGINT")
             loop.add_signal_handler(signal.SIGHUP, self._on_signal, "SIGHUP")
         self._log.info("effective config", config=self.config.as_dict(), simulate=self._simulate)
+        for note in self.config.notes:  # keys present that are not for the plugin: said once
+            self._log.info("config note", note=note)
         try:
             self._start_metrics(self.config.metrics_address)
             await self._serve()
@@ -308,6 +321,12 @@ class Daemon:
             self._log.warning("config has no effect on this node", reason=warning)
         if plan.empty:
             self._log.info("not serving resources without GPUs", resources=list(plan.empty))
+        if len(plan.resources) > 1 and tuple(config.device_list_strategy) == ("envvar",):
+            self._log.warning(
+                "several resources served with deviceListStrategy envvar alone",
+                resources=[served.name for served in plan.resources],
+                reason=ENVVAR_COLLISION,
+            )
         _make_dir(config.device_plugin_dir)
         watcher = await self._ensure_watcher(config.device_plugin_dir)
         # One policy for the node: each resource asks it about its own GPUs' indices.
@@ -491,6 +510,13 @@ class Daemon:
             return
         try:
             config = self._reload()
+            if self._node is not None:  # what only the node can tell (the kubelet's limit)
+                plan_resources(
+                    self._node.topology.gpus,
+                    config.resource_name,
+                    config.resources,
+                    config.time_slicing,
+                )
         except InputError as exc:
             self._log.error("config reload failed; keeping the running config", error=str(exc))
             return

@@ -1,6 +1,6 @@
 """Prometheus metrics: what the plugin did, for the operator who was not watching its log.
 
-Off by default: only ``metrics_address`` (``--metrics-address host:port``) starts the HTTP
+Off by default: only ``nvplugin.metrics.address`` (``--metrics-address host:port``) starts the HTTP
 endpoint, and it binds exactly that address -- nothing is exposed on a node the user did not ask
 for. The collectors live in a private :class:`CollectorRegistry` owned by one :class:`Metrics`
 object per daemon (no global registry: two daemons in one test process never share counters, and
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
@@ -31,6 +30,7 @@ from typing import Any
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from nvplugin.config.rules import parse_address
 from nvplugin.errors import NvpluginError
 from nvplugin.log import get_logger
 
@@ -54,39 +54,6 @@ LATENCY_BUCKETS = (
 )
 """Seconds. A GetPreferredAllocation answers in well under a millisecond; the top buckets catch a
 policy still being computed at start."""
-
-
-def address_problem(text: str) -> str | None:
-    """Why ``text`` is not a ``host:port`` to bind (None when it is).
-
-    The host is required (an IP address or a name; ``[...]`` around IPv6): the plugin binds what
-    it is told, and "every interface" must be asked for as ``0.0.0.0`` or ``[::]``.
-    """
-    try:
-        parse_address(text)
-    except ValueError as exc:
-        return str(exc)
-    return None
-
-
-def parse_address(text: str) -> tuple[str, int]:
-    """``host:port`` -> (host, port); ValueError says what is wrong. Port 0 = any free port."""
-    host, sep, port_text = text.rpartition(":")
-    if not sep or not host:
-        raise ValueError(f"{text!r} is not host:port (e.g. 127.0.0.1:9400 or 0.0.0.0:9400)")
-    if host.startswith("["):
-        if not host.endswith("]"):
-            raise ValueError(f"{text!r}: an IPv6 host must be written [address]")
-        host = host[1:-1]
-        try:
-            ipaddress.IPv6Address(host)
-        except ValueError:
-            raise ValueError(f"{text!r}: {host!r} is not an IPv6 address") from None
-    elif ":" in host:
-        raise ValueError(f"{text!r}: write an IPv6 host in brackets, e.g. [::1]:9400")
-    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
-        raise ValueError(f"{text!r}: the port must be a number from 0 to 65535")
-    return host, int(port_text)
 
 
 class Metrics:

@@ -30,11 +30,9 @@ from nvplugin.errors import NvpluginError, shortened
 from nvplugin.log import get_logger
 from nvplugin.node.model import Gpu
 from nvplugin.plugin.api.v1beta1 import api_pb2, api_pb2_grpc
+from nvplugin.plugin.listing import device_message
 from nvplugin.plugin.responses import Responder
 from nvplugin.plugin.sharing import NOT_SHARED, Device, Replicas, sorted_replicas
-
-HEALTHY = "Healthy"
-UNHEALTHY = "Unhealthy"
 
 
 class BadRequest(Exception):
@@ -165,13 +163,7 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
     def _build_snapshot(self) -> api_pb2.ListAndWatchResponse:
         devices = []
         for advertised in self._devices_list:  # replicas share their GPU's health and NUMA node
-            gpu = advertised.gpu
-            device = api_pb2.Device(
-                ID=advertised.id, health=HEALTHY if self._health[gpu.index] else UNHEALTHY
-            )
-            if gpu.numa_node is not None:
-                device.topology.nodes.add(ID=gpu.numa_node)
-            devices.append(device)
+            devices.append(device_message(advertised, self._health[advertised.gpu.index]))
         return api_pb2.ListAndWatchResponse(devices=devices)
 
     # --- RPCs ---

@@ -35,8 +35,16 @@ VALUES = {
     "resourceName": RESOURCE,
     "allocationPolicy": "simple",
     "log": {"format": "json", "level": "debug"},
-    "health": {"ignoredXids": [79], "recoveryQuietSeconds": 30},
-    "config": {"pre_start_required": True, "fail_on_init_error": True},
+    "failOnInitError": True,
+    "deviceIDStrategy": "index",
+    "config": {
+        "map": {
+            "default": (
+                "version: v1\nnvplugin:\n  preStartRequired: true\n  health:\n"
+                "    xids: {ignore: [79]}\n    recovery: {quietPeriod: 30s}\n"
+            )
+        }
+    },
     "metrics": {"enabled": True, "port": 9400},
 }
 
@@ -65,7 +73,7 @@ def test_rendered_chart_starts_a_plugin_that_registers_and_passes_its_probe(
     plugin_dir, work = dirs
     rendered = render(VALUES)
     config = work / "config.yaml"
-    config.write_text(rendered.config_text)
+    config.write_text(_config_text(rendered))
     args = _on_host(rendered.container["args"], plugin_dir, config)
     assert args[:1] == ["serve"] and args[-2:] == ["--simulate", "dgx-a100"]
     # The pod's environment: nothing but what the chart sets reaches the plugin's NVPLUGIN_ reader.
@@ -104,7 +112,7 @@ async def _scenario(
             record = kubelet.devices.registrations[-1]
             assert record.error is None
             assert record.endpoint == "nvplugin-a100.sock"
-            # pre_start_required came from values.config, through the ConfigMap file.
+            # preStartRequired came from values.config.map, through the ConfigMap file.
             options = kubelet.devices.options(RESOURCE)
             assert options is not None and options.pre_start_required is True
 
@@ -129,12 +137,14 @@ async def _scenario(
     # The plugin's own account of what it was told (one JSON line: log.format came from the env).
     effective = _effective_config(log_path)
     assert effective["source"] == str(config)
-    assert effective["resource_name"] == RESOURCE
-    assert effective["allocation_policy"] == "simple"
-    assert effective["device_plugin_dir"] == plugin_dir
-    assert effective["log"] == {"format": "json", "level": "debug"}
-    assert effective["health"]["xids"]["ignore"] == [79]
-    assert effective["health"]["recovery"]["quiet_s"] == 30
+    ours = effective["nvplugin"]
+    assert ours["resourceName"] == RESOURCE
+    assert ours["allocationPolicy"] == "simple"
+    assert ours["devicePluginDir"] == plugin_dir
+    assert ours["log"] == {"format": "json", "level": "debug"}
+    assert ours["health"]["xids"]["ignore"] == [79]
+    assert ours["health"]["recovery"]["quietPeriod"] == "30s"
+    assert effective["flags"]["plugin"]["deviceIDStrategy"] == "index"  # NVIDIA's value, env
 
 
 def _probe(
@@ -166,10 +176,17 @@ SPLIT_VALUES = {
     "simulate": "mixed-a100-t4",
     "log": {"format": "json"},
     "config": {
-        "resources": {"gpus": [{"pattern": "*A100*", "name": "a100"}]},
-        "sharing": {
-            "timeSlicing": {"renameByDefault": True, "resources": [{"name": "gpu", "replicas": 2}]}
-        },
+        "map": {
+            "split": {
+                "resources": {"gpus": [{"pattern": "*A100*", "name": "a100"}]},
+                "sharing": {
+                    "timeSlicing": {
+                        "renameByDefault": True,
+                        "resources": [{"name": "gpu", "replicas": 2}],
+                    }
+                },
+            }
+        }
     },
 }
 
@@ -183,7 +200,7 @@ def test_probes_find_the_plugin_when_the_config_renames_its_sockets(
     plugin_dir, work = dirs
     rendered = render(SPLIT_VALUES)
     config = work / "config.yaml"
-    config.write_text(rendered.config_text)
+    config.write_text(_config_text(rendered))
     args = _on_host(rendered.container["args"], plugin_dir, config)
     env = {k: v for k, v in os.environ.items() if not k.startswith("NVPLUGIN_")} | rendered.env
     log_path = work / "serve.log"
@@ -257,3 +274,11 @@ def _effective_config(log_path: Path) -> dict[str, Any]:
             config: dict[str, Any] = record["config"]
             return config
     raise AssertionError(f"no 'effective config' log line in:\n{log_path.read_text()}")
+
+
+def _config_text(rendered: Rendered) -> str:
+    """The ConfigMap entry the pod mounts as its config file."""
+    volumes = {v["name"]: v for v in rendered.pod["volumes"]}
+    (item,) = volumes["config"]["configMap"]["items"]
+    text: str = rendered.one("ConfigMap")["data"][item["key"]]
+    return text

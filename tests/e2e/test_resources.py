@@ -31,8 +31,10 @@ T4 = [g.uuid for g in TOPOLOGY.gpus if "T4" in g.name]  # GPUs 2, 3, 6, 7
 
 TWO_MODELS = """\
 version: v1
-device_list_strategy: [envvar, cdi-cri]
-device_id_strategy: index
+flags:
+  plugin:
+    deviceListStrategy: [envvar, cdi-cri]
+    deviceIDStrategy: index
 resources:
   gpus:
     - {pattern: "*A100*", name: a100}
@@ -110,8 +112,8 @@ def test_two_models_two_resources_two_sockets_two_registrations() -> None:
                 # The effective config shows the strategies; the unused pattern warned once.
                 (effective,) = serve.events("effective config")
                 shown = effective["config"]
-                assert shown["device_list_strategy"] == ["envvar", "cdi-cri"]
-                assert shown["device_id_strategy"] == "index"
+                assert shown["flags"]["plugin"]["deviceListStrategy"] == ["envvar", "cdi-cri"]
+                assert shown["flags"]["plugin"]["deviceIDStrategy"] == "index"
                 assert shown["resources"]["gpus"][0] == {
                     "pattern": "*A100*",
                     "name": "nvidia.com/a100",

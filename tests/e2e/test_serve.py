@@ -97,7 +97,7 @@ def test_register_fields_options_and_list() -> None:
                 assert await kubelet.devices.pre_start_container(GPU, [topology.gpus[0].uuid])
                 started = serve.events("effective config")
                 assert len(started) == 1
-                assert started[0]["config"]["pre_start_required"] is True
+                assert started[0]["config"]["nvplugin"]["preStartRequired"] is True
                 assert started[0]["level"] == "info"
             finally:
                 assert serve.stop() == 0
@@ -242,8 +242,8 @@ def test_recovery_and_configured_xids() -> None:
         uuids = [g.uuid for g in load_topology(node).gpus]
         config = Path(new_dir()) / "config.yaml"
         config.write_text(
-            "version: v1\nhealth:\n  xids: {ignore: [48], critical: [13]}\n"
-            "  recovery: {quiet_s: 0.5}\n"
+            "version: v1\nnvplugin:\n  health:\n    xids: {ignore: [48], critical: [13]}\n"
+            "    recovery: {quietPeriod: 500ms}\n"
         )
         async with FakeKubelet(directory) as kubelet:
             serve = Serve(directory, "--simulate", node, "--config", str(config))
@@ -273,7 +273,7 @@ def test_health_disabled_ignores_every_event() -> None:
         directory = new_dir()
         node = node_file(new_dir(), "workstation-4gpu", [{"after_s": 0.1, "gpu": 1, "xid": 48}])
         config = Path(new_dir()) / "config.yaml"
-        config.write_text("version: v1\nhealth: {enabled: false}\n")
+        config.write_text("version: v1\nnvplugin:\n  health: {enabled: false}\n")
         async with FakeKubelet(directory) as kubelet:
             serve = Serve(directory, "--simulate", node, "--config", str(config))
             try:
@@ -395,9 +395,21 @@ def test_preferred_allocation_and_allocate_through_the_kubelet() -> None:
 @pytest.mark.parametrize(
     ("config", "args", "expected"),
     [
-        ("version: v1\nresource_nme: a/b\n", [], 'unknown key "resource_nme"; did you mean'),
-        ("version: v1\nhealth:\n  enabled: yes please\n", [], 'key "health.enabled": expected'),
-        ("version: v1\nresource_name: gpu\n", [], 'key "resource_name": the ResourceName "gpu"'),
+        (
+            "nvplugin:\n  resourceNme: a/b\n",
+            [],
+            'unknown key "nvplugin.resourceNme"; did you mean',
+        ),
+        (
+            "nvplugin:\n  health:\n    enabled: yes please\n",
+            [],
+            'key "nvplugin.health.enabled": expected',
+        ),
+        (
+            "nvplugin:\n  resourceName: gpu\n",
+            [],
+            'key "nvplugin.resourceName": the ResourceName "gpu"',
+        ),
         (None, ["--resource-name", "kubernetes.io/gpu"], "flag --resource-name"),
         (None, ["--config", "/tmp/nvplugin-missing/config.yaml"], "no such file"),
         (None, ["--log-level", "loud"], "flag --log-level"),
@@ -441,13 +453,13 @@ def test_sighup_reloads_and_registers_the_new_config() -> None:
     async def body() -> None:
         directory = new_dir()
         config = Path(new_dir()) / "config.yaml"
-        config.write_text("version: v1\nresource_name: example.com/gpu\n")
+        config.write_text("nvplugin:\n  resourceName: example.com/gpu\n")
         async with FakeKubelet(directory) as kubelet:
             serve = Serve(directory, "--simulate", "dgx-1", "--config", str(config))
             try:
                 await kubelet.wait_registered("example.com/gpu", WAIT_S)
                 config.write_text(
-                    "version: v1\nresource_name: example.com/tensor\npre_start_required: true\n"
+                    "nvplugin:\n  resourceName: example.com/tensor\n  preStartRequired: true\n"
                 )
                 serve.send(signal.SIGHUP)
                 await kubelet.wait_registered("example.com/tensor", WAIT_S)
@@ -455,10 +467,10 @@ def test_sighup_reloads_and_registers_the_new_config() -> None:
                 assert not os.path.exists(os.path.join(directory, SOCKET))
                 assert os.path.exists(os.path.join(directory, "nvplugin-tensor.sock"))
                 # A broken file on reload: logged, the running config kept.
-                config.write_text("version: v1\nresource_nam: x/y\n")
+                config.write_text("nvplugin:\n  resourceNam: x/y\n")
                 serve.send(signal.SIGHUP)
                 line = await serve.wait_log("config reload failed; keeping the running config")
-                assert 'unknown key "resource_nam"' in line["error"]
+                assert 'unknown key "nvplugin.resourceNam"' in line["error"]
                 assert serve.process.poll() is None
                 assert os.path.exists(os.path.join(directory, "nvplugin-tensor.sock"))
             finally:
@@ -562,7 +574,7 @@ def _nvml_loads() -> bool:
 
 def test_nvml_init_failure() -> None:
     """Real NVML: on a machine without it, exit 1 with the reason (or keep running with
-    --no-fail-on-init-error). On a machine with a GPU, serve comes up instead."""
+    --fail-on-init-error=false). On a machine with a GPU, serve comes up instead."""
     directory = new_dir()
     if _nvml_loads():
         result: Any = None
@@ -574,7 +586,7 @@ def test_nvml_init_failure() -> None:
         assert "Traceback" not in result.stderr
 
     async def body() -> None:
-        serve = Serve(directory, "--no-fail-on-init-error", "--discovery-retry-s", "0.2")
+        serve = Serve(directory, "--fail-on-init-error=false", "--discovery-retry-s", "0.2")
         path = os.path.join(directory, SOCKET)
         try:
             if result is None:

@@ -38,7 +38,7 @@ def test_without_fail_on_init_error_it_retries_and_registers_once_gpus_appear() 
     async def body() -> None:
         directory = tempfile.mkdtemp()
         config = load_config(
-            None, flags={"device_plugin_dir": directory, "fail_on_init_error": False}
+            None, flags={"nvplugin.devicePluginDir": directory, "flags.failOnInitError": False}
         )
         opener = FlakyNvml(failures=3)
         daemon = Daemon(config, simulate="workstation-4gpu", discovery_retry_s=0.05, opener=opener)
@@ -57,7 +57,7 @@ def test_without_fail_on_init_error_it_retries_and_registers_once_gpus_appear() 
 def test_with_fail_on_init_error_the_error_propagates() -> None:
     async def body() -> None:
         directory = tempfile.mkdtemp()
-        config = load_config(None, flags={"device_plugin_dir": directory})
+        config = load_config(None, flags={"nvplugin.devicePluginDir": directory})
         daemon = Daemon(config, simulate="workstation-4gpu", opener=FlakyNvml(failures=1))
         with pytest.raises(NvpluginError, match="driver not loaded"):
             await daemon.run(handle_signals=False)
@@ -83,7 +83,7 @@ def test_stop_while_waiting_for_gpus() -> None:
     async def body() -> None:
         directory = tempfile.mkdtemp()
         config = load_config(
-            None, flags={"device_plugin_dir": directory, "fail_on_init_error": False}
+            None, flags={"nvplugin.devicePluginDir": directory, "flags.failOnInitError": False}
         )
         daemon = Daemon(config, discovery_retry_s=30, opener=FlakyNvml(failures=100))
         task = asyncio.create_task(daemon.run(handle_signals=False))

@@ -215,9 +215,7 @@ def test_serving_without_healthy_gpus_when_configured() -> None:
             new_dir(), "workstation-4gpu", [{"after_s": 0.5, "wait_error": True, "for_s": 60}]
         )
         config = Path(new_dir()) / "config.yaml"
-        config.write_text(
-            "version: v1\nhealth_service:\n  not_serving_without_healthy_gpus: false\n"
-        )
+        config.write_text("nvplugin:\n  healthService:\n    notServingWithoutHealthyGpus: false\n")
         async with FakeKubelet(directory) as kubelet:
             serve = Serve(directory, "--simulate", node, "--config", str(config))
             try:

@@ -84,8 +84,8 @@ def test_addresses_refused_with_the_reason(text: str, problem: str) -> None:
     with pytest.raises(ValueError, match=problem.replace("[", r"\[")):
         parse_address(text)
     with pytest.raises(InputError) as caught:
-        load_config(None, flags={"metrics_address": text})
-    assert 'flag --metrics-address (config key "metrics_address")' in str(caught.value)
+        load_config(None, flags={"nvplugin.metrics.address": text})
+    assert 'flag --metrics-address (config key "nvplugin.metrics.address")' in str(caught.value)
 
 
 def test_off_by_default() -> None:

@@ -388,8 +388,8 @@ async def sighup_during_traffic(scale: Scale) -> Outcome:
                 ignore = "[48]" if n % 2 == 0 else "[]"
                 strict = "false" if n % 2 == 0 else "true"
                 config.write_text(
-                    f"version: v1\nhealth:\n  xids: {{ignore: {ignore}}}\n"
-                    f"health_service: {{not_serving_without_healthy_gpus: {strict}}}\n"
+                    f"version: v1\nnvplugin:\n  health:\n    xids: {{ignore: {ignore}}}\n"
+                    f"  healthService: {{notServingWithoutHealthyGpus: {strict}}}\n"
                 )
                 started = time.perf_counter()
                 plugin.send(signal.SIGHUP)
@@ -504,7 +504,7 @@ async def load(scale: Scale) -> Outcome:
     ]
     node = node_file(new_dir(), "dgx-a100", events)
     config = Path(new_dir()) / "config.yaml"
-    config.write_text("version: v1\nhealth: {recovery: {quiet_s: 0.4}}\n")
+    config.write_text("version: v1\nnvplugin:\n  health: {recovery: {quietPeriod: 400ms}}\n")
     ids = uuids("dgx-a100")
     expected = [(), (ids[1],), (), (ids[5],), ()]
     policy = make_policy("best-effort", load_topology("dgx-a100"))

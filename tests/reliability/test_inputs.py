@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 
 from nvplugin import yamlinput
+from nvplugin.config import SCHEMA, SETTINGS, load_config
+from nvplugin.config.schema import Invalid
 from nvplugin.errors import InputError, describe
 
 MEMORY_CAP = 1 << 30  # bytes of address space for each command
@@ -35,7 +37,7 @@ ALIAS_BOMB = "\n".join(
     ]
 )
 DEEP = "[" * 200_000 + "]" * 200_000
-NODE_HEAD = "version: 1\nname: x\n"
+NODE_HEAD = "version: v1\nname: x\n"
 
 
 def _run(command: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -85,9 +87,13 @@ def test_node_files_refused_in_bounded_time_and_memory(
     ("name", "data", "fragment"),
     [
         ("alias-bomb", ("version: v1\n" + ALIAS_BOMB).encode(), "aliases are expanded"),
-        ("deep-nesting", ("version: v1\nlog: " + DEEP).encode(), "nested deeper"),
-        ("huge-integer", b"version: v1\nhealth:\n  enabled: " + b"1" * 5000, "digits"),
-        ("non-utf8", b"version: v1\nlog:\n  level: \xff\n", "byte 0xff at offset 26"),
+        ("deep-nesting", ("version: v1\nnvplugin: " + DEEP).encode(), "nested deeper"),
+        (
+            "huge-integer",
+            b"version: v1\nnvplugin:\n  health:\n    enabled: " + b"1" * 5000,
+            "digits",
+        ),
+        ("non-utf8", b"version: v1\nflags:\n  migStrategy: \xff\n", "byte 0xff at offset 34"),
         ("too-big", b"version: v1\n#" + b"x" * yamlinput.MAX_BYTES, "larger than"),
     ],
 )
@@ -201,3 +207,66 @@ def test_hostile_quantities_the_api_server_accepts_are_admitted_in_bounded_time(
     assert results["huge"]["containers"][0]["cpus"] == []
     assert len(results["tiny"]["containers"][0]["gpu_indices"]) == 1  # 0.9999 GPUs count as 1
     assert len(results["zeros"]["containers"][0]["cpus"]) == 1  # exactly 1: an exclusive CPU
+
+
+# --- hostile values in a well-formed config: checking raises only InputError, short -----------
+
+_HOSTILE_LEAVES = [
+    10**5000,
+    -(10**400),
+    2**63,
+    float("inf"),
+    float("nan"),
+    "x" * 3_000_000,
+    "é" * 100_000,
+    "\x00\u202e",
+    None,
+    True,
+    [],
+    {},
+]
+
+
+def _nested(depth: int) -> object:
+    value: object = "deep"
+    for level in range(depth):
+        value = [value] if level % 2 else {"k": value}
+    return value
+
+
+@pytest.mark.parametrize(
+    "value",
+    [*_HOSTILE_LEAVES, _nested(60), [10**4000] * 1000],
+    ids=[describe(v)[:30] for v in [*_HOSTILE_LEAVES, "nested", "list of huge ints"]],
+)
+def test_hostile_values_in_every_setting_are_input_errors(value: object) -> None:
+    """Each setting, and an unknown key beside them, given a value no sane file holds: checking
+    fails only with its own error, whose message stays short (the loader turns it into an
+    InputError naming the file), never with another exception."""
+    for path in [*SETTINGS, "nvplugin.x" * 3]:
+        document: dict[str, object] = {}
+        node = document
+        *parents, leaf = path.split(".")
+        for parent in parents:
+            node = node.setdefault(parent, {})  # type: ignore[assignment]
+        node[leaf] = value
+        try:
+            SCHEMA.check(document, "", {}, [])
+        except Invalid as exc:
+            assert len(exc.message) + len(exc.at) < 1500, path
+
+
+def test_hostile_values_through_the_loader(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("nvplugin:\n  resourceName: " + "a/" + "b" * 3_000_000 + "\n")
+    with pytest.raises(InputError) as caught:
+        load_config(str(path))
+    assert len(str(caught.value)) < 1000
+    path.write_text(
+        "sharing:\n  timeSlicing:\n    resources:\n    - {name: gpu, replicas: "
+        + "9" * 4000
+        + "}\n"
+    )
+    with pytest.raises(InputError) as caught:
+        load_config(str(path))
+    assert "digits" in str(caught.value) and len(str(caught.value)) < 1000
