@@ -278,7 +278,10 @@ def test_health_disabled_ignores_every_event() -> None:
             serve = Serve(directory, "--simulate", node, "--config", str(config))
             try:
                 await kubelet.wait_registered(GPU, WAIT_S)
-                await asyncio.sleep(1.0)
+                await kubelet.devices.wait_for(
+                    lambda m: len(m.healthy_devices(GPU)) == 4, WAIT_S, "4 healthy GPUs"
+                )
+                await asyncio.sleep(1.0)  # the Xid (0.1 s after start) must change nothing
                 assert kubelet.devices.unhealthy_devices(GPU) == frozenset()
                 assert len(kubelet.devices.healthy_devices(GPU)) == 4
             finally:
