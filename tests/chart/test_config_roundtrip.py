@@ -45,7 +45,7 @@ NVIDIA_STYLE: dict[str, Any] = {
 
 @pytest.fixture(scope="module")
 def workdir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(dir="/tmp", prefix="nvp-chart-"))
+    path = Path(tempfile.mkdtemp(prefix="nvp-chart-"))
     yield path
     shutil.rmtree(path, ignore_errors=True)
 

@@ -148,7 +148,7 @@ def test_build_context_holds_what_the_copies_need_and_nothing_else() -> None:
 @pytest.fixture(scope="module")
 def image_site() -> Iterator[Path]:
     """The package as the image's install step builds it, from only the copied files."""
-    work = Path(tempfile.mkdtemp(dir="/tmp", prefix="nvp-image-"))
+    work = Path(tempfile.mkdtemp(prefix="nvp-image-"))
     try:
         src = work / "src"
         src.mkdir()

@@ -53,8 +53,8 @@ VALUES = {
 
 @pytest.fixture
 def dirs() -> Iterator[tuple[str, Path]]:
-    plugin_dir = tempfile.mkdtemp(dir="/tmp", prefix="nvp-dp-")
-    work = Path(tempfile.mkdtemp(dir="/tmp", prefix="nvp-chart-"))
+    plugin_dir = tempfile.mkdtemp(prefix="nvp-dp-")
+    work = Path(tempfile.mkdtemp(prefix="nvp-chart-"))
     yield plugin_dir, work
     shutil.rmtree(plugin_dir, ignore_errors=True)
     shutil.rmtree(work, ignore_errors=True)

@@ -24,6 +24,7 @@ from nvplugin.node import load_topology
 from nvplugin.plugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from nvplugin.plugin.metrics import Metrics, metrics_endpoint
 from nvplugin.plugin.server import DevicePluginService, PluginSocket
+from tests import WAIT_S, until
 from tests.e2e.serving import Serve, new_dir, node_file
 
 GPU = "nvidia.com/gpu"
@@ -47,7 +48,7 @@ def value(found: Samples, name: str, **labels: str) -> float | None:
 
 
 def scrape(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=WAIT_S) as response:
         text: str = response.read().decode()
         return text
 
@@ -100,7 +101,7 @@ def test_rpcs_are_counted_by_method_and_code_and_unary_ones_timed() -> None:
         topology = load_topology("workstation-4gpu")
         service = DevicePluginService(GPU, topology.gpus, make_policy("simple", topology))
         metrics = Metrics()
-        path = os.path.join(tempfile.mkdtemp(dir="/tmp"), "nvplugin-gpu.sock")
+        path = os.path.join(tempfile.mkdtemp(), "nvplugin-gpu.sock")
         sock = PluginSocket(path, service, interceptors=[metrics.interceptor(GPU)])
         await sock.start()
         try:
@@ -124,7 +125,12 @@ def test_rpcs_are_counted_by_method_and_code_and_unary_ones_timed() -> None:
                 stream = stub.ListAndWatch(api_pb2.Empty())
                 await stream.read()
                 stream.cancel()
-                await asyncio.sleep(0.2)
+                watch = {"resource": GPU, "method": "ListAndWatch", "code": "CANCELLED"}
+
+                def counted() -> bool:
+                    return value(samples(metrics.exposition()), "nvplugin_rpcs_total", **watch) == 1
+
+                await until(counted, "the cancelled stream counted")
         finally:
             await sock.stop()
         found = samples(metrics.exposition())
@@ -134,7 +140,6 @@ def test_rpcs_are_counted_by_method_and_code_and_unary_ones_timed() -> None:
         assert value(found, "nvplugin_rpcs_total", **bad) == 1
         assert value(found, "nvplugin_rpc_duration_seconds_count", **ok) == 3
         assert value(found, "nvplugin_rpc_duration_seconds_count", **bad) == 1
-        watch = {"resource": GPU, "method": "ListAndWatch", "code": "CANCELLED"}
         assert value(found, "nvplugin_rpcs_total", **watch) == 1
         assert value(found, "nvplugin_rpc_duration_seconds_count", **watch) is None  # no latency
 
@@ -229,14 +234,14 @@ def test_a_real_plugin_counts_registrations_restarts_xids_and_devices() -> None:
         async with FakeKubelet(directory) as kubelet:
             serve = Serve(directory, "--simulate", node, "--metrics-address", "127.0.0.1:0")
             try:
-                await kubelet.wait_registered(GPU, timeout=10)
+                await kubelet.wait_registered(GPU, WAIT_S)
                 port = int((await serve.wait_log("serving metrics"))["port"])
                 assert _listening_tcp(serve.pid) == [("0100007F", port)]  # 127.0.0.1 only
                 await kubelet.devices.wait_for(
-                    lambda m: len(m.unhealthy_devices(GPU)) == 1, 10, "GPU 1 unhealthy"
+                    lambda m: len(m.unhealthy_devices(GPU)) == 1, WAIT_S, "GPU 1 unhealthy"
                 )
                 await kubelet.restart()
-                await kubelet.wait_registered(GPU, timeout=5)
+                await kubelet.wait_registered(GPU, WAIT_S)
                 await serve.wait_log(
                     "registered with kubelet", 5, lambda e: e["registrations"] == 2
                 )
@@ -262,7 +267,7 @@ def test_no_listening_socket_without_metrics_address() -> None:
         async with FakeKubelet(directory) as kubelet:
             serve = Serve(directory, "--simulate", "workstation-4gpu")
             try:
-                await kubelet.wait_registered(GPU, timeout=10)
+                await kubelet.wait_registered(GPU, WAIT_S)
                 assert _listening_tcp(serve.pid) == []
                 assert not serve.events("serving metrics")
             finally:

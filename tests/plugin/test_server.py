@@ -307,7 +307,7 @@ def test_preferred_allocation_waits_for_a_policy_still_computing() -> None:
         topology = load_topology("workstation-4gpu")
         loop = asyncio.get_running_loop()
         pending: asyncio.Future[object] = loop.create_future()
-        directory = tempfile.mkdtemp(dir="/tmp")
+        directory = tempfile.mkdtemp()
         service = DevicePluginService("nvidia.com/gpu", topology.gpus, pending)  # type: ignore[arg-type]
         sock = PluginSocket(os.path.join(directory, "p.sock"), service)
         await sock.start()
@@ -328,7 +328,7 @@ def test_preferred_allocation_waits_for_a_policy_still_computing() -> None:
 
 def test_stale_socket_is_replaced_and_a_live_one_refused() -> None:
     async def body() -> None:
-        directory = tempfile.mkdtemp(dir="/tmp")
+        directory = tempfile.mkdtemp()
         path = os.path.join(directory, "nvplugin-gpu.sock")
         # Stale: a socket file nobody listens on.
         stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -357,7 +357,7 @@ def test_stale_socket_is_replaced_and_a_live_one_refused() -> None:
 
 
 def test_a_file_that_is_not_a_socket_is_left_alone() -> None:
-    directory = tempfile.mkdtemp(dir="/tmp")
+    directory = tempfile.mkdtemp()
     path = os.path.join(directory, "nvplugin-gpu.sock")
     with open(path, "w") as out:
         out.write("mine")
@@ -374,7 +374,7 @@ def test_socket_deleted_between_bind_and_chmod_is_an_error_to_retry(
     NvpluginError (the registrar retries it), not an OSError that would end the daemon."""
 
     async def body() -> None:
-        directory = tempfile.mkdtemp(dir="/tmp")
+        directory = tempfile.mkdtemp()
         path = os.path.join(directory, "nvplugin-gpu.sock")
         topology = load_topology("workstation-4gpu")
         service = DevicePluginService(

@@ -25,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from nvplugin.kubelet.kubelet import FakeKubelet
 from nvplugin.plugin.api.v1beta1 import api_pb2, api_pb2_grpc
+from tests import WAIT_S
 from tests.e2e.serving import Serve, new_dir
 
 GPU = "nvidia.com/gpu"
@@ -194,7 +195,7 @@ class Plugin(Serve):
 
     async def metrics_port(self) -> int:
         if self._port is None:
-            line = await self.wait_log("serving metrics", 20)
+            line = await self.wait_log("serving metrics")
             self._port = int(line["port"])
         return self._port
 
@@ -213,7 +214,7 @@ class Plugin(Serve):
         port = await self.metrics_port()
 
         def scrape() -> str:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=WAIT_S) as r:
                 text: str = r.read().decode()
                 return text
 

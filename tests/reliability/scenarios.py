@@ -29,6 +29,7 @@ from nvplugin.node import load_topology
 from nvplugin.plugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from nvplugin.plugin.httpendpoint import MAX_CONNECTIONS, REQUEST_TIMEOUT_S
 from nvplugin.plugin.server import publish_interval
+from tests import WAIT_S
 from tests.e2e.serving import new_dir, node_file
 from tests.reliability.harness import (
     GPU,
@@ -113,7 +114,7 @@ async def kubelet_restarts(scale: Scale) -> Outcome:
     every = set(uuids("dgx-a100"))
     async with running("--simulate", "dgx-a100") as (kubelet, plugin):
         dm = kubelet.devices
-        await dm.wait_for(lambda m: m.healthy_devices(GPU) == every, 5, "8 healthy GPUs")
+        await dm.wait_for(lambda m: m.healthy_devices(GPU) == every, WAIT_S, "8 healthy GPUs")
         out.rss_start_kib = plugin.rss()
         fds_start = await settled_fds(plugin.pid)
         for n in range(scale.kubelet_restarts):
@@ -122,7 +123,7 @@ async def kubelet_restarts(scale: Scale) -> Outcome:
             try:
                 await dm.wait_for(
                     lambda m: m.is_registered(GPU) and m.healthy_devices(GPU) == every,
-                    10,
+                    WAIT_S,
                     "registered again with 8 healthy GPUs",
                 )
             except TimeoutError as exc:
@@ -133,8 +134,7 @@ async def kubelet_restarts(scale: Scale) -> Outcome:
         out.rss_end_kib = plugin.rss()
         await plugin.wait_log(
             "registered with kubelet",
-            10,
-            lambda e: e["registrations"] == scale.kubelet_restarts + 1,
+            where=lambda e: e["registrations"] == scale.kubelet_restarts + 1,
         )
         records = dm.registrations
         out.check(
@@ -179,7 +179,7 @@ async def plugin_kills(scale: Scale) -> Outcome:
             try:
                 await dm.wait_for(
                     _registered_times(n + 1, every),
-                    20,
+                    WAIT_S,
                     f"registration {n + 1} with 4 healthy GPUs",
                 )
             except TimeoutError as exc:
@@ -202,7 +202,7 @@ async def plugin_kills(scale: Scale) -> Outcome:
                 os.path.exists(os.path.join(directory, SOCKET)), "SIGKILL left no stale socket"
             )
             try:
-                await dm.wait_for(lambda m: not m.is_registered(GPU), 10, "the stream to end")
+                await dm.wait_for(lambda m: not m.is_registered(GPU), WAIT_S, "the stream to end")
             except TimeoutError as exc:
                 out.fail(f"kill {n}: {exc}")
     left = sorted(name for pid in killed for name in sysfs_trees(pid))
@@ -250,7 +250,7 @@ async def kubelet_down(scale: Scale) -> Outcome:
                     and m.unhealthy_devices(GPU) == {all_ids[3]}
                     and m.healthy_devices(GPU) == set(all_ids[:3])
                 ),
-                10,
+                WAIT_S,
                 "registered again with GPU 3 Unhealthy",
             )
             out.latencies.append(time.perf_counter() - back)
@@ -277,9 +277,9 @@ async def gpu_lost_during_watch(scale: Scale) -> Outcome:
         out.rss_start_kib = plugin.rss()
         watchers = Watchers(plugin.socket, scale.streams)
         try:
-            if not await watchers.wait_all(lambda s: lost in s.distinct(), 15):
+            if not await watchers.wait_all(lambda s: lost in s.distinct(), WAIT_S):
                 out.fail("not every stream saw GPU 5 Unhealthy")
-            line = await plugin.wait_log("gpu unhealthy", 5)
+            line = await plugin.wait_log("gpu unhealthy")
             noticed = log_time(line)
             for number, seen in enumerate(watchers.seen):
                 at = seen.first_time(lost)
@@ -290,7 +290,9 @@ async def gpu_lost_during_watch(scale: Scale) -> Outcome:
                     at - noticed < 1.0, f"stream {number} saw the loss {at - noticed:.3f}s late"
                 )
                 out.check(seen.distinct() == [(), lost], f"stream {number}: {seen.distinct()}")
-            await dm.wait_for(lambda m: m.unhealthy_devices(GPU) == set(lost), 5, "kubelet view")
+            await dm.wait_for(
+                lambda m: m.unhealthy_devices(GPU) == set(lost), WAIT_S, "kubelet view"
+            )
             out.check(
                 distinct([s.unhealthy for s in dm.snapshots(GPU)]) == [(), lost],
                 "the kubelet's states differ from the plugin's",
@@ -343,7 +345,7 @@ async def event_wait_failures(scale: Scale) -> Outcome:
         watchers = Watchers(plugin.socket, max(2, scale.streams // 4))
         health = HealthWatch(plugin.socket)
         try:
-            if not await watchers.wait_all(lambda s: s.distinct() == expected, 20):
+            if not await watchers.wait_all(lambda s: s.distinct() == expected, WAIT_S):
                 out.fail("not every stream went through healthy, all unhealthy (twice)")
             for number, seen in enumerate(watchers.seen):
                 out.check(seen.distinct() == expected, f"stream {number}: {seen.distinct()}")
@@ -354,7 +356,7 @@ async def event_wait_failures(scale: Scale) -> Outcome:
                         out.latencies.append(times[k] - times[k - 1])
             await dm.wait_for(
                 lambda m: distinct([s.unhealthy for s in m.snapshots(GPU)]) == expected,
-                5,
+                WAIT_S,
                 "the kubelet's states",
             )
             out.iterations = 2
@@ -411,7 +413,7 @@ async def sighup_during_traffic(scale: Scale) -> Outcome:
                 started = time.perf_counter()
                 plugin.send(signal.SIGHUP)
                 applied = "config applied in place; still registered"
-                if not await plugin.wait_count(applied, n + 1, 10):
+                if not await plugin.wait_count(applied, n + 1, WAIT_S):
                     out.fail(f"reload {n} not applied in place:\n{plugin.text()[-1500:]}")
                     continue
                 out.latencies.append(time.perf_counter() - started)
@@ -546,7 +548,7 @@ async def load(scale: Scale) -> Outcome:
         # after the first-use allocations, not before them.
         await asyncio.to_thread(_load_worker, plugin.socket, ids, answers, 300, 99, [], failures)
         warm = Watchers(plugin.socket, scale.streams)
-        await warm.wait_all(lambda s: len(s.states) > 0, 10)
+        await warm.wait_all(lambda s: len(s.states) > 0, WAIT_S)
         await warm.close()
         await asyncio.sleep(0.2)
         out.rss_start_kib = plugin.rss()
@@ -562,7 +564,7 @@ async def load(scale: Scale) -> Outcome:
         for thread in threads:
             thread.start()
         try:
-            if not await watchers.wait_all(lambda s: s.distinct() == expected, 30):
+            if not await watchers.wait_all(lambda s: s.distinct() == expected, WAIT_S):
                 out.fail("not every stream went through every health change")
             for number, seen in enumerate(watchers.seen):
                 out.check(seen.distinct() == expected, f"stream {number}: {seen.distinct()}")
