@@ -3,8 +3,17 @@ that a short command starts fast."""
 
 from __future__ import annotations
 
-import functools
 import sys
+
+from nvplugin.plugin.signals import PendingSignals
+
+if sys.argv[1:2] == ["serve"]:
+    # ``nvplugin serve`` handles SIGTERM, SIGINT and SIGHUP from here on, before click and the
+    # rest are imported (a tenth of a second, more on a loaded node), in which SIGHUP's default
+    # action would kill it. ``serve`` takes the recorder over (PendingSignals.current).
+    PendingSignals.install()
+
+import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -382,6 +391,11 @@ def serve(
     (exit 0); SIGHUP reloads the config. Without a kubelet
     (--simulate on a laptop), run `nvplugin kubelet --device-plugin-dir DIR` beside it.
     """
+    # First, before any import or file read (and usually since this module's first lines): a
+    # signal is never fatal (SIGHUP before serving reloads once serving; SIGTERM/SIGINT before
+    # serving stop cleanly).
+    pending = PendingSignals.current()
+
     import os
 
     from nvplugin.config import SETTINGS, load_config
@@ -404,6 +418,7 @@ def serve(
             config,
             reload=load,
             simulate=simulate,
+            pending=pending,
             **{name: value for name, value in timing.items() if value is not None},
         )
     )
@@ -444,7 +459,7 @@ def probe(socket_path: str, timeout_s: float, service: str, live: bool) -> None:
     """Exit 0 if the plugin on SOCKET reports SERVING on its gRPC health service, else 1.
 
     SERVING means registered with the kubelet and (by default) at least one healthy GPU. With
-    --live any answer in time counts. The chart's probes run this in the plugin's container.
+    --live any answer in time counts. (The chart's probes ask the same over HTTP: /readyz, /livez.)
     """
     from nvplugin.plugin.probe import probe_socket
 

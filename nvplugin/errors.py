@@ -53,3 +53,17 @@ def shortened(text: str, limit: int) -> str:
     """Client-supplied text for an error message: whole when short, else its first ``limit``
     characters and its length (gRPC status messages travel in size-capped trailers)."""
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def reason(exc: BaseException) -> str:
+    """What went wrong, for a log line or a message: an :class:`NvpluginError`'s own message,
+    else the exception's type and its bounded text (an exception nobody foresaw says what it is,
+    and its text may hold a user's megabyte). Never raises."""
+    if isinstance(exc, NvpluginError):
+        return str(exc)
+    try:
+        text = str(exc)
+    except Exception:  # an exception whose str fails still gets a reason
+        text = ""
+    name = type(exc).__name__
+    return f"{name}: {shortened(text, 500)}" if text else name

@@ -52,16 +52,19 @@ def read_text(path: str | os.PathLike[str], source: str, max_bytes: int = MAX_BY
         raise InputError(f"{source}: is a directory, not a file") from None
     except OSError as exc:
         raise InputError(f"{source}: cannot read it: {exc.strerror or exc}") from None
-    with os.fdopen(fd, "rb") as handle:
-        try:
-            mode = os.fstat(fd).st_mode
-            if stat.S_ISDIR(mode):
-                raise InputError(f"{source}: is a directory, not a file")
-            if not stat.S_ISREG(mode):
-                raise InputError(f"{source}: not a regular file")
+    try:
+        # Checked on the descriptor before wrapping it: os.fdopen refuses a directory itself.
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise InputError(f"{source}: is a directory, not a file")
+        if not stat.S_ISREG(mode):
+            raise InputError(f"{source}: not a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as handle:
             data = handle.read(max_bytes + 1)
-        except OSError as exc:
-            raise InputError(f"{source}: cannot read it: {exc.strerror or exc}") from None
+    except OSError as exc:
+        raise InputError(f"{source}: cannot read it: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
     return decode(data, source, max_bytes)
 
 

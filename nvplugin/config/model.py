@@ -511,6 +511,18 @@ SCHEMA = Section(
                         ),
                     }
                 ),
+                "healthProbes": Section(
+                    {
+                        "address": Setting(
+                            Nullable(Str(rule=address_problem)),
+                            None,
+                            help="host:port to serve the kubelet's HTTP probes on (/livez: the "
+                            "plugin answers; /readyz: a resource is SERVING); null: off.",
+                            flags=("health-probe-address",),
+                            env=("NVPLUGIN_HEALTH_PROBE_ADDRESS",),
+                        ),
+                    }
+                ),
             },
             help="nvplugin's own settings (NVIDIA's plugin has none of these).",
         ),
@@ -574,6 +586,7 @@ class Config:
     health: HealthConfig = HealthConfig(True, (), (), 0.0)
     health_service: HealthServiceConfig = HealthServiceConfig()
     metrics_address: str | None = None  # host:port of /metrics; None = no metrics endpoint
+    health_probe_address: str | None = None  # host:port of /livez and /readyz; None = none
     device_list_strategy: tuple[str, ...] = DEFAULT_DEVICE_LIST_STRATEGY
     device_id_strategy: str = DEVICE_ID_STRATEGIES[0]
     pass_device_specs: bool = False
@@ -640,6 +653,19 @@ def _plain(value: object) -> object:
     return value
 
 
+def _check_ports(metrics: str | None, probes: str | None) -> None:
+    """The two HTTP endpoints cannot share a port (port 0: each gets its own from the OS)."""
+    if metrics is None or probes is None:
+        return
+    port = metrics.rpartition(":")[2]
+    if port == probes.rpartition(":")[2] != "0":
+        raise Invalid(
+            f"{show(probes)} and nvplugin.metrics.address {show(metrics)} use the same port "
+            f"{port}: each endpoint needs its own",
+            "nvplugin.healthProbes.address",
+        )
+
+
 def build(values: Mapping[str, object], source: str | None, notes: tuple[str, ...]) -> Config:
     """The effective config from every setting's value by key path (defaults filled in);
     :class:`Invalid` (``at`` = the key path) for rules across keys."""
@@ -647,6 +673,7 @@ def build(values: Mapping[str, object], source: str | None, notes: tuple[str, ..
     def get(path: str) -> Any:
         return values[path]
 
+    _check_ports(get("nvplugin.metrics.address"), get("nvplugin.healthProbes.address"))
     resource_name = get("nvplugin.resourceName")
     mig_strategy = get("flags.migStrategy")
     resources, time_slicing = resolve_layout(
@@ -685,6 +712,7 @@ def build(values: Mapping[str, object], source: str | None, notes: tuple[str, ..
             )
         ),
         metrics_address=get("nvplugin.metrics.address"),
+        health_probe_address=get("nvplugin.healthProbes.address"),
         device_list_strategy=get("flags.plugin.deviceListStrategy"),
         device_id_strategy=get("flags.plugin.deviceIDStrategy"),
         pass_device_specs=get("flags.plugin.passDeviceSpecs"),

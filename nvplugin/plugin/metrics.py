@@ -1,9 +1,12 @@
 """Prometheus metrics: what the plugin did, for the operator who was not watching its log.
 
-Off by default: only ``nvplugin.metrics.address`` (``--metrics-address host:port``) starts the HTTP
-endpoint, and it binds exactly that address -- nothing is exposed on a node the user did not ask
-for. The collectors live in a private :class:`CollectorRegistry` owned by one :class:`Metrics`
-object per daemon (no global registry: two daemons in one test process never share counters, and
+Off by default: only ``nvplugin.metrics.address`` (``--metrics-address host:port``) starts the
+HTTP endpoint, and it binds exactly that address -- nothing is exposed on a node the user did not
+ask for. It is served from the daemon's event loop with bounded connections
+(:mod:`nvplugin.plugin.httpendpoint`): idle clients cost no thread.
+
+The collectors live in a private :class:`CollectorRegistry` owned by one :class:`Metrics` object
+per daemon (no global registry: two daemons in one test process never share counters, and
 nothing a library registers globally leaks into our endpoint).
 
 Series (``resource`` is the extended resource name):
@@ -28,11 +31,16 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import grpc
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 
-from nvplugin.config.rules import parse_address
-from nvplugin.errors import NvpluginError
-from nvplugin.log import get_logger
+from nvplugin.plugin.httpendpoint import HttpEndpoint, Response
 
 LATENCY_BUCKETS = (
     0.00005,
@@ -250,45 +258,11 @@ def _code_of(context: Any, default: str) -> str:
     return default
 
 
-class MetricsServer:
-    """The HTTP endpoint (``/metrics``) on exactly ``address``, on its own thread."""
+def metrics_endpoint(address: str, metrics: Metrics) -> HttpEndpoint:
+    """``/metrics`` (``metrics``' private registry) on exactly ``address``; not started. Served
+    from the event loop, connections bounded (:mod:`nvplugin.plugin.httpendpoint`)."""
 
-    def __init__(self, address: str, metrics: Metrics) -> None:
-        self.address = address
-        self._metrics = metrics
-        self._server: Any = None
-        self._thread: Any = None
-        self._log = get_logger("nvplugin.metrics")
+    def scrape() -> Response:
+        return Response(200, generate_latest(metrics.registry), CONTENT_TYPE_LATEST)
 
-    @property
-    def port(self) -> int | None:
-        """The port bound (the one chosen by the OS when the address asked for port 0)."""
-        return None if self._server is None else int(self._server.server_port)
-
-    def start(self) -> None:
-        """Bind and serve; :class:`NvpluginError` naming the address when it cannot bind."""
-        from prometheus_client import start_http_server
-
-        try:
-            host, port = parse_address(self.address)
-        except ValueError as exc:
-            raise NvpluginError(f"metrics_address: {exc}") from None
-        try:
-            self._server, self._thread = start_http_server(
-                port, addr=host, registry=self._metrics.registry
-            )
-        except OSError as exc:
-            raise NvpluginError(
-                f"cannot serve metrics on {self.address}: {exc.strerror or exc}"
-            ) from None
-        self._log.info("serving metrics", address=self.address, port=self.port, path="/metrics")
-
-    def stop(self) -> None:
-        server, self._server = self._server, None
-        thread, self._thread = self._thread, None
-        if server is None:
-            return
-        server.shutdown()
-        server.server_close()
-        if thread is not None:
-            thread.join(timeout=2.0)
+    return HttpEndpoint("metrics", address, {"/metrics": scrape})

@@ -3,8 +3,6 @@ clean in strict mode, and the fields that decide whether the plugin works on a n
 
 from __future__ import annotations
 
-import fnmatch
-import os
 import re
 from typing import Any
 
@@ -14,8 +12,7 @@ import pytest
 import yaml
 
 import nvplugin
-from nvplugin.resourcenames import socket_name
-from tests.chart.rendering import CHART_DIR, NAMESPACE, Rendered, render
+from tests.chart.rendering import CHART_DIR, NAMESPACE, Rendered, render, render_error
 
 DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 # The oldest Kubernetes the chart supports and the newest schemas kubernetes-validate ships.
@@ -139,7 +136,10 @@ def test_defaults_run_serve_with_the_kubelet_dir(default: Rendered) -> None:
     assert ds["metadata"]["name"] == "nvplugin"
     assert ds["metadata"]["namespace"] == NAMESPACE
     assert default.container["args"] == ["serve", "--device-plugin-dir", DEVICE_PLUGIN_DIR]
-    assert default.env == {"NVPLUGIN_RESOURCE_NAME": "nvidia.com/gpu"}
+    assert default.env == {
+        "NVPLUGIN_RESOURCE_NAME": "nvidia.com/gpu",
+        "NVPLUGIN_HEALTH_PROBE_ADDRESS": "0.0.0.0:9401",
+    }
     assert "command" not in default.container  # the image's ENTRYPOINT (nvplugin) runs
 
 
@@ -168,14 +168,13 @@ def test_device_plugin_dir_is_a_host_directory_mounted_at_the_same_path(
     assert mounts["device-plugin"] == {"name": "device-plugin", "mountPath": DEVICE_PLUGIN_DIR}
 
 
-def test_other_kubelet_root_moves_mount_flag_and_probe_together() -> None:
+def test_other_kubelet_root_moves_mount_and_flag_together() -> None:
     path = "/var/lib/k0s/kubelet/device-plugins"
     rendered = render({"devicePluginPath": path})
     volumes = {v["name"]: v for v in rendered.pod["volumes"]}
     assert volumes["device-plugin"]["hostPath"]["path"] == path
     assert {m["mountPath"] for m in rendered.container["volumeMounts"]} >= {path}
     assert rendered.container["args"][1:3] == ["--device-plugin-dir", path]
-    assert rendered.container["livenessProbe"]["exec"]["command"][4] == path
 
 
 def test_config_map_entries_and_the_chosen_one(renders: dict[str, Rendered]) -> None:
@@ -239,6 +238,7 @@ def test_chart_values_reach_the_plugin_as_its_environment(renders: dict[str, Ren
         "NVPLUGIN_LOG_FORMAT": "console",
         "NVPLUGIN_LOG_LEVEL": "debug",
         "NVPLUGIN_METRICS_ADDRESS": "0.0.0.0:9400",
+        "NVPLUGIN_HEALTH_PROBE_ADDRESS": "0.0.0.0:9401",
         # NVIDIA's values, as NVIDIA's chart passes them
         "MIG_STRATEGY": "none",
         "FAIL_ON_INIT_ERROR": "false",
@@ -269,7 +269,7 @@ def test_nvidia_driver_root_is_mounted_where_the_plugin_loads_nvml(
 
 
 def test_no_unset_setting_leaks_into_env_or_config(default: Rendered) -> None:
-    assert list(default.env) == ["NVPLUGIN_RESOURCE_NAME"]
+    assert list(default.env) == ["NVPLUGIN_RESOURCE_NAME", "NVPLUGIN_HEALTH_PROBE_ADDRESS"]
     assert default.kinds() == ["DaemonSet"]
 
 
@@ -282,65 +282,50 @@ def test_service_links_are_off(default: Rendered) -> None:
 # --- probes ---------------------------------------------------------------------------------------
 
 
-PROBE_SCRIPT = (
-    'for s in "$1"/nvplugin-*.sock; do nvplugin probe --socket "$s" --timeout "$2"{live} '
-    "&& exit 0; done; exit 1"
-)
+HEALTH_PORT = {"name": "health", "containerPort": 9401, "protocol": "TCP"}
 
 
 @pytest.mark.parametrize(
-    ("probe", "live"),
-    [("startupProbe", " --live"), ("livenessProbe", " --live"), ("readinessProbe", "")],
+    ("probe", "path"),
+    [("startupProbe", "/livez"), ("livenessProbe", "/livez"), ("readinessProbe", "/readyz")],
 )
-def test_probes_run_nvplugin_probe_on_the_plugin_sockets(
-    default: Rendered, probe: str, live: str
+def test_probes_are_the_kubelets_http_gets_on_the_plugins_health_endpoint(
+    default: Rendered, probe: str, path: str
 ) -> None:
-    # Readiness needs SERVING; startup and liveness any answer (a plugin whose GPUs are lost must
-    # show NotReady, not be restarted in a loop). Every nvplugin socket of the kubelet's directory
-    # is tried: which ones a node has depends on the config and the node's GPUs.
+    # Readiness needs a resource SERVING; startup and liveness any answer (a plugin whose GPUs
+    # are lost must show NotReady, not be restarted in a loop). Nothing runs in the container.
     spec = default.container[probe]
-    assert spec["exec"]["command"] == [
-        "sh",
-        "-c",
-        PROBE_SCRIPT.format(live=live),
-        "nvplugin-probe",
-        DEVICE_PLUGIN_DIR,
-        "3",
-    ]
-    assert spec["timeoutSeconds"] == 10
+    assert spec["httpGet"] == {"path": path, "port": "health"}
+    assert "exec" not in spec
+    assert spec["timeoutSeconds"] == 3
     assert spec["periodSeconds"] >= 1 and spec["failureThreshold"] >= 1
+    assert default.container["ports"] == [HEALTH_PORT]
+    assert default.env["NVPLUGIN_HEALTH_PROBE_ADDRESS"] == "0.0.0.0:9401"
 
 
-@pytest.mark.parametrize(
-    "resource", ["nvidia.com/gpu", "example.com/a100", "nvidia.com/mig-1g.10gb", "a.b/X_y.z-1"]
-)
-def test_probe_glob_matches_the_socket_the_plugin_serves(resource: str) -> None:
-    rendered = render({"resourceName": resource})
-    command = rendered.container["readinessProbe"]["exec"]["command"]
-    assert fnmatch.fnmatchcase(
-        os.path.join(DEVICE_PLUGIN_DIR, socket_name(resource)), f"{command[4]}/nvplugin-*.sock"
-    )
-    assert rendered.env["NVPLUGIN_RESOURCE_NAME"] == resource
-
-
-def test_probe_timings_come_from_values() -> None:
+def test_probe_port_and_timings_come_from_values() -> None:
     rendered = render(
         {
             "probes": {
-                "rpcTimeoutSeconds": 1.5,
+                "port": 8081,
                 "timeoutSeconds": 4,
                 "liveness": {"periodSeconds": 30, "failureThreshold": 5},
             }
         }
     )
     live = rendered.container["livenessProbe"]
-    assert live["exec"]["command"][-1] == "1.5"
-    assert '--timeout "$2" --live &&' in live["exec"]["command"][2]
     assert (live["timeoutSeconds"], live["periodSeconds"], live["failureThreshold"]) == (4, 30, 5)
+    assert rendered.container["ports"] == [HEALTH_PORT | {"containerPort": 8081}]
+    assert rendered.env["NVPLUGIN_HEALTH_PROBE_ADDRESS"] == "0.0.0.0:8081"
+
+
+def test_metrics_and_probes_on_one_port_fail_rendering() -> None:
+    message = render_error({"metrics": {"enabled": True, "port": 9500}, "probes": {"port": 9500}})
+    assert "values.metrics.port and values.probes.port are both 9500" in message
 
 
 def test_metrics_off_by_default(default: Rendered) -> None:
-    assert "ports" not in default.container
+    assert default.container["ports"] == [HEALTH_PORT]
     assert "NVPLUGIN_METRICS_ADDRESS" not in default.env
     annotations = default.daemonset["spec"]["template"]["metadata"]["annotations"]
     assert not [name for name in annotations if name.startswith("prometheus.io/")]
@@ -349,7 +334,8 @@ def test_metrics_off_by_default(default: Rendered) -> None:
 def test_metrics_port_env_and_scrape_annotations() -> None:
     rendered = render({"metrics": {"enabled": True, "port": 9500}})
     assert rendered.container["ports"] == [
-        {"name": "metrics", "containerPort": 9500, "protocol": "TCP"}
+        {"name": "metrics", "containerPort": 9500, "protocol": "TCP"},
+        HEALTH_PORT,
     ]
     assert rendered.env["NVPLUGIN_METRICS_ADDRESS"] == "0.0.0.0:9500"
     annotations = rendered.daemonset["spec"]["template"]["metadata"]["annotations"]
@@ -363,6 +349,8 @@ def test_metrics_port_env_and_scrape_annotations() -> None:
 def test_probes_can_be_disabled(renders: dict[str, Rendered]) -> None:
     container = renders["no-probes"].container
     assert not {"startupProbe", "livenessProbe", "readinessProbe"} & set(container)
+    assert "ports" not in container  # nothing bound
+    assert "NVPLUGIN_HEALTH_PROBE_ADDRESS" not in renders["no-probes"].env
 
 
 # --- security -------------------------------------------------------------------------------------

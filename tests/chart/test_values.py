@@ -29,6 +29,8 @@ SCHEMA_ERROR = "values don't meet the specifications of the schema(s)"
         ({"metrics": {"port": 0}}, "at '/metrics/port': minimum: got 0, want 1"),
         ({"metrics": {"enabled": "on"}}, "at '/metrics/enabled': got string, want boolean"),
         ({"probes": {"timeoutSeconds": 0}}, "at '/probes/timeoutSeconds': minimum: got 0, want 1"),
+        ({"probes": {"port": 0}}, "at '/probes/port': minimum: got 0, want 1"),
+        ({"probes": {"rpcTimeoutSeconds": 3}}, "additional properties 'rpcTimeoutSeconds'"),
         ({"compatWithCPUManager": "true"}, "at '/compatWithCPUManager'"),
         ({"failOnInitError": 1}, "at '/failOnInitError'"),
         ({"config": [1]}, "at '/config': got array, want object"),

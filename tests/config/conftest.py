@@ -13,7 +13,7 @@ import pytest
 @pytest.fixture
 def write() -> Iterator[Callable[..., str]]:
     """``write(text, name="config.yaml")`` -> the path of a new file holding ``text``."""
-    directory = Path(tempfile.mkdtemp(dir="/tmp", prefix="nvp-config-"))
+    directory = Path(tempfile.mkdtemp(prefix="nvp-config-"))
 
     def _write(text: str, name: str = "config.yaml") -> str:
         path = directory / name

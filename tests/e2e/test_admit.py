@@ -188,8 +188,13 @@ BAD = [
     (gpu_pod("ok", 1), ("--topology-manager-scope", "node"), ["topologyManagerScope", '"node"']),
     (
         gpu_pod("ok", 1),
-        ("--topology-manager-policy-options", "fastest=true"),
-        ['unknown Topology Manager Policy option: "fastest"'],
+        ("--topology-manager-policy", "best-effort", "--topology-manager-policy-options", "x=1"),
+        ['unknown Topology Manager Policy option: "x"'],
+    ),
+    (
+        gpu_pod("ok", 1),
+        ("--simulate", "dgx-1", "--reserved-cpus", "0-1,200"),
+        ["error: reserved-cpus: 0-1,200 is not a subset of online-cpus: 0-79\n"],
     ),
     (
         gpu_pod("ok", 1),
@@ -211,6 +216,16 @@ def test_bad_input_exits_2_naming_what(
     assert "Traceback" not in done.stderr
     for needle in needles:
         assert needle in done.stderr
+
+
+def test_policy_options_are_not_read_under_policy_none() -> None:
+    # The kubelet's NewManager returns before it parses the options when the policy is none:
+    # a bad option starts it. The report says they were not read.
+    options = ("--topology-manager-policy-options", "fastest=true")
+    done = admit("--simulate", "dgx-1", *options, pods(gpu_pod("ok", 1)))
+    assert done.returncode == 0, done.stderr
+    assert "1 of 1 pods admitted" in done.stdout
+    assert "note: --topology-manager-policy-options (fastest) not read" in done.stdout
 
 
 def test_plugin_dying_mid_run_rejects_later_pods_with_the_kubelet_message() -> None:

@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 
+from tests import WAIT_S
 from tests.e2e.serving import Serve, new_dir, remove_dir
 
 DEVICES = "nvidia.com/gpu: 16 devices, 16 healthy (NUMA 0: 8, NUMA 1: 8)"
@@ -37,7 +38,7 @@ class Kubelet:
         for line in self.process.stdout:
             self.lines.put(line.rstrip("\n"))
 
-    def wait_line(self, wanted: str, timeout: float = 30.0) -> None:
+    def wait_line(self, wanted: str, timeout: float = WAIT_S) -> None:
         deadline = time.monotonic() + timeout
         while wanted not in self.seen:
             remaining = deadline - time.monotonic()
@@ -50,8 +51,8 @@ class Kubelet:
 
     def stop(self) -> int:
         self.process.send_signal(signal.SIGINT)
-        code = self.process.wait(15)
-        self.wait_line("fake kubelet stopped", 5)
+        code = self.process.wait(WAIT_S)
+        self.wait_line("fake kubelet stopped")
         return code
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from nvplugin.kubelet.kubelet import FakeKubelet
 from nvplugin.node import load_topology
 from nvplugin.plugin.sharing import replica_id
+from tests import WAIT_S
 from tests.e2e.serving import Serve, new_dir, run_serve
 
 NODE = "dgx-1"
@@ -62,11 +63,11 @@ def test_nvidia_environment_gives_containers_what_nvidia_would() -> None:
                 serve = Serve(directory, "--simulate", NODE, env=env)
                 try:
                     shared = f"{GPU}.shared"
-                    await kubelet.wait_registered(shared, timeout=15)
+                    await kubelet.wait_registered(shared, WAIT_S)
                     devices = kubelet.devices
                     await devices.wait_for(
                         lambda m: len(m.healthy_devices(shared)) == 2 * len(TOPOLOGY.gpus),
-                        10,
+                        WAIT_S,
                         "two replicas per GPU",
                     )
                     ids = [replica_id(TOPOLOGY.gpus[3].uuid, 1)]
@@ -118,7 +119,7 @@ def test_nvidia_flag_forms() -> None:
             async with FakeKubelet(directory) as kubelet:
                 serve = Serve(directory, *args)
                 try:
-                    await kubelet.wait_registered(GPU, timeout=15)
+                    await kubelet.wait_registered(GPU, WAIT_S)
                     response = await kubelet.devices.allocate(GPU, [TOPOLOGY.gpus[1].uuid])
                     assert dict(response.envs) == {"NVIDIA_VISIBLE_DEVICES": "1"}
                     assert [d.name for d in response.cdi_devices] == ["nvidia.com/gpu=1"]
@@ -176,7 +177,7 @@ def test_several_resources_with_envvar_alone_warn_once() -> None:
             async with FakeKubelet(directory) as kubelet:
                 serve = Serve(directory, "--simulate", "mixed-a100-t4", "--config", str(config))
                 try:
-                    await kubelet.wait_registered(GPU, timeout=15)
+                    await kubelet.wait_registered(GPU, WAIT_S)
                     await serve.wait_log("serving")
                 finally:
                     assert serve.stop() == 0
@@ -188,7 +189,7 @@ def test_several_resources_with_envvar_alone_warn_once() -> None:
             async with FakeKubelet(directory) as kubelet:
                 serve = Serve(directory, "--simulate", "mixed-a100-t4", "--config", str(config))
                 try:
-                    await kubelet.wait_registered("nvidia.com/a100", timeout=15)
+                    await kubelet.wait_registered("nvidia.com/a100", WAIT_S)
                     line = await serve.wait_log(
                         "several resources served with deviceListStrategy envvar alone"
                     )

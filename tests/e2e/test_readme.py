@@ -64,7 +64,7 @@ LONG_RUNNING = ("nvplugin serve ", "nvplugin kubelet ")
 def workdir() -> object:
     """A copy of what the README's commands read from the repository's root, plus its files."""
     assert (BIN / "nvplugin").exists(), "the nvplugin command is installed with the package"
-    folder = tempfile.mkdtemp(dir="/tmp", prefix="nvplugin-readme-")
+    folder = tempfile.mkdtemp(prefix="nvplugin-readme-")
     os.symlink(ROOT / "nvplugin", Path(folder) / "nvplugin")
     for name, body in _files().items():
         Path(folder, name).write_text(body)
@@ -118,7 +118,7 @@ def test_readme_serve_with_its_kubelet(workdir: str) -> None:
     kubelet = next(c for c in COMMANDS if c.startswith("nvplugin kubelet "))
     written = re.search(r"--device-plugin-dir (\S+)", serve)
     assert written and f"--device-plugin-dir {written.group(1)}" in kubelet
-    directory = tempfile.mkdtemp(dir="/tmp", prefix="nvplugin-readme-dp-")
+    directory = tempfile.mkdtemp(prefix="nvplugin-readme-dp-")
     processes: list[subprocess.Popen[str]] = []
     lines: queue.Queue[str] = queue.Queue()
     try:

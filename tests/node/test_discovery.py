@@ -390,7 +390,7 @@ def test_open_node_without_driver_reports_missing_library() -> None:
 
 # -- sysfs readers, on hand-made trees ----------------------------------------------------------
 def _tree(files: dict[str, str]) -> str:
-    root = tempfile.mkdtemp(dir="/tmp", prefix="nvplugin-test-sysfs-")
+    root = tempfile.mkdtemp(prefix="nvplugin-test-sysfs-")
     for path, text in files.items():
         target = Path(root, path)
         target.parent.mkdir(parents=True, exist_ok=True)

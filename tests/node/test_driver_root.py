@@ -19,7 +19,7 @@ from nvplugin.node.nvml import LIBRARY_DIRS, NVML_LIBRARY, driver_library
 
 @pytest.fixture
 def root() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(dir="/tmp", prefix="nvp-driver-root-"))
+    path = Path(tempfile.mkdtemp(prefix="nvp-driver-root-"))
     yield path
     shutil.rmtree(path, ignore_errors=True)
 

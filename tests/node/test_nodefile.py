@@ -31,7 +31,7 @@ links: |2
 
 
 def _file(text: str) -> str:
-    folder = tempfile.mkdtemp(dir="/tmp", prefix="nvplugin-test-node-")
+    folder = tempfile.mkdtemp(prefix="nvplugin-test-node-")
     path = Path(folder, "node.yaml")
     path.write_text(text)
     return str(path)

@@ -253,7 +253,7 @@ async def mig_service(
     resource: ServedResource, **options: Any
 ) -> AsyncIterator[tuple[DevicePluginService, api_pb2_grpc.DevicePluginStub]]:
     """A MIG resource's service as the daemon makes it, on a fresh socket."""
-    directory = tempfile.mkdtemp(dir="/tmp")
+    directory = tempfile.mkdtemp()
     service = DevicePluginService(
         resource.name,
         resource.gpus,
@@ -321,7 +321,7 @@ def test_list_and_watch_gives_mig_uuids_with_the_parents_numa_node_and_health() 
 def test_allocate_per_device_list_strategy_with_the_caps_device_nodes() -> None:
     resource = resource_of("nvidia.com/mig-3g.20gb")
     a, b, c = resource.migs  # 2:0, 3:0, 3:1
-    dev_root = tempfile.mkdtemp(dir="/tmp")
+    dev_root = tempfile.mkdtemp()
     os.makedirs(os.path.join(dev_root, "dev"))
     open(os.path.join(dev_root, "dev", "nvidiactl"), "w").close()
 

@@ -38,7 +38,7 @@ def allocate_request(*containers: Sequence[str]) -> api_pb2.AllocateRequest:
 
 
 def write_config(text: str) -> str:
-    path = os.path.join(tempfile.mkdtemp(dir="/tmp"), "config.yaml")
+    path = os.path.join(tempfile.mkdtemp(), "config.yaml")
     Path(path).write_text(text)
     return path
 
@@ -152,7 +152,7 @@ def test_cdi_annotation_key_is_stable_per_device_set_and_prefix_is_configurable(
 
 
 def fake_dev_root(present: Sequence[str]) -> str:
-    root = tempfile.mkdtemp(dir="/tmp")
+    root = tempfile.mkdtemp()
     os.makedirs(os.path.join(root, "dev"))
     for name in present:
         Path(root, "dev", name).write_text("")

@@ -8,8 +8,8 @@ the timeout), not the machine.
 
 from __future__ import annotations
 
+import json
 import os
-import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -39,19 +39,24 @@ DEEP = "[" * 200_000 + "]" * 200_000
 NODE_HEAD = "version: v1\nname: x\n"
 
 
+# Caps the address space, then becomes ``python -m nvplugin ARGS``. Not a preexec_fn: that forks
+# this (gRPC-loaded) test process the slow way, and gRPC's fork handlers in the child can abort it
+# before the exec (SIGABRT, "epoll_wait error: Bad file descriptor").
+_CAPPED = (
+    "import os, resource, sys; "
+    f"resource.setrlimit(resource.RLIMIT_AS, ({MEMORY_CAP}, {MEMORY_CAP})); "
+    "os.execv(sys.executable, [sys.executable, '-m', 'nvplugin', *sys.argv[1:]])"
+)
+
+
 def _run(command: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("NVPLUGIN_")}
-
-    def cap() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP, MEMORY_CAP))
-
     return subprocess.run(
-        [sys.executable, "-m", "nvplugin", command, *args],
+        [sys.executable, "-c", _CAPPED, command, *args],
         capture_output=True,
         text=True,
         timeout=TIMEOUT_S,
         env=env,
-        preexec_fn=cap,
     )
 
 
@@ -105,6 +110,11 @@ def test_config_files_refused_at_start_with_exit_2(
     _refused(done, f"config file {path}", fragment)
 
 
+def test_a_directory_is_refused(tmp_path: Path) -> None:
+    done = _run("serve", "--config", str(tmp_path), "--simulate", "workstation-4gpu")
+    _refused(done, f"config file {tmp_path}: is a directory, not a file")
+
+
 def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path: Path) -> None:
     fifo = tmp_path / "config.yaml"
     os.mkfifo(fifo)
@@ -143,6 +153,69 @@ def test_describe_stays_short_for_any_value() -> None:
     assert describe(10**5000) == "an integer of about 5001 digits (int)"
     long = describe("x" * 10**6)
     assert len(long) < 200 and "1000002 characters" in long
+
+
+def _pod(name: str, resources: str) -> str:
+    return (
+        f"apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\n"
+        f"spec:\n  containers:\n  - name: main\n    resources: {resources}\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "resources", "fragment"),
+    [
+        ("huge-gpus", "{limits: {nvidia.com/gpu: 1e999999999}}", "is more than 9223372036854775"),
+        ("wrapping-exponent", "{limits: {cpu: 1e4294967297}}", "exponent is out of range"),
+        ("endless-exponent", '{limits: {cpu: "1e' + "9" * 1_000_000 + '"}}', "out of range"),
+        ("endless-digits", '{limits: {memory: "' + "1" * 3_000_000 + 'x"}}', "not a quantity"),
+    ],
+)
+def test_hostile_quantities_are_refused_at_once(
+    tmp_path: Path, name: str, resources: str, fragment: str
+) -> None:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(_pod(name, resources))
+    done = _run("admit", "--simulate", "workstation-4gpu", str(path))
+    _refused(done, f'pod "{name}"', fragment)
+
+
+def test_hostile_quantities_the_api_server_accepts_are_admitted_in_bounded_time(
+    tmp_path: Path,
+) -> None:
+    # Each of these once hung `nvplugin admit` (exact arithmetic on 10^999999999) or would.
+    huge = "{limits: {cpu: 1e999999999, memory: 1e2147483647}}"
+    path = tmp_path / "pods.yaml"
+    path.write_text(
+        "---\n".join(
+            [
+                _pod("huge", huge),
+                _pod("tiny", "{limits: {cpu: 1e-2147483648, nvidia.com/gpu: 0.9999}}"),
+                _pod("long", '{limits: {memory: "' + "9" * 1_000_000 + '"}}'),
+                _pod("zeros", '{limits: {memory: 1Gi, cpu: "1' + "0" * 1_000_000 + 'e-1000000"}}'),
+            ]
+        )
+    )
+    done = _run(
+        "admit",
+        "--simulate",
+        "workstation-4gpu",
+        "--cpu-manager-policy",
+        "static",
+        "--reserved-cpus",
+        "0",
+        "--output",
+        "json",
+        str(path),
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    results = {r["pod"]: r for r in json.loads(done.stdout)}
+    assert all(r["admitted"] for r in results.values()), results
+    assert len(done.stdout) < 10_000, "the report must not render the quantities"
+    # 1e999999999 CPUs is no whole number to the kubelet (its milli-value overflows): shared pool.
+    assert results["huge"]["containers"][0]["cpus"] == []
+    assert len(results["tiny"]["containers"][0]["gpu_indices"]) == 1  # 0.9999 GPUs count as 1
+    assert len(results["zeros"]["containers"][0]["cpus"]) == 1  # exactly 1: an exclusive CPU
 
 
 # --- hostile values in a well-formed config: checking raises only InputError, short -----------

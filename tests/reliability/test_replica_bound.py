@@ -24,6 +24,7 @@ from nvplugin.plugin.listing import (
 )
 from nvplugin.plugin.resources import plan_resources
 from nvplugin.plugin.sharing import Replicas
+from tests import WAIT_S
 from tests.e2e.serving import Serve, new_dir, run_serve
 
 DGX2 = load_topology("dgx-2")
@@ -90,11 +91,12 @@ def test_reload_keeps_the_running_config() -> None:
             async with FakeKubelet(directory) as kubelet:
                 serve = Serve(directory, "--simulate", "dgx-2", "--config", str(config))
                 try:
-                    await kubelet.wait_registered("nvidia.com/gpu", timeout=15)
-                    await kubelet.devices.wait_for(  # the first listing, before the reload
+                    await kubelet.wait_registered("nvidia.com/gpu", WAIT_S)
+                    # The registration is recorded before the stream brings the devices.
+                    await kubelet.devices.wait_for(
                         lambda m: len(m.healthy_devices("nvidia.com/gpu")) == 4 * 16,
-                        15,
-                        "64 replicas listed",
+                        WAIT_S,
+                        "64 replicas",
                     )
                     config.write_text(slicing(100_000))
                     serve.send(signal.SIGHUP)

@@ -253,6 +253,9 @@ cluster (lookup); offline it takes "default" for named.
 NVIDIA values nvplugin cannot honour fail rendering, saying so.
 */}}
 {{- define "nvplugin.validate" -}}
+{{- if and .Values.metrics.enabled .Values.probes.enabled (eq (int .Values.metrics.port) (int .Values.probes.port)) }}
+{{- fail (printf "values.metrics.port and values.probes.port are both %d: the metrics and the health probes each need their own port" (int .Values.probes.port)) }}
+{{- end }}
 {{- if and .Values.config.name .Values.config.map }}
 {{- fail (printf "values.config.name (%q) and values.config.map are both set: the plugin reads config files from one ConfigMap; use config.map for one this chart manages, or config.name for yours" .Values.config.name) }}
 {{- end }}
@@ -291,6 +294,9 @@ Chart values that reach the plugin as environment variables (which win over the 
 {{- with .Values.log.level }}{{ $out = append $out (list "NVPLUGIN_LOG_LEVEL" .) }}{{ end }}
 {{- if .Values.metrics.enabled }}
 {{- $out = append $out (list "NVPLUGIN_METRICS_ADDRESS" (printf "0.0.0.0:%d" (int .Values.metrics.port))) }}
+{{- end }}
+{{- if .Values.probes.enabled }}
+{{- $out = append $out (list "NVPLUGIN_HEALTH_PROBE_ADDRESS" (printf "0.0.0.0:%d" (int .Values.probes.port))) }}
 {{- end }}
 {{- with .Values.migStrategy }}{{ $out = append $out (list "MIG_STRATEGY" .) }}{{ end }}
 {{- if not (kindIs "invalid" .Values.failOnInitError) }}
@@ -335,22 +341,13 @@ can only see its content at install/upgrade time in a cluster (lookup; empty off
 {{- end }}
 
 {{/*
-The exec probe: the plugin's gRPC health service answers SERVING, or (live) answers at all, on
-one of its sockets. Which sockets a node has depends on the config and the node's GPUs, not on
-resourceName alone: resources.gpus can leave the default resource empty on a node (not served),
-and time-slicing renames it (nvplugin-gpu.shared.sock). So the probe tries every
-<devicePluginPath>/nvplugin-*.sock and passes on the first that answers: a socket left behind by
-a killed pod (nobody listening) cannot fail it while the plugin serves another. args: live (bool),
-Values.
+One probe: the kubelet's httpGet on the plugin's health endpoint (container port "health").
+/livez answers while the plugin's event loop turns; /readyz only while a resource is SERVING.
+args: path, Values.
 */}}
-{{- define "nvplugin.probeCommand" -}}
-exec:
-  command:
-    - sh
-    - -c
-    - {{ printf "for s in \"$1\"/nvplugin-*.sock; do nvplugin probe --socket \"$s\" --timeout \"$2\"%s && exit 0; done; exit 1" (ternary " --live" "" .live) | quote }}
-    - nvplugin-probe
-    - {{ trimSuffix "/" .Values.devicePluginPath | quote }}
-    - {{ .Values.probes.rpcTimeoutSeconds | quote }}
+{{- define "nvplugin.probe" -}}
+httpGet:
+  path: {{ .path }}
+  port: health
 timeoutSeconds: {{ .Values.probes.timeoutSeconds }}
 {{- end }}
