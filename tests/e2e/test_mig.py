@@ -9,6 +9,7 @@ pods under single-numa-node."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -18,7 +19,15 @@ from pathlib import Path
 from nvplugin.kubelet.kubelet import FakeKubelet
 from nvplugin.node import load_topology
 from nvplugin.node.mig import caps_device
-from tests.e2e.serving import Serve, admit_json, new_dir, node_file, remove_dir, run_serve
+from tests.e2e.serving import (
+    Serve,
+    admit_json,
+    new_dir,
+    node_file,
+    remove_dir,
+    run_nvplugin,
+    run_serve,
+)
 from tests.plugin.test_mig_serving import HOMOGENEOUS
 
 NODE = "dgx-a100-mig"
@@ -210,3 +219,33 @@ def test_nvplugin_admit_places_mig_pods_under_single_numa_node() -> None:
     assert uuids == ["2:0", "3:0", "3:1"]
     [whole] = results["whole-gpu"]["containers"]
     assert whole["gpu_indices"] in ([6], [7]) and whole["mig_devices"] == []
+
+
+def test_preferred_and_devices_answer_for_mig_resources() -> None:
+    done = run_nvplugin(
+        "preferred",
+        *("--simulate", NODE, "--mig-strategy", "mixed", "--resource", "nvidia.com/mig-1g.5gb"),
+        *("--size", "3", "--available", "0:0,0:1,1:0,1:1,1:2", "--output", "json"),
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    assert answer["mig_devices"] == ["1:0", "1:1", "1:2"]  # the parent that holds all three
+    assert answer["gpus"] == [1] and answer["numa_nodes"] == [3] and answer["policy"] == "mig"
+    assert answer["devices"] == [m.uuid for m in TOPOLOGY.gpus[1].mig_devices[:3]]
+    done = run_nvplugin(
+        "preferred", "--simulate", NODE, "--mig-strategy", "mixed", "--size", "1", timeout=60
+    )
+    assert done.returncode == 2
+    assert "--resource is required on this node (MIG resources: nvidia.com/mig-1g.5gb" in (
+        done.stderr
+    )
+    done = run_nvplugin(
+        "devices", "--simulate", NODE, "--mig-strategy", "mixed", "--output", "json", timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    shown = json.loads(done.stdout)
+    assert shown["gpus"][4]["mig"]["devices"][3]["resource"] == "nvidia.com/mig-1g.5gb.me"
+    assert shown["gpus"][5]["resource"] == "(MIG, no MIG devices)"
+    assert shown["resources"]["mig_strategy"] == "mixed"
+    assert "has MIG enabled but no MIG devices" in done.stderr
