@@ -176,6 +176,13 @@ def preferred(
 @click.option("--kubelet-socket", metavar="PATH", help="Default: <device-plugin-dir>/kubelet.sock.")
 @click.option("--resource-name", metavar="NAME", help="Extended resource (nvidia.com/gpu).")
 @click.option("--allocation-policy", metavar="P", help="best-effort (default) or simple.")
+@click.option(
+    "--allocation-budget-s",
+    type=float,
+    metavar="S",
+    help="Time a best-effort answer may search on nodes no exact method answers quickly "
+    "(default 0.1).",
+)
 @click.option("--log-format", metavar="F", help="json or console (default: console on a TTY).")
 @click.option("--log-level", metavar="L", help="debug, info (default), warning or error.")
 @click.option(

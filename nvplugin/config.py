@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from nvplugin.allocator import POLICY_NAMES
+from nvplugin.allocator import DEFAULT_BUDGET_S, POLICY_NAMES
 from nvplugin.errors import InputError, describe
 from nvplugin.node.health import DEFAULT_IGNORED_XIDS, HealthSettings
 from nvplugin.plugin.metrics import address_problem
@@ -246,6 +246,10 @@ def _non_negative(value: object) -> str | None:
     return None if isinstance(value, float) and value >= 0 else f"{value!r} is negative"
 
 
+def _positive(value: object) -> str | None:
+    return None if isinstance(value, float) and value > 0 else f"{value!r} is not positive"
+
+
 def _address_rule(value: object) -> str | None:
     return address_problem(str(value))
 
@@ -269,6 +273,7 @@ def _xid_rule(value: object) -> str | None:
 KEYS: tuple[Key, ...] = (
     Key("resource_name", STRING, DEFAULT_RESOURCE_NAME, flag=True, rule=_resource_rule),
     Key("allocation_policy", STRING, "best-effort", flag=True, choices=POLICY_NAMES),
+    Key("allocation_budget_s", NUMBER, DEFAULT_BUDGET_S, flag=True, rule=_positive),
     Key("device_plugin_dir", STRING, DEFAULT_DEVICE_PLUGIN_DIR, flag=True),
     Key("kubelet_socket", STRING, None, nullable=True, flag=True),
     Key("fail_on_init_error", BOOL, True, flag=True),
@@ -360,6 +365,7 @@ class Config:
     health: HealthConfig
     health_service: HealthServiceConfig = HealthServiceConfig()
     metrics_address: str | None = None  # host:port of /metrics; None = no metrics endpoint
+    allocation_budget_s: float = DEFAULT_BUDGET_S  # a best-effort search's time per request
     device_list_strategy: tuple[str, ...] = DEFAULT_DEVICE_LIST_STRATEGY
     device_id_strategy: str = DEVICE_ID_STRATEGIES[0]
     pass_device_specs: bool = False
@@ -383,6 +389,7 @@ class Config:
             "source": self.source,
             "resource_name": self.resource_name,
             "allocation_policy": self.allocation_policy,
+            "allocation_budget_s": self.allocation_budget_s,
             "device_plugin_dir": self.device_plugin_dir,
             "kubelet_socket": self.kubelet_socket_path,
             "fail_on_init_error": self.fail_on_init_error,
@@ -575,6 +582,7 @@ def _build(values: Mapping[str, object], source: str | None) -> Config:
     return Config(
         resource_name=get("resource_name"),
         allocation_policy=get("allocation_policy"),
+        allocation_budget_s=get("allocation_budget_s"),
         device_plugin_dir=get("device_plugin_dir"),
         kubelet_socket=get("kubelet_socket"),
         fail_on_init_error=get("fail_on_init_error"),
