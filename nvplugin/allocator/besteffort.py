@@ -215,23 +215,27 @@ class BestEffort:
         found = self._counts.search(
             classes.counts(request.available), classes.counts(request.must_include), request.size
         )
-        group = min(self._member(request, x) for x in found.best)
+        group = min(self._members(request, found.best))
         return group, found.own2 // 2, found.opt2 // 2
 
-    def _member(self, request: Request, counts: np.ndarray) -> tuple[int, ...]:
-        """The lex-smallest group with ``counts`` GPUs per class: the must-include GPUs, then in
-        each class the lowest other available ones."""
+    def _members(self, request: Request, vectors: np.ndarray) -> list[tuple[int, ...]]:
+        """For each count vector, the lex-smallest group with those GPUs per class: the
+        must-include GPUs, then in each class the lowest other available ones."""
         assert self._counts is not None
         classes = self._counts.classes
         required = set(request.must_include)
-        taken = classes.counts(request.must_include)
-        chosen = list(request.must_include)
+        free: list[list[int]] = [[] for _ in range(len(classes))]
         for gpu in request.available:
-            c = classes.of[gpu]
-            if gpu not in required and taken[c] < counts[c]:
-                taken[c] += 1
-                chosen.append(gpu)
-        return tuple(sorted(chosen))
+            if gpu not in required:
+                free[classes.of[gpu]].append(gpu)
+        taken = classes.counts(request.must_include)
+        out = []
+        for counts in (vectors - taken).tolist():
+            chosen = list(request.must_include)
+            for c, k in enumerate(counts):
+                chosen.extend(free[c][:k])
+            out.append(tuple(sorted(chosen)))
+        return out
 
     def _count_solve(self, request: Request) -> Allocation:
         assert self._counts is not None
@@ -248,7 +252,9 @@ class BestEffort:
         totals = self._counts.totals(available, candidates, request.size)
         best = candidates[totals == 2 * (answer.partition_score or 0)]
         ranked = sorted(
-            ((self._member(request, x), int(self._counts.twice(x[None, :])[0]) // 2) for x in best),
+            zip(
+                self._members(request, best), (self._counts.twice(best) // 2).tolist(), strict=True
+            ),
             key=lambda item: (-item[1], item[0]),
         )
         note = "one group per composition of the node's classes of interchangeable GPUs"

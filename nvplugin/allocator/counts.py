@@ -36,8 +36,8 @@ MAX_CLASSES = 4
 """Most classes the count search takes (shapes with a designated group and a leftover: 1 934 on
 four classes, 33 470 on five)."""
 
-BATCH = 256
-"""Count vectors evaluated per array operation (N x edges temporaries stay a few MB)."""
+BATCH_SLOTS = 1 << 18
+"""Count vectors x shape edges per array operation, so temporaries stay a few MB."""
 
 _NONE = np.iinfo(np.int64).min // 4
 
@@ -108,11 +108,16 @@ class CountSearch:
                 int(self.totals(available, best, size)[0]), int(self.twice(best)[0]), best
             )
         if required.any():
-            opt, best_own = self._best_shape(available, required, size)
+            opt, best_own, known = self._best_shape(available, required, size)
         else:
-            opt, best_own = self._best_vertex(available, size)
+            opt, best_own, known = self._best_vertex(available, size)
+        # The groups of best vertices with the best own score reach OPT by construction; the
+        # other count vectors of that score need a check.
         level = self.level(required, available, size, best_own)
-        best = level[self.totals(available, level, size) == opt]
+        check = ~(level[:, None, :] == known[None, :, :]).all(axis=2).any(axis=1)
+        reach = ~check
+        reach[check] = self.totals(available, level[check], size) == opt
+        best = level[reach]
         assert len(best), "a best shape's designated group has a count vector reaching OPT"
         return Counts(opt, best_own, best)
 
@@ -192,31 +197,35 @@ class CountSearch:
             full.extend(np.eye(len(rest), dtype=np.int64)[c] * size for _ in range(pure))
         return full, left
 
-    def _best_vertex(self, available: IntArray, size: int) -> tuple[int, int]:
-        """(OPT, best own score), doubled, without must-include GPUs: then the designated
-        group is any full group, so the best partitions' vertices (shapes without one) hold it:
-        the best own score is that of their best full group, mixed or pure."""
+    def _best_vertex(self, available: IntArray, size: int) -> tuple[int, int, IntArray]:
+        """(OPT, best own score), doubled, and count vectors known to reach both, without
+        must-include GPUs: then the designated group is any full group, so the best partitions'
+        vertices (shapes without one) hold it, as their best full group, mixed or pure."""
         leftover = int(available.sum()) % size
         forests = self._rest[leftover > 0]
         fit = forests.fit(available[None, :], size, leftover, 0)
         total = (size - 1) * int(available @ self._inner) - fit.loss[0]
         total = np.where(fit.valid[0], total, _NONE)
         opt = int(total.max())
-        best_own = _NONE
-        pure = self.twice(np.eye(len(available), dtype=np.int64) * size)
+        pure = np.eye(len(available), dtype=np.int64) * size
+        rows: list[IntArray] = []
         for shape in np.flatnonzero(total == opt).tolist():
             used = np.zeros(len(available), dtype=np.int64)
             for kind, counts in forests.groups(fit.entries[0], shape):
                 used += counts
                 if kind == FULL:
-                    best_own = max(best_own, int(self.twice(counts[None, :])[0]))
-            has_pure = available - used >= size
-            if has_pure.any():
-                best_own = max(best_own, int(pure[has_pure].max()))
-        return opt, best_own
+                    rows.append(counts)
+            rows.extend(pure[available - used >= size])
+        groups = np.asarray(rows, dtype=np.int64).reshape(-1, len(available))
+        own = self.twice(groups)
+        best_own = int(own.max())
+        return opt, best_own, groups[own == best_own]
 
-    def _best_shape(self, available: IntArray, required: IntArray, size: int) -> tuple[int, int]:
-        """(OPT, best own score), doubled, from the shapes with a designated group."""
+    def _best_shape(
+        self, available: IntArray, required: IntArray, size: int
+    ) -> tuple[int, int, IntArray]:
+        """(OPT, best own score), doubled, and count vectors known to reach both, from the
+        shapes with a designated group."""
         leftover = int(available.sum()) % size
         forests = self._joint[leftover > 0]
         inside = size - int(required.sum())
@@ -226,14 +235,15 @@ class CountSearch:
         total = own + (size - 1) * ((available - groups) @ self._inner) - fit.loss[0]
         total = np.where(fit.valid[0], total, _NONE)
         opt = int(total.max())
-        return opt, int(own[total == opt].max())
+        best_own = int(own[total == opt].max())
+        return opt, best_own, groups[(total == opt) & (own == best_own)]
 
     def _rest_twice(self, available: IntArray, candidates: IntArray, size: int) -> IntArray:
         """Twice the best partition score of ``available - x`` for each candidate x."""
         leftover = (int(available.sum()) - size) % size
         forests = self._rest[leftover > 0]
         out = np.empty(len(candidates), dtype=np.int64)
-        for start, stop in _batches(len(candidates)):
+        for start, stop in _batches(len(candidates), max(1, BATCH_SLOTS // max(1, forests.edges))):
             rest = available - candidates[start:stop]
             fit = forests.fit(rest, size, leftover, 0)
             best = np.where(fit.valid, -fit.loss, _NONE).max(axis=1)
@@ -241,6 +251,6 @@ class CountSearch:
         return out
 
 
-def _batches(count: int) -> Iterator[tuple[int, int]]:
-    for start in range(0, count, BATCH):
-        yield start, min(count, start + BATCH)
+def _batches(count: int, step: int) -> Iterator[tuple[int, int]]:
+    for start in range(0, count, step):
+        yield start, min(count, start + step)

@@ -87,21 +87,28 @@ def shapes(classes: int, designated: bool, leftover: bool) -> list[Shape]:
     return out
 
 
-def _sums(values: NDArray[np.float64] | IntArray, ids: IntArray, count: int) -> IntArray:
-    """Row-wise sums of ``values`` (N x K) into ``count`` bins by column: ``ids[k]`` is column
-    k's bin. (Float bins are exact: every sum here stays far below 2^53.)"""
-    rows = values.shape[0]
-    flat = (np.arange(rows, dtype=np.int64)[:, None] * count + ids[None, :]).ravel()
-    binned = np.bincount(flat, weights=values.ravel(), minlength=rows * count)
-    result: IntArray = np.rint(binned).astype(np.int64).reshape(rows, count)
+def _ranges(values: IntArray, bounds: IntArray) -> IntArray:
+    """Row-wise sums of ``values`` over the column ranges ``bounds[k]:bounds[k + 1]`` (empty
+    ranges sum to 0)."""
+    total = np.zeros((values.shape[0], values.shape[1] + 1), dtype=np.int64)
+    np.cumsum(values, axis=1, out=total[:, 1:])
+    result: IntArray = total[:, bounds[1:]] - total[:, bounds[:-1]]
     return result
 
 
-def _counts(flags: NDArray[np.bool_], ids: IntArray, count: int) -> IntArray:
-    """Row-wise counts of true ``flags`` (N x K) per bin ``ids[k]``."""
-    rows = flags.shape[0]
-    flat = (np.arange(rows, dtype=np.int64)[:, None] * count + ids[None, :])[flags]
-    result: IntArray = np.bincount(flat, minlength=rows * count).reshape(rows, count)
+def _starts(values: IntArray, starts: IntArray) -> IntArray:
+    """Row-wise sums of ``values`` over the non-empty column ranges that begin at ``starts``."""
+    if not len(starts):
+        return np.zeros((values.shape[0], 0), dtype=np.int64)
+    result: IntArray = np.add.reduceat(values, starts, axis=1)
+    return result
+
+
+def _modulo(values: IntArray, divisor: int) -> IntArray:
+    """``values % divisor`` by table lookup (integer division is the slowest step otherwise)."""
+    low = int(values.min(initial=0))
+    table = np.arange(low, int(values.max(initial=0)) + 1, dtype=np.int64) % divisor
+    result: IntArray = table[values - low]
     return result
 
 
@@ -160,38 +167,51 @@ class Forests:
                         pair_shape.append(number)
         count = len(self.shapes)
         bits = np.asarray(side, dtype=np.int64)
-        self._side = ((bits[None, :] >> np.arange(classes)[:, None]) & 1).astype(np.int64)
-        self._far_designated = np.asarray([f[0] for f in far], dtype=np.int64)
-        self._far_leftover = np.asarray([f[1] for f in far], dtype=np.int64)
+        side_matrix = (bits[None, :] >> np.arange(classes)[:, None]) & 1
+        # One product gives each entry before the modulo: residues times the classes on the
+        # edge's far side, less the designated and leftover sizes when those lie there too.
+        far_sizes = -np.asarray(far, dtype=np.int64).reshape(-1, 2).T
+        self._side = np.vstack([side_matrix, far_sizes]).astype(np.float64)
         self._kind = np.asarray(edge_kind, dtype=np.int64)
+        self._full = self._kind == FULL
         self._pure = np.asarray(pure, dtype=bool)
         self._class = np.asarray(edge_class, dtype=np.int64)
-        self._edge_shape = np.asarray(edge_shape, dtype=np.int64)
-        self._edge_group = np.asarray(edge_group, dtype=np.int64)
+        edge_shape_array = np.asarray(edge_shape, dtype=np.int64)
         self._group_kind = np.asarray(group_kind, dtype=np.int64)
-        self._group_shape = np.asarray(group_shape, dtype=np.int64)
-        self._groups_of_shape = np.searchsorted(self._group_shape, np.arange(count + 1))
-        self._edges_of_group = np.searchsorted(self._edge_group, np.arange(len(group_kind) + 1))
+        self._groups_of_shape = np.searchsorted(
+            np.asarray(group_shape, dtype=np.int64), np.arange(count + 1)
+        )  # for groups()
+        self._edges_of_group = np.searchsorted(
+            np.asarray(edge_group, dtype=np.int64), np.arange(len(group_kind) + 1)
+        )
+        self._edges_of_shape = np.searchsorted(edge_shape_array, np.arange(count + 1))
         pair_array = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
         self._pair_a, self._pair_b = pair_array[:, 0], pair_array[:, 1]
-        self._pair_shape = np.asarray(pair_shape, dtype=np.int64)
-        self._pair_weight = pair_loss[self._class[self._pair_a], self._class[self._pair_b]]
-        self._edge_inner = self._inner[self._class]
-        # Class totals per (shape, class) cell.
-        cells, self._edge_cell = np.unique(
-            self._edge_shape * classes + self._class, return_inverse=True
+        self._pairs_of_shape = np.searchsorted(
+            np.asarray(pair_shape, dtype=np.int64), np.arange(count + 1)
         )
-        self._cell_shape = (cells // classes).astype(np.int64)
+        self._pair_weight = pair_loss[self._class[self._pair_a], self._class[self._pair_b]]
+        self._leftover_inner = np.where(self._kind == LEFTOVER, self._inner[self._class], 0)
+        # Class totals per (shape, class) cell: edges sorted by cell, summed by range.
+        key = edge_shape_array * classes + self._class
+        self._by_cell = np.argsort(key, kind="stable")
+        cells, starts = np.unique(key[self._by_cell], return_index=True)
+        self._cell_starts = starts.astype(np.int64)
+        self._cell_of_edge = np.empty(len(key), dtype=np.int64)
+        self._cell_of_edge[self._by_cell] = np.searchsorted(cells, key[self._by_cell])
+        self._group_of_edge = np.asarray(edge_group, dtype=np.int64)
         self._cell_class = (cells % classes).astype(np.int64)
         untouched = np.ones((count, classes), dtype=np.int64)
-        untouched[self._cell_shape, self._cell_class] = 0
+        untouched[cells // classes, cells % classes] = 0
         self._untouched = untouched.T.copy()
         self._designated_edges = np.flatnonzero(self._kind == DESIGNATED)
         self._designated_cells = (
-            self._edge_shape[self._designated_edges] * classes + self._class[self._designated_edges]
+            edge_shape_array[self._designated_edges] * classes + self._class[self._designated_edges]
         )
-        self._bad_ids = np.concatenate([self._edge_shape, self._group_shape, self._cell_shape])
-        self._loss_ids = np.concatenate([self._pair_shape, self._edge_shape])
+
+    @property
+    def edges(self) -> int:
+        return len(self._kind)
 
     @property
     def nbytes(self) -> int:
@@ -202,27 +222,27 @@ class Forests:
         partition). ``leftover`` and ``designated`` are those groups' sizes (the designated
         group's size after its must-include GPUs are taken out of ``columns``)."""
         s = size
-        count = len(self.shapes)
-        residue = columns % s
-        entries = (
-            residue @ self._side - self._far_designated * designated - self._far_leftover * leftover
-        ) % s
+        rows = len(columns)
+        residue = _modulo(columns, s)
+        knowns = np.hstack([residue, np.tile([designated, leftover], (rows, 1))])
+        raw = np.rint(knowns.astype(np.float64) @ self._side).astype(np.int64)
         group_sizes = np.asarray([designated, s, leftover], dtype=np.int64)
         sizes = group_sizes[self._kind]
         # A group of one class holds its whole size (the formula gives it modulo s).
-        entries = np.where(self._pure, sizes, entries)
-        caps = np.where(self._kind == FULL, s - 1, sizes)
-        bad_edge = (entries < 1) | (entries > caps)
-        sums = _sums(entries, self._edge_group, len(self._group_kind))
-        bad_group = sums != group_sizes[self._group_kind]
-        totals = _sums(entries, self._edge_cell, len(self._cell_shape))
-        have = columns[:, self._cell_class]
-        bad_cell = (totals > have) | ((have - totals) % s != 0)
-        bad = _counts(np.hstack([bad_edge, bad_group, bad_cell]), self._bad_ids, count)
+        entries = np.where(self._pure, sizes, _modulo(raw, s))
+        bad_edge = (entries < 1) | (entries > np.where(self._full, s - 1, sizes))
+        bad_group = _starts(entries, self._edges_of_group[:-1]) != group_sizes[self._group_kind]
+        totals = _starts(entries[:, self._by_cell], self._cell_starts)
+        spare = columns[:, self._cell_class] - totals
+        bad_cell = (spare < 0) | (_modulo(spare, s) != 0)
+        # Every group and cell has an edge: mark each bad one on its edges, sum per shape once.
+        bad_edge |= bad_group[:, self._group_of_edge] | bad_cell[:, self._cell_of_edge]
+        bad = _ranges(bad_edge.astype(np.int64), self._edges_of_shape)
         bad += (residue != 0).astype(np.int64) @ self._untouched
         products = entries[:, self._pair_a] * entries[:, self._pair_b] * self._pair_weight
-        linear = entries * np.where(self._kind == LEFTOVER, (s - leftover) * self._edge_inner, 0)
-        loss = _sums(np.hstack([products, linear]), self._loss_ids, count)
+        loss = _ranges(products, self._pairs_of_shape) + _ranges(
+            entries * ((s - leftover) * self._leftover_inner), self._edges_of_shape
+        )
         return Fit(bad == 0, loss, entries)
 
     def designated_counts(self, entries: IntArray) -> IntArray:
