@@ -19,6 +19,7 @@ Prints:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import signal
@@ -28,6 +29,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 
@@ -117,19 +119,23 @@ async def _registered(node: str, runs: int) -> list[float]:
     return starts
 
 
-def _serving(node: str) -> tuple[str, subprocess.Popen[bytes]]:
+@contextlib.contextmanager
+def _serving(node: str) -> Iterator[str]:
     """``nvplugin serve`` on ``node`` without a kubelet: its socket path once it answers."""
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     directory = tempfile.mkdtemp(dir="/tmp")
     process = _spawn(directory, node=node)
-    path = os.path.join(directory, "nvplugin-gpu.sock")
-    while not os.path.exists(path):
-        time.sleep(0.02)
-    with grpc.insecure_channel(f"unix:{path}") as channel:
-        health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=30)
-    time.sleep(1.0)  # the policy's start-up work runs in the background before registration
-    return path, process
+    try:
+        path = os.path.join(directory, "nvplugin-gpu.sock")
+        while not os.path.exists(path):
+            time.sleep(0.02)
+        with grpc.insecure_channel(f"unix:{path}") as channel:
+            health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=30)
+        time.sleep(1.0)  # the policy's start-up work runs in the background before registration
+        yield path
+    finally:
+        _stop(process)
 
 
 def _search_while_checking(socket_path: str, node: str) -> tuple[list[float], list[float]]:
@@ -174,6 +180,19 @@ def _search_while_checking(socket_path: str, node: str) -> tuple[list[float], li
     return searches, checks
 
 
+def _print_round_trips(label: str, options_ms: list[float], gpa_ms: list[float]) -> None:
+    p99_gap = _percentile(gpa_ms, 99) - _percentile(options_ms, 99)
+    print(
+        f"   {label}GetDevicePluginOptions  p50 {_percentile(options_ms, 50):.3f} ms"
+        f"  p99 {_percentile(options_ms, 99):.3f} ms   ({RPCS} calls)"
+    )
+    print(
+        f"   {label}GetPreferredAllocation  p50 {_percentile(gpa_ms, 50):.3f} ms"
+        f"  p99 {_percentile(gpa_ms, 99):.3f} ms  max {max(gpa_ms):.3f} ms"
+        f"   (p99 gap {p99_gap:+.3f} ms; target <= 5 ms)"
+    )
+
+
 def _beyond_16() -> None:
     """The figures on generated nodes beyond 16 GPUs (module docstring)."""
     import shutil
@@ -189,27 +208,12 @@ def _beyond_16() -> None:
                 f"{statistics.median(starts):.2f} s, max {max(starts):.2f} s   (target <= 1 s)"
             )
         node = write(nodes, "pcie-switch-24")
-        path, process = _serving(node)
-        try:
+        with _serving(node) as path:
             options_ms, gpa_ms = _round_trips(path, node)
-        finally:
-            _stop(process)
-        p99_gap = _percentile(gpa_ms, 99) - _percentile(options_ms, 99)
-        print(
-            f"   pcie-switch-24: GetDevicePluginOptions  p50 {_percentile(options_ms, 50):.3f} ms"
-            f"  p99 {_percentile(options_ms, 99):.3f} ms   ({RPCS} calls)"
-        )
-        print(
-            f"   pcie-switch-24: GetPreferredAllocation  p50 {_percentile(gpa_ms, 50):.3f} ms"
-            f"  p99 {_percentile(gpa_ms, 99):.3f} ms  max {max(gpa_ms):.3f} ms"
-            f"   (p99 gap {p99_gap:+.3f} ms; target <= 5 ms)"
-        )
+        _print_round_trips("pcie-switch-24: ", options_ms, gpa_ms)
         node = write(nodes, "mesh-20")
-        path, process = _serving(node)
-        try:
+        with _serving(node) as path:
             searches, checks = _search_while_checking(path, node)
-        finally:
-            _stop(process)
         print(
             f"   mesh-20 (no structure, budget 0.1 s): GetPreferredAllocation p50 "
             f"{_percentile(searches, 50):.1f} ms  p99 {_percentile(searches, 99):.1f} ms  max "
@@ -384,15 +388,7 @@ def run() -> None:
             time.sleep(0.02)
         time.sleep(1.0)  # the allocation tables are built in the background at start
         options_ms, gpa_ms = _round_trips(path)
-        p99_gap = _percentile(gpa_ms, 99) - _percentile(options_ms, 99)
-        print(
-            f"   GetDevicePluginOptions  p50 {_percentile(options_ms, 50):.3f} ms"
-            f"  p99 {_percentile(options_ms, 99):.3f} ms   ({RPCS} calls)"
-        )
-        print(
-            f"   GetPreferredAllocation  p50 {_percentile(gpa_ms, 50):.3f} ms"
-            f"  p99 {_percentile(gpa_ms, 99):.3f} ms   (p99 gap {p99_gap:+.3f} ms; target <= 5 ms)"
-        )
+        _print_round_trips("", options_ms, gpa_ms)
         before, after = _rss_with_streams(directory, process)
         print(
             f"   RSS: {before:.1f} MB idle, {after:.1f} MB with {STREAMS} ListAndWatch streams"

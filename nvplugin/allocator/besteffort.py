@@ -13,10 +13,10 @@ once, the fastest method that is exact on it:
   :mod:`nvplugin.allocator.counts`, exact, a few ms per query up to 128 GPUs, from ~2 MB of
   shape arrays built at start-up.
 - ``search`` (every other node beyond 16 GPUs): a request with at most 16 available GPUs builds
-  the tables over them for its one size, and answers exactly if that finishes within the
-  request's time budget; otherwise the local search of :mod:`nvplugin.allocator.search` answers
-  with the best partition it finds within the budget, and a debug line says the answer is not
-  proven optimal, with the gap to an upper bound on OPT.
+  the tables over them for its one size, and answers exactly if that finishes within three
+  quarters of the request's time budget; otherwise the local search of
+  :mod:`nvplugin.allocator.search` answers with the best partition it finds within the budget,
+  and a debug line says the answer is not proven optimal, with the gap to an upper bound on OPT.
 
 There is no answer cache: a never-seen request is as fast as a repeated one. Every method is
 pure and read-only after start-up, so one policy serves concurrent requests from several threads.
@@ -41,6 +41,10 @@ from nvplugin.node.model import Topology
 TABLE_GPUS = 16
 """Largest node whose tables are built once at start-up (2^16 masks: ~5 MB, ~0.3 s), and the
 most available GPUs a ``search`` request builds tables over."""
+
+EXACT_SHARE = 0.75
+"""Share of a ``search`` request's budget its exact attempt (tables over <= 16 available GPUs)
+may use before the local search takes over."""
 
 ALL_CONTENDERS = 4096
 """Most compositions ``solve`` checks one by one on a ``counts`` node to list every contender;
@@ -296,8 +300,10 @@ class BestEffort:
         forced = _forced(request)
         if forced is not None and not explain:
             return Allocation(self.name, forced, None, None)
-        deadline = time.monotonic() + self._budget_s
-        tables, labels = self._tables_for(request, deadline)
+        started = time.monotonic()
+        deadline = started + self._budget_s
+        # The exact tables get three quarters of the budget; the search keeps the rest.
+        tables, labels = self._tables_for(request, started + self._budget_s * EXACT_SHARE)
         if tables is not None:
             if explain:
                 return self._table_solve(tables, labels, request)

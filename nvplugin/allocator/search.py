@@ -79,7 +79,7 @@ def local_search(
         locked = labels == 0
     full = k // size
     groups = full + (1 if k % size else 0)
-    score = _descend(pair, labels, locked, groups)
+    score = _descend(pair, labels, locked, groups, deadline)
     best, best_score = labels.copy(), score
     rng = random.Random(hash((tuple(gpus), tuple(must_include), size)) & 0xFFFFFFFF)
     movable = np.flatnonzero(~locked)
@@ -144,9 +144,9 @@ def _descend(
     labels: IntArray,
     locked: NDArray[np.bool_],
     groups: int,
-    deadline: float | None = None,
+    deadline: float,
 ) -> int:
-    """Apply the best improving swap until there is none (or the deadline passes); ``labels``
+    """Apply the best improving swap until there is none or the deadline passes; ``labels``
     changes in place. Returns the partition score."""
     k = len(pair)
     onehot = np.zeros((k, groups), dtype=np.int64)
@@ -154,7 +154,7 @@ def _descend(
     affinity = pair @ onehot  # score of each GPU to each group's members
     score = int((affinity[np.arange(k), labels]).sum()) // 2
     blocked = locked[:, None] | locked[None, :]
-    while deadline is None or time.monotonic() <= deadline:
+    while time.monotonic() <= deadline:
         own = affinity[np.arange(k), labels]
         cross = affinity[:, labels]  # cross[i, j]: i's score to j's group
         gain = cross + cross.T - own[:, None] - own[None, :] - 2 * pair

@@ -16,6 +16,11 @@ from nvplugin.node.model import Topology
 Group = tuple[int, ...]
 
 
+def impossible(available: Sequence[int], must_include: Sequence[int], size: int) -> bool:
+    """allocation.md's well-formed requests without an answer (the policy answers [])."""
+    return size == 0 or size > len(available) or len(must_include) > size
+
+
 def partitions(items: Sequence[int], s: int) -> Iterator[tuple[tuple[Group, ...], Group]]:
     """Every partition of ``items`` into ``len // s`` groups of ``s`` plus a leftover group of
     ``len % s``, each exactly once, as (full groups, leftover)."""
@@ -64,7 +69,7 @@ class BruteForce:
     def answer(self, available: Sequence[int], must_include: Sequence[int], size: int) -> list[int]:
         """The answer for a well-formed request ([] when impossible)."""
         avail = tuple(sorted(available))
-        if size == 0 or size > len(avail) or len(must_include) > size:
+        if impossible(avail, must_include, size):
             return []
         best = self.best_partition_per_group(avail, size)
         fitting = {g: v for g, v in best.items() if set(must_include) <= set(g)}
@@ -115,7 +120,7 @@ class MemoSearch:
 
     def answer(self, available: Sequence[int], must_include: Sequence[int], size: int) -> list[int]:
         avail = sorted(available)
-        if size == 0 or size > len(avail) or len(must_include) > size:
+        if impossible(avail, must_include, size):
             return []
         all_mask = sum(1 << i for i in avail)
         best: tuple[int, int] | None = None
@@ -186,7 +191,7 @@ class CountReference:
 
     def answer(self, available: Sequence[int], must_include: Sequence[int], size: int) -> list[int]:
         avail = sorted(available)
-        if size == 0 or size > len(avail) or len(must_include) > size:
+        if impossible(avail, must_include, size):
             return []
         a = tuple(sum(1 for i in avail if i in c) for c in self.classes)
         r = tuple(sum(1 for i in must_include if i in c) for c in self.classes)

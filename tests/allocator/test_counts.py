@@ -20,6 +20,7 @@ from nvplugin.node.model import Topology
 from tests.allocator.reference import BruteForce, CountReference
 from tests.allocator.topologies import (
     builtin_nodes,
+    check_solved,
     class_members,
     from_classes,
     tree_scores,
@@ -187,13 +188,7 @@ def test_explain_partition_is_consistent() -> None:
     for available, must, size in _queries(len(topology), 4, 30):
         solved = policy.solve(available, must, size)
         assert list(solved.indices) == policy.allocate(available, must, size)
-        assert solved.contenders[0] == (solved.indices, solved.score)
-        assert solved.groups[0] == solved.indices
-        members = [i for g in (*solved.groups, solved.leftover) for i in g]
-        assert sorted(members) == available
-        assert all(len(g) == size for g in solved.groups)
-        total = sum(topology.group_score(g) for g in (*solved.groups, solved.leftover))
-        assert total == solved.partition_score
+        check_solved(topology, solved, available, size)
         a = tuple(len([i for i in available if i in c]) for c in reference.classes)
         x = tuple(len([i for i in solved.indices if i in c]) for c in reference.classes)
         rest = tuple(p - q for p, q in zip(a, x, strict=True))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from nvplugin.allocator.base import Allocation
 from nvplugin.node.model import CpuLayout, Gpu, Link, Pcie, Topology
 
 
@@ -153,3 +154,20 @@ def tree_scores(leaves: int, seed: int) -> list[list[int]]:
             nv = min(links[c], links[d]) if links is not None else 0
             out[c][d] = 10 * depth[(c, d)] + 100 * nv
     return out
+
+
+def check_solved(
+    topology: Topology, solved: Allocation, available: Sequence[int], size: int
+) -> None:
+    """What every explained answer must hold: the answer leads the contenders and the
+    partition, the partition covers ``available`` exactly with full groups of ``size`` and the
+    leftover, and the scores are the groups' own."""
+    assert solved.contenders[0] == (solved.indices, solved.score)
+    assert solved.groups[0] == solved.indices
+    members = [i for g in (*solved.groups, solved.leftover) for i in g]
+    assert sorted(members) == sorted(available)
+    assert all(len(g) == size for g in solved.groups)
+    assert len(solved.leftover) == len(available) % size
+    total = sum(topology.group_score(g) for g in (*solved.groups, solved.leftover))
+    assert total == solved.partition_score
+    assert solved.score == topology.group_score(solved.indices)
