@@ -305,9 +305,13 @@ def _event_latencies() -> list[float]:
     node_path = os.path.join(directory, "dgx-2-events.yaml")
     Path(node_path).write_text(builtin.replace("events: []", "events:\n" + events))
     config_path = os.path.join(directory, "config.yaml")
-    Path(config_path).write_text("version: v1\nhealth:\n  recovery: {quiet_s: 0.2}\n")
+    Path(config_path).write_text(
+        "version: v1\nnvplugin:\n  health:\n    recovery: {quietPeriod: 200ms}\n"
+    )
     plugin_dir = os.path.join(directory, "dp")
-    config = load_config(config_path, flags={"device_plugin_dir": plugin_dir, "log_level": "error"})
+    config = load_config(
+        config_path, flags={"nvplugin.devicePluginDir": plugin_dir, "nvplugin.log.level": "error"}
+    )
     from nvplugin.log import configure
 
     configure("json", "error")

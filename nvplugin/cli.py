@@ -3,14 +3,25 @@ that a short command starts fast."""
 
 from __future__ import annotations
 
-import functools
 import sys
+
+from nvplugin.plugin.signals import PendingSignals
+
+if sys.argv[1:2] == ["serve"]:
+    # ``nvplugin serve`` handles SIGTERM, SIGINT and SIGHUP from here on, before click and the
+    # rest are imported (a tenth of a second, more on a loaded node), in which SIGHUP's default
+    # action would kill it. ``serve`` takes the recorder over (PendingSignals.current).
+    PendingSignals.install()
+
+import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
 
 from nvplugin import __version__
+from nvplugin.allocator import POLICY_NAMES
+from nvplugin.kubelet import DEFAULT_DEVICE_PLUGIN_DIR
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -40,12 +51,19 @@ def main() -> None:
 # Commands. Each section below is owned by one part of the package; keep each command a thin
 # shell over its library module (imports inside the function, so start-up stays fast).
 
-# --- node: devices, topo ---
+# --- node: devices, topo, node import, node capture ---
 
-_SIMULATE_HELP = (
-    "Simulate a node instead of asking NVML: a built-in node name (dgx-1, dgx-2, dgx-a100, "
-    "dgx-h100, pcie-8gpu, workstation-4gpu, no-numa, mixed-a100-t4) or a node-file path."
-)
+
+def _simulate_help() -> str:
+    from nvplugin.node import builtin_names
+
+    return (
+        "Simulate a node instead of asking NVML: a built-in node name "
+        f"({', '.join(builtin_names())}) or a node-file path."
+    )
+
+
+_SIMULATE_HELP = _simulate_help()
 
 
 @main.command()
@@ -104,6 +122,83 @@ def topo(simulate: str | None, output: str) -> None:
     click.echo(render(topology), nl=False)
 
 
+@main.group()
+def node() -> None:
+    """Node files from real machines: import nvidia-smi topo -m text, or capture through NVML."""
+
+
+@node.command("import")
+@click.argument("topo_file", metavar="TOPO.txt")
+@click.option(
+    "--gpus",
+    "gpus_csv",
+    metavar="GPUS.csv",
+    help="Models, UUIDs, memory and bus ids: the output of `nvidia-smi --query-gpu=index,name,"
+    "uuid,memory.total,pci.bus_id --format=csv` (else placeholders and node-file defaults).",
+)
+@click.option("--name", metavar="NAME", help="The node's name (default: TOPO.txt's file name).")
+@click.option("-o", "--output", metavar="FILE", help="Write the node file here, not to stdout.")
+@user_errors
+def node_import(topo_file: str, gpus_csv: str | None, name: str | None, output: str | None) -> None:
+    """Print a node file made from the text of `nvidia-smi topo -m` in TOPO.txt (- = stdin).
+
+    Reads the text as any driver since 2016 prints it, whole (tabs or spaces, NIC rows and
+    columns, affinity columns, legends): NUMA nodes and CPUs come from the affinity columns,
+    NVSwitch links are inferred where the NVLinks need them; comments in the file say what was
+    guessed. On a GPU node: nvidia-smi topo -m | nvplugin node import - > my-node.yaml
+    """
+    from pathlib import Path
+
+    from nvplugin.node.topoimport import import_topo
+
+    topo = _read_input(topo_file, "topo file")
+    gpus = _read_input(gpus_csv, "GPU CSV file") if gpus_csv is not None else None
+    default_name = "imported" if topo_file == "-" else Path(topo_file).stem
+    _write_output(import_topo(topo, name or default_name, gpus), output)
+
+
+@node.command("capture")
+@click.option("--simulate", metavar="NODE", help=_SIMULATE_HELP)
+@click.option("-o", "--output", metavar="FILE", help="Write the node file here, not to stdout.")
+@user_errors
+def node_capture(simulate: str | None, output: str | None) -> None:
+    """Print this machine's exact node file, read through NVML and sysfs (on a GPU node).
+
+    Models, UUIDs, memory, bus ids, NUMA nodes and distances, CPUs, every pair's PCIe relation
+    (also under NVLink) and NVLinks, NVSwitch links. With --simulate, the node file of a
+    simulated node as discovery sees it.
+    """
+    from nvplugin.node.capture import capture
+
+    _write_output(capture(simulate), output)
+
+
+def _read_input(path: str, what: str) -> Any:
+    """A text input of a node command: a file (bounded, regular) or - for stdin."""
+    from nvplugin import yamlinput
+    from nvplugin.node.topoimport import Source
+
+    if path == "-":
+        data = sys.stdin.buffer.read(yamlinput.MAX_BYTES + 1)
+        return Source(yamlinput.decode(data, "standard input"), "standard input")
+    source = f"{what} {path}"
+    return Source(yamlinput.read_text(path, source), source)
+
+
+def _write_output(text: str, output: str | None) -> None:
+    from nvplugin.errors import InputError
+
+    if output is None:
+        click.echo(text, nl=False)
+        return
+    try:
+        with open(output, "w", encoding="utf-8") as out:
+            out.write(text)
+    except OSError as exc:
+        raise InputError(f"-o {output}: cannot write it: {exc.strerror or exc}") from None
+    click.echo(f"wrote {output}", err=True)
+
+
 # --- allocator: preferred ---
 
 
@@ -123,9 +218,10 @@ def topo(simulate: str | None, output: str) -> None:
 )
 @click.option(
     "--policy",
-    default="best-effort",
+    type=click.Choice(POLICY_NAMES),
+    default=POLICY_NAMES[0],
     show_default=True,
-    help="Allocation policy: best-effort or simple.",
+    help="Allocation policy.",
 )
 @click.option("--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--explain", is_flag=True, help="Show the chosen partition and why the group won.")
@@ -146,11 +242,10 @@ def preferred(
     """
     import json
 
-    from nvplugin.allocator import check_policy_name, explain_allocation
+    from nvplugin.allocator import explain_allocation
     from nvplugin.allocator import report as allocator_report
     from nvplugin.node import load_topology
 
-    check_policy_name(policy)  # unknown policy names fail before any work
     topology = load_topology(simulate)
     free = (
         tuple(range(len(topology)))
@@ -169,51 +264,55 @@ def preferred(
 # --- plugin: serve ---
 
 
+def setting_options(func: F) -> F:
+    """Add one ``serve`` option per config setting that has flags (nvplugin/config/model.py),
+    with NVIDIA's names and forms for NVIDIA's settings: ``--flag`` alone or ``--flag=true|false``
+    for booleans, list flags repeatable and comma-separated. Each lands in ``settings`` by key
+    path."""
+    from nvplugin.config import SETTINGS
+    from nvplugin.config.schema import Bool, List, Nullable
+
+    for number, (path, setting) in reversed(list(enumerate(SETTINGS.items()))):
+        if not setting.flags:
+            continue
+        kind = setting.kind.inner if isinstance(setting.kind, Nullable) else setting.kind
+        env = ", ".join(setting.env)
+        extra: dict[str, Any] = {}
+        if isinstance(kind, Bool):
+            extra = {"is_flag": False, "flag_value": "true", "metavar": "true|false"}
+        elif isinstance(kind, List):
+            extra = {"multiple": True, "metavar": "V[,V]"}
+        func = click.option(
+            *(f"--{name}" for name in setting.flags),
+            f"setting_{number}",
+            default=None,
+            help=f"{setting.help} (config {path}; env {env}{_default_text(setting.default)})",
+            **extra,
+        )(func)
+    return func
+
+
+def _default_text(default: object) -> str:
+    """``; default X`` for an option's help (nothing for an empty or absent default)."""
+    if default is None or default == () or default == "":
+        return ""
+    if isinstance(default, bool):
+        return f"; default {str(default).lower()}"
+    if isinstance(default, tuple):
+        return f"; default {','.join(str(item) for item in default)}"
+    return f"; default {default}"
+
+
 @main.command()
-@click.option("--simulate", metavar="NODE", help="Simulated node: built-in name or node file.")
-@click.option("--config", "config_path", metavar="FILE", help="Config file (YAML, version: v1).")
-@click.option("--device-plugin-dir", metavar="DIR", help="The kubelet's device-plugin directory.")
-@click.option("--kubelet-socket", metavar="PATH", help="Default: <device-plugin-dir>/kubelet.sock.")
-@click.option("--resource-name", metavar="NAME", help="Extended resource (nvidia.com/gpu).")
-@click.option("--allocation-policy", metavar="P", help="best-effort (default) or simple.")
+@click.option("--simulate", metavar="NODE", help=_SIMULATE_HELP)
 @click.option(
-    "--allocation-budget-s",
-    type=float,
-    metavar="S",
-    help="Time a best-effort answer may search on nodes no exact method answers quickly "
-    "(default 0.1).",
+    "--config-file",
+    "--config",
+    "config_path",
+    metavar="FILE",
+    help="Config file (YAML or JSON; NVIDIA's v1 format plus nvplugin's keys); env CONFIG_FILE.",
 )
-@click.option("--log-format", metavar="F", help="json or console (default: console on a TTY).")
-@click.option("--log-level", metavar="L", help="debug, info (default), warning or error.")
-@click.option(
-    "--fail-on-init-error/--no-fail-on-init-error",
-    default=None,
-    help="Exit 1 when NVML fails at start (default), or keep retrying with no devices.",
-)
-@click.option(
-    "--pre-start-required/--no-pre-start-required",
-    default=None,
-    help="Ask the kubelet to call PreStartContainer.",
-)
-@click.option(
-    "--device-list-strategy",
-    metavar="S[,S]",
-    help="How containers get their GPUs: envvar (default), volume-mounts, cdi-annotations, "
-    "cdi-cri; several comma-separated.",
-)
-@click.option("--device-id-strategy", metavar="S", help="IDs given to containers: uuid or index.")
-@click.option(
-    "--pass-device-specs/--no-pass-device-specs",
-    default=None,
-    help="Add the /dev/nvidia* device nodes to Allocate responses.",
-)
-@click.option("--dev-root", metavar="DIR", help="Where the host's /dev/nvidia* live (default /).")
-@click.option("--cdi-annotation-prefix", metavar="P", help="CDI annotation prefix (cdi.k8s.io/).")
-@click.option(
-    "--metrics-address",
-    metavar="HOST:PORT",
-    help="Serve Prometheus metrics on http://HOST:PORT/metrics (default: off).",
-)
+@setting_options
 @click.option("--discovery-retry-s", type=float, hidden=True)  # tests: shorter waits
 @click.option("--socket-give-up-s", type=float, hidden=True)
 @user_errors
@@ -222,30 +321,43 @@ def serve(
     config_path: str | None,
     discovery_retry_s: float | None,
     socket_give_up_s: float | None,
-    **flags: object,
+    **options: object,
 ) -> None:
     """Run the device plugin: serve the kubelet, register, follow its restarts and GPU health.
 
-    Settings come from flags, then NVPLUGIN_<FLAG> environment variables, then --config, then
-    defaults. SIGTERM/SIGINT stop it (exit 0); SIGHUP reloads the config.
+    Settings come from flags, then environment variables (NVIDIA's names for NVIDIA's settings,
+    NVPLUGIN_* for nvplugin's), then the config file, then defaults. SIGTERM/SIGINT stop it
+    (exit 0); SIGHUP reloads the config. Without a kubelet
+    (--simulate on a laptop), run `nvplugin kubelet --device-plugin-dir DIR` beside it.
     """
+    # First, before any import or file read (and usually since this module's first lines): a
+    # signal is never fatal (SIGHUP before serving reloads once serving; SIGTERM/SIGINT before
+    # serving stop cleanly).
+    pending = PendingSignals.current()
+
     import os
 
-    from nvplugin.config import load_config
-    from nvplugin.plugin.daemon import run_daemon
+    from nvplugin.config import SETTINGS, load_config
 
     env = dict(os.environ)
+    paths = list(SETTINGS)
+    flags = {paths[int(name.split("_")[1])]: value for name, value in options.items()}
+    path = config_path or env.get("CONFIG_FILE") or None
 
     def load() -> Any:
-        return load_config(config_path, flags=flags, env=env)
+        return load_config(path, flags=flags, env=env)
+
+    config = load()  # a bad config exits 2 before gRPC is even imported
+    from nvplugin.plugin.daemon import run_daemon
 
     # The daemon's own defaults apply unless a test shortens them.
     timing = {"discovery_retry_s": discovery_retry_s, "serve_give_up_s": socket_give_up_s}
     sys.exit(
         run_daemon(
-            load(),
+            config,
             reload=load,
             simulate=simulate,
+            pending=pending,
             **{name: value for name, value in timing.items() if value is not None},
         )
     )
@@ -286,7 +398,7 @@ def probe(socket_path: str, timeout_s: float, service: str, live: bool) -> None:
     """Exit 0 if the plugin on SOCKET reports SERVING on its gRPC health service, else 1.
 
     SERVING means registered with the kubelet and (by default) at least one healthy GPU. With
-    --live any answer in time counts. The chart's probes run this in the plugin's container.
+    --live any answer in time counts. (The chart's probes ask the same over HTTP: /readyz, /livez.)
     """
     from nvplugin.plugin.probe import probe_socket
 
@@ -353,6 +465,8 @@ def admit(
 ) -> None:
     """Admit the pods of PODS.yaml, in order, as a kubelet on this node would.
 
+    Sample pod files to start from: nvplugin/kubelet/samples/ (dgx-a100.yaml, dgx-1.yaml).
+
     Starts the real plugin (nvplugin serve) on a temporary directory and drives it with the
     fake kubelet's topology, device and CPU managers. Prints, per pod, whether it is admitted
     (else the kubelet's reason and message) and which GPUs, CPUs and NUMA nodes it gets.
@@ -374,6 +488,8 @@ def admit(
         kill_plugin_after=kill_plugin_after,
     )
     report = admission.run_admit(settings, pods_file)
+    for warning in report.warnings:
+        click.echo(f"warning: {warning}", err=True)
     if output == "json":
         click.echo(admission.to_json(report))
     else:
@@ -396,3 +512,27 @@ def demo() -> None:
 
     configure(None, "warning")
     click.echo(run_demo(), nl=False)
+
+
+@main.command()
+@click.option(
+    "--device-plugin-dir",
+    metavar="DIR",
+    required=True,
+    help="Serve kubelet.sock here: the --device-plugin-dir of the nvplugin serve to attach to "
+    f"(serve's default is {DEFAULT_DEVICE_PLUGIN_DIR}).",
+)
+@user_errors
+def kubelet(device_plugin_dir: str) -> None:
+    """Run the fake kubelet for a `nvplugin serve` you started yourself, until Ctrl-C.
+
+    Serves the kubelet's Registration API on DIR/kubelet.sock (deleting the sockets in DIR, as
+    the kubelet does when it starts; the plugin registers again) and prints each registration
+    and each change of a resource's devices, health and NUMA nodes. Refuses a DIR where a
+    kubelet answers already.
+    """
+    from nvplugin.kubelet.standalone import run
+    from nvplugin.log import configure
+
+    configure(None, "warning")
+    run(device_plugin_dir, sys.stdout)

@@ -7,12 +7,19 @@ device IDs, config values or request contents, and a log line is no place for th
 
 ``configure`` can be called again (SIGHUP reloads the level and format): loggers are not cached
 on first use, so every logger picks the new set-up up.
+
+Logging never fails the caller: a line that cannot be written (the log collector's pipe is gone:
+EPIPE; a closed stream) is dropped. Every part of the daemon logs -- RPC handlers, the signal
+handler, the health thread, the registrar -- and an exception from a log call would stop exactly
+the work it describes.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
+import threading
 from typing import TextIO
 
 import structlog
@@ -50,6 +57,52 @@ def _event_first(
     return {**head, **{k: v for k, v in event.items() if k not in head}}
 
 
+class LineSink:
+    """Where rendered lines go: one write per line, and a line that cannot be written is dropped
+    (counted in ``dropped``), never raised to the code that logged it.
+
+    A stream with a file descriptor (stderr in a pod) is written with ``os.write``, unbuffered:
+    nothing is left in a buffer that a later flush would fail on (at exit, Python turns a failed
+    flush of stderr into exit status 120), and one failed line costs one failed system call.
+    Other streams (tests' StringIO) get ``write`` and ``flush``.
+    """
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.dropped = 0
+        self._lock = threading.Lock()
+        try:
+            self._fd: int | None = stream.fileno()
+        except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError
+            self._fd = None
+
+    def write(self, line: str) -> None:
+        with self._lock:
+            try:
+                if self._fd is None:
+                    self.stream.write(line + "\n")
+                    self.stream.flush()
+                    return
+                data = (line + "\n").encode("utf-8", "backslashreplace")
+                while data:
+                    data = data[os.write(self._fd, data) :]
+            except (OSError, ValueError):  # EPIPE, EAGAIN, EBADF; ValueError: stream closed
+                self.dropped += 1
+
+
+class _SinkLogger:
+    """structlog's wrapped logger: every level goes to the sink as one line."""
+
+    def __init__(self, sink: LineSink) -> None:
+        self._sink = sink
+
+    def msg(self, message: str) -> None:
+        self._sink.write(message)
+
+    log = debug = info = warn = warning = msg
+    fatal = failure = err = error = critical = exception = msg
+
+
 def configure(log_format: str | None, level: str, stream: TextIO | None = None) -> str:
     """Set structlog up for the whole process; returns the format chosen (``json``/``console``)."""
     out = stream if stream is not None else sys.stderr
@@ -71,10 +124,11 @@ def configure(log_format: str | None, level: str, stream: TextIO | None = None) 
         processors.append(_event_first)
         renderer = structlog.processors.JSONRenderer(sort_keys=False)
     processors.append(renderer)
+    sink = LineSink(out)
     structlog.configure(
         processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(LEVELS[level]),
-        logger_factory=structlog.PrintLoggerFactory(file=out),
+        logger_factory=lambda *args: _SinkLogger(sink),
         cache_logger_on_first_use=False,
     )
     return chosen

@@ -30,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,7 @@ import structlog
 from nvplugin.config import load_config
 from nvplugin.errors import InputError, NvpluginError
 from nvplugin.kubelet.cpumanager import POLICIES as CPU_POLICIES
-from nvplugin.kubelet.cpumanager import CpuManager, parse_cpu_list
+from nvplugin.kubelet.cpumanager import CpuManager, parse_cpu_list, reserved_cpus
 from nvplugin.kubelet.devicemanager import DeviceManager
 from nvplugin.kubelet.kubelet import FakeKubelet
 from nvplugin.kubelet.pods import Pod
@@ -52,6 +52,7 @@ from nvplugin.kubelet.topologymanager import (
     new_policy_options,
     validate_config,
 )
+from nvplugin.kubelet.topologymanager.options import POLICY_NONE
 from nvplugin.node.model import Topology, format_cpu_list
 from nvplugin.plugin.resources import plan_resources
 from nvplugin.plugin.sharing import REPLICA_SEPARATOR
@@ -128,6 +129,7 @@ class AdmitReport:
     results: tuple[PodResult, ...]
     plugin_failure: str | None = None
     notes: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
 
     def as_json(self) -> list[dict[str, Any]]:
         return [r.as_json() for r in self.results]
@@ -139,14 +141,16 @@ class AdmitReport:
 def check_settings(settings: AdmitSettings) -> None:
     """The kubelet's flag validation: policy and scope names, options, CPU manager policy.
 
-    Options are checked whatever the policy (the kubelet skips them under ``none``; a typo
-    silently ignored helps nobody).
+    Options are checked only under a policy other than ``none``, as the kubelet reads them only
+    then (its ``NewManager`` returns before parsing them); under ``none`` the report notes that
+    they were not read (:func:`settings_notes`).
     """
     validate_config(settings.topology_manager_policy, settings.topology_manager_scope)
-    try:
-        new_policy_options(settings.topology_manager_policy_options)
-    except StartupError as exc:
-        raise StartupError(f"--topology-manager-policy-options: {exc}") from None
+    if settings.topology_manager_policy != POLICY_NONE:
+        try:
+            new_policy_options(settings.topology_manager_policy_options)
+        except StartupError as exc:
+            raise StartupError(f"--topology-manager-policy-options: {exc}") from None
     if settings.cpu_manager_policy not in CPU_POLICIES:
         allowed = ", ".join(CPU_POLICIES)
         raise InputError(
@@ -157,13 +161,30 @@ def check_settings(settings: AdmitSettings) -> None:
         parse_cpu_list(settings.reserved_cpus, "--reserved-cpus")
 
 
+def settings_notes(settings: AdmitSettings) -> list[str]:
+    """What the report should say about settings the kubelet accepts but does not use."""
+    if settings.topology_manager_policy == POLICY_NONE and settings.topology_manager_policy_options:
+        names = ", ".join(sorted(settings.topology_manager_policy_options))
+        return [
+            f"--topology-manager-policy-options ({names}) not read: the kubelet reads them "
+            "only under a topology manager policy other than none"
+        ]
+    return []
+
+
 def build_managers(
     settings: AdmitSettings, topology: Topology, checkpoint_dir: str | None
 ) -> tuple[Manager, DeviceManager, CpuManager]:
     """Topology manager, device manager, CPU manager for ``topology``, wired as the kubelet's.
 
-    Raises :class:`StartupError` with the kubelet's texts (e.g. more NUMA nodes than allowed).
+    Raises :class:`StartupError` with the kubelet's texts (e.g. more NUMA nodes than allowed),
+    in the kubelet's order: reserved CPUs (read when it starts), then the managers.
     """
+    reserved = (
+        reserved_cpus(settings.reserved_cpus, topology.cpus)
+        if settings.reserved_cpus is not None
+        else ()
+    )
     numa = NumaInfo.from_distances(topology.numa_distances)
     try:
         manager = new_manager(
@@ -176,11 +197,6 @@ def build_managers(
         raise StartupError(f"topology manager: {exc}") from None
     devices = DeviceManager(
         numa_nodes=topology.numa_nodes, store=manager, checkpoint_dir=checkpoint_dir
-    )
-    reserved = (
-        parse_cpu_list(settings.reserved_cpus, "--reserved-cpus")
-        if settings.reserved_cpus is not None
-        else ()
     )
     try:
         cpus = CpuManager.from_topology(settings.cpu_manager_policy, topology, manager, reserved)
@@ -274,7 +290,7 @@ class Admission:
         self.kubelet = FakeKubelet(self.directory, devices=self.devices)
         self.plugin: PluginProcess | None = None
         self.plugin_failure: str | None = None
-        self.notes: list[str] = []
+        self.notes: list[str] = settings_notes(settings)
 
     def _active_pods(self) -> Iterable[str]:
         if self._current is not None:
@@ -437,7 +453,46 @@ def run_admit(settings: AdmitSettings, pods_path: str) -> AdmitReport:
     check_settings(settings)
     pods = load_pod_file(pods_path)
     topology = load_topology(settings.simulate)
-    return asyncio.run(admit_pods(settings, pods, topology))
+    report = asyncio.run(admit_pods(settings, pods, topology))
+    return replace(report, warnings=numa_warnings(settings, topology))
+
+
+def numa_warnings(settings: AdmitSettings, topology: Topology) -> tuple[str, ...]:
+    """What GPUs without a NUMA node do to admission under a topology-manager policy.
+
+    The kubelet counts only devices with a NUMA node when it makes topology hints
+    (kubelet-behaviour.md §3). When some GPUs have one and some do not, the others can never
+    satisfy a hint: under single-numa-node and restricted they are never allocated, and a pod
+    needing them is rejected. When no GPU has one, the resource has no topology at all.
+    """
+    policy = settings.topology_manager_policy
+    if policy == "none":
+        return ()
+    missing = [g.index for g in topology.gpus if g.numa_node is None]
+    if not missing:
+        return ()
+    if len(missing) == len(topology.gpus):
+        return (
+            f"no GPU of this node has a NUMA node (nvidia-smi: NUMA Affinity N/A), so the "
+            f"kubelet gives its GPUs no topology hints ('don't care'): the {policy} policy "
+            "admits GPU pods without aligning them with CPUs or with each other",
+        )
+    which = ", ".join(map(str, missing))
+    it, has = ("it", "has") if len(missing) == 1 else ("them", "have")
+    if policy in ("single-numa-node", "restricted"):
+        effect = (
+            f"under {policy} GPU {which} {'is' if it == 'it' else 'are'} never allocated: a pod "
+            "that needs more GPUs than the others have free is rejected with "
+            "TopologyAffinityError, as the real kubelet does"
+        )
+    else:
+        effect = f"under {policy} a pod that needs {it} is admitted without a preferred alignment"
+    return (
+        f"GPU {which} {has} no NUMA node (nvidia-smi: NUMA Affinity N/A) while the other GPUs "
+        f"have one. The kubelet counts only GPUs with a NUMA node in its topology hints, so "
+        f"{effect}. Give {it} a numa_node in the node file (on a real node: fix the firmware's "
+        "ACPI SRAT so that sysfs reports one)",
+    )
 
 
 # --- output ------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
-from nvplugin.errors import InputError
+from nvplugin.errors import InputError, shortened
 from nvplugin.kubelet.pods import CPU, QOS_GUARANTEED, Container, Pod
 from nvplugin.kubelet.topologymanager.bitmask import BitMask
 from nvplugin.kubelet.topologymanager.hints import generate_hints
@@ -34,6 +34,7 @@ from nvplugin.kubelet.topologymanager.options import StartupError
 from nvplugin.kubelet.topologymanager.policy import ProviderHints
 from nvplugin.kubelet.topologymanager.scope import AllocationError, Store
 from nvplugin.node.model import Cpu, CpuLayout, Topology, format_cpu_list
+from nvplugin.node.model import parse_cpu_list as parse_linux_cpu_list
 
 POLICY_NONE = "none"
 POLICY_STATIC = "static"
@@ -42,30 +43,27 @@ POLICIES = (POLICY_NONE, POLICY_STATIC)
 
 def parse_cpu_list(text: str, what: str = "CPU list") -> tuple[int, ...]:
     """Linux cpuset list syntax (``"0-3,8"``) -> sorted CPU ids; InputError names ``what``."""
-    cpus: set[int] = set()
-    for item in text.split(","):
-        item = item.strip()
-        if not item:
-            if text.strip():
-                raise InputError(f'{what}: invalid CPU list "{text}": empty item')
-            continue
-        first, sep, last = item.partition("-")
-        try:
-            start = _cpu_number(first)
-            end = _cpu_number(last) if sep else start
-        except ValueError as exc:
-            raise InputError(f'{what}: invalid CPU list "{text}": {exc}') from None
-        if start > end:
-            raise InputError(f'{what}: invalid CPU list "{text}": range {item} runs backwards')
-        cpus.update(range(start, end + 1))
-    return tuple(sorted(cpus))
+    try:
+        return parse_linux_cpu_list(text)
+    except ValueError as exc:
+        raise InputError(f'{what}: invalid CPU list "{text}": {exc}') from None
 
 
-def _cpu_number(text: str) -> int:
-    text = text.strip()
-    if not text.isdigit() or not text.isascii():
-        raise ValueError(f'"{text}" is not a CPU number')
-    return int(text)
+def reserved_cpus(text: str, layout: CpuLayout) -> tuple[int, ...]:
+    """``--reserved-cpus`` as the kubelet reads it when it starts (whatever the CPU manager
+    policy): a CPU list, every CPU of it online; StartupError with the kubelet's text."""
+    cpus = parse_cpu_list(text, "--reserved-cpus")
+    _require_online(cpus, layout, text)
+    return cpus
+
+
+def _require_online(cpus: Iterable[int], layout: CpuLayout, shown: str) -> None:
+    online = {c.id for c in layout.cpus}
+    if not set(cpus) <= online:
+        raise StartupError(
+            f"reserved-cpus: {shortened(shown, 200)} is not a subset of online-cpus: "
+            f"{format_cpu_list(online)}"
+        )
 
 
 class CpuManager:
@@ -92,12 +90,7 @@ class CpuManager:
             numa_nodes if numa_nodes is not None else sorted({c.numa_node for c in layout.cpus})
         )
         self.reserved = frozenset(reserved)
-        unknown = sorted(self.reserved - self._by_id.keys())
-        if unknown:
-            raise StartupError(
-                f"--reserved-cpus: CPU {unknown[0]} is not on this node "
-                f"(it has CPUs {format_cpu_list(self._by_id)})"
-            )
+        _require_online(self.reserved, layout, format_cpu_list(self.reserved))
         if policy == POLICY_STATIC and not self.reserved:
             raise StartupError(
                 "[cpumanager] unable to determine reserved CPU resources for static policy"
@@ -138,9 +131,9 @@ class CpuManager:
         if self.policy != POLICY_STATIC or pod.qos_class != QOS_GUARANTEED:
             return 0
         quantity = container.requests.get(CPU)
-        if quantity is None or not quantity.is_integer:
-            return 0
-        return int(quantity.value)
+        # The kubelet's test (Value()*1000 == MilliValue()) is the API server's integer test.
+        count = None if quantity is None else quantity.whole_number
+        return count or 0
 
     def pod_guaranteed_cpus(self, pod: Pod) -> int:
         """The pod-scope count: long-running containers' sum vs the largest init container."""

@@ -836,7 +836,7 @@ class DeviceManager:
         for c in containers:
             for resource, quantity in c.limits.items():
                 if self.is_device_plugin_resource(resource):
-                    out[resource] = quantity.ceil
+                    out[resource] = quantity.int_value
         return out
 
     def container_hints(self, pod: Pod, container: Container) -> ProviderHints:
@@ -1025,7 +1025,7 @@ class DeviceManager:
             if not collected:
                 self.update_allocated_devices()
                 collected = True
-            needed = container.limits[resource].ceil
+            needed = container.limits[resource].int_value
             devices = await self.devices_to_allocate(
                 pod.uid, container.name, resource, needed, reusable.get(resource, ())
             )
@@ -1105,7 +1105,10 @@ class DeviceManager:
         from the stored Allocate responses (the first value of a name wins)."""
         envs: dict[str, str] = {}
         for resource in sorted(container.limits):
-            if not self.is_device_plugin_resource(resource) or container.limits[resource].ceil == 0:
+            if (
+                not self.is_device_plugin_resource(resource)
+                or container.limits[resource].int_value == 0
+            ):
                 continue
             await self.pre_start(pod.uid, container.name, resource)
         for _, entry in sorted(self._pod_devices.get(pod.uid, {}).get(container.name, {}).items()):

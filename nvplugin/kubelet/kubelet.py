@@ -34,10 +34,9 @@ from types import TracebackType
 
 import structlog
 
+from nvplugin.kubelet import DEFAULT_DEVICE_PLUGIN_DIR
 from nvplugin.kubelet.devicemanager import DIAL_TIMEOUT_S, DeviceManager, Endpoint
 from nvplugin.kubelet.registration import KUBELET_SOCKET, RegistrationServer
-
-DEFAULT_DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 
 _log = structlog.get_logger("nvplugin.kubelet")
 

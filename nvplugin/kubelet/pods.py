@@ -14,23 +14,22 @@ index and pod name when known) and the field path, e.g.
 "1.5" is not a whole number``.
 
 Public API: :func:`load_pods` / :func:`load_pod_file`, :class:`Pod`, :class:`Container`,
-:class:`Quantity` / :func:`parse_quantity`, :func:`qos_class`, :func:`pod_requests`.
+:func:`qos_class`, :func:`pod_requests`. Quantities: :mod:`nvplugin.kubelet.quantity`.
 """
 
 from __future__ import annotations
 
-import math
 import re
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from fractions import Fraction
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from nvplugin.errors import InputError
+from nvplugin import yamlinput
+from nvplugin.errors import InputError, describe
+from nvplugin.kubelet.quantity import INT64_MAX, Quantity, add, int64_value, parse_quantity
 
 QOS_GUARANTEED = "Guaranteed"
 QOS_BURSTABLE = "Burstable"
@@ -43,66 +42,13 @@ _QOS_RESOURCES = (CPU, MEMORY)
 _UID_NAMESPACE = uuid.UUID("6f1c7c1e-4b7a-5d59-9a43-6e7670706c67")
 """Fixed namespace for generated pod UIDs: the same namespace/name always gets the same UID."""
 
-_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-_DECIMAL = {
-    "n": Fraction(1, 10**9),
-    "u": Fraction(1, 10**6),
-    "m": Fraction(1, 1000),
-    "": Fraction(1),
-    "k": Fraction(10**3),
-    "M": Fraction(10**6),
-    "G": Fraction(10**9),
-    "T": Fraction(10**12),
-    "P": Fraction(10**15),
-    "E": Fraction(10**18),
-}
-_QUANTITY = re.compile(r"([+-]?)([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(.*)", re.DOTALL)
-_EXPONENT = re.compile(r"[eE]([+-]?[0-9]+)")
+_GO_SPACE = "\t\n\v\f\r \x85\xa0\u1680\u2028\u2029\u202f\u205f\u3000" + "".join(
+    chr(c) for c in range(0x2000, 0x200B)
+)
+"""What the API server trims around a quantity (Go's ``unicode.IsSpace``); Python's ``strip()``
+also trims control characters such as ``\\x1c`` that the API server keeps (and then refuses)."""
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-
-
-@dataclass(frozen=True, slots=True)
-class Quantity:
-    """A Kubernetes resource quantity: its exact value and the text it was written as."""
-
-    value: Fraction
-    text: str
-
-    @property
-    def milli(self) -> int:
-        """Value in thousandths, rounded up (Kubernetes ``MilliValue``; cpu in millicores)."""
-        return math.ceil(self.value * 1000)
-
-    @property
-    def ceil(self) -> int:
-        """Value rounded up to a whole number (Kubernetes ``Value``; memory in bytes)."""
-        return math.ceil(self.value)
-
-    @property
-    def is_integer(self) -> bool:
-        return self.value.denominator == 1
-
-    def __str__(self) -> str:
-        return self.text
-
-
-def parse_quantity(text: str) -> Quantity:
-    """Parse ``"500m"``, ``"2"``, ``"1Gi"``, ``"1e3"``...; ValueError says why not."""
-    match = _QUANTITY.fullmatch(text)
-    if match is None:
-        raise ValueError(f"{text!r} is not a quantity (expected a number and a unit, like 500m)")
-    sign, number, suffix = match.groups()
-    value = Fraction(number if not number.endswith(".") else number[:-1] or "0")
-    if suffix in _BINARY:
-        value *= _BINARY[suffix]
-    elif suffix in _DECIMAL:
-        value *= _DECIMAL[suffix]
-    elif exponent := _EXPONENT.fullmatch(suffix):
-        value *= Fraction(10) ** int(exponent.group(1))
-    else:
-        raise ValueError(f"{text!r} has an unknown unit {suffix!r}")
-    return Quantity(-value if sign == "-" else value, text)
 
 
 def is_extended_resource(name: str) -> bool:
@@ -146,11 +92,11 @@ class Container:
     def count(self, resource: str) -> int:
         """Whole-number amount of an extended resource (from the limit; 0 when absent)."""
         quantity = self.limits.get(resource) or self.requests.get(resource)
-        return 0 if quantity is None else quantity.ceil
+        return 0 if quantity is None else quantity.int_value
 
     def extended_resources(self) -> dict[str, int]:
         """Extended resources in the container's limits, name -> count, sorted by name."""
-        return {k: self.limits[k].ceil for k in sorted(self.limits) if is_extended_resource(k)}
+        return {k: self.limits[k].int_value for k in sorted(self.limits) if is_extended_resource(k)}
 
 
 @dataclass(frozen=True)
@@ -194,12 +140,13 @@ class Pod:
                 return c
         raise KeyError(name)
 
-    def effective_requests(self) -> dict[str, Fraction]:
+    def effective_requests(self) -> dict[str, Decimal]:
         return pod_requests(self)
 
     def effective_count(self, resource: str) -> int:
-        """Effective pod request of a resource, rounded up (device counts, whole CPUs)."""
-        return math.ceil(pod_requests(self).get(resource, Fraction(0)))
+        """Effective pod request of a resource as the kubelet counts it (``Value()``: rounded
+        up, at most 2^63-1)."""
+        return int64_value(pod_requests(self).get(resource, Decimal(0)))
 
 
 def stable_uid(namespace: str, name: str) -> str:
@@ -209,18 +156,18 @@ def stable_uid(namespace: str, name: str) -> str:
 
 def qos_class(containers: Iterable[Container]) -> str:
     """Kubernetes QoS from cpu/memory requests and limits of all containers (init included)."""
-    requests: dict[str, Fraction] = {}
-    limits: dict[str, Fraction] = {}
+    requests: dict[str, Decimal] = {}
+    limits: dict[str, Decimal] = {}
     guaranteed = True
     for c in containers:
         for name, q in c.requests.items():
             if name in _QOS_RESOURCES and q.value > 0:
-                requests[name] = requests.get(name, Fraction(0)) + q.value
+                requests[name] = add(requests.get(name, Decimal(0)), q.value)
         found = set()
         for name, q in c.limits.items():
             if name in _QOS_RESOURCES and q.value > 0:
                 found.add(name)
-                limits[name] = limits.get(name, Fraction(0)) + q.value
+                limits[name] = add(limits.get(name, Decimal(0)), q.value)
         if found != set(_QOS_RESOURCES):
             guaranteed = False
     if not requests and not limits:
@@ -235,17 +182,17 @@ def qos_class(containers: Iterable[Container]) -> str:
     return QOS_BURSTABLE
 
 
-def pod_requests(pod: Pod) -> dict[str, Fraction]:
+def pod_requests(pod: Pod) -> dict[str, Decimal]:
     """Effective pod requests per resource (kubelet-behaviour.md §3, the kubelet's PodRequests).
 
     ``max(sum(app) + sum(restartable init), max over regular init i of (request_i + sum of
     restartable init containers declared before i))``, per resource.
     """
-    total: dict[str, Fraction] = {}
+    total: dict[str, Decimal] = {}
     for c in pod.containers:
         _add(total, c.requests)
-    restartable: dict[str, Fraction] = {}
-    init_peak: dict[str, Fraction] = {}
+    restartable: dict[str, Decimal] = {}
+    init_peak: dict[str, Decimal] = {}
     for c in pod.init_containers:
         if c.restartable:
             _add(total, c.requests)
@@ -255,17 +202,17 @@ def pod_requests(pod: Pod) -> dict[str, Fraction]:
             need = dict(restartable)
             _add(need, c.requests)
         for name, value in need.items():
-            if value > init_peak.get(name, Fraction(0)):
+            if value > init_peak.get(name, Decimal(0)):
                 init_peak[name] = value
     for name, value in init_peak.items():
-        if value > total.get(name, Fraction(0)):
+        if value > total.get(name, Decimal(0)):
             total[name] = value
     return total
 
 
-def _add(into: dict[str, Fraction], resources: Mapping[str, Quantity]) -> None:
+def _add(into: dict[str, Decimal], resources: Mapping[str, Quantity]) -> None:
     for name, q in resources.items():
-        into[name] = into.get(name, Fraction(0)) + q.value
+        into[name] = add(into.get(name, Decimal(0)), q.value)
 
 
 # --- manifests ---
@@ -287,25 +234,12 @@ class _Doc:
 
 def load_pod_file(path: str | Path) -> list[Pod]:
     """Pods from a YAML file (one or many documents; ``kind: List`` of Pods too)."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise InputError(f"{p}: cannot read pod file: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise InputError(f"{p}: not a UTF-8 text file") from None
-    return load_pods(text, str(p))
+    return load_pods(yamlinput.read_text(path, f"pod file {path}"), str(path))
 
 
 def load_pods(text: str, source: str = "<input>") -> list[Pod]:
     """Pods from YAML text, in document order; duplicate namespace/name is an error."""
-    try:
-        documents = list(yaml.safe_load_all(text))
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise InputError(f"{source}: not valid YAML{at}: {problem}") from None
+    documents = yamlinput.load_all(text, source)
     pods: list[Pod] = []
     seen: dict[tuple[str, str], str] = {}
     for number, document in enumerate(documents, start=1):
@@ -454,14 +388,20 @@ def _resources(raw: Any, path: str, doc: _Doc) -> tuple[dict[str, Quantity], dic
 
 def _quantity(value: Any, resource: str, path: str, doc: _Doc) -> Quantity:
     if isinstance(value, bool) or not isinstance(value, str | int | float):
-        raise doc.error(path, f"{value!r} is not a quantity")
+        raise doc.error(path, f"{describe(value)} is not a quantity")
     text = value if isinstance(value, str) else repr(value)
     try:
-        quantity = parse_quantity(text.strip())
+        quantity = parse_quantity(text.strip(_GO_SPACE))
     except ValueError as exc:
         raise doc.error(path, str(exc)) from None
     if quantity.value < 0:
-        raise doc.error(path, f'"{text}" must be greater than or equal to 0')
-    if is_extended_resource(resource) and not quantity.is_integer:
-        raise doc.error(path, f'"{text}" is not a whole number (extended resources are counted)')
+        raise doc.error(path, f'"{quantity}" must be greater than or equal to 0')
+    if is_extended_resource(resource) and quantity.whole_number is None:
+        # The API server's test: the milli-value (rounded up, at most 2^63-1) is a multiple of
+        # 1000. So 0.9999 counts as 1, and past 2^63-1 thousandths nothing is a whole number.
+        if quantity.milli_value == INT64_MAX:
+            raise doc.error(path, f'"{quantity}" is more than {INT64_MAX // 1000}')
+        raise doc.error(
+            path, f'"{quantity}" is not a whole number (extended resources are counted)'
+        )
     return quantity

@@ -27,7 +27,7 @@ from nvplugin.kubelet.devicemanager import (
 )
 from nvplugin.kubelet.topologymanager.options import go_quote
 from nvplugin.plugin.api.v1beta1 import api_pb2, api_pb2_grpc
-from nvplugin.plugin.resources import is_extended_resource_name
+from nvplugin.resourcenames import is_extended_resource_name
 
 SUPPORTED_VERSIONS = ("v1beta1",)
 KUBELET_SOCKET = "kubelet.sock"

@@ -8,11 +8,22 @@ session open for health events. Imports stay lazy so short commands start fast.
 from __future__ import annotations
 
 import platform
+from importlib import resources
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from nvplugin.node import nvml, sim
     from nvplugin.node.model import Topology
+
+
+def builtin_names() -> list[str]:
+    """Names of the built-in nodes (``nvplugin/node/nodes/<name>.yaml``), sorted."""
+    folder = resources.files("nvplugin.node") / "nodes"
+    return sorted(
+        entry.name.removesuffix(".yaml")
+        for entry in folder.iterdir()
+        if entry.name.endswith(".yaml")
+    )
 
 
 class NodeSession:
@@ -23,12 +34,13 @@ class NodeSession:
 
     def __init__(
         self,
-        topology: Topology,
+        scan: nvml.Scan,
         nvml: nvml.Nvml,
         sim: sim.SimulatedNvml | None,
         sysfs_root: str,
     ) -> None:
-        self.topology = topology
+        self.scan = scan
+        self.topology = scan.topology
         self.nvml = nvml
         self.sim = sim
         self.sysfs_root = sysfs_root
@@ -47,27 +59,31 @@ class NodeSession:
         self.close()
 
 
-def open_node(simulate: str | None = None, *, sysfs_root: str | None = None) -> NodeSession:
+def open_node(
+    simulate: str | None = None, *, sysfs_root: str | None = None, driver_root: str | None = None
+) -> NodeSession:
     """Open the node: real NVML and ``sysfs_root`` (default ``/sys``), or a simulated node.
 
     ``simulate`` is a built-in node name or a node-file path; with it, ``sysfs_root`` (if given)
     is where the simulated sysfs tree is written, else a temporary directory removed on close.
-    Raises InputError for a bad node file or unknown built-in, NvpluginError when NVML fails.
+    ``driver_root`` (real NVML only): where the host's driver root is mounted, to load
+    ``libnvidia-ml.so.1`` from. Raises InputError for a bad node file or unknown built-in,
+    NvpluginError when NVML fails.
     """
-    from nvplugin.node.nvml import Nvml
+    from nvplugin.node.nvml import Nvml, Scan
 
-    def discover(root: str, name: str) -> tuple[Nvml, Topology]:
-        session = Nvml(root)
+    def discover(root: str, name: str, library_root: str | None = None) -> tuple[Nvml, Scan]:
+        session = Nvml(root, library_root)
         try:
-            return session, session.discover(name)
+            return session, session.scan(name)
         except BaseException:
             session.close()
             raise
 
     if simulate is None:
         root = sysfs_root or "/sys"
-        session, topology = discover(root, platform.node() or "localhost")
-        return NodeSession(topology, session, None, root)
+        session, scan = discover(root, platform.node() or "localhost", driver_root)
+        return NodeSession(scan, session, None, root)
 
     from nvplugin.node.nodefile import load_node
     from nvplugin.node.sim import SimulatedNvml
@@ -75,11 +91,11 @@ def open_node(simulate: str | None = None, *, sysfs_root: str | None = None) -> 
     spec = load_node(simulate)
     simulation = SimulatedNvml(spec, sysfs_root=sysfs_root).install()
     try:
-        session, topology = discover(simulation.sysfs_root, spec.name)
+        session, scan = discover(simulation.sysfs_root, spec.name)
     except BaseException:
         simulation.uninstall()
         raise
-    return NodeSession(topology, session, simulation, simulation.sysfs_root)
+    return NodeSession(scan, session, simulation, simulation.sysfs_root)
 
 
 def load_topology(simulate: str | None = None, *, sysfs_root: str | None = None) -> Topology:

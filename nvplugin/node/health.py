@@ -53,7 +53,7 @@ _log = structlog.get_logger("nvplugin.health")
 
 @dataclass(frozen=True)
 class HealthSettings:
-    """What the config says about health (``health:`` section)."""
+    """What the config says about health (``nvplugin.health``)."""
 
     enabled: bool = True
     ignored_xids: frozenset[int] = DEFAULT_IGNORED_XIDS

@@ -19,6 +19,11 @@ NVLINK_WEIGHT = 100
 MAX_NVLINKS = 18
 """The most NVLinks one GPU has (H100/B200 through NVSwitch)."""
 
+MAX_GPUS = 128
+MAX_NUMA_NODES = 64
+MAX_CPUS = 4096
+"""The largest node a node file, ``nvidia-smi topo -m`` text or a capture may describe."""
+
 
 class Pcie(enum.IntEnum):
     """PCIe relation of two GPUs, named as ``nvidia-smi topo -m`` prints it.
@@ -88,6 +93,37 @@ class Cpu:
     socket: int
     core: int
     numa_node: int
+
+
+def parse_cpu_list(text: str, limit: int | None = None) -> tuple[int, ...]:
+    """Linux cpulist syntax (``"0-3,8"``; ``""`` is empty) -> sorted CPU ids.
+
+    Raises ValueError with the problem (not the text: callers name the field and show the value
+    bounded). ``limit``: the highest CPU id allowed, so ``0-99999999`` fails before it expands.
+    """
+    cpus: set[int] = set()
+    if not text.strip():
+        return ()
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            raise ValueError("empty item")
+        first, sep, last = item.partition("-")
+        start = _cpu_number(first)
+        end = _cpu_number(last) if sep else start
+        if start > end:
+            raise ValueError(f"range {item} runs backwards")
+        if limit is not None and end > limit:
+            raise ValueError(f"CPU {end} is above {limit}")
+        cpus.update(range(start, end + 1))
+    return tuple(sorted(cpus))
+
+
+def _cpu_number(text: str) -> int:
+    text = text.strip()
+    if not text.isdigit() or not text.isascii() or len(text) > 9:
+        raise ValueError(f'"{text[:20]}" is not a CPU number')
+    return int(text)
 
 
 def format_cpu_list(cpus: Iterable[int]) -> str:
@@ -163,6 +199,68 @@ class CpuLayout:
                     cpu_id = thread * sockets * cores_per_socket + socket * cores_per_socket + core
                     cpus.append(Cpu(cpu_id, socket, core, node_of(socket, core)))
         return cls(tuple(cpus))
+
+    @classmethod
+    def from_lists(
+        cls,
+        numa_cpus: Sequence[Iterable[int]],
+        socket_cpus: Sequence[Iterable[int]],
+        threads_per_core: int,
+    ) -> CpuLayout:
+        """CPUs given as the lists Linux shows: each NUMA node's and each socket's CPU ids.
+
+        Sibling threads follow the same rule as :meth:`build` (the x86 numbering): a socket's
+        CPUs, in id order, split into ``threads_per_core`` equal runs, and core k is the k-th
+        CPU of every run. :meth:`build`'s layouts come back unchanged through their lists.
+        Raises ValueError when the lists disagree (a CPU in no node, or in two sockets).
+        """
+        if threads_per_core < 1:
+            raise ValueError(f"threads_per_core must be >= 1, got {threads_per_core}")
+        node_of: dict[int, int] = {}
+        for node, members in enumerate(numa_cpus):
+            for cpu in members:
+                if cpu in node_of:
+                    raise ValueError(f"CPU {cpu} is on NUMA nodes {node_of[cpu]} and {node}")
+                node_of[cpu] = node
+        cpus: dict[int, Cpu] = {}
+        for socket, members in enumerate(socket_cpus):
+            ordered = sorted(set(members))
+            if len(ordered) % threads_per_core:
+                raise ValueError(
+                    f"socket {socket} has {len(ordered)} CPUs, not a multiple of "
+                    f"{threads_per_core} threads per core"
+                )
+            cores = len(ordered) // threads_per_core
+            for position, cpu in enumerate(ordered):
+                if cpu in cpus:
+                    raise ValueError(f"CPU {cpu} is in sockets {cpus[cpu].socket} and {socket}")
+                if cpu not in node_of:
+                    raise ValueError(f"CPU {cpu} of socket {socket} is on no NUMA node")
+                cpus[cpu] = Cpu(cpu, socket, position % cores, node_of[cpu])
+        missing = sorted(set(node_of) - set(cpus))
+        if missing:
+            raise ValueError(f"CPU {missing[0]} of NUMA node {node_of[missing[0]]} is in no socket")
+        return cls(tuple(cpus[c] for c in sorted(cpus)))
+
+    def normalized(self) -> CpuLayout:
+        """The same CPUs with sockets and cores renumbered 0, 1, ... in order of their lowest
+        CPU id: the grouping is what matters (Linux's core ids have gaps), and layouts from
+        :meth:`build` and :meth:`from_lists` are already numbered so."""
+        sockets: dict[int, int] = {}
+        cores: dict[tuple[int, int], int] = {}
+        per_socket: dict[int, int] = {}
+        out = []
+        for cpu in sorted(self.cpus, key=lambda c: c.id):
+            socket = sockets.setdefault(cpu.socket, len(sockets))
+            if (cpu.socket, cpu.core) not in cores:
+                cores[(cpu.socket, cpu.core)] = per_socket.get(socket, 0)
+                per_socket[socket] = per_socket.get(socket, 0) + 1
+            out.append(Cpu(cpu.id, socket, cores[(cpu.socket, cpu.core)], cpu.numa_node))
+        return CpuLayout(tuple(out))
+
+    def on_socket(self, socket: int) -> tuple[int, ...]:
+        """CPU ids of one socket, ascending."""
+        return tuple(c.id for c in self.cpus if c.socket == socket)
 
     def on_node(self, numa_node: int) -> tuple[int, ...]:
         """CPU ids on one NUMA node, ascending."""

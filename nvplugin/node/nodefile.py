@@ -1,8 +1,10 @@
 """Node files: a simulated node described in YAML, parsed and validated strictly.
 
 A node file is a contract users write by hand (often by pasting ``nvidia-smi topo -m``), so every
-mistake gets one message naming the file, the field (or matrix row/column) and the value, and
-nothing is silently ignored: unknown keys, duplicate keys and wrong types are errors.
+mistake gets one message naming the file, the field (or matrix line, column and cell) and the
+value, and nothing is silently ignored: unknown keys, duplicate keys and wrong types are errors.
+It is plain YAML that any YAML tool loads; ``links`` is a text block holding either a GPU matrix
+or a whole ``nvidia-smi topo -m`` paste (read by :mod:`nvplugin.node.topotext`).
 
 Defaults, chosen so a pasted matrix "just works":
 
@@ -10,13 +12,19 @@ Defaults, chosen so a pasted matrix "just works":
   stable across runs, distinct per GPU.
 - ``pci_bus_id``: ``00000000:<0x10 + index>:00.0`` (NVML's 8-digit domain form).
 - ``memory_mib``: 16384.
-- ``numa_node``: unknown (null).
+- ``numa_node``: the paste's ``NUMA Affinity`` (the first node of a range), else unknown (null).
+- ``nvswitch_links``: 0, unless no GPU gives it and the matrix needs a fabric (GPUs whose
+  NV<k> cells add up to more than 18 links): then what :func:`topotext.guess_nvswitch` finds.
 - A links cell with only ``NV<k>`` gets ``NODE`` when both GPUs report the same NUMA node, else
   ``SYS``.
-- ``numa_distances``: NUMA nodes 0..max(numa_node named by a GPU) (one node 0 when no GPU names
-  one), distance 10 to self and 20 otherwise.
-- ``cpus``: one socket per NUMA node, 16 cores per socket, 2 threads per core, numbered the way
-  Linux numbers x86 servers (:meth:`CpuLayout.build`).
+- ``numa_distances``: NUMA nodes 0..max(numa_node named by a GPU, or implied by the paste or by
+  ``cpus.numa_cpus``) (one node 0 when nothing names one), distance 10 to self and 20 otherwise.
+- ``cpus``: from the paste's ``CPU Affinity`` lists when it has them
+  (:func:`cpuspec.fit_affinities`); else one socket per NUMA node, 16 cores per socket, 2 threads
+  per core, numbered the way Linux numbers x86 servers (:meth:`CpuLayout.build`). The explicit
+  form ``{numa_cpus, socket_cpus, threads_per_core}`` lists the CPUs instead
+  (:class:`cpuspec.CpuLists`; ``socket_cpus`` defaults to one socket per NUMA node with CPUs,
+  ``threads_per_core`` to 1).
 """
 
 from __future__ import annotations
@@ -28,27 +36,45 @@ import uuid as uuidlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
-from pathlib import Path
 from typing import Any, NoReturn
 
-from nvplugin.errors import InputError
-from nvplugin.node.model import MAX_NVLINKS, CpuLayout, Gpu, Link, Pcie, Topology
+from nvplugin import yamlinput
+from nvplugin.errors import InputError, shortened
+from nvplugin.errors import show as show_value
+from nvplugin.node import builtin_names
+from nvplugin.node.cpuspec import CpuForm, CpuLists, CpuSpec, layout_of
+from nvplugin.node.model import (
+    MAX_CPUS,
+    MAX_GPUS,
+    MAX_NUMA_NODES,
+    MAX_NVLINKS,
+    CpuLayout,
+    Gpu,
+    Link,
+    Pcie,
+    Topology,
+    parse_cpu_list,
+)
+from nvplugin.node.topotext import (
+    TopoTable,
+    TopoTextError,
+    guess_layout,
+    guess_nvswitch,
+    parse_topo,
+)
 
-MAX_GPUS = 128
-MAX_NUMA_NODES = 64
-MAX_CPUS = 4096
+VERSION = "v1"
+"""The one ``version`` node files and config files say (NVIDIA's spelling)."""
 DEFAULT_MEMORY_MIB = 16384
 DEFAULT_CORES_PER_SOCKET = 16
 DEFAULT_THREADS_PER_CORE = 2
 
 _TOP_KEYS = ("version", "name", "numa_distances", "cpus", "gpus", "links", "events")
 _GPU_KEYS = ("name", "uuid", "memory_mib", "pci_bus_id", "numa_node", "nvswitch_links")
-_CPU_KEYS = ("sockets", "cores_per_socket", "threads_per_core")
+_CPU_KEYS = ("sockets", "cores_per_socket", "threads_per_core", "numa_cpus", "socket_cpus")
 _EVENT_KEYS = ("after_s", "gpu", "xid", "lost", "recover", "wait_error", "for_s")
 _PCI_RE = re.compile(r"^([0-9a-fA-F]{1,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$")
 _UUID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-_NV_RE = re.compile(r"^NV(\d+)$")
-_GPU_RE = re.compile(r"^GPU(\d+)$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,13 +88,6 @@ class GpuSpec:
     pci_bus_id: str
     numa_node: int | None
     nvswitch_links: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class CpuSpec:
-    sockets: int
-    cores_per_socket: int
-    threads_per_core: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +120,7 @@ class NodeSpec:
     gpus: tuple[GpuSpec, ...]
     links: tuple[tuple[Link | None, ...], ...]
     numa_distances: tuple[tuple[int, ...], ...]
-    cpus: CpuSpec
+    cpus: CpuForm
     cpu_layout: CpuLayout
     events: tuple[EventSpec, ...] = ()
 
@@ -126,16 +145,6 @@ class NodeSpec:
         return Topology(self.name, gpus, self.links, self.numa_distances, self.cpu_layout)
 
 
-def builtin_names() -> list[str]:
-    """Names of the built-in nodes (``nvplugin/node/nodes/<name>.yaml``), sorted."""
-    folder = resources.files("nvplugin.node") / "nodes"
-    return sorted(
-        entry.name.removesuffix(".yaml")
-        for entry in folder.iterdir()
-        if entry.name.endswith(".yaml")
-    )
-
-
 def load_node(name_or_path: str) -> NodeSpec:
     """Load a built-in node by name, or a node file by path; raise InputError when bad.
 
@@ -155,12 +164,8 @@ def load_node(name_or_path: str) -> NodeSpec:
                 f"unknown node {name_or_path!r}: not a built-in node "
                 f"(built-in nodes: {', '.join(names)}) and no such node file"
             )
-    try:
-        text = Path(name_or_path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise InputError(f"node file {name_or_path}: cannot read it: {reason}") from None
-    return parse_node(text, f"node file {name_or_path}")
+    source = f"node file {name_or_path}"
+    return parse_node(yamlinput.read_text(name_or_path, source), source)
 
 
 def parse_node(text: str, source: str) -> NodeSpec:
@@ -168,70 +173,70 @@ def parse_node(text: str, source: str) -> NodeSpec:
     return _Parser(source).parse(text)
 
 
-_LINKS_KEY_RE = re.compile(r"^links:[ \t]*\|([-+]?)[ \t]*(#.*)?$")
+_LINKS_PLAIN_BLOCK_RE = re.compile(r"^links:[ \t]*\|[-+]?[ \t]*(#.*)?$")
 
 
-def _indent_links_block(text: str) -> str:
-    """Give a top-level ``links: |`` block an explicit indentation indicator when needed.
+def _links_hint(text: str) -> str:
+    """Why a node file with a pasted matrix may not be YAML, when that is the likely cause.
 
-    ``nvidia-smi topo -m`` indents its header row further than the rows below it; YAML takes a
-    block's indentation from its first line, so a pasted matrix (and the documented example)
-    would end the block at the first row. Indenting the block by its least-indented line keeps
-    the text as written, and line numbers in YAML errors stay true.
+    YAML takes a ``|`` block's indentation from its first line, and PyYAML refuses a tab right
+    after that indentation. ``nvidia-smi topo -m`` starts its header row with a tab (current
+    drivers) or indents it further than the rows below it (older ones): either way a paste
+    under a plain ``|`` fails, and under ``|2`` (indentation given) it loads.
     """
-    lines = text.split("\n")
+    lines = text.splitlines()
     for n, line in enumerate(lines):
-        match = _LINKS_KEY_RE.match(line)
-        if not match:
+        if not _LINKS_PLAIN_BLOCK_RE.match(line):
             continue
+        body = [b for b in lines[n + 1 :] if b.strip()]
         indents = []
-        for body in lines[n + 1 :]:
-            if not body.strip():
-                continue
-            indent = len(body) - len(body.lstrip(" "))
+        for row in body:
+            indent = len(row) - len(row.lstrip(" "))
             if indent == 0:
                 break
             indents.append(indent)
-        if indents and indents[0] > min(indents) and min(indents) <= 9:
-            lines[n] = f"links: |{min(indents)}{match.group(1)}"
-            if match.group(2):
-                lines[n] += f" {match.group(2)}"
+        tab_first = bool(body) and body[0].lstrip(" ").startswith("\t")
+        if tab_first or (len(indents) > 1 and indents[0] > min(indents)):
+            return (
+                f" (line {n + 1}: a pasted nvidia-smi topo -m starts with a tab or with its "
+                f"header indented further than its rows; write `links: |2` so that YAML takes "
+                f"the indentation from the indicator)"
+            )
         break
-    return "\n".join(lines)
+    return ""
 
 
-def _loader() -> type[Any]:
+def _block_start(text: str) -> tuple[int, str] | None:
+    """(0-based line of the links value's first content line, its style) in the file text."""
     import yaml
 
-    base: type[Any] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-    class StrictLoader(base):  # type: ignore[misc]
-        """A safe loader that refuses duplicate mapping keys (the last would silently win)."""
-
-        def construct_mapping(self, node: Any, deep: bool = False) -> dict[Any, Any]:
-            seen: set[Any] = set()
-            for key_node, _ in node.value:
-                key = self.construct_object(key_node, deep=deep)
-                try:
-                    duplicate = key in seen
-                except TypeError:
-                    duplicate = False
-                if duplicate:
-                    raise yaml.constructor.ConstructorError(
-                        None, None, f"duplicate key {key!r}", key_node.start_mark
-                    )
-                seen.add(key)
-            result: dict[Any, Any] = super().construct_mapping(node, deep=deep)
-            return result
-
-    return StrictLoader
-
-
-def _parse_pcie(text: str) -> Pcie | None:
-    try:
-        return Pcie[text]
-    except KeyError:
-        return None
+    depth = 0
+    expect_key = False
+    key_is_links = False
+    for event in yaml.parse(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+        if isinstance(event, yaml.CollectionStartEvent):
+            if depth == 1 and not expect_key and key_is_links:
+                return None
+            depth += 1
+            expect_key = isinstance(event, yaml.MappingStartEvent) and depth == 1
+            continue
+        if isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+            if depth == 1:
+                expect_key = True
+            continue
+        if isinstance(event, yaml.ScalarEvent | yaml.AliasEvent) and depth == 1:
+            if expect_key:
+                key_is_links = isinstance(event, yaml.ScalarEvent) and event.value == "links"
+            elif key_is_links and isinstance(event, yaml.ScalarEvent):
+                style = event.style or ""
+                mark = event.start_mark
+                if mark is None:
+                    return None
+                first = mark.line + 1 if style in ("|", ">") else mark.line
+                return first, style
+            expect_key = not expect_key
+    return None
 
 
 class _Parser:
@@ -239,7 +244,7 @@ class _Parser:
         self.source = source
 
     def fail(self, field: str, problem: str, value: Any = None, *, show: bool = True) -> NoReturn:
-        shown = f" (got {value!r})" if show else ""
+        shown = f" (got {show_value(value)})" if show else ""
         raise InputError(f"{self.source}: {field}: {problem}{shown}")
 
     # -- typed field readers ------------------------------------------------------------------
@@ -248,7 +253,8 @@ class _Parser:
             self.fail(field or "top level", "must be a mapping", data)
         for key in data:
             if key not in allowed:
-                where = f"{field}.{key}" if field else str(key)
+                shown = shortened(str(key), 40)
+                where = f"{field}.{shown}" if field else shown
                 self.fail(where, f"unknown key (allowed: {', '.join(allowed)})", key)
         return data
 
@@ -278,21 +284,16 @@ class _Parser:
 
     # -- the file -----------------------------------------------------------------------------
     def parse(self, text: str) -> NodeSpec:
-        import yaml
-
         try:
-            data = yaml.load(_indent_links_block(text), Loader=_loader())
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "YAML"
-            problem = getattr(exc, "problem", None) or str(exc)
-            raise InputError(f"{self.source}: {where}: invalid YAML: {problem}") from None
+            data = yamlinput.load(text, self.source)
+        except InputError as exc:
+            raise InputError(f"{exc}{_links_hint(text)}") from None
         top = self.keys(data, "", _TOP_KEYS)
         for required in ("version", "name", "gpus", "links"):
             if required not in top:
                 self.fail(required, "missing (required)", show=False)
-        if top["version"] != 1 or isinstance(top["version"], bool):
-            self.fail("version", "must be 1", top["version"])
+        if top["version"] != VERSION:
+            self.fail("version", f"must be {VERSION} (as in config files)", top["version"])
         name = self.string(top["name"], "name")
 
         raw_gpus = top["gpus"]
@@ -301,11 +302,27 @@ class _Parser:
         if len(raw_gpus) > MAX_GPUS:
             self.fail("gpus", f"at most {MAX_GPUS} GPUs", len(raw_gpus))
         gpu_fields = [self.gpu_fields(g, i) for i, g in enumerate(raw_gpus)]
+        table = self.table(top["links"], text, len(gpu_fields))
 
-        distances = self.numa_distances(top.get("numa_distances"), gpu_fields)
-        gpus = self.gpus(name, gpu_fields, len(distances))
-        links = self.links(top["links"], gpus)
-        cpus, layout = self.cpus(top.get("cpus"), len(distances))
+        guess = guess_layout(table)
+        numa = [
+            f["numa_node"] if "numa_node" in f else guess.numa[i] for i, f in enumerate(gpu_fields)
+        ]
+        form = self.cpu_form(top["cpus"]) if "cpus" in top else guess.cpus
+        implied = [n + 1 for n in numa if n is not None]
+        if isinstance(form, CpuLists):
+            implied.append(len(form.numa_cpus))
+        if (form is not None and form is guess.cpus) or any(
+            "numa_node" not in f and guess.numa[i] is not None for i, f in enumerate(gpu_fields)
+        ):
+            implied.append(guess.numa_nodes)
+        distances = self.numa_distances(top.get("numa_distances"), max([1, *implied]))
+        fabric = None
+        if not any("nvswitch_links" in f for f in gpu_fields):
+            fabric = guess_nvswitch(table)
+        gpus = self.gpus(name, gpu_fields, numa, len(distances), fabric)
+        links = self.links(table, gpus)
+        cpus, layout = self.cpus(form, len(distances))
         events = self.events(top.get("events"), len(gpus))
         return NodeSpec(name, self.source, gpus, links, distances, cpus, layout, events)
 
@@ -320,12 +337,43 @@ class _Parser:
             self.integer(numa, f"{field}.numa_node", 0, MAX_NUMA_NODES - 1)
         return data
 
-    def numa_distances(
-        self, raw: Any, gpu_fields: list[dict[str, Any]]
-    ) -> tuple[tuple[int, ...], ...]:
+    def table(self, raw: Any, text: str, gpu_count: int) -> TopoTable:
+        """The links block read as nvidia-smi topo -m text; errors point into the file."""
+        if not isinstance(raw, str):
+            self.fail(
+                "links",
+                "must be a text block: a GPU matrix or a whole nvidia-smi topo -m paste, "
+                "under 'links: |2'",
+                raw,
+            )
+        try:
+            table = parse_topo(raw)
+        except TopoTextError as exc:
+            place = self.links_place(text, raw, exc)
+            raise InputError(f"{self.source}: {place}: {exc.problem}") from None
+        if table.size != gpu_count:
+            self.fail(
+                "links",
+                f"matrix has {table.size} GPU columns but gpus lists {gpu_count} GPUs",
+                show=False,
+            )
+        return table
+
+    def links_place(self, text: str, raw: str, exc: TopoTextError) -> str:
+        """``links, line L, column C`` of the file where it can be told, else of the block."""
+        start = _block_start(text)
+        if start is not None and start[1] == "|":
+            file_lines = text.splitlines()
+            block_lines = raw.splitlines()
+            number = start[0] + exc.line - 1
+            if number < len(file_lines) and exc.line <= len(block_lines):
+                in_file, in_block = file_lines[number], block_lines[exc.line - 1]
+                indent = len(in_file) - len(in_block) if in_file.endswith(in_block) else 0
+                return f"links, line {number + 1}, column {exc.column + indent}"
+        return f"links (line {exc.line} of its text), column {exc.column}"
+
+    def numa_distances(self, raw: Any, count: int) -> tuple[tuple[int, ...], ...]:
         if raw is None:
-            named = [g["numa_node"] for g in gpu_fields if g.get("numa_node") is not None]
-            count = max(named) + 1 if named else 1
             return tuple(tuple(10 if a == b else 20 for b in range(count)) for a in range(count))
         if not isinstance(raw, list) or not raw:
             self.fail("numa_distances", "must be a non-empty list of rows", raw)
@@ -348,7 +396,14 @@ class _Parser:
             rows.append(tuple(values))
         return tuple(rows)
 
-    def gpus(self, node: str, fields: list[dict[str, Any]], numa_count: int) -> tuple[GpuSpec, ...]:
+    def gpus(
+        self,
+        node: str,
+        fields: list[dict[str, Any]],
+        numa: list[int | None],
+        numa_count: int,
+        fabric: tuple[int, ...] | None,
+    ) -> tuple[GpuSpec, ...]:
         gpus: list[GpuSpec] = []
         uuids: dict[str, int] = {}
         buses: dict[str, int] = {}
@@ -390,104 +445,41 @@ class _Parser:
                     f"{field}.pci_bus_id", f"duplicate: gpus[{buses[bus_id]}] has it too", bus_id
                 )
             buses[bus_id] = i
-            numa = data.get("numa_node")
-            if numa is not None and numa >= numa_count:
+            if numa[i] is not None and numa[i] >= numa_count:  # type: ignore[operator]
                 self.fail(
                     f"{field}.numa_node",
                     f"not a NUMA node of numa_distances (nodes 0..{numa_count - 1})",
-                    numa,
+                    numa[i],
                 )
-            switch = 0
+            switch = 0 if fabric is None else fabric[i]
             if "nvswitch_links" in data:
                 switch = self.integer(
                     data["nvswitch_links"], f"{field}.nvswitch_links", 0, MAX_NVLINKS
                 )
-            gpus.append(GpuSpec(i, name, uuid, memory, bus_id, numa, switch))
+            gpus.append(GpuSpec(i, name, uuid, memory, bus_id, numa[i], switch))
         return tuple(gpus)
 
-    def cell(self, text: str, row: int, col: int, gpus: tuple[GpuSpec, ...]) -> Link:
-        where = f"links row GPU{row} column GPU{col}"
-        nvlinks: int | None = None
-        pcie: Pcie | None = None
-        allowed = "NV<k> (1..18) and/or one of INT, PIX, PXB, PHB, NODE, SYS joined by '+'"
-        for part in text.split("+"):
-            nv = _NV_RE.match(part)
-            if nv and nvlinks is None:
-                nvlinks = int(nv.group(1))
-                if not 1 <= nvlinks <= MAX_NVLINKS:
-                    self.fail(where, f"NVLink count must be 1..{MAX_NVLINKS}", text)
-                continue
-            kind = _parse_pcie(part)
-            if kind is None or pcie is not None:
-                self.fail(where, f"unknown cell: expected {allowed}", text)
-            pcie = kind
-        if pcie is None:
-            a, b = gpus[row].numa_node, gpus[col].numa_node
-            pcie = Pcie.NODE if a is not None and a == b else Pcie.SYS
-        return Link(pcie, nvlinks or 0)
-
-    def links(self, raw: Any, gpus: tuple[GpuSpec, ...]) -> tuple[tuple[Link | None, ...], ...]:
-        if not isinstance(raw, str):
-            self.fail(
-                "links", "must be a text block (nvidia-smi topo -m style, use 'links: |')", raw
-            )
-        lines = [line.split() for line in raw.splitlines() if line.strip()]
-        if not lines:
-            self.fail("links", "is empty", raw)
-        header = lines[0]
-        for position, title in enumerate(header):
-            if title != f"GPU{position}":
-                self.fail(
-                    f"links header column {position + 1}",
-                    f"expected GPU{position} (GPU columns only, in index order)",
-                    title,
-                )
-        n = len(header)
-        if n != len(gpus):
-            self.fail(
-                "links",
-                f"matrix has {n} GPU columns but gpus lists {len(gpus)} GPUs",
-                " ".join(header),
-            )
-        rows = lines[1:]
-        if len(rows) != n:
-            self.fail("links", f"matrix has {len(rows)} rows for {n} columns (must be square)", raw)
-        cells: list[list[Link | None]] = []
-        for i, row in enumerate(rows):
-            if row[0] != f"GPU{i}":
-                self.fail(f"links row {i + 1}", f"expected row title GPU{i}", row[0])
-            if len(row) - 1 != n:
-                self.fail(
-                    f"links row GPU{i}",
-                    f"has {len(row) - 1} cells, expected {n} (must be square)",
-                    " ".join(row[1:]),
-                )
-            parsed: list[Link | None] = []
-            for j, text in enumerate(row[1:]):
-                if i == j:
-                    if text != "X":
-                        self.fail(f"links row GPU{i} column GPU{j}", "diagonal must be X", text)
-                    parsed.append(None)
-                elif text == "X":
-                    self.fail(
-                        f"links row GPU{i} column GPU{j}", "X only belongs on the diagonal", text
-                    )
-                else:
-                    parsed.append(self.cell(text, i, j, gpus))
-            cells.append(parsed)
+    def links(
+        self, table: TopoTable, gpus: tuple[GpuSpec, ...]
+    ) -> tuple[tuple[Link | None, ...], ...]:
+        """Each pair's link; a cell naming only NVLinks gets NODE within a NUMA node, else SYS."""
+        n = len(gpus)
+        cells: list[list[Link | None]] = [[None] * n for _ in range(n)]
         for i in range(n):
-            for j in range(i + 1, n):
-                if cells[i][j] != cells[j][i]:
-                    self.fail(
-                        f"links row GPU{i} column GPU{j}",
-                        f"asymmetric: row GPU{j} column GPU{i} says {rows[j][i + 1]!r}",
-                        rows[i][j + 1],
-                    )
-        self.check_nvlinks(cells, gpus, rows)
+            for j in range(n):
+                if i == j:
+                    continue
+                cell = table.cell(i, j)
+                pcie = cell.pcie
+                if pcie is None:
+                    a, b = gpus[i].numa_node, gpus[j].numa_node
+                    pcie = Pcie.NODE if a is not None and a == b else Pcie.SYS
+                cells[i][j] = Link(pcie, cell.nvlinks)
+        self.check_nvlinks(cells, gpus, table)
         return tuple(tuple(row) for row in cells)
 
     def check_nvlinks(
-        self, cells: list[list[Link | None]], gpus: tuple[GpuSpec, ...], rows: list[list[str]]
+        self, cells: list[list[Link | None]], gpus: tuple[GpuSpec, ...], table: TopoTable
     ) -> None:
         """NVSwitch pairs must say min(links of each); no GPU may exceed its link budget."""
         for i, gpu in enumerate(gpus):
@@ -504,7 +496,7 @@ class _Parser:
                             f"both GPUs reach the NVSwitch fabric (nvswitch_links "
                             f"{gpu.nvswitch_links} and {other.nvswitch_links}), so the cell must "
                             f"say NV{expected}",
-                            rows[i][j + 1],
+                            table.cell(i, j).text,
                         )
                 else:
                     direct += link.nvlinks
@@ -517,12 +509,13 @@ class _Parser:
                     total,
                 )
 
-    def cpus(self, raw: Any, numa_count: int) -> tuple[CpuSpec, CpuLayout]:
-        if raw is None:
-            spec = CpuSpec(numa_count, DEFAULT_CORES_PER_SOCKET, DEFAULT_THREADS_PER_CORE)
-        else:
-            data = self.keys(raw, "cpus", _CPU_KEYS)
-            for key in _CPU_KEYS:
+    def cpu_form(self, raw: Any) -> CpuForm:
+        """The ``cpus`` mapping: the compact form, or the explicit one (``numa_cpus``)."""
+        data = self.keys(raw, "cpus", _CPU_KEYS)
+        if "numa_cpus" not in data:
+            if "socket_cpus" in data:
+                self.fail("cpus.socket_cpus", "only with numa_cpus", data["socket_cpus"])
+            for key in ("sockets", "cores_per_socket", "threads_per_core"):
                 if key not in data:
                     self.fail(f"cpus.{key}", "missing (required)", show=False)
             spec = CpuSpec(
@@ -530,16 +523,51 @@ class _Parser:
                 self.integer(data["cores_per_socket"], "cpus.cores_per_socket", 1, 1024),
                 self.integer(data["threads_per_core"], "cpus.threads_per_core", 1, 8),
             )
-        total = spec.sockets * spec.cores_per_socket * spec.threads_per_core
-        if total > MAX_CPUS:
-            self.fail("cpus", f"at most {MAX_CPUS} logical CPUs", total)
+            total = spec.sockets * spec.cores_per_socket * spec.threads_per_core
+            if total > MAX_CPUS:
+                self.fail("cpus", f"at most {MAX_CPUS} logical CPUs", total)
+            return spec
+        for key in ("sockets", "cores_per_socket"):
+            if key in data:
+                self.fail(f"cpus.{key}", "not with numa_cpus: list the sockets as socket_cpus")
+        numa_cpus = self.cpu_lists(data["numa_cpus"], "cpus.numa_cpus", MAX_NUMA_NODES)
+        if not any(numa_cpus):
+            self.fail("cpus.numa_cpus", "names no CPU", data["numa_cpus"])
+        sockets = tuple(c for c in numa_cpus if c)
+        if "socket_cpus" in data:
+            sockets = self.cpu_lists(data["socket_cpus"], "cpus.socket_cpus", 64)
+        threads = self.integer(data.get("threads_per_core", 1), "cpus.threads_per_core", 1, 8)
+        lists = CpuLists(numa_cpus, sockets, threads)
         try:
-            layout = CpuLayout.build(
-                spec.sockets, spec.cores_per_socket, spec.threads_per_core, numa_count
-            )
+            lists.layout()
         except ValueError as exc:
-            self.fail("cpus", f"does not fit {numa_count} NUMA node(s): {exc}", raw)
-        return spec, layout
+            self.fail("cpus", str(exc), show=False)
+        return lists
+
+    def cpu_lists(self, raw: Any, field: str, most: int) -> tuple[tuple[int, ...], ...]:
+        if not isinstance(raw, list) or not raw:
+            self.fail(field, 'must be a non-empty list of CPU lists such as "0-19,40-59"', raw)
+        if len(raw) > most:
+            self.fail(field, f"at most {most} entries", len(raw))
+        lists = []
+        for n, item in enumerate(raw):
+            if isinstance(item, bool) or not isinstance(item, str | int):
+                self.fail(f"{field}[{n}]", 'must be a CPU list such as "0-19,40-59"', item)
+            try:
+                lists.append(parse_cpu_list(str(item), MAX_CPUS - 1))
+            except ValueError as exc:
+                self.fail(f"{field}[{n}]", f"not a CPU list: {exc}", item)
+        return tuple(lists)
+
+    def cpus(self, form: CpuForm | None, numa_count: int) -> tuple[CpuForm, CpuLayout]:
+        if form is None:
+            form = CpuSpec(numa_count, DEFAULT_CORES_PER_SOCKET, DEFAULT_THREADS_PER_CORE)
+        try:
+            layout = layout_of(form, numa_count)
+        except ValueError as exc:
+            field = "cpus.numa_cpus" if isinstance(form, CpuLists) else "cpus"
+            self.fail(field, f"does not fit {numa_count} NUMA node(s): {exc}", show=False)
+        return form, layout
 
     def events(self, raw: Any, gpu_count: int) -> tuple[EventSpec, ...]:
         if raw is None:

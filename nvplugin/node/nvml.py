@@ -24,7 +24,16 @@ from typing import Any, TypeVar
 import pynvml
 
 from nvplugin.errors import NvpluginError
-from nvplugin.node.model import MAX_NVLINKS, Cpu, CpuLayout, Gpu, Link, Pcie, Topology
+from nvplugin.node.model import (
+    MAX_NVLINKS,
+    Cpu,
+    CpuLayout,
+    Gpu,
+    Link,
+    Pcie,
+    Topology,
+    parse_cpu_list,
+)
 
 T = TypeVar("T")
 
@@ -66,6 +75,20 @@ PCIE_TO_LEVEL: Mapping[Pcie, int] = MappingProxyType(
 
 _PCI_RE = re.compile(r"^([0-9a-fA-F]+):([0-9a-fA-F]+):([0-9a-fA-F]+)\.([0-9a-fA-F]+)$")
 
+NVML_LIBRARY = "libnvidia-ml.so.1"
+LIBRARY_DIRS = (
+    "usr/lib64",
+    "usr/lib/x86_64-linux-gnu",
+    "usr/lib/aarch64-linux-gnu",
+    "lib64",
+    "lib/x86_64-linux-gnu",
+    "lib/aarch64-linux-gnu",
+    "usr/lib",
+    "lib",
+)
+"""Where driver installs put libnvidia-ml.so.1, relative to the driver root (distribution
+packages, the .run installer, the GPU Operator's driver container)."""
+
 MAX_EVENTS_PER_WAIT = 64
 """How many queued events one :meth:`EventWatcher.wait` drains at most."""
 
@@ -83,6 +106,14 @@ class GpuEvent:
     index: int
     xid: int | None = None
     lost: bool = False
+
+
+@dataclass(frozen=True)
+class Scan:
+    """What discovery read: the topology, and each GPU's NVLinks into an NVSwitch fabric."""
+
+    topology: Topology
+    nvswitch_links: tuple[int, ...]
 
 
 class EventWaitError(NvpluginError):
@@ -115,6 +146,31 @@ def sysfs_pci_name(bus_id: str) -> str:
         return bus_id.lower()
     domain, bus, dev, fn = key
     return f"{domain:04x}:{bus:02x}:{dev:02x}.{fn:x}"
+
+
+def driver_library(driver_root: str) -> str | None:
+    """``libnvidia-ml.so.1`` under ``driver_root`` (the host's driver root as mounted in the
+    plugin's container, NVIDIA's ``containerDriverRoot``), or None when it is not there."""
+    for directory in LIBRARY_DIRS:
+        candidate = os.path.join(driver_root, directory, NVML_LIBRARY)
+        if os.path.isfile(candidate):
+            return candidate
+    return None
+
+
+def load_library(driver_root: str | None) -> str | None:
+    """Load NVML from ``driver_root`` when the library is there, before NVML starts: a plugin
+    whose pod mounts the host's driver root needs no NVIDIA container runtime to find it.
+    Returns the path loaded (None: the library loader's own search will be used, as without a
+    driver root). Only the first load counts: pynvml keeps one library per process."""
+    path = driver_library(driver_root) if driver_root else None
+    if path is None or pynvml.nvmlLib is not None:
+        return None
+    try:
+        pynvml.nvmlLib = ctypes.CDLL(path)
+    except OSError as exc:
+        raise NvpluginError(f"cannot load the NVML library {path}: {exc}") from None
+    return path
 
 
 def _failure(exc: Exception, what: str) -> NvpluginError:
@@ -162,12 +218,14 @@ class Nvml:
     """An initialised NVML session; :meth:`close` shuts it down.
 
     ``sysfs_root`` is where discovery reads NUMA nodes and CPUs (``/sys`` on a real node, the
-    simulated node's generated tree under ``--simulate``).
+    simulated node's generated tree under ``--simulate``); ``driver_root``, where the host's
+    driver root is mounted (NVML is loaded from it when there, see :func:`load_library`).
     """
 
-    def __init__(self, sysfs_root: str = "/sys") -> None:
+    def __init__(self, sysfs_root: str = "/sys", driver_root: str | None = None) -> None:
         self.sysfs_root = sysfs_root
         self._handles: list[Any] = []
+        self.library = load_library(driver_root)
         _call("initialise NVML", pynvml.nvmlInit)
         self._open = True
 
@@ -187,6 +245,11 @@ class Nvml:
     # -- discovery ----------------------------------------------------------------------------
     def discover(self, name: str) -> Topology:
         """Read the node once: GPUs, every pair's PCIe relation and NVLinks, NUMA and CPUs."""
+        return self.scan(name).topology
+
+    def scan(self, name: str) -> Scan:
+        """:meth:`discover`, keeping how many of each GPU's NVLinks go to NVSwitches (what a
+        node file records as ``nvswitch_links``, ``nvplugin node capture``)."""
         count = _call("count the GPUs", pynvml.nvmlDeviceGetCount)
         handles = [
             _call(f"open GPU {i}", pynvml.nvmlDeviceGetHandleByIndex, i) for i in range(count)
@@ -222,7 +285,8 @@ class Nvml:
                 link = Link(pcie, min(nvlinks, MAX_NVLINKS))
                 links[i][j] = links[j][i] = link
         cpus = read_cpu_layout(self.sysfs_root)
-        return Topology(name, gpus, tuple(tuple(row) for row in links), numa_distances, cpus)
+        topology = Topology(name, gpus, tuple(tuple(row) for row in links), numa_distances, cpus)
+        return Scan(topology, tuple(fabric))
 
     def _gpu(self, index: int, handle: Any, numa_count: int) -> Gpu:
         what = f"read GPU {index}"
@@ -377,17 +441,6 @@ def _read(path: Path) -> str | None:
         return None
 
 
-def parse_cpulist(text: str) -> list[int]:
-    """Linux cpulist format (``0-19,40-59``) as CPU ids."""
-    cpus: list[int] = []
-    for part in text.strip().split(","):
-        if not part:
-            continue
-        low, _, high = part.partition("-")
-        cpus.extend(range(int(low), int(high or low) + 1))
-    return cpus
-
-
 def read_numa_node(sysfs_root: str, bus_id: str) -> int | None:
     """NUMA node of a PCI device from sysfs: None when negative (-1) or unreadable."""
     path = Path(sysfs_root, "bus/pci/devices", sysfs_pci_name(bus_id), "numa_node")
@@ -439,7 +492,7 @@ def read_cpu_layout(sysfs_root: str) -> CpuLayout:
     for node in _node_ids(sysfs_root):
         text = _read(Path(sysfs_root, f"devices/system/node/node{node}/cpulist")) or ""
         try:
-            for cpu in parse_cpulist(text):
+            for cpu in parse_cpu_list(text):
                 node_of[cpu] = node
         except ValueError:
             continue

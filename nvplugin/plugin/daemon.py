@@ -12,12 +12,17 @@ reload that changes only log, health rules, health service or metrics is applied
 sockets, the kubelet's streams and the registrations stay, so no request fails meanwhile.
 
 Observability: each socket also serves the gRPC health service (registered and a healthy GPU:
-SERVING), every RPC goes through the metrics interceptor, and ``metrics_address`` (off by
-default) serves the daemon's private Prometheus registry. Exit 1 after start only when a socket
-the kubelet removed cannot be served again (the registrar gives up): a plugin that nobody can
-reach must be restarted, not kept as a zombie.
+SERVING), every RPC goes through the metrics interceptor, ``nvplugin.metrics.address`` (off by
+default) serves the daemon's private Prometheus registry, and ``nvplugin.healthProbes.address``
+(off by default; the chart turns it on) serves the same statuses over HTTP for the kubelet's
+probes: ``/livez`` (the daemon answers) and ``/readyz`` (a resource is SERVING). Both HTTP
+endpoints run on the event loop and start before anything else, so the startup probe passes at
+once.
 
-NVML failing at start: with ``fail_on_init_error`` the error propagates (the CLI prints it and
+Exit 1 after start only when a socket the kubelet removed cannot be served again (the registrar
+gives up): a plugin that nobody can reach must be restarted, not kept as a zombie.
+
+NVML failing at start: with ``flags.failOnInitError`` the error propagates (the CLI prints it and
 exits 1); without, the daemon keeps running with no devices, retries discovery every
 ``discovery_retry_s`` seconds and registers once GPUs appear. Meanwhile (and while NVML finds no
 GPU) it serves its socket unregistered, so that the health service answers probes NOT_SERVING
@@ -31,23 +36,26 @@ import contextlib
 import dataclasses
 import functools
 import os
-import signal
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from nvplugin.allocator import Policy, make_policy
 from nvplugin.config import Config
-from nvplugin.errors import InputError, NvpluginError
+from nvplugin.errors import InputError, NvpluginError, reason
 from nvplugin.log import configure, get_logger
 from nvplugin.node import NodeSession, open_node
 from nvplugin.node.health import HealthMonitor
 from nvplugin.plugin import healthservice
 from nvplugin.plugin.healthservice import PluginHealthService
-from nvplugin.plugin.metrics import Metrics, MetricsServer
+from nvplugin.plugin.httpendpoint import HttpEndpoint, Response
+from nvplugin.plugin.metrics import Metrics, metrics_endpoint
 from nvplugin.plugin.registration import SERVE_AGAIN_GIVE_UP_S, DirWatcher, Registrar
-from nvplugin.plugin.resources import ServedResource, plan_resources, socket_name
+from nvplugin.plugin.resources import ServedResource, plan_resources
 from nvplugin.plugin.responses import Responder, make_responder
 from nvplugin.plugin.server import DevicePluginService, PluginSocket
+from nvplugin.plugin.signals import HANDLED, PendingSignals
+from nvplugin.resourcenames import socket_name
 
 DISCOVERY_RETRY_S = 30.0
 WAITING_CHECK_S = 1.0
@@ -57,6 +65,13 @@ STOP_GRACE_S = 0.3
 """How long in-flight unary RPCs get at shutdown; streams are ended at once."""
 
 NodeOpener = Callable[[str | None], NodeSession]
+
+ENVVAR_COLLISION = (
+    "a container that requests two of these resources gets one NVIDIA_VISIBLE_DEVICES per "
+    "resource and the kubelet keeps only one of them, so it silently loses GPUs; use "
+    "deviceListStrategy volume-mounts, cdi-annotations or cdi-cri (with or without envvar), "
+    "which the kubelet merges"
+)
 
 
 @dataclass
@@ -95,18 +110,21 @@ class Daemon:
         reload: Callable[[], Config] | None = None,
         simulate: str | None = None,
         discovery_retry_s: float = DISCOVERY_RETRY_S,
-        opener: NodeOpener = open_node,
+        opener: NodeOpener | None = None,
         serve_give_up_s: float = SERVE_AGAIN_GIVE_UP_S,
     ) -> None:
         self.config = config
         self.metrics = Metrics()
-        self._metrics_server: MetricsServer | None = None
+        # The HTTP endpoints, by what they serve (METRICS, PROBES); absent when not configured.
+        self._endpoints: dict[str, HttpEndpoint] = {}
         self._serve_give_up_s = serve_give_up_s
         self._fatal: NvpluginError | None = None
         self._reload = reload
         self._simulate = simulate
         self._discovery_retry_s = discovery_retry_s
-        self._opener = opener
+        self._opener = opener or functools.partial(
+            open_node, driver_root=config.container_driver_root
+        )
         self._log = get_logger("nvplugin.daemon")
         self._stop = asyncio.Event()
         self._hup = asyncio.Event()
@@ -141,7 +159,14 @@ class Daemon:
     @property
     def metrics_port(self) -> int | None:
         """The port /metrics is served on (None: metrics off)."""
-        return self._metrics_server.port if self._metrics_server is not None else None
+        endpoint = self._endpoints.get(METRICS)
+        return endpoint.port if endpoint is not None else None
+
+    @property
+    def probe_port(self) -> int | None:
+        """The port /livez and /readyz are served on (None: off)."""
+        endpoint = self._endpoints.get(PROBES)
+        return endpoint.port if endpoint is not None else None
 
     def stop(self) -> None:
         """Ask the daemon to shut down (what SIGTERM does)."""
@@ -151,22 +176,36 @@ class Daemon:
         """Ask the daemon to reload its config (what SIGHUP does)."""
         self._hup.set()
 
-    async def run(self, *, handle_signals: bool = True) -> int:
-        """Serve until stopped; returns the exit status (0). Fatal start-up errors raise."""
+    async def run(
+        self, *, handle_signals: bool = True, pending: PendingSignals | None = None
+    ) -> int:
+        """Serve until stopped; returns the exit status (0). Fatal start-up errors raise.
+
+        ``pending`` holds the signals that arrived before the loop's handlers were in place
+        (``serve`` installs it first thing): they are acted on now, and it takes the signals
+        back when the loop ends.
+        """
         loop = asyncio.get_running_loop()
         if handle_signals:
-            loop.add_signal_handler(signal.SIGTERM, self._on_signal, "SIGTERM")
-            loop.add_signal_handler(signal.SIGINT, self._on_signal, "SIGINT")
-            loop.add_signal_handler(signal.SIGHUP, self._on_signal, "SIGHUP")
+            for sig in HANDLED:
+                loop.add_signal_handler(sig, self._on_signal, sig.name)
+        for name in pending.take() if pending is not None else ():
+            self._on_signal(name, before_serving=True)
         self._log.info("effective config", config=self.config.as_dict(), simulate=self._simulate)
+        for note in self.config.notes:  # keys present that are not for the plugin: said once
+            self._log.info("config note", note=note)
         try:
-            self._start_metrics(self.config.metrics_address)
+            # The probes first: the startup probe passes as soon as the process answers.
+            for kind in (PROBES, METRICS):
+                await self._start_endpoint(kind, _endpoint_address(self.config, kind))
             await self._serve()
         finally:
             await self._shutdown()
             if handle_signals:
-                for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                for sig in HANDLED:
                     loop.remove_signal_handler(sig)
+                if pending is not None:
+                    pending.hold()
         if self._fatal is not None:
             # Only a lost socket we could not serve again (or a registrar bug) gets here: exit
             # non-zero so that Kubernetes restarts the plugin rather than keep a zombie.
@@ -175,25 +214,43 @@ class Daemon:
         self._log.info("stopped")
         return 0
 
-    def _start_metrics(self, address: str | None) -> None:
-        """Serve /metrics on ``address`` (None: none); NvpluginError when it cannot bind."""
+    async def _start_endpoint(self, kind: str, address: str | None) -> None:
+        """Serve ``kind`` (METRICS, PROBES) on ``address`` (None: not at all); NvpluginError
+        when it cannot bind."""
         if address is None:
             return
-        server = MetricsServer(address, self.metrics)
-        server.start()
-        self._metrics_server = server
+        endpoint = (
+            metrics_endpoint(address, self.metrics)
+            if kind == METRICS
+            else HttpEndpoint(kind, address, {"/livez": self._livez, "/readyz": self._readyz})
+        )
+        await endpoint.start()
+        self._endpoints[kind] = endpoint
 
-    def _stop_metrics(self) -> None:
-        server, self._metrics_server = self._metrics_server, None
-        if server is not None:
-            server.stop()
+    async def _stop_endpoint(self, kind: str) -> None:
+        endpoint = self._endpoints.pop(kind, None)
+        if endpoint is not None:
+            await endpoint.stop()
 
-    def _on_signal(self, name: str) -> None:
-        self._log.info("signal", signal=name)
+    def _health_services(self) -> list[PluginHealthService]:
+        if self._waiting is not None:
+            return [self._waiting.health_service]
+        return [resource.health_service for resource in self._resources]
+
+    def _livez(self) -> Response:
+        return healthservice.probe_response(self._health_services(), live=True)
+
+    def _readyz(self) -> Response:
+        return healthservice.probe_response(self._health_services(), live=False)
+
+    def _on_signal(self, name: str, before_serving: bool = False) -> None:
+        """Act first, log after: a log line must never stand between a signal and its effect
+        (the log sink drops what it cannot write, but acting first does not rely on that)."""
         if name == "SIGHUP":
-            self._hup.set()
+            self._hup.set()  # before serving: reload once serving
         else:
             self._stop.set()
+        self._log.info("signal", signal=name, before_serving=before_serving)
 
     async def _serve(self) -> None:
         self._node = await self._discover()
@@ -248,10 +305,11 @@ class Daemon:
         """Serve the plugin socket with no devices while discovery waits for GPUs.
 
         Only the health service matters on it: it answers NOT_SERVING (not registered, no GPU),
-        so the chart's liveness and startup probes (``nvplugin probe --live``) see a live plugin
+        so liveness and startup probes (``/livez``, ``nvplugin probe --live``) see a live plugin
         and do not restart it in a loop -- with ``fail_on_init_error: false`` the point is to
-        stay up -- while readiness shows it is not ready. It is not registered: there is
-        nothing to advertise. Another live process on the path is the usual start-up error.
+        stay up -- while readiness (``/readyz``) shows it is not ready. It is not registered:
+        there is nothing to advertise. Another live process on the path is the usual start-up
+        error.
         """
         if self._waiting is not None and self._waiting.socket.intact():
             return
@@ -309,6 +367,12 @@ class Daemon:
             self._log.warning("config has no effect on this node", reason=warning)
         if plan.empty:
             self._log.info("not serving resources without GPUs", resources=list(plan.empty))
+        if len(plan.resources) > 1 and tuple(config.device_list_strategy) == ("envvar",):
+            self._log.warning(
+                "several resources served with deviceListStrategy envvar alone",
+                resources=[served.name for served in plan.resources],
+                reason=ENVVAR_COLLISION,
+            )
         _make_dir(config.device_plugin_dir)
         watcher = await self._ensure_watcher(config.device_plugin_dir)
         # One policy for the node: each resource asks it about its own GPUs' indices.
@@ -496,25 +560,44 @@ class Daemon:
             await _cancel([task])
 
     async def _reload_config(self) -> None:
+        """SIGHUP. Whatever goes wrong -- a config that fails to load in any way, even one
+        nobody foresaw, or one that cannot be served -- is logged and the running config kept:
+        a reload never ends the plugin (every GPU would be lost to the kubelet)."""
         if self._reload is None:
             self._log.info("SIGHUP: nothing to reload")
             return
         try:
             config = self._reload()
-        except InputError as exc:
-            self._log.error("config reload failed; keeping the running config", error=str(exc))
+            if self._node is not None:  # what only the node can tell (the kubelet's limit)
+                plan_resources(
+                    self._node.topology.gpus,
+                    config.resource_name,
+                    config.resources,
+                    config.time_slicing,
+                )
+        except Exception as exc:
+            self._log.error("config reload failed; keeping the running config", error=reason(exc))
             return
         configure(config.log.format, config.log.level)
         self._log.info("config reloaded", config=config.as_dict())
         previous = self.config
-        if config.metrics_address != previous.metrics_address:
-            self._stop_metrics()
+        for kind in (PROBES, METRICS):
+            address = _endpoint_address(config, kind)
+            if address == _endpoint_address(previous, kind):
+                continue
+            await self._stop_endpoint(kind)
             try:
-                self._start_metrics(config.metrics_address)
+                await self._start_endpoint(kind, address)
             except NvpluginError as exc:
-                self._log.error("metrics off: cannot serve the reloaded address", error=str(exc))
+                self._log.error(f"{kind} off: cannot serve the reloaded address", error=str(exc))
         if self._resources and _same_sockets(previous, config):
-            await self._reload_in_place(config)
+            try:
+                await self._reload_in_place(config)
+            except Exception as exc:
+                configure(previous.log.format, previous.log.level)
+                self._log.error(
+                    "cannot apply the reloaded config; keeping the running one", error=reason(exc)
+                )
             return
         # Same health settings: keep the monitor and what it has seen. New ones: a fresh monitor,
         # as the old verdicts were made by rules no longer configured.
@@ -522,13 +605,20 @@ class Daemon:
         try:
             await self._start_resource(config, health)
             self.config = config
-        except NvpluginError as exc:
+        except Exception as exc:
             self._log.error(
                 "cannot serve with the reloaded config; going back to the previous one",
-                error=str(exc),
+                error=reason(exc),
             )
             configure(previous.log.format, previous.log.level)
-            await self._start_resource(previous, health)
+            try:
+                await self._start_resource(previous, health)
+            except Exception as again:
+                # What served a moment ago cannot be served again (the directory went away):
+                # exit 1 with the reason, so that Kubernetes restarts the plugin.
+                raise NvpluginError(
+                    f"cannot serve the previous config again after a failed reload: {reason(again)}"
+                ) from None
 
     async def _reload_in_place(self, config: Config) -> None:
         """Apply a config that changes nothing the kubelet sees (log, health rules, health
@@ -553,11 +643,20 @@ class Daemon:
     async def _shutdown(self) -> None:
         await self._stop_waiting()
         await self._stop_resource(keep_health=False)
-        self._stop_metrics()
+        for kind in (METRICS, PROBES):
+            await self._stop_endpoint(kind)
         await self._stop_watcher()
         if self._node is not None:
             node, self._node = self._node, None
             await asyncio.to_thread(node.close)
+
+
+METRICS = "metrics"
+PROBES = "health probes"
+
+
+def _endpoint_address(config: Config, kind: str) -> str | None:
+    return config.metrics_address if kind == METRICS else config.health_probe_address
 
 
 def _make_dir(directory: str) -> None:
@@ -584,13 +683,15 @@ class _NoGpus:
 
 def _same_sockets(old: Config, new: Config) -> bool:
     """Whether ``new`` differs from ``old`` only in what can change while serving (log, health
-    rules, health service, metrics): then a reload keeps the socket and the registration."""
+    rules, health service, metrics, probes): then a reload keeps the socket and the
+    registration."""
     in_place = dataclasses.replace(
         old,
         log=new.log,
         health=new.health,
         health_service=new.health_service,
         metrics_address=new.metrics_address,
+        health_probe_address=new.health_probe_address,
         source=new.source,
     )
     return in_place == new
@@ -600,8 +701,10 @@ class _Forward:
     """The health monitor's ``on_change``: hands each map to the services on the event loop
     (each takes the GPUs it serves; replicas follow their GPU).
 
-    Called on the monitor's thread; ``call_soon_threadsafe`` moves the update to the loop. The
-    targets can change on SIGHUP while the monitor (and the health it has seen) lives on.
+    Called on the monitor's thread. Maps are coalesced on their way to the loop: at most one
+    hand-over is queued at a time and it carries the latest map, so a storm of changes while the
+    loop is busy queues one callback, not one per change. The targets can change on SIGHUP
+    while the monitor (and the health it has seen) lives on.
     """
 
     def __init__(
@@ -609,14 +712,27 @@ class _Forward:
     ) -> None:
         self._loop = loop
         self._services = list(services)
+        self._lock = threading.Lock()
+        self._latest: dict[int, bool] | None = None  # set while a hand-over is queued
 
     def retarget(self, services: list[DevicePluginService]) -> None:
         self._services = list(services)
 
     def __call__(self, health: dict[int, bool]) -> None:
-        for service in self._services:
+        with self._lock:
+            queued = self._latest is not None
+            self._latest = dict(health)
+        if not queued:
             with contextlib.suppress(RuntimeError):  # the loop closed while shutting down
-                self._loop.call_soon_threadsafe(service.set_health, health)
+                self._loop.call_soon_threadsafe(self._deliver)
+
+    def _deliver(self) -> None:
+        with self._lock:
+            health, self._latest = self._latest, None
+        if health is None:
+            return
+        for service in self._services:
+            service.set_health(health)
 
 
 async def _cancel(tasks: list[asyncio.Task[None]], timeout: float = 1.0) -> None:
@@ -653,8 +769,10 @@ def run_daemon(
     simulate: str | None = None,
     discovery_retry_s: float = DISCOVERY_RETRY_S,
     serve_give_up_s: float = SERVE_AGAIN_GIVE_UP_S,
+    pending: PendingSignals | None = None,
 ) -> int:
-    """Configure logging, run the daemon on a fresh event loop, return its exit status."""
+    """Configure logging, run the daemon on a fresh event loop, return its exit status.
+    ``pending``: the signals recorded since the process started (see :mod:`.signals`)."""
     configure(config.log.format, config.log.level)
     daemon = Daemon(
         config,
@@ -663,4 +781,4 @@ def run_daemon(
         discovery_retry_s=discovery_retry_s,
         serve_give_up_s=serve_give_up_s,
     )
-    return asyncio.run(daemon.run())
+    return asyncio.run(daemon.run(pending=pending))

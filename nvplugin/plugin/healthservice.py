@@ -20,7 +20,7 @@ not serving. Everything runs on the event loop: ``set_*`` must be called there.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -29,6 +29,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from nvplugin.config import HealthServiceConfig
 from nvplugin.errors import shortened
 from nvplugin.log import get_logger
+from nvplugin.plugin.httpendpoint import Response
 
 SERVING: int = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING: int = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -156,3 +157,23 @@ MAX_SHOWN_SERVICE = 64
 
 def add_to_server(service: PluginHealthService, server: grpc.aio.Server) -> None:
     health_pb2_grpc.add_HealthServicer_to_server(service, server)
+
+
+def probe_response(services: Sequence[PluginHealthService], *, live: bool) -> Response:
+    """The kubelet's httpGet probes (``/livez``, ``/readyz``) over the same statuses: one line
+    per served socket, e.g. ``nvidia.com/gpu: SERVING: registered with the kubelet, 8 of 8 GPUs
+    healthy``.
+
+    Ready (200) while one of them is SERVING, as ``nvplugin probe`` passes on the first socket
+    SERVING; else 503. Live: 200 whenever the daemon answers -- this runs on its event loop, so
+    an answer means the loop turns; a plugin whose GPUs fell off the bus shows NotReady and is
+    not restarted in a loop for it.
+    """
+    lines = [
+        f"{service.resource_name}: {STATUS_NAMES[service.status]}: {service.reason}"
+        for service in services
+    ] or ["no plugin socket yet: discovering GPUs"]
+    ready = any(service.serving for service in services)
+    status = 200 if live or ready else 503
+    verdict = "live" if live else ("ready" if ready else "not ready")
+    return Response(status, "\n".join([verdict, *lines, ""]).encode())

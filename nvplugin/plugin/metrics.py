@@ -1,9 +1,12 @@
 """Prometheus metrics: what the plugin did, for the operator who was not watching its log.
 
-Off by default: only ``metrics_address`` (``--metrics-address host:port``) starts the HTTP
-endpoint, and it binds exactly that address -- nothing is exposed on a node the user did not ask
-for. The collectors live in a private :class:`CollectorRegistry` owned by one :class:`Metrics`
-object per daemon (no global registry: two daemons in one test process never share counters, and
+Off by default: only ``nvplugin.metrics.address`` (``--metrics-address host:port``) starts the
+HTTP endpoint, and it binds exactly that address -- nothing is exposed on a node the user did not
+ask for. It is served from the daemon's event loop with bounded connections
+(:mod:`nvplugin.plugin.httpendpoint`): idle clients cost no thread.
+
+The collectors live in a private :class:`CollectorRegistry` owned by one :class:`Metrics` object
+per daemon (no global registry: two daemons in one test process never share counters, and
 nothing a library registers globally leaks into our endpoint).
 
 Series (``resource`` is the extended resource name):
@@ -23,16 +26,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import grpc
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 
-from nvplugin.errors import NvpluginError
-from nvplugin.log import get_logger
+from nvplugin.plugin.httpendpoint import HttpEndpoint, Response
 
 LATENCY_BUCKETS = (
     0.00005,
@@ -54,39 +62,6 @@ LATENCY_BUCKETS = (
 )
 """Seconds. A GetPreferredAllocation answers in well under a millisecond; the top buckets catch a
 policy still being computed at start."""
-
-
-def address_problem(text: str) -> str | None:
-    """Why ``text`` is not a ``host:port`` to bind (None when it is).
-
-    The host is required (an IP address or a name; ``[...]`` around IPv6): the plugin binds what
-    it is told, and "every interface" must be asked for as ``0.0.0.0`` or ``[::]``.
-    """
-    try:
-        parse_address(text)
-    except ValueError as exc:
-        return str(exc)
-    return None
-
-
-def parse_address(text: str) -> tuple[str, int]:
-    """``host:port`` -> (host, port); ValueError says what is wrong. Port 0 = any free port."""
-    host, sep, port_text = text.rpartition(":")
-    if not sep or not host:
-        raise ValueError(f"{text!r} is not host:port (e.g. 127.0.0.1:9400 or 0.0.0.0:9400)")
-    if host.startswith("["):
-        if not host.endswith("]"):
-            raise ValueError(f"{text!r}: an IPv6 host must be written [address]")
-        host = host[1:-1]
-        try:
-            ipaddress.IPv6Address(host)
-        except ValueError:
-            raise ValueError(f"{text!r}: {host!r} is not an IPv6 address") from None
-    elif ":" in host:
-        raise ValueError(f"{text!r}: write an IPv6 host in brackets, e.g. [::1]:9400")
-    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
-        raise ValueError(f"{text!r}: the port must be a number from 0 to 65535")
-    return host, int(port_text)
 
 
 class Metrics:
@@ -272,45 +247,11 @@ def _code_of(context: Any, default: str) -> str:
     return default
 
 
-class MetricsServer:
-    """The HTTP endpoint (``/metrics``) on exactly ``address``, on its own thread."""
+def metrics_endpoint(address: str, metrics: Metrics) -> HttpEndpoint:
+    """``/metrics`` (``metrics``' private registry) on exactly ``address``; not started. Served
+    from the event loop, connections bounded (:mod:`nvplugin.plugin.httpendpoint`)."""
 
-    def __init__(self, address: str, metrics: Metrics) -> None:
-        self.address = address
-        self._metrics = metrics
-        self._server: Any = None
-        self._thread: Any = None
-        self._log = get_logger("nvplugin.metrics")
+    def scrape() -> Response:
+        return Response(200, generate_latest(metrics.registry), CONTENT_TYPE_LATEST)
 
-    @property
-    def port(self) -> int | None:
-        """The port bound (the one chosen by the OS when the address asked for port 0)."""
-        return None if self._server is None else int(self._server.server_port)
-
-    def start(self) -> None:
-        """Bind and serve; :class:`NvpluginError` naming the address when it cannot bind."""
-        from prometheus_client import start_http_server
-
-        try:
-            host, port = parse_address(self.address)
-        except ValueError as exc:
-            raise NvpluginError(f"metrics_address: {exc}") from None
-        try:
-            self._server, self._thread = start_http_server(
-                port, addr=host, registry=self._metrics.registry
-            )
-        except OSError as exc:
-            raise NvpluginError(
-                f"cannot serve metrics on {self.address}: {exc.strerror or exc}"
-            ) from None
-        self._log.info("serving metrics", address=self.address, port=self.port, path="/metrics")
-
-    def stop(self) -> None:
-        server, self._server = self._server, None
-        thread, self._thread = self._thread, None
-        if server is None:
-            return
-        server.shutdown()
-        server.server_close()
-        if thread is not None:
-            thread.join(timeout=2.0)
+    return HttpEndpoint("metrics", address, {"/metrics": scrape})

@@ -1,9 +1,10 @@
 """``nvplugin probe``: is the plugin on this socket alive, and is it doing its job?
 
-The chart's probes run this inside the plugin's container. It asks the standard gRPC health
-service (``grpc.health.v1.Health/Check``) on the plugin socket, which ``nvplugin serve`` reports
-as SERVING only while it is registered with the kubelet and (by default) has a healthy GPU; see
-:mod:`nvplugin.plugin.healthservice`. Two questions, two uses:
+For a person or an exec probe (the chart's probes are the kubelet's httpGet on the plugin's
+``/livez`` and ``/readyz``, which answer the same statuses without a process per probe). It asks
+the standard gRPC health service (``grpc.health.v1.Health/Check``) on the plugin socket, which
+``nvplugin serve`` reports as SERVING only while it is registered with the kubelet and (by
+default) has a healthy GPU; see :mod:`nvplugin.plugin.healthservice`. Two questions, two uses:
 
 - ready (the default): exit 0 only when SERVING. The readiness probe: a plugin the kubelet does
   not know, or whose GPUs are all Unhealthy, shows as NotReady instead of looking fine.

@@ -11,8 +11,8 @@ once, in index order) into a ``ContainerAllocateResponse`` by applying each conf
   value, as in NVIDIA's plugin, since the runtime can honour only one);
 - ``cdi-annotations``: annotation ``<prefix>nvplugin_<id hash>`` = ``nvidia.com/gpu=<id>,...``;
 - ``cdi-cri``: the same CDI names in ``cdi_devices`` (CRI field, containerd >= 1.7 / CRI-O);
-- with ``pass_device_specs``: DeviceSpecs for ``/dev/nvidia<minor>`` of each GPU, then the control
-  nodes that exist under ``dev_root``.
+- with ``passDeviceSpecs``: DeviceSpecs for ``/dev/nvidia<minor>`` of each GPU, then the control
+  nodes that exist under the dev root (``flags.nvidiaDevRoot``).
 
 IDs are UUIDs or NVML indices (``device_id_strategy``). CDI names use the kind ``nvidia.com/gpu``
 of the spec ``nvidia-ctk cdi generate`` writes, which names every GPU both by index and by UUID
@@ -28,26 +28,26 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from nvplugin.config.model import DEFAULT_DEVICE_LIST_STRATEGY, DEFAULT_DRIVER_ROOT
+from nvplugin.config.rules import (
+    CDI_ANNOTATION_NAME,
+    DEFAULT_CDI_ANNOTATION_PREFIX,
+    DEVICE_ID_STRATEGIES,
+    DEVICE_LIST_STRATEGIES,
+)
 from nvplugin.node.model import Gpu
 from nvplugin.plugin.api.v1beta1 import api_pb2
-from nvplugin.plugin.resources import resource_name_problem
 
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
 NO_DEVICES = "void"
 """The NVIDIA runtime's value for "no GPU" (an empty value would mean "not set" to some
 runtimes, which then expose every GPU)."""
 
-DEVICE_LIST_STRATEGIES = ("envvar", "volume-mounts", "cdi-annotations", "cdi-cri")
-"""In the order they are applied."""
-DEVICE_ID_STRATEGIES = ("uuid", "index")
-DEFAULT_DEVICE_LIST_STRATEGY = ("envvar",)
-DEFAULT_DEV_ROOT = "/"
-DEFAULT_CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
+DEFAULT_DEV_ROOT = DEFAULT_DRIVER_ROOT
 
 VOLUME_MOUNTS_ROOT = "/var/run/nvidia-container-devices"
 VOLUME_MOUNTS_HOST_PATH = "/dev/null"
 CDI_KIND = "nvidia.com/gpu"
-CDI_ANNOTATION_NAME = "nvplugin"
 CONTROL_DEVICES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
 """Device nodes every CUDA container needs besides its GPUs', when they exist on the host."""
 DEVICE_PERMISSIONS = "rw"
@@ -201,11 +201,3 @@ def make_responder(
     if pass_device_specs:
         strategies.append(DeviceSpecsStrategy(dev_root))
     return Responder(tuple(strategies), device_id_strategy)
-
-
-def cdi_annotation_prefix_problem(prefix: str) -> str | None:
-    """Why ``prefix`` cannot start an annotation key (``<dns subdomain>/``), or None."""
-    if not prefix.endswith("/"):
-        return f"{prefix!r} must end with '/' (like {DEFAULT_CDI_ANNOTATION_PREFIX!r})"
-    problem = resource_name_problem(f"{prefix}{CDI_ANNOTATION_NAME}_0123456789abcdef")
-    return None if problem is None else f"{prefix!r} cannot prefix an annotation key: {problem}"

@@ -5,6 +5,15 @@ precomputed allocation policy, the options) plus the current health map, which t
 updates through :meth:`DevicePluginService.set_health`. Nothing here touches NVML: a
 GetPreferredAllocation asks the policy on a worker thread, whatever health is doing.
 
+Health changes are coalesced: the first change after a quiet spell is sent at once, later ones
+at most once per interval, with the latest map. A storm of changes (many GPUs failing and
+recovering, on a node advertising thousands of time-sliced replicas) thus costs one device list
+per interval, shared by every ListAndWatch stream, instead of one per change: the event loop
+stays free for the kubelet's RPCs and the health checks, and the kubelet, which parses each
+list and writes its checkpoint after it, gets a few lists a second, not a hundred. The interval
+grows with the list, as the cost of a list does on both sides (:func:`publish_interval`): 8000
+devices, 0.4 s; 16 GPUs, 0.8 ms, so a small node sends every change as it comes.
+
 :class:`PluginSocket` owns one ``grpc.aio`` server on ``<dir>/nvplugin-<short>.sock``. The kubelet
 deletes every socket in its directory when it restarts, so the daemon stops the old server and
 starts a new one on the same path (:mod:`nvplugin.plugin.registration` decides when); the service
@@ -16,11 +25,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import itertools
+import math
 import os
 import socket
 import stat
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -30,11 +42,22 @@ from nvplugin.errors import NvpluginError, shortened
 from nvplugin.log import get_logger
 from nvplugin.node.model import Gpu
 from nvplugin.plugin.api.v1beta1 import api_pb2, api_pb2_grpc
+from nvplugin.plugin.listing import device_message
 from nvplugin.plugin.responses import Responder
 from nvplugin.plugin.sharing import NOT_SHARED, Device, Replicas, sorted_replicas
 
-HEALTHY = "Healthy"
-UNHEALTHY = "Unhealthy"
+PUBLISH_S_PER_DEVICE = 50e-6
+"""Seconds between two device lists, per advertised device. A list costs the loop ~0.5 us per
+device to build and ~0.15 us per device per stream to serialize (8000 devices: ~4 ms, and ~1 ms
+per stream), and the kubelet a parse and a checkpoint write; this keeps a storm's lists to about
+1% of the loop whatever the node's size: 8000 devices get at most 2.5 lists a second."""
+MAX_PUBLISH_INTERVAL_S = 1.0
+"""However long the list, a change waits at most this long to be sent."""
+
+
+def publish_interval(devices: int) -> float:
+    """The least time between two lists sent to the streams, for ``devices`` devices."""
+    return min(MAX_PUBLISH_INTERVAL_S, devices * PUBLISH_S_PER_DEVICE)
 
 
 class BadRequest(Exception):
@@ -59,13 +82,17 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         pre_start_required: bool = False,
         health: Mapping[int, bool] | None = None,
         replicas: Replicas = NOT_SHARED,
+        publish_interval_s: float | None = None,
     ) -> None:
+        """``publish_interval_s``: the least time between two lists (None: by the number of
+        devices, :func:`publish_interval`)."""
         self.resource_name = resource_name
         self._gpus = tuple(sorted(gpus, key=lambda gpu: gpu.index))
         # What is advertised: each GPU once (ID = UUID), or ``replicas.count`` times (time-slicing).
         self._replicas = replicas
         self._devices_list = replicas.devices(self._gpus)
         self._by_id = {device.id: device for device in self._devices_list}
+        self._runs = _device_runs(self._devices_list)
         self._policy = policy
         self._responder = responder if responder is not None else Responder()
         self._options = api_pb2.DevicePluginOptions(
@@ -74,8 +101,18 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         self._health = {gpu.index: True for gpu in self._gpus}
         if health is not None:
             self._health.update({i: h for i, h in health.items() if i in self._health})
+        # What the streams were last sent (``_health`` may be newer while a publish is due).
+        self._published = dict(self._health)
         self._version = 0
         self._snapshot = self._build_snapshot()
+        self._interval = (
+            publish_interval(len(self._devices_list))
+            if publish_interval_s is None
+            else publish_interval_s
+        )
+        self._published_at = -math.inf  # loop time of the last publish
+        self._due: asyncio.TimerHandle | None = None  # the coalesced publish, when one is due
+        self._coalesced = 0  # changes taken since the last publish
         self._changed = asyncio.Event()
         self._closing = False
         self._streams = 0
@@ -99,6 +136,7 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
 
     @property
     def health(self) -> dict[int, bool]:
+        """The latest health map taken (the streams get it within the interval)."""
         return dict(self._health)
 
     @property
@@ -111,7 +149,9 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         return self._streams
 
     def set_health(self, health: Mapping[int, bool]) -> None:
-        """Take a new health map (index -> healthy) and send every open stream the new list.
+        """Take a new health map (index -> healthy); the streams get it now, or -- when the last
+        list went out less than the interval ago -- with the next list, coalesced with whatever
+        changes come meanwhile.
 
         Must run on the event loop thread (the health monitor's thread hands over with
         ``loop.call_soon_threadsafe``). Indices this resource does not advertise are ignored.
@@ -120,59 +160,78 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         new.update({i: bool(h) for i, h in health.items() if i in new})
         if new == self._health:
             return
-        changed = sorted(i for i in new if new[i] != self._health[i])
         self._health = new
-        self._log.info(
-            "device health changed",
-            changed=[{"gpu": i, "healthy": new[i]} for i in changed],
-            unhealthy=self.unhealthy_uuids(),
-            streams=self._streams,
-        )
-        self._publish()
-        self._tell_watchers()
+        self._coalesced += 1
+        if self._due is not None or self._closing:
+            return  # the publish already due takes the latest map
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a caller outside one): nothing to wait on
+            self._publish()
+            return
+        due = self._published_at + self._interval
+        if loop.time() >= due:
+            self._publish()
+        else:
+            self._due = loop.call_at(due, self._publish)
 
     def watch_health(self, callback: Callable[[dict[int, bool]], None]) -> None:
         """Call ``callback`` (on the loop) with the health map now and after every change: the
         gRPC health service and the metrics follow the same map the streams get."""
         self._health_watchers.append(callback)
-        callback(dict(self._health))
+        callback(dict(self._published))
 
     def _tell_watchers(self) -> None:
         for callback in self._health_watchers:
             try:
-                callback(dict(self._health))
+                callback(dict(self._published))
             except Exception as exc:  # a broken observer must not stop health updates
                 self._log.error("health watcher failed", error=repr(exc))
 
     def close(self) -> None:
         """End every ListAndWatch stream (cleanly, status OK) and refuse new ones."""
         self._closing = True
+        if self._due is not None:
+            self._due.cancel()
+            self._due = None
         self._wake()
 
     def unhealthy_uuids(self) -> list[str]:
-        """UUIDs of this resource's Unhealthy GPUs, in index order."""
-        return [gpu.uuid for gpu in self._gpus if not self._health[gpu.index]]
+        """UUIDs of this resource's Unhealthy GPUs, in index order (as last sent)."""
+        return [gpu.uuid for gpu in self._gpus if not self._published[gpu.index]]
 
     def _publish(self) -> None:
+        """Send the latest map to every stream (one list for all of them) and the watchers."""
+        self._due = None
+        previous, self._published = self._published, dict(self._health)
+        coalesced, self._coalesced = self._coalesced, 0
+        with contextlib.suppress(RuntimeError):
+            self._published_at = asyncio.get_running_loop().time()
+        changed = [i for i in sorted(self._published) if self._published[i] != previous[i]]
+        if not changed:
+            return  # changes that undid each other meanwhile: nothing to tell
+        self._log.info(
+            "device health changed",
+            changed=[{"gpu": i, "healthy": self._published[i]} for i in changed],
+            unhealthy=self.unhealthy_uuids(),
+            streams=self._streams,
+            coalesced=coalesced,
+        )
         self._version += 1
         self._snapshot = self._build_snapshot()
         self._wake()
+        self._tell_watchers()
 
     def _wake(self) -> None:
         event, self._changed = self._changed, asyncio.Event()
         event.set()
 
     def _build_snapshot(self) -> api_pb2.ListAndWatchResponse:
-        devices = []
-        for advertised in self._devices_list:  # replicas share their GPU's health and NUMA node
-            gpu = advertised.gpu
-            device = api_pb2.Device(
-                ID=advertised.id, health=HEALTHY if self._health[gpu.index] else UNHEALTHY
-            )
-            if gpu.numa_node is not None:
-                device.topology.nodes.add(ID=gpu.numa_node)
-            devices.append(device)
-        return api_pb2.ListAndWatchResponse(devices=devices)
+        """The list for the published map, from each GPU's devices serialized once per state
+        (a serialized message is the concatenation of its devices): parsing 8000 devices takes
+        a few milliseconds, building them field by field several times that."""
+        data = b"".join(run.encoded[self._published[run.gpu]] for run in self._runs)
+        return api_pb2.ListAndWatchResponse.FromString(data)
 
     # --- RPCs ---
 
@@ -322,6 +381,34 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
             raise BadRequest(f"{_where('request', number, total)}: {exc}") from None
         by_index = {device.gpu.index: device for device in available}
         return [by_index[i].id for i in sorted(indices)]
+
+
+@dataclass(frozen=True)
+class _Run:
+    """Consecutive advertised devices of one GPU (a GPU and its replicas), serialized as a
+    ListAndWatchResponse fragment for either state: ``encoded[healthy]``."""
+
+    gpu: int
+    encoded: tuple[bytes, bytes]  # [False] Unhealthy, [True] Healthy
+
+
+def _device_runs(devices: Sequence[Device]) -> tuple[_Run, ...]:
+    """The advertised devices in their order, grouped in runs of one GPU each."""
+    runs = []
+    for index, group in itertools.groupby(devices, key=lambda device: device.gpu.index):
+        members = list(group)
+        runs.append(
+            _Run(
+                index,
+                (_encoded(members, healthy=False), _encoded(members, healthy=True)),
+            )
+        )
+    return tuple(runs)
+
+
+def _encoded(devices: Sequence[Device], *, healthy: bool) -> bytes:
+    listed = [device_message(device, healthy) for device in devices]
+    return api_pb2.ListAndWatchResponse(devices=listed).SerializeToString()
 
 
 MAX_SHOWN_ID = 128

@@ -14,9 +14,8 @@ use" when the kubelet does not offer it as available. When an answer spans sever
 counts leave a choice, the GPUs are chosen by the node's allocation policy (best-effort: the best
 linked set), so a multi-replica pod still gets well-connected GPUs.
 
-The config block (``sharing.timeSlicing``) keeps NVIDIA's camelCase keys so a NVIDIA plugin
-config ports by copying; its values are parsed here and checked against the other resources in
-:mod:`nvplugin.plugin.resources`.
+The config block is NVIDIA's ``sharing.timeSlicing`` (:mod:`nvplugin.config.layout` holds its
+values), and the policy NVIDIA's ``flags.plugin.sharedDevicesAllocationPolicy``.
 """
 
 from __future__ import annotations
@@ -24,143 +23,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from nvplugin.errors import describe
+from nvplugin.config.layout import ALLOCATIONS
 from nvplugin.node.model import Gpu
 
 REPLICA_SEPARATOR = "::"
 """Replica IDs are ``<uuid>::<n>``, as in NVIDIA's plugin (tools that parse them keep working)."""
-
-ALLOCATIONS = ("distributed", "packed")
-"""Preferred-allocation policies for replicas; the first is the default."""
-
-MIN_REPLICAS = 2
-SHARED_SUFFIX = ".shared"
-"""``renameByDefault`` renames a replicated resource ``<name>.shared`` (NVIDIA's convention)."""
-
-
-class ValueProblem(ValueError):
-    """A config value's problem; ``at`` is where inside the key (``[1].replicas``) or, for
-    problems found across keys, the full key path. The config loader adds the source."""
-
-    def __init__(self, at: str, message: str) -> None:
-        super().__init__(message)
-        self.at = at
-        self.message = message
-
-
-# --- the config block -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ReplicatedResource:
-    """One ``sharing.timeSlicing.resources`` entry: ``name`` (a resource the plugin would
-    advertise) is served as ``replicas`` devices per GPU, under ``rename`` when given."""
-
-    name: str
-    replicas: int
-    rename: str | None = None
-
-
-@dataclass(frozen=True)
-class TimeSlicing:
-    """``sharing.timeSlicing``. Names are full resource names (resolved by the config loader)."""
-
-    rename_by_default: bool = False
-    fail_requests_greater_than_one: bool = False
-    allocation: str = ALLOCATIONS[0]
-    resources: tuple[ReplicatedResource, ...] = ()
-
-    def entry(self, name: str) -> ReplicatedResource | None:
-        """The entry that replicates resource ``name``, if any."""
-        for entry in self.resources:
-            if entry.name == name:
-                return entry
-        return None
-
-    def served_name(self, entry: ReplicatedResource) -> str:
-        """The name the replicas are advertised under: ``rename``, else ``<name>.shared`` with
-        ``renameByDefault``, else the resource's own name."""
-        if entry.rename is not None:
-            return entry.rename
-        return entry.name + SHARED_SUFFIX if self.rename_by_default else entry.name
-
-    def as_dict(self) -> dict[str, object]:
-        """In the file's (NVIDIA's) shape, for the effective-config log line."""
-        return {
-            "renameByDefault": self.rename_by_default,
-            "failRequestsGreaterThanOne": self.fail_requests_greater_than_one,
-            "allocation": self.allocation,
-            "resources": [
-                {"name": e.name, "replicas": e.replicas, "rename": e.rename, "served_as": n}
-                for e, n in ((e, self.served_name(e)) for e in self.resources)
-            ],
-        }
-
-
-_ENTRY_KEYS = ("name", "replicas", "rename", "devices")
-
-
-def parse_replicated_resources(value: object) -> tuple[ReplicatedResource, ...]:
-    """Check ``sharing.timeSlicing.resources`` (a list of ``{name, replicas, rename?}``).
-
-    Names stay as written (short or full); :func:`nvplugin.plugin.resources.resolve_layout`
-    resolves and cross-checks them. ``devices: all`` (NVIDIA's default) is accepted so ported
-    configs load; a device subset is refused rather than ignored.
-    """
-    if not isinstance(value, list):
-        raise ValueProblem(
-            "", "expected a list of {name, replicas, rename}, got " + describe(value)
-        )
-    out = []
-    for number, item in enumerate(value):
-        at = f"[{number}]"
-        if not isinstance(item, dict):
-            raise ValueProblem(
-                at, "expected a mapping {name, replicas, rename}, got " + describe(item)
-            )
-        check_keys(item, _ENTRY_KEYS, at)
-        name = string_field(item, "name", at, required=True)
-        replicas = item.get("replicas")
-        if "replicas" not in item:
-            raise ValueProblem(f"{at}.replicas", "is missing (how many devices per GPU, >= 2)")
-        if isinstance(replicas, bool) or not isinstance(replicas, int):
-            raise ValueProblem(f"{at}.replicas", f"expected an integer, got {describe(replicas)}")
-        if replicas < MIN_REPLICAS:
-            raise ValueProblem(
-                f"{at}.replicas",
-                f"{replicas} is less than {MIN_REPLICAS} (one replica per GPU is not sharing; "
-                "leave the resource out of sharing.timeSlicing instead)",
-            )
-        rename = string_field(item, "rename", at, required=False)
-        if "devices" in item and item["devices"] != "all":
-            raise ValueProblem(
-                f"{at}.devices",
-                f"{describe(item['devices'])} is not supported: every GPU of the resource is "
-                "replicated (devices: all); use resources.gpus to split GPUs into resources",
-            )
-        assert name is not None
-        out.append(ReplicatedResource(name, replicas, rename))
-    return tuple(out)
-
-
-def check_keys(item: dict[object, object], known: tuple[str, ...], at: str) -> None:
-    """ValueProblem for a key of the config mapping ``item`` (at ``at``) not in ``known``."""
-    for key in item:
-        if key not in known:
-            raise ValueProblem(f"{at}.{key}", f"unknown key; valid keys here: {', '.join(known)}")
-
-
-def string_field(item: dict[object, object], key: str, at: str, *, required: bool) -> str | None:
-    """``item[key]`` as a non-empty string (None when absent and not ``required``)."""
-    if key not in item:
-        if required:
-            raise ValueProblem(f"{at}.{key}", "is missing")
-        return None
-    value = item[key]
-    if not isinstance(value, str) or not value:
-        raise ValueProblem(f"{at}.{key}", f"expected a non-empty string, got {describe(value)}")
-    return value
-
 
 # --- the devices one resource advertises ----------------------------------------------------------
 

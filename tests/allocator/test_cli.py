@@ -69,7 +69,7 @@ def test_explain_json_and_simple_policy() -> None:
         (["--size", "2", "--available", "0,GPU-nope"], "unknown device 'GPU-nope'"),
         (["--size", "2", "--available", "0,1", "--must-include", "3"], "GPU 3 is not in"),
         (["--size", "2", "--available", "0,9"], "unknown device '9'"),
-        (["--size", "2", "--policy", "closest"], "unknown allocation policy 'closest'"),
+        (["--size", "2", "--policy", "closest"], "'closest' is not one of 'best-effort', 'simple'"),
     ],
 )
 def test_errors_exit_2_naming_the_value(args: list[str], message: str) -> None:

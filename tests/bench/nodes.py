@@ -17,57 +17,46 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
+from nvplugin.node.cpuspec import CpuSpec
+from nvplugin.node.writer import GpuDraft, NodeDraft, render
+
 SIZES = (20, 24, 32, 64, 128)
 
 
-def _gpu(name: str, numa: int, nvswitch: int = 0) -> str:
-    extra = f", nvswitch_links: {nvswitch}" if nvswitch else ""
-    return f"  - {{name: {name}, memory_mib: 23034, numa_node: {numa}{extra}}}"
-
-
-def _document(name: str, comment: str, gpus: list[str], cells: list[list[str]]) -> str:
-    n = len(gpus)
-    width = max(len(f"GPU{n - 1}"), *(len(c) for row in cells for c in row)) + 1
-    header = "  " + " " * width + "".join(f"{f'GPU{j}':<{width}}" for j in range(n))
-    rows = [
-        f"  {f'GPU{i}':<{width}}" + "".join(f"{cells[i][j]:<{width}}" for j in range(n))
-        for i in range(n)
-    ]
-    return "\n".join(
-        [
-            f"# {comment}",
-            "version: 1",
-            f"name: {name}",
-            "numa_distances: [[10, 21], [21, 10]]",
-            "cpus: {sockets: 2, cores_per_socket: 32, threads_per_core: 2}",
-            "gpus:",
-            *gpus,
-            "links: |",
-            header,
-            *rows,
-            "events: []",
-            "",
-        ]
+def _document(
+    name: str, comment: str, gpus: list[dict[str, object]], cells: list[list[str]]
+) -> str:
+    draft = NodeDraft(
+        name,
+        tuple(GpuDraft(tuple(gpu.items())) for gpu in gpus),
+        tuple(tuple(row) for row in cells),
+        ((10, 21), (21, 10)),
+        CpuSpec(2, 32, 2),
+        {"": [comment]},
     )
+    return render(draft)
+
+
+def _gpu(name: str, numa: int, nvswitch: int = 0) -> dict[str, object]:
+    gpu: dict[str, object] = {"name": name, "memory_mib": 23034, "numa_node": numa}
+    if nvswitch:
+        gpu["nvswitch_links"] = nvswitch
+    return gpu
 
 
 def pcie_switch(n: int) -> str:
     """``pcie-switch-<n>`` (module docstring); n divisible by 4."""
     per = n // 4
     switch = [i // per for i in range(n)]
-    cells = [
-        [
-            "X"
-            if i == j
-            else "PIX"
-            if switch[i] == switch[j]
-            else "NODE"
-            if switch[i] // 2 == switch[j] // 2
-            else "SYS"
-            for j in range(n)
-        ]
-        for i in range(n)
-    ]
+
+    def cell(i: int, j: int) -> str:
+        if i == j:
+            return "X"
+        if switch[i] == switch[j]:
+            return "PIX"
+        return "NODE" if switch[i] // 2 == switch[j] // 2 else "SYS"
+
+    cells = [[cell(i, j) for j in range(n)] for i in range(n)]
     gpus = [_gpu("NVIDIA L4", switch[i] // 2) for i in range(n)]
     comment = f"{n} L4 GPUs: 2 sockets x 2 PCIe switches x {per} GPUs (generated)."
     return _document(f"pcie-switch-{n}", comment, gpus, cells)

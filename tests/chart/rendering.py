@@ -57,12 +57,6 @@ class Rendered:
         return {e["name"]: e["value"] for e in self.container.get("env") or []}
 
     @property
-    def config_text(self) -> str:
-        """The plugin config file the chart's ConfigMap holds."""
-        text: str = self.one("ConfigMap")["data"]["config.yaml"]
-        return text
-
-    @property
     def notes(self) -> str:
         return self.manifests[f"{CHART_DIR.name}/templates/NOTES.txt"]
 

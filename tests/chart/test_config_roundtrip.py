@@ -1,5 +1,6 @@
-"""What the chart hands the plugin — the ConfigMap's file, the container's environment and flags —
-read back by the plugin's own config loader, exactly as ``nvplugin serve`` reads them in the pod."""
+"""What the chart hands the plugin -- the chosen ConfigMap file, the container's environment and
+flags -- read back by the plugin's own config loader, exactly as ``nvplugin serve`` reads them in
+the pod. NVIDIA-style values arrive with NVIDIA's meaning, or fail at render time."""
 
 from __future__ import annotations
 
@@ -12,37 +13,39 @@ from typing import Any
 
 import pytest
 
-from nvplugin.config import Config, load_config
+from nvplugin.config import Config, ReplicatedResource, load_config
 from nvplugin.errors import InputError
-from tests.chart.rendering import CHART_DIR, Rendered, render
+from tests.chart.rendering import Rendered, render, render_error
 
-CASES: dict[str, dict[str, Any]] = {
-    "defaults": {},
-    "health-and-env": {
-        "resourceName": "example.com/a100",
-        "allocationPolicy": "simple",
-        "failOnInitError": False,
-        "log": {"format": "console", "level": "warning"},
-        "health": {
-            "enabled": False,
-            "ignoredXids": [79, 48],
-            "criticalXids": [13],
-            "recoveryQuietSeconds": 90,
+# NVIDIA's chart values as its README shows them, with config files in config.map.
+NVIDIA_STYLE: dict[str, Any] = {
+    "config": {
+        "default": "config0",
+        "map": {
+            "config0": (
+                "version: v1\nflags:\n  migStrategy: none\n  failOnInitError: true\n"
+                '  nvidiaDriverRoot: "/"\n  plugin:\n    passDeviceSpecs: false\n'
+                "    deviceListStrategy: envvar\n    deviceIDStrategy: uuid\n"
+            ),
+            "time-sliced": (
+                "version: v1\nflags:\n  migStrategy: none\nsharing:\n  timeSlicing:\n"
+                "    renameByDefault: true\n    resources:\n    - name: nvidia.com/gpu\n"
+                "      replicas: 4\n"
+            ),
         },
-        "config": {"pre_start_required": True, "log": {"level": "warning"}},
     },
-    "config-string": {
-        "config": (
-            "# my nvplugin config\nversion: v1\nallocation_policy: simple\n"
-            "health:\n  recovery:\n    quiet_s: 2.5\n"
-        ),
-    },
+    "compatWithCPUManager": True,
+    "deviceListStrategy": ["envvar", "volume-mounts"],
+    "deviceIDStrategy": "index",
+    "failOnInitError": False,
+    "migStrategy": "none",
+    "nvidiaDriverRoot": "/run/nvidia/driver",
 }
 
 
 @pytest.fixture(scope="module")
 def workdir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(dir="/tmp", prefix="nvp-chart-"))
+    path = Path(tempfile.mkdtemp(prefix="nvp-chart-"))
     yield path
     shutil.rmtree(path, ignore_errors=True)
 
@@ -54,81 +57,100 @@ def _flags(rendered: Rendered) -> dict[str, object]:
     flags: dict[str, object] = {}
     for name, value in zip(args[1::2], args[2::2], strict=True):
         if name == "--device-plugin-dir":
-            flags["device_plugin_dir"] = value
+            flags["nvplugin.devicePluginDir"] = value
     return flags
 
 
 def _load(rendered: Rendered, workdir: Path, name: str) -> Config:
-    path = workdir / f"{name}.yaml"
-    path.write_text(rendered.config_text)
-    return load_config(str(path), flags=_flags(rendered), env=rendered.env)
+    """The plugin's config in the pod: the mounted ConfigMap key (if any), flags, environment."""
+    path = None
+    volumes = {v["name"]: v for v in rendered.pod["volumes"]}
+    if "config" in volumes:
+        (item,) = volumes["config"]["configMap"]["items"]
+        path = workdir / f"{name}.yaml"
+        path.write_text(rendered.one("ConfigMap")["data"][item["key"]])
+    return load_config(str(path) if path else None, flags=_flags(rendered), env=rendered.env)
+
+
+def _probes_off(config: dict[str, Any]) -> dict[str, Any]:
+    """An effective config as ``as_dict`` gives it, without the health probes' address (which
+    the chart sets while probes.enabled)."""
+    nvplugin = {k: v for k, v in config["nvplugin"].items() if k != "healthProbes"}
+    return config | {"nvplugin": nvplugin}
 
 
 def test_defaults_are_the_plugins_defaults(workdir: Path) -> None:
-    config = _load(render(CASES["defaults"]), workdir, "defaults")
-    plain = load_config(None)
-    assert config.as_dict() | {"source": None} == plain.as_dict()
+    config = _load(render({}), workdir, "defaults")
+    # The one setting the chart adds: the health endpoint its probes ask (probes.enabled).
+    assert config.health_probe_address == "0.0.0.0:9401"
+    assert _probes_off(config.as_dict()) == _probes_off(load_config(None).as_dict())
 
 
-def test_every_chart_setting_arrives(workdir: Path) -> None:
-    config = _load(render(CASES["health-and-env"]), workdir, "health-and-env")
+def test_nvidia_style_values_arrive_with_nvidias_meaning(workdir: Path) -> None:
+    config = _load(render(NVIDIA_STYLE), workdir, "nvidia")
+    assert config.pass_device_specs is True  # compatWithCPUManager
+    assert config.device_list_strategy == ("envvar", "volume-mounts")
+    assert config.device_id_strategy == "index"
+    assert config.fail_on_init_error is False  # the value wins over the file
+    assert config.driver_root == config.dev_root == "/run/nvidia/driver"
+    assert config.mig_strategy == "none"
+    assert config.time_slicing.resources == ()  # config0 is the default, not time-sliced
+    chosen = dict(NVIDIA_STYLE, config={**NVIDIA_STYLE["config"], "default": "time-sliced"})
+    sliced = _load(render(chosen), workdir, "sliced").time_slicing
+    assert sliced.resources == (ReplicatedResource("nvidia.com/gpu", 4),)
+    assert sliced.served_name(sliced.resources[0]) == "nvidia.com/gpu.shared"
+
+
+def test_nvplugin_values_arrive(workdir: Path) -> None:
+    values = {
+        "resourceName": "example.com/a100",
+        "allocationPolicy": "simple",
+        "log": {"format": "console", "level": "warning"},
+        "metrics": {"enabled": True},
+        "config": {"map": {"c": {"nvplugin": {"health": {"xids": {"ignore": [79, 48]}}}}}},
+    }
+    config = _load(render(values), workdir, "nvplugin")
     assert config.resource_name == "example.com/a100"
     assert config.allocation_policy == "simple"
-    assert config.fail_on_init_error is False
-    assert config.device_plugin_dir == "/var/lib/kubelet/device-plugins"
-    assert config.pre_start_required is True
     assert (config.log.format, config.log.level) == ("console", "warning")
-    assert config.health.enabled is False
+    assert config.metrics_address == "0.0.0.0:9400"
     assert config.health.ignore_xids == (79, 48)
-    assert config.health.critical_xids == (13,)
-    assert config.health.recovery_quiet_s == 90.0
-
-
-def test_config_string_arrives(workdir: Path) -> None:
-    config = _load(render(CASES["config-string"]), workdir, "config-string")
-    assert config.allocation_policy == "simple"
-    assert config.health.recovery_quiet_s == 2.5
+    assert config.device_plugin_dir == "/var/lib/kubelet/device-plugins"
 
 
 @pytest.mark.parametrize(
-    ("values", "key", "attribute", "expected"),
+    "text",
     [
-        ({"passDeviceSpecs": True}, "pass_device_specs", "pass_device_specs", True),
-        ({"deviceIDStrategy": "index"}, "device_id_strategy", "device_id_strategy", "index"),
-        (
-            {"deviceListStrategy": "volume-mounts"},
-            "device_list_strategy",
-            "device_list_strategy",
-            "volume-mounts",
-        ),
+        "version: v1\nflags:\n  plugin:\n    deviceListStrategy: [envvar, magic]\n",
+        "flags:\n  gdsEnabled: true\n",
+        "sharing:\n  mps:\n    resources: [{name: nvidia.com/gpu, replicas: 2}]\n",
+        "nvplugin:\n  helth: {}\n",
+        "nvplugin:\n  health:\n    recovery:\n      quietPeriod: 30\n",
+        "sharing:\n  timeSlicing:\n    resources:\n    - {name: gpu, replicas: 1}\n",
+        "flags:\n  plugin:\n    passDeviceSpecs: 'yes please'\n",
     ],
 )
-def test_strategy_values_are_honoured_or_refused_never_dropped(
-    workdir: Path, values: dict[str, Any], key: str, attribute: str, expected: object
-) -> None:
-    # The plugin knows these keys (issue 6): the value the chart writes must arrive as set.
-    # (A plugin that did not know them would refuse them; never both silent and lost.)
-    config = _load(render(values), workdir, key)
-    assert key in config.as_dict()
-    held = getattr(config, attribute)
-    assert held in (expected, [expected], (expected,))
+def test_a_config_the_plugin_refuses_fails_at_render_time(workdir: Path, text: str) -> None:
+    """Whatever the plugin would refuse at start, the chart refuses when it renders (the rules
+    one schema can state; cross-key rules are the plugin's)."""
+    path = workdir / "refused.yaml"
+    path.write_text(text)
+    with pytest.raises(InputError):
+        load_config(str(path))
+    error = render_error({"config": {"map": {"default": text}}})
+    assert "values.config.map.default: " in error
 
 
 def test_readme_example_config_is_valid_through_the_chart(workdir: Path) -> None:
-    text = (CHART_DIR / "README.md").read_text()
-    match = re.search(r"```yaml\n(.*?)```", text, re.S)
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme[readme.index("### Example: an A100 + T4 node") :]
+    match = re.search(r"```yaml\n(.*?)```", section, re.S)
     assert match is not None
     example = match.group(1)
     direct = workdir / "example.yaml"
     direct.write_text(example)
     expected = load_config(str(direct))
-    through_chart = _load(render({"config": example}), workdir, "example-chart")
-    assert through_chart.as_dict() | {"source": None} == expected.as_dict() | {"source": None}
-
-
-def test_service_link_variables_would_stop_the_plugin() -> None:
-    # Why the chart sets enableServiceLinks: false: Kubernetes would inject these for a Service
-    # named "nvplugin", and the plugin refuses NVPLUGIN_* variables that are not settings.
-    with pytest.raises(InputError, match="NVPLUGIN_SERVICE_HOST: not a setting"):
-        load_config(None, env={"NVPLUGIN_SERVICE_HOST": "10.0.0.7"})
-    assert render().pod["enableServiceLinks"] is False
+    through_chart = _load(render({"config": {"map": {"example": example}}}), workdir, "ex")
+    assert _probes_off(through_chart.as_dict()) | {"source": None} == _probes_off(
+        expected.as_dict()
+    ) | {"source": None}

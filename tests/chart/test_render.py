@@ -3,9 +3,6 @@ clean in strict mode, and the fields that decide whether the plugin works on a n
 
 from __future__ import annotations
 
-import fnmatch
-import hashlib
-import os
 import re
 from typing import Any
 
@@ -15,8 +12,7 @@ import pytest
 import yaml
 
 import nvplugin
-from nvplugin.plugin.resources import socket_name
-from tests.chart.rendering import CHART_DIR, NAMESPACE, Rendered, render
+from tests.chart.rendering import CHART_DIR, NAMESPACE, Rendered, render, render_error
 
 DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 # The oldest Kubernetes the chart supports and the newest schemas kubernetes-validate ships.
@@ -34,15 +30,11 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "failOnInitError": False,
         "deviceListStrategy": ["envvar", "cdi-annotations"],
         "deviceIDStrategy": "index",
-        "passDeviceSpecs": True,
-        "health": {
-            "enabled": True,
-            "ignoredXids": [79],
-            "criticalXids": [13],
-            "recoveryQuietSeconds": 120,
-        },
+        "compatWithCPUManager": True,
+        "migStrategy": "none",
+        "nvidiaDriverRoot": "/run/nvidia/driver",
         "log": {"format": "console", "level": "debug"},
-        "config": {"pre_start_required": True},
+        "config": {"map": {"default": {"nvplugin": {"preStartRequired": True}}}},
         "simulate": "dgx-a100",
         "resources": {"requests": {"cpu": "100m"}, "limits": {"cpu": "1", "memory": "1Gi"}},
         "podSecurityContext": {"fsGroup": 0},
@@ -55,8 +47,25 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "updateStrategy": {"type": "OnDelete"},
         "metrics": {"enabled": True, "port": 9400},
     },
-    "existing-configmap": {"existingConfigMap": {"name": "my-nvplugin", "key": "plugin.yaml"}},
-    "config-string": {"config": "version: v1\nhealth:\n  recovery:\n    quiet_s: 60\n"},
+    "existing-configmap": {"config": {"name": "my-nvplugin", "default": "plugin"}},
+    "config-string": {
+        "config": {
+            "map": {
+                "config": "version: v1\nnvplugin:\n  health:\n"
+                "    recovery:\n      quietPeriod: 60s\n"
+            }
+        }
+    },
+    "several-configs": {
+        "config": {
+            "default": "t4",
+            "map": {
+                "default": "version: v1\nflags:\n  migStrategy: none\n",
+                "t4": "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
+                "    - {name: nvidia.com/gpu, replicas: 4}\n",
+            },
+        }
+    },
     "no-probes": {"probes": {"enabled": False}, "affinity": None, "tolerations": None},
     "overrides": {"fullnameOverride": "gpu", "namespaceOverride": "gpu-operator"},
     "digest": {"image": {"digest": "sha256:" + "ab" * 32, "pullPolicy": "Always"}},
@@ -114,25 +123,23 @@ def test_lint_reports_bad_values() -> None:
 
 
 def test_objects_rendered(renders: dict[str, Rendered]) -> None:
-    assert renders["defaults"].kinds() == ["ConfigMap", "DaemonSet"]
+    assert renders["defaults"].kinds() == ["DaemonSet"]  # no config file: the plugin's defaults
+    assert renders["config-string"].kinds() == ["ConfigMap", "DaemonSet"]
     assert renders["existing-configmap"].kinds() == ["DaemonSet"]
 
 
 # --- the DaemonSet: what reaches the plugin -------------------------------------------------------
 
 
-def test_defaults_run_serve_with_the_config_file_and_the_kubelet_dir(default: Rendered) -> None:
+def test_defaults_run_serve_with_the_kubelet_dir(default: Rendered) -> None:
     ds = default.daemonset
     assert ds["metadata"]["name"] == "nvplugin"
     assert ds["metadata"]["namespace"] == NAMESPACE
-    assert default.container["args"] == [
-        "serve",
-        "--device-plugin-dir",
-        DEVICE_PLUGIN_DIR,
-        "--config",
-        "/etc/nvplugin/config.yaml",
-    ]
-    assert default.env == {"NVPLUGIN_RESOURCE_NAME": "nvidia.com/gpu"}
+    assert default.container["args"] == ["serve", "--device-plugin-dir", DEVICE_PLUGIN_DIR]
+    assert default.env == {
+        "NVPLUGIN_RESOURCE_NAME": "nvidia.com/gpu",
+        "NVPLUGIN_HEALTH_PROBE_ADDRESS": "0.0.0.0:9401",
+    }
     assert "command" not in default.container  # the image's ENTRYPOINT (nvplugin) runs
 
 
@@ -161,28 +168,55 @@ def test_device_plugin_dir_is_a_host_directory_mounted_at_the_same_path(
     assert mounts["device-plugin"] == {"name": "device-plugin", "mountPath": DEVICE_PLUGIN_DIR}
 
 
-def test_other_kubelet_root_moves_mount_flag_and_probe_together() -> None:
+def test_other_kubelet_root_moves_mount_and_flag_together() -> None:
     path = "/var/lib/k0s/kubelet/device-plugins"
     rendered = render({"devicePluginPath": path})
     volumes = {v["name"]: v for v in rendered.pod["volumes"]}
     assert volumes["device-plugin"]["hostPath"]["path"] == path
     assert {m["mountPath"] for m in rendered.container["volumeMounts"]} >= {path}
     assert rendered.container["args"][1:3] == ["--device-plugin-dir", path]
-    assert rendered.container["livenessProbe"]["exec"]["command"][4] == path
 
 
-def test_config_file_comes_from_the_chart_configmap(default: Rendered) -> None:
-    cm = default.one("ConfigMap")
+def test_config_map_entries_and_the_chosen_one(renders: dict[str, Rendered]) -> None:
+    rendered = renders["config-string"]  # one entry: chosen by the "single" fallback
+    cm = rendered.one("ConfigMap")
     assert cm["metadata"]["name"] == "nvplugin-config"
     assert cm["metadata"]["namespace"] == NAMESPACE
-    volumes = {v["name"]: v for v in default.pod["volumes"]}
+    volumes = {v["name"]: v for v in rendered.pod["volumes"]}
     assert volumes["config"]["configMap"] == {
         "name": "nvplugin-config",
-        "items": [{"key": "config.yaml", "path": "config.yaml"}],
+        "items": [{"key": "config", "path": "config.yaml"}],
     }
-    mounts = {m["name"]: m for m in default.container["volumeMounts"]}
+    mounts = {m["name"]: m for m in rendered.container["volumeMounts"]}
     assert mounts["config"] == {"name": "config", "mountPath": "/etc/nvplugin", "readOnly": True}
-    assert default.config_text == "version: v1\n"
+    assert rendered.container["args"][-2:] == ["--config-file", "/etc/nvplugin/config.yaml"]
+    several = renders["several-configs"]
+    assert sorted(several.one("ConfigMap")["data"]) == ["default", "t4"]
+    volumes = {v["name"]: v for v in several.pod["volumes"]}
+    assert volumes["config"]["configMap"]["items"] == [{"key": "t4", "path": "config.yaml"}]
+    assert 'key "t4"' in several.notes
+
+
+@pytest.mark.parametrize(
+    ("config", "chosen"),
+    [
+        ({"map": {"default": "", "other": ""}}, "default"),  # named
+        ({"map": {"only": ""}}, "only"),  # single
+        ({"map": {"a": "", "b": ""}, "fallbackStrategies": ["named", "empty"]}, None),
+        ({"name": "theirs"}, "default"),  # offline: the chart cannot see their keys
+        ({"name": "theirs", "default": "t4"}, "t4"),
+    ],
+)
+def test_nvidias_fallback_strategies_choose_the_config(
+    config: dict[str, Any], chosen: str | None
+) -> None:
+    rendered = render({"config": config})
+    volumes = {v["name"]: v for v in rendered.pod["volumes"]}
+    if chosen is None:
+        assert "config" not in volumes and "--config-file" not in rendered.container["args"]
+    else:
+        items = volumes["config"]["configMap"]["items"]
+        assert items == [{"key": chosen, "path": "config.yaml"}]
 
 
 def test_existing_configmap_is_mounted_by_name_and_key(renders: dict[str, Rendered]) -> None:
@@ -190,9 +224,9 @@ def test_existing_configmap_is_mounted_by_name_and_key(renders: dict[str, Render
     volumes = {v["name"]: v for v in rendered.pod["volumes"]}
     assert volumes["config"]["configMap"] == {
         "name": "my-nvplugin",
-        "items": [{"key": "plugin.yaml", "path": "config.yaml"}],
+        "items": [{"key": "plugin", "path": "config.yaml"}],
     }
-    assert "--config" in rendered.container["args"]
+    assert "--config-file" in rendered.container["args"]
     assert "my-nvplugin" in rendered.notes
 
 
@@ -201,45 +235,46 @@ def test_chart_values_reach_the_plugin_as_its_environment(renders: dict[str, Ren
     assert rendered.env == {
         "NVPLUGIN_RESOURCE_NAME": "example.com/a100",
         "NVPLUGIN_ALLOCATION_POLICY": "simple",
-        "NVPLUGIN_FAIL_ON_INIT_ERROR": "false",
         "NVPLUGIN_LOG_FORMAT": "console",
         "NVPLUGIN_LOG_LEVEL": "debug",
         "NVPLUGIN_METRICS_ADDRESS": "0.0.0.0:9400",
+        "NVPLUGIN_HEALTH_PROBE_ADDRESS": "0.0.0.0:9401",
+        # NVIDIA's values, as NVIDIA's chart passes them
+        "MIG_STRATEGY": "none",
+        "FAIL_ON_INIT_ERROR": "false",
+        "PASS_DEVICE_SPECS": "true",
+        "DEVICE_LIST_STRATEGY": "envvar,cdi-annotations",
+        "DEVICE_ID_STRATEGY": "index",
+        "NVIDIA_DRIVER_ROOT": "/run/nvidia/driver",
     }
     assert rendered.container["args"][-2:] == ["--simulate", "dgx-a100"]
 
 
-def test_file_only_settings_are_merged_into_the_config(renders: dict[str, Rendered]) -> None:
-    config = yaml.safe_load(renders["everything"].config_text)
-    assert config == {
-        "version": "v1",
-        "pre_start_required": True,
-        "device_list_strategy": ["envvar", "cdi-annotations"],
-        "device_id_strategy": "index",
-        "pass_device_specs": True,
-        "health": {
-            "enabled": True,
-            "xids": {"ignore": [79], "critical": [13]},
-            "recovery": {"quiet_s": 120},
-        },
+def test_nvidia_driver_root_is_mounted_where_the_plugin_loads_nvml(
+    renders: dict[str, Rendered],
+) -> None:
+    rendered = renders["everything"]
+    volumes = {v["name"]: v for v in rendered.pod["volumes"]}
+    assert volumes["driver-root"]["hostPath"] == {"path": "/run/nvidia/driver", "type": "Directory"}
+    mounts = {m["name"]: m for m in rendered.container["volumeMounts"]}
+    assert mounts["driver-root"] == {
+        "name": "driver-root",
+        "mountPath": "/driver-root",  # the plugin's containerDriverRoot default
+        "readOnly": True,
     }
-    # version first, as the plugin's docs write it
-    assert renders["everything"].config_text.startswith("version: v1\n")
-
-
-def test_config_string_is_used_as_the_config(renders: dict[str, Rendered]) -> None:
-    config = yaml.safe_load(renders["config-string"].config_text)
-    assert config == {"version": "v1", "health": {"recovery": {"quiet_s": 60}}}
+    # Without the NVIDIA runtime, NVML needs the host's /dev/nvidia*: privileged.
+    plain = render({"nvidiaDriverRoot": "/"})
+    assert plain.container["securityContext"]["privileged"] is True
+    assert "driver-root" not in {v["name"] for v in renders["defaults"].pod["volumes"]}
 
 
 def test_no_unset_setting_leaks_into_env_or_config(default: Rendered) -> None:
-    assert yaml.safe_load(default.config_text) == {"version": "v1"}
-    assert list(default.env) == ["NVPLUGIN_RESOURCE_NAME"]
+    assert list(default.env) == ["NVPLUGIN_RESOURCE_NAME", "NVPLUGIN_HEALTH_PROBE_ADDRESS"]
+    assert default.kinds() == ["DaemonSet"]
 
 
-def test_service_links_are_off_so_no_stray_nvplugin_variables(default: Rendered) -> None:
-    # A Service named "nvplugin" would otherwise inject NVPLUGIN_SERVICE_HOST & co, which the
-    # plugin's strict environment reader rejects as unknown settings.
+def test_service_links_are_off(default: Rendered) -> None:
+    # The pod needs no Service addresses; the plugin would skip them anyway.
     assert default.pod["enableServiceLinks"] is False
     assert default.pod["automountServiceAccountToken"] is False
 
@@ -247,75 +282,60 @@ def test_service_links_are_off_so_no_stray_nvplugin_variables(default: Rendered)
 # --- probes ---------------------------------------------------------------------------------------
 
 
-PROBE_SCRIPT = (
-    'for s in "$1"/nvplugin-*.sock; do nvplugin probe --socket "$s" --timeout "$2"{live} '
-    "&& exit 0; done; exit 1"
-)
+HEALTH_PORT = {"name": "health", "containerPort": 9401, "protocol": "TCP"}
 
 
 @pytest.mark.parametrize(
-    ("probe", "live"),
-    [("startupProbe", " --live"), ("livenessProbe", " --live"), ("readinessProbe", "")],
+    ("probe", "path"),
+    [("startupProbe", "/livez"), ("livenessProbe", "/livez"), ("readinessProbe", "/readyz")],
 )
-def test_probes_run_nvplugin_probe_on_the_plugin_sockets(
-    default: Rendered, probe: str, live: str
+def test_probes_are_the_kubelets_http_gets_on_the_plugins_health_endpoint(
+    default: Rendered, probe: str, path: str
 ) -> None:
-    # Readiness needs SERVING; startup and liveness any answer (a plugin whose GPUs are lost must
-    # show NotReady, not be restarted in a loop). Every nvplugin socket of the kubelet's directory
-    # is tried: which ones a node has depends on the config and the node's GPUs.
+    # Readiness needs a resource SERVING; startup and liveness any answer (a plugin whose GPUs
+    # are lost must show NotReady, not be restarted in a loop). Nothing runs in the container.
     spec = default.container[probe]
-    assert spec["exec"]["command"] == [
-        "sh",
-        "-c",
-        PROBE_SCRIPT.format(live=live),
-        "nvplugin-probe",
-        DEVICE_PLUGIN_DIR,
-        "3",
-    ]
-    assert spec["timeoutSeconds"] == 10
+    assert spec["httpGet"] == {"path": path, "port": "health"}
+    assert "exec" not in spec
+    assert spec["timeoutSeconds"] == 3
     assert spec["periodSeconds"] >= 1 and spec["failureThreshold"] >= 1
+    assert default.container["ports"] == [HEALTH_PORT]
+    assert default.env["NVPLUGIN_HEALTH_PROBE_ADDRESS"] == "0.0.0.0:9401"
 
 
-@pytest.mark.parametrize(
-    "resource", ["nvidia.com/gpu", "example.com/a100", "nvidia.com/mig-1g.10gb", "a.b/X_y.z-1"]
-)
-def test_probe_glob_matches_the_socket_the_plugin_serves(resource: str) -> None:
-    rendered = render({"resourceName": resource})
-    command = rendered.container["readinessProbe"]["exec"]["command"]
-    assert fnmatch.fnmatchcase(
-        os.path.join(DEVICE_PLUGIN_DIR, socket_name(resource)), f"{command[4]}/nvplugin-*.sock"
-    )
-    assert rendered.env["NVPLUGIN_RESOURCE_NAME"] == resource
-
-
-def test_probe_timings_come_from_values() -> None:
+def test_probe_port_and_timings_come_from_values() -> None:
     rendered = render(
         {
             "probes": {
-                "rpcTimeoutSeconds": 1.5,
+                "port": 8081,
                 "timeoutSeconds": 4,
                 "liveness": {"periodSeconds": 30, "failureThreshold": 5},
             }
         }
     )
     live = rendered.container["livenessProbe"]
-    assert live["exec"]["command"][-1] == "1.5"
-    assert '--timeout "$2" --live &&' in live["exec"]["command"][2]
     assert (live["timeoutSeconds"], live["periodSeconds"], live["failureThreshold"]) == (4, 30, 5)
+    assert rendered.container["ports"] == [HEALTH_PORT | {"containerPort": 8081}]
+    assert rendered.env["NVPLUGIN_HEALTH_PROBE_ADDRESS"] == "0.0.0.0:8081"
+
+
+def test_metrics_and_probes_on_one_port_fail_rendering() -> None:
+    message = render_error({"metrics": {"enabled": True, "port": 9500}, "probes": {"port": 9500}})
+    assert "values.metrics.port and values.probes.port are both 9500" in message
 
 
 def test_metrics_off_by_default(default: Rendered) -> None:
-    assert "ports" not in default.container
+    assert default.container["ports"] == [HEALTH_PORT]
     assert "NVPLUGIN_METRICS_ADDRESS" not in default.env
     annotations = default.daemonset["spec"]["template"]["metadata"]["annotations"]
     assert not [name for name in annotations if name.startswith("prometheus.io/")]
-    assert "metrics_address" not in default.config_text
 
 
 def test_metrics_port_env_and_scrape_annotations() -> None:
     rendered = render({"metrics": {"enabled": True, "port": 9500}})
     assert rendered.container["ports"] == [
-        {"name": "metrics", "containerPort": 9500, "protocol": "TCP"}
+        {"name": "metrics", "containerPort": 9500, "protocol": "TCP"},
+        HEALTH_PORT,
     ]
     assert rendered.env["NVPLUGIN_METRICS_ADDRESS"] == "0.0.0.0:9500"
     annotations = rendered.daemonset["spec"]["template"]["metadata"]["annotations"]
@@ -329,6 +349,8 @@ def test_metrics_port_env_and_scrape_annotations() -> None:
 def test_probes_can_be_disabled(renders: dict[str, Rendered]) -> None:
     container = renders["no-probes"].container
     assert not {"startupProbe", "livenessProbe", "readinessProbe"} & set(container)
+    assert "ports" not in container  # nothing bound
+    assert "NVPLUGIN_HEALTH_PROBE_ADDRESS" not in renders["no-probes"].env
 
 
 # --- security -------------------------------------------------------------------------------------
@@ -347,7 +369,7 @@ def test_hardened_security_context_by_default(default: Rendered) -> None:
     assert "securityContext" not in default.pod  # podSecurityContext is empty
 
 
-def test_privileged_only_with_pass_device_specs(renders: dict[str, Rendered]) -> None:
+def test_privileged_only_with_device_specs_or_the_host_driver(renders: dict[str, Rendered]) -> None:
     context = renders["everything"].container["securityContext"]
     assert context["privileged"] is True
     assert context["allowPrivilegeEscalation"] is True  # the API rejects privileged without it
@@ -355,17 +377,24 @@ def test_privileged_only_with_pass_device_specs(renders: dict[str, Rendered]) ->
     assert context["readOnlyRootFilesystem"] is True
     for case in set(VALUE_SETS) - {"everything"}:
         assert "privileged" not in renders[case].container["securityContext"], case
-    assert "privileged" not in render({"passDeviceSpecs": False}).container["securityContext"]
+    off = render({"compatWithCPUManager": False}).container["securityContext"]
+    assert "privileged" not in off
 
 
 @pytest.mark.parametrize(
-    "config", [{"pass_device_specs": True}, "version: v1\npass_device_specs: true\n"]
+    "config",
+    [
+        {"flags": {"plugin": {"passDeviceSpecs": True}}},
+        "version: v1\nflags:\n  plugin:\n    passDeviceSpecs: true\n",
+    ],
 )
-def test_pass_device_specs_in_values_config_is_privileged_too(config: object) -> None:
+def test_pass_device_specs_in_the_config_is_privileged_too(config: object) -> None:
     # The plugin only sees the host's /dev/nvidia* nodes privileged, wherever the setting is made.
-    assert render({"config": config}).container["securityContext"]["privileged"] is True
-    off = render({"config": {"pass_device_specs": False}}).container["securityContext"]
-    assert "privileged" not in off
+    rendered = render({"config": {"map": {"default": config}}})
+    assert rendered.container["securityContext"]["privileged"] is True
+    off = {"flags": {"plugin": {"passDeviceSpecs": False}}}
+    context = render({"config": {"map": {"default": off}}}).container["securityContext"]
+    assert "privileged" not in context
 
 
 # --- scheduling -----------------------------------------------------------------------------------
@@ -416,7 +445,12 @@ def test_names_and_namespace_overrides(renders: dict[str, Rendered]) -> None:
     for obj in rendered.objects:
         assert obj["metadata"]["namespace"] == "gpu-operator"
     assert rendered.daemonset["metadata"]["name"] == "gpu"
-    assert rendered.one("ConfigMap")["metadata"]["name"] == "gpu-config"
+    assert (
+        render({"fullnameOverride": "gpu", "config": {"map": {"c": ""}}}).one("ConfigMap")[
+            "metadata"
+        ]["name"]
+        == "gpu-config"
+    )
     ds = renders["everything"].daemonset
     assert ds["metadata"]["name"] == "nvplugin-gpu-plugin"
     assert ds["spec"]["selector"]["matchLabels"] == {
@@ -443,10 +477,11 @@ def _checksum(rendered: Rendered) -> str:
 
 def test_checksum_follows_the_config_file_only(renders: dict[str, Rendered]) -> None:
     base = _checksum(renders["defaults"])
-    assert base == hashlib.sha256(renders["defaults"].config_text.rstrip("\n").encode()).hexdigest()
     # Config changes roll the pods...
-    assert _checksum(render({"config": {"pre_start_required": True}})) != base
-    assert _checksum(render({"health": {"enabled": False}})) != base
+    one = render({"config": {"map": {"c": "nvplugin:\n  preStartRequired: true\n"}}})
+    assert _checksum(one) != base
+    other = render({"config": {"map": {"c": "nvplugin:\n  preStartRequired: false\n"}}})
+    assert _checksum(other) != _checksum(one)
     # ... other changes do not touch the annotation.
     assert _checksum(render({"podAnnotations": {"a": "b"}, "log": {"level": "debug"}})) == base
     annotations = renders["everything"].daemonset["spec"]["template"]["metadata"]["annotations"]
@@ -454,8 +489,8 @@ def test_checksum_follows_the_config_file_only(renders: dict[str, Rendered]) -> 
 
 
 def test_existing_configmap_checksum_changes_with_its_name() -> None:
-    one = _checksum(render({"existingConfigMap": {"name": "a"}}))
-    assert one != _checksum(render({"existingConfigMap": {"name": "b"}}))
+    one = _checksum(render({"config": {"name": "a"}}))
+    assert one != _checksum(render({"config": {"name": "b"}}))
 
 
 def test_notes_tell_the_user_where_to_look(renders: dict[str, Rendered]) -> None:

@@ -1,6 +1,6 @@
 """The chart's output runs a real plugin: the rendered args, environment and ConfigMap file start
 ``nvplugin serve`` (a real process on a simulated node), which registers with the fake kubelet, and
-the rendered probe command finds it on the socket the chart expects.
+the rendered probes (the kubelet's httpGet) pass against the health endpoint the chart asks for.
 
 Only the host paths change: the kubelet's directory becomes a temporary one, and the ConfigMap's
 file is written where the args point at.
@@ -18,6 +18,8 @@ import socket
 import subprocess
 import sys
 import tempfile
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,16 +37,24 @@ VALUES = {
     "resourceName": RESOURCE,
     "allocationPolicy": "simple",
     "log": {"format": "json", "level": "debug"},
-    "health": {"ignoredXids": [79], "recoveryQuietSeconds": 30},
-    "config": {"pre_start_required": True, "fail_on_init_error": True},
+    "failOnInitError": True,
+    "deviceIDStrategy": "index",
+    "config": {
+        "map": {
+            "default": (
+                "version: v1\nnvplugin:\n  preStartRequired: true\n  health:\n"
+                "    xids: {ignore: [79]}\n    recovery: {quietPeriod: 30s}\n"
+            )
+        }
+    },
     "metrics": {"enabled": True, "port": 9400},
 }
 
 
 @pytest.fixture
 def dirs() -> Iterator[tuple[str, Path]]:
-    plugin_dir = tempfile.mkdtemp(dir="/tmp", prefix="nvp-dp-")
-    work = Path(tempfile.mkdtemp(dir="/tmp", prefix="nvp-chart-"))
+    plugin_dir = tempfile.mkdtemp(prefix="nvp-dp-")
+    work = Path(tempfile.mkdtemp(prefix="nvp-chart-"))
     yield plugin_dir, work
     shutil.rmtree(plugin_dir, ignore_errors=True)
     shutil.rmtree(work, ignore_errors=True)
@@ -65,7 +75,7 @@ def test_rendered_chart_starts_a_plugin_that_registers_and_passes_its_probe(
     plugin_dir, work = dirs
     rendered = render(VALUES)
     config = work / "config.yaml"
-    config.write_text(rendered.config_text)
+    config.write_text(_config_text(rendered))
     args = _on_host(rendered.container["args"], plugin_dir, config)
     assert args[:1] == ["serve"] and args[-2:] == ["--simulate", "dgx-a100"]
     # The pod's environment: nothing but what the chart sets reaches the plugin's NVPLUGIN_ reader.
@@ -73,6 +83,7 @@ def test_rendered_chart_starts_a_plugin_that_registers_and_passes_its_probe(
     # The pod's 0.0.0.0:9400 is its own network namespace; here: loopback, a port the OS picks.
     assert env["NVPLUGIN_METRICS_ADDRESS"] == "0.0.0.0:9400"
     env["NVPLUGIN_METRICS_ADDRESS"] = "127.0.0.1:0"
+    _on_loopback(rendered, env)
     log_path = work / "serve.log"
     asyncio.run(_scenario(rendered, args, env, plugin_dir, config, log_path))
 
@@ -104,14 +115,16 @@ async def _scenario(
             record = kubelet.devices.registrations[-1]
             assert record.error is None
             assert record.endpoint == "nvplugin-a100.sock"
-            # pre_start_required came from values.config, through the ConfigMap file.
+            # preStartRequired came from values.config.map, through the ConfigMap file.
             options = kubelet.devices.options(RESOURCE)
             assert options is not None and options.pre_start_required is True
 
             for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
-                probe = await asyncio.to_thread(_probe, rendered, kind, plugin_dir, config)
-                assert probe.returncode == 0, probe.stderr
-                assert "SERVING: registered with the kubelet, 8 of 8 GPUs healthy" in probe.stdout
+                status, body = await _kubelet_probe(rendered, kind, log_path)
+                assert status == 200, body
+                assert (
+                    f"{RESOURCE}: SERVING: registered with the kubelet, 8 of 8 GPUs healthy" in body
+                )
             assert _metric_lines(
                 log_path, 'nvplugin_registrations_total{resource="example.com/a100"}'
             )
@@ -129,30 +142,40 @@ async def _scenario(
     # The plugin's own account of what it was told (one JSON line: log.format came from the env).
     effective = _effective_config(log_path)
     assert effective["source"] == str(config)
-    assert effective["resource_name"] == RESOURCE
-    assert effective["allocation_policy"] == "simple"
-    assert effective["device_plugin_dir"] == plugin_dir
-    assert effective["log"] == {"format": "json", "level": "debug"}
-    assert effective["health"]["xids"]["ignore"] == [79]
-    assert effective["health"]["recovery"]["quiet_s"] == 30
+    ours = effective["nvplugin"]
+    assert ours["resourceName"] == RESOURCE
+    assert ours["allocationPolicy"] == "simple"
+    assert ours["devicePluginDir"] == plugin_dir
+    assert ours["log"] == {"format": "json", "level": "debug"}
+    assert ours["health"]["xids"]["ignore"] == [79]
+    assert ours["health"]["recovery"]["quietPeriod"] == "30s"
+    assert effective["flags"]["plugin"]["deviceIDStrategy"] == "index"  # NVIDIA's value, env
 
 
-def _probe(
-    rendered: Rendered, kind: str, plugin_dir: str, config: Path
-) -> subprocess.CompletedProcess[str]:
-    """Run a rendered probe command as the kubelet would (through ``sh``), with ``nvplugin`` on
-    PATH as in the image: here a shim running this interpreter's ``-m nvplugin``."""
-    command = _on_host(rendered.container[kind]["exec"]["command"], plugin_dir, config)
-    shim_dir = tempfile.mkdtemp(dir="/tmp", prefix="nvp-bin-")
-    try:
-        shim = Path(shim_dir, "nvplugin")
-        shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m nvplugin "$@"\n')
-        shim.chmod(0o755)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("NVPLUGIN_")}
-        env["PATH"] = f"{shim_dir}:{env.get('PATH', '/usr/bin:/bin')}"
-        return subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
-    finally:
-        shutil.rmtree(shim_dir, ignore_errors=True)
+def _on_loopback(rendered: Rendered, env: dict[str, str]) -> None:
+    """The health endpoint on loopback, a port the OS picks (the pod's 0.0.0.0:<port> is its own
+    network namespace), after checking that the env and the container port agree."""
+    ports = {p["name"]: p["containerPort"] for p in rendered.container["ports"]}
+    assert env["NVPLUGIN_HEALTH_PROBE_ADDRESS"] == f"0.0.0.0:{ports['health']}"
+    env["NVPLUGIN_HEALTH_PROBE_ADDRESS"] = "127.0.0.1:0"
+
+
+async def _kubelet_probe(rendered: Rendered, kind: str, log_path: Path) -> tuple[int, str]:
+    """What the kubelet's httpGet probe ``kind`` gets: status and body of the rendered path on
+    the rendered port (here: the port the plugin bound, from its log)."""
+    spec = rendered.container[kind]
+    assert spec["httpGet"]["port"] == "health"
+    port = _logged_port(log_path, "serving health probes")
+    url = f"http://127.0.0.1:{port}{spec['httpGet']['path']}"
+
+    def get() -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(url, timeout=spec["timeoutSeconds"]) as response:
+                return int(response.status), response.read().decode()
+        except urllib.error.HTTPError as exc:
+            return int(exc.code), exc.read().decode()
+
+    return await asyncio.to_thread(get)
 
 
 def _stale_socket(path: str) -> None:
@@ -166,34 +189,38 @@ SPLIT_VALUES = {
     "simulate": "mixed-a100-t4",
     "log": {"format": "json"},
     "config": {
-        "resources": {"gpus": [{"pattern": "*A100*", "name": "a100"}]},
-        "sharing": {
-            "timeSlicing": {"renameByDefault": True, "resources": [{"name": "gpu", "replicas": 2}]}
-        },
+        "map": {
+            "split": {
+                "resources": {"gpus": [{"pattern": "*A100*", "name": "a100"}]},
+                "sharing": {
+                    "timeSlicing": {
+                        "renameByDefault": True,
+                        "resources": [{"name": "gpu", "replicas": 2}],
+                    }
+                },
+            }
+        }
     },
 }
 
 
-def test_probes_find_the_plugin_when_the_config_renames_its_sockets(
+def test_probes_pass_when_the_config_renames_the_plugin_sockets(
     dirs: tuple[str, Path],
 ) -> None:
     """Resources by model and time-slicing change the socket names (here nvplugin-a100.sock and
-    nvplugin-gpu.shared.sock; no nvplugin-gpu.sock): the probes still find the plugin, and a
-    stale socket beside it does not fail them. With no plugin serving they fail."""
+    nvplugin-gpu.shared.sock; no nvplugin-gpu.sock): the probes ask the plugin, not a socket,
+    so they pass, and /readyz names both resources."""
     plugin_dir, work = dirs
     rendered = render(SPLIT_VALUES)
     config = work / "config.yaml"
-    config.write_text(rendered.config_text)
+    config.write_text(_config_text(rendered))
     args = _on_host(rendered.container["args"], plugin_dir, config)
     env = {k: v for k, v in os.environ.items() if not k.startswith("NVPLUGIN_")} | rendered.env
+    _on_loopback(rendered, env)
     log_path = work / "serve.log"
 
     async def scenario() -> None:
         async with FakeKubelet(plugin_dir) as kubelet:
-            _stale_socket(os.path.join(plugin_dir, "nvplugin-aaa.sock"))  # globbed first
-            for kind in ("startupProbe", "readinessProbe"):
-                probe = await asyncio.to_thread(_probe, rendered, kind, plugin_dir, config)
-                assert probe.returncode == 1, probe.stdout  # nothing serving yet
             with log_path.open("wb") as log:
                 proc = subprocess.Popen(
                     [sys.executable, "-m", "nvplugin", *args],
@@ -208,15 +235,12 @@ def test_probes_find_the_plugin_when_the_config_renames_its_sockets(
                 except TimeoutError as exc:
                     raise AssertionError(f"{exc}\n{log_path.read_text()}") from None
                 sockets = sorted(n for n in os.listdir(plugin_dir) if n.startswith("nvplugin-"))
-                assert sockets == [
-                    "nvplugin-a100.sock",
-                    "nvplugin-aaa.sock",
-                    "nvplugin-gpu.shared.sock",
-                ]
+                assert sockets == ["nvplugin-a100.sock", "nvplugin-gpu.shared.sock"]
                 for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
-                    probe = await asyncio.to_thread(_probe, rendered, kind, plugin_dir, config)
-                    assert probe.returncode == 0, probe.stderr
-                    assert "answers the health check" in probe.stdout
+                    status, body = await _kubelet_probe(rendered, kind, log_path)
+                    assert status == 200, body
+                    assert "nvidia.com/a100: SERVING" in body
+                    assert "nvidia.com/gpu.shared: SERVING" in body
             finally:
                 if proc.poll() is None:
                     proc.send_signal(signal.SIGTERM)
@@ -231,17 +255,19 @@ def test_probes_find_the_plugin_when_the_config_renames_its_sockets(
     asyncio.run(scenario())
 
 
-def _metric_lines(log_path: Path, prefix: str) -> list[str]:
-    """Lines of the plugin's /metrics starting with ``prefix`` (the port is in its log)."""
-    import urllib.request
-
-    port = None
+def _logged_port(log_path: Path, event: str) -> int:
+    """The port in the plugin's log line ``event`` (``serving metrics``, ...)."""
     for line in log_path.read_text().splitlines():
         with contextlib.suppress(ValueError):
             record = json.loads(line)
-            if isinstance(record, dict) and record.get("event") == "serving metrics":
-                port = record["port"]
-    assert port is not None, log_path.read_text()
+            if isinstance(record, dict) and record.get("event") == event:
+                return int(record["port"])
+    raise AssertionError(f"no {event!r} line in:\n{log_path.read_text()}")
+
+
+def _metric_lines(log_path: Path, prefix: str) -> list[str]:
+    """Lines of the plugin's /metrics starting with ``prefix`` (the port is in its log)."""
+    port = _logged_port(log_path, "serving metrics")
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
         text = response.read().decode()
     return [line for line in text.splitlines() if line.startswith(prefix)]
@@ -257,3 +283,11 @@ def _effective_config(log_path: Path) -> dict[str, Any]:
             config: dict[str, Any] = record["config"]
             return config
     raise AssertionError(f"no 'effective config' log line in:\n{log_path.read_text()}")
+
+
+def _config_text(rendered: Rendered) -> str:
+    """The ConfigMap entry the pod mounts as its config file."""
+    volumes = {v["name"]: v for v in rendered.pod["volumes"]}
+    (item,) = volumes["config"]["configMap"]["items"]
+    text: str = rendered.one("ConfigMap")["data"][item["key"]]
+    return text

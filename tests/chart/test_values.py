@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -12,7 +14,7 @@ import yaml
 
 from nvplugin.allocator import POLICY_NAMES
 from nvplugin.config import LOG_FORMATS, LOG_LEVELS
-from nvplugin.plugin.responses import DEVICE_ID_STRATEGIES, DEVICE_LIST_STRATEGIES
+from nvplugin.config.rules import DEVICE_ID_STRATEGIES, DEVICE_LIST_STRATEGIES
 from tests.chart.rendering import CHART_DIR, render, render_error
 
 SCHEMA_ERROR = "values don't meet the specifications of the schema(s)"
@@ -27,28 +29,28 @@ SCHEMA_ERROR = "values don't meet the specifications of the schema(s)"
         ({"metrics": {"port": 0}}, "at '/metrics/port': minimum: got 0, want 1"),
         ({"metrics": {"enabled": "on"}}, "at '/metrics/enabled': got string, want boolean"),
         ({"probes": {"timeoutSeconds": 0}}, "at '/probes/timeoutSeconds': minimum: got 0, want 1"),
+        ({"probes": {"port": 0}}, "at '/probes/port': minimum: got 0, want 1"),
+        ({"probes": {"rpcTimeoutSeconds": 3}}, "additional properties 'rpcTimeoutSeconds'"),
+        ({"compatWithCPUManager": "true"}, "at '/compatWithCPUManager'"),
+        ({"failOnInitError": 1}, "at '/failOnInitError'"),
+        ({"config": [1]}, "at '/config': got array, want object"),
+        ({"config": {"map": {"a": 1}}}, "at '/config/map/a'"),
+        ({"config": {"maps": {}}}, "additional properties 'maps' not allowed"),
         (
-            {"health": {"ignoredXids": ["79"]}},
-            "at '/health/ignoredXids/0': got string, want integer",
+            {"config": {"fallbackStrategies": ["label"]}},
+            "at '/config/fallbackStrategies/0': value must be one of 'named', 'single', 'empty'",
         ),
-        ({"health": {"recoveryQuietSeconds": -1}}, "at '/health/recoveryQuietSeconds': minimum"),
-        ({"passDeviceSpecs": "true"}, "at '/passDeviceSpecs': got string, want null or boolean"),
-        ({"failOnInitError": 1}, "at '/failOnInitError': got number, want null or boolean"),
-        ({"config": [1]}, "at '/config': got array, want string or object"),
+        ({"config": {"map": {"a": {"flag": {}}}}}, "at '/config/map/a'"),
         ({"resourceName": "gpu"}, "at '/resourceName': 'gpu' does not match pattern"),
         ({"devicePluginPath": "relative/dir"}, "at '/devicePluginPath'"),
         ({"allocationPolicy": "fastest"}, "at '/allocationPolicy': value must be one of"),
-        ({"deviceIDStrategy": "serial"}, "at '/deviceIDStrategy': value must be one of"),
-        ({"deviceListStrategy": "magic"}, "at '/deviceListStrategy': 'magic' does not match"),
-        ({"deviceListStrategy": "envvar,cdi"}, "at '/deviceListStrategy': 'envvar,cdi' does not"),
-        (
-            {"deviceListStrategy": ["envvar", "cdi"]},
-            "at '/deviceListStrategy/1': value must be one of 'envvar', 'volume-mounts'",
-        ),
-        ({"deviceListStrategy": 3}, "at '/deviceListStrategy': 'anyOf' failed"),
+        ({"deviceIDStrategy": "serial"}, "at '/deviceIDStrategy'"),
+        ({"deviceListStrategy": "magic"}, "at '/deviceListStrategy'"),
+        ({"deviceListStrategy": "envvar,cdi"}, "at '/deviceListStrategy'"),
+        ({"deviceListStrategy": ["envvar", "cdi"]}, "at '/deviceListStrategy"),
+        ({"nvidiaDriverRoot": "run/nvidia/driver"}, "at '/nvidiaDriverRoot'"),
         ({"log": {"level": "trace"}}, "at '/log/level': value must be one of"),
         ({"resourceNmae": "x"}, "additional properties 'resourceNmae' not allowed"),
-        ({"health": {"enable": True}}, "at '/health': additional properties 'enable' not allowed"),
         ({"nodeSelector": {"gpu": True}}, "at '/nodeSelector/gpu': got boolean, want string"),
         ({"tolerations": {"key": "x"}}, "at '/tolerations': got object, want array"),
         ({"podAnnotations": {"n": 1}}, "at '/podAnnotations/n': got number, want string"),
@@ -66,104 +68,113 @@ def test_wrong_types_fail_at_install_time(values: dict[str, Any], message: str) 
     ("values", "message"),
     [
         (
-            {"config": {"health": {"enabled": True}}, "existingConfigMap": {"name": "mine"}},
-            'values.config and values.existingConfigMap.name ("mine") are both set: the plugin '
-            "reads one config file. Use values.config for a ConfigMap this chart manages, or "
-            "existingConfigMap.name for one you manage, not both",
+            {"config": {"map": {"a": ""}, "name": "mine"}},
+            'values.config.name ("mine") and values.config.map are both set',
+        ),
+        ({"config": {"map": {"a": "a: [1, 2"}}}, "values.config.map.a: not a YAML mapping"),
+        ({"config": {"map": {"a": "- just\n- a list\n"}}}, "values.config.map.a: not a YAML"),
+        (
+            {"config": {"map": {"a": "", "b": ""}}},
+            "values.config: no config file chosen from a, b: set config.default",
         ),
         (
-            {"config": "version: v1\n", "existingConfigMap": {"name": "mine"}},
-            'values.config and values.existingConfigMap.name ("mine") are both set',
+            {"config": {"map": {"a": ""}, "default": "b"}},
+            'values.config.default is "b", but the config files are: a',
+        ),
+        # What NVIDIA users pass: the chart's config.map entries, checked against the plugin's
+        # schema with the key path.
+        (
+            {"config": {"map": {"default": "version: v1\nflags:\n  migStrategy: mixed\n"}}},
+            'values.config.map.default: key "flags.migStrategy": nvplugin does not support MIG',
         ),
         (
-            {"existingConfigMap": {"name": "mine"}, "health": {"enabled": False}},
-            'values.health.enabled is set, but the config file comes from your ConfigMap "mine": '
-            "set health.enabled there",
+            {
+                "config": {
+                    "map": {
+                        "c": "sharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu"
+                        "\n      replicas: 2\n"
+                    }
+                }
+            },
+            'values.config.map.c: key "sharing.mps": nvplugin does not support MPS sharing yet',
         ),
         (
-            {"existingConfigMap": {"name": "mine"}, "deviceIDStrategy": "uuid"},
-            "values.deviceIDStrategy is set, but the config file comes from your ConfigMap",
+            {"config": {"map": {"c": "imex:\n  channelIDs: [0]\n"}}},
+            'key "imex.channelIDs": nvplugin does not support IMEX channels yet',
         ),
         (
-            {"config": {"allocation_policy": "simple"}, "allocationPolicy": "best-effort"},
-            'values.config.allocation_policy is "simple" but values.allocationPolicy is '
-            '"best-effort": set it in one place (values.allocationPolicy)',
+            {"config": {"map": {"c": "default: x\n"}}},
+            'values.config.map.c: unknown key "default"; valid keys here: flags, imex, nvplugin',
         ),
         (
-            {"config": {"resource_name": "example.com/gpu"}},
-            'values.config.resource_name is "example.com/gpu" but values.resourceName is '
-            '"nvidia.com/gpu": set it in one place (values.resourceName)',
+            {"config": {"map": {"c": "nvplugin:\n  helth: {}\n"}}},
+            'unknown key "nvplugin.helth"; valid keys here:',
         ),
         (
-            {"config": {"device_plugin_dir": "/srv/dp"}},
-            'values.config.device_plugin_dir is "/srv/dp" but values.devicePluginPath is',
+            {"config": {"map": {"c": "flags:\n  plugin:\n    deviceIDStrategy: serial\n"}}},
+            'key "flags.plugin.deviceIDStrategy": "serial" is not one of uuid, index',
         ),
         (
-            {"config": {"log": {"level": "info"}}, "log": {"level": "debug"}},
-            'values.config.log.level is "info" but values.log.level is "debug"',
+            {
+                "config": {
+                    "map": {
+                        "c": "sharing:\n  timeSlicing:\n    resources:\n"
+                        "    - {name: gpu, replicas: 1}\n"
+                    }
+                }
+            },
+            'key "sharing.timeSlicing.resources[0].replicas": 1 is less than 2',
         ),
         (
-            {"config": {"health": {"xids": {"ignore": [48]}}}, "health": {"ignoredXids": [79]}},
-            "values.config.health.xids.ignore is [48] but values.health.ignoredXids is [79]",
+            {
+                "config": {
+                    "map": {
+                        "c": "nvplugin:\n  health:\n    recovery:\n      quietPeriod: 5 minutes\n"
+                    }
+                }
+            },
+            'key "nvplugin.health.recovery.quietPeriod": "5 minutes" does not match',
         ),
-        (
-            {"config": {"health": True}, "health": {"enabled": False}},
-            "values.config.health must be a mapping, not true",
-        ),
-        (
-            {"config": {"metrics_address": "127.0.0.1:9400"}, "metrics": {"enabled": True}},
-            'values.config.metrics_address is "127.0.0.1:9400" but values.metrics.port is '
-            '"0.0.0.0:9400"',
-        ),
-        (
-            {"config": "a: [1, 2"},
-            "values.config: the string is not a YAML mapping (the nvplugin config file format)",
-        ),
-        (
-            {"config": "- just\n- a list\n"},
-            "values.config: the string is not a YAML mapping",
-        ),
+        ({"migStrategy": "single"}, "values.migStrategy: nvplugin does not support MIG strategy"),
+        ({"gdsEnabled": True}, "values.gdsEnabled: nvplugin does not support gdsEnabled yet"),
+        ({"deviceDiscoveryStrategy": "tegra"}, "values.deviceDiscoveryStrategy: nvplugin does"),
+        ({"gfd": {"enabled": True}}, "values.gfd: nvplugin's chart does not deploy gfd"),
+        ({"nfd": {"worker": {}}}, "values.nfd: nvplugin's chart does not deploy nfd"),
+        ({"mps": {"root": "/run/nvidia/mps"}}, "values.mps: nvplugin's chart does not deploy mps"),
     ],
 )
-def test_values_that_cannot_work_together_fail_with_a_clear_message(
+def test_values_that_cannot_work_fail_with_a_clear_message(
     values: dict[str, Any], message: str
 ) -> None:
     error = render_error(values)
-    assert error.startswith("execution error at (nvplugin/templates/")
+    assert error.startswith("execution error at (nvplugin/templates/"), error
     assert message in error
 
 
 @pytest.mark.parametrize(
-    "value", ["", "envvar", "envvar,cdi-cri", "volume-mounts, cdi-annotations", ["cdi-cri"]]
+    "value", ["envvar", "envvar,cdi-cri", "volume-mounts, cdi-annotations", ["cdi-cri"]]
 )
 def test_valid_device_list_strategies_render(value: object) -> None:
-    render({"deviceListStrategy": value})
+    assert render({"deviceListStrategy": value}).env["DEVICE_LIST_STRATEGY"]
 
 
-def test_the_same_setting_in_both_places_is_fine() -> None:
-    rendered = render(
+def test_nvidia_defaults_of_unsupported_values_render() -> None:
+    render(
         {
-            "config": {"allocation_policy": "simple", "health": {"enabled": False}},
-            "allocationPolicy": "simple",
-            "health": {"enabled": False},
+            "gfd": {"enabled": False},
+            "gdsEnabled": False,
+            "mofedEnabled": False,
+            "gdrcopyEnabled": False,
+            "deviceDiscoveryStrategy": "auto",
+            "migStrategy": "none",
         }
     )
-    assert rendered.env["NVPLUGIN_ALLOCATION_POLICY"] == "simple"
-    assert yaml.safe_load(rendered.config_text)["health"] == {"enabled": False}
 
 
-def test_blank_config_string_counts_as_unset() -> None:
-    rendered = render({"config": "  \n", "existingConfigMap": {"name": "mine"}})
-    assert rendered.kinds() == ["DaemonSet"]
-
-
-def test_rendering_does_not_change_the_values_it_merges_into() -> None:
-    # The config map is built twice (ConfigMap and checksum); merging must not mutate .Values, or
-    # the second build would see its own additions as conflicts.
-    values = {"config": {"health": {"xids": {"critical": [13]}}}, "health": {"enabled": False}}
-    once = render(values).config_text
-    assert render(values).config_text == once
-    assert yaml.safe_load(once)["health"] == {"enabled": False, "xids": {"critical": [13]}}
+def test_rendering_does_not_change_the_values() -> None:
+    values = {"config": {"map": {"a": {"nvplugin": {"preStartRequired": True}}}}}
+    once = render(values).one("ConfigMap")
+    assert render(values).one("ConfigMap") == once
 
 
 # --- the schema agrees with the package -----------------------------------------------------------
@@ -176,10 +187,11 @@ def _schema() -> dict[str, Any]:
 
 def test_schema_choices_are_the_plugins() -> None:
     props = _schema()["properties"]
-    string, array = props["deviceListStrategy"]["anyOf"]
+    strategies = props["deviceListStrategy"]["anyOf"][0]["anyOf"]
+    string, array = strategies
     assert array["items"]["enum"] == list(DEVICE_LIST_STRATEGIES)
-    assert string["pattern"].count("|".join(DEVICE_LIST_STRATEGIES)) == 2
-    assert props["deviceIDStrategy"]["enum"] == ["", *DEVICE_ID_STRATEGIES]
+    assert string["pattern"].count("|".join(DEVICE_LIST_STRATEGIES).replace("-", "\\-")) == 2
+    assert props["deviceIDStrategy"]["anyOf"][0]["enum"] == list(DEVICE_ID_STRATEGIES)
     assert props["allocationPolicy"]["enum"] == ["", *POLICY_NAMES]
     assert props["log"]["properties"]["format"]["enum"] == ["", *LOG_FORMATS]
     assert props["log"]["properties"]["level"]["enum"] == ["", *LOG_LEVELS]
@@ -194,6 +206,8 @@ def _schema_paths(schema: dict[str, Any], prefix: str = "") -> list[str]:
             continue
         if sub.get("properties") and sub.get("additionalProperties") is False:
             paths.extend(_schema_paths(sub, path + "."))
+        elif name in ("gfd", "nfd", "mps"):
+            continue  # NVIDIA's values nvplugin refuses: in the schema, not in values.yaml
         else:
             paths.append(path)
     return paths
@@ -245,3 +259,15 @@ def test_readme_table_lists_every_value_with_its_default() -> None:
         assert json.loads(match.group(1)) == _lookup(values, path), path
         checked += 1
     assert checked >= 30
+
+
+def test_committed_schemas_are_generated_from_the_config_model() -> None:
+    """charts/generate_schema.py writes config.schema.json and values.schema.json's config parts
+    from nvplugin/config/model.py; run it after changing a setting."""
+    done = subprocess.run(
+        [sys.executable, str(CHART_DIR.parent / "generate_schema.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr

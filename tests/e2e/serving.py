@@ -18,6 +18,8 @@ from typing import Any
 
 import yaml
 
+from tests import WAIT_S
+
 NODES_DIR = Path(__file__).resolve().parents[2] / "nvplugin" / "node" / "nodes"
 
 
@@ -37,7 +39,7 @@ class Serve:
 
     def __init__(self, directory: str, *args: str, env: dict[str, str] | None = None) -> None:
         self.directory = directory
-        self.log_path = os.path.join(tempfile.mkdtemp(dir="/tmp"), "serve.log")
+        self.log_path = os.path.join(tempfile.mkdtemp(), "serve.log")
         command = [sys.executable, "-m", "nvplugin", "serve", "--device-plugin-dir", directory]
         command += ["--log-format", "json", *args]
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("NVPLUGIN_")}
@@ -67,8 +69,9 @@ class Serve:
         return [line for line in self.lines() if line.get("event") == name]
 
     async def wait_log(
-        self, name: str, timeout: float = 10.0, where: Callable[[dict[str, Any]], bool] = bool
+        self, name: str, timeout: float = WAIT_S, where: Callable[[dict[str, Any]], bool] = bool
     ) -> dict[str, Any]:
+        """The first log line ``name`` that ``where`` accepts, once the plugin has written it."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for line in self.events(name):
@@ -94,13 +97,13 @@ class Serve:
     def send(self, sig: int) -> None:
         self.process.send_signal(sig)
 
-    def wait(self, timeout: float = 10.0) -> int:
+    def wait(self, timeout: float = WAIT_S) -> int:
         try:
             return self.process.wait(timeout)
         finally:
             self._log_file.close()
 
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = WAIT_S) -> int:
         if self.process.poll() is None:
             self.send(sig)
         return self.wait(timeout)
@@ -143,14 +146,14 @@ def admit_json(*args: str) -> list[dict[str, Any]]:
 
 def pods_file(text: str) -> str:
     """Write a pod manifest to a temporary file; its path."""
-    fd, path = tempfile.mkstemp(dir="/tmp", suffix=".yaml")
+    fd, path = tempfile.mkstemp(suffix=".yaml")
     with os.fdopen(fd, "w") as f:
         f.write(text)
     return path
 
 
 def new_dir() -> str:
-    return tempfile.mkdtemp(dir="/tmp")
+    return tempfile.mkdtemp()
 
 
 def remove_dir(directory: str) -> None:

@@ -180,8 +180,13 @@ BAD = [
     (gpu_pod("ok", 1), ("--topology-manager-scope", "node"), ["topologyManagerScope", '"node"']),
     (
         gpu_pod("ok", 1),
-        ("--topology-manager-policy-options", "fastest=true"),
-        ['unknown Topology Manager Policy option: "fastest"'],
+        ("--topology-manager-policy", "best-effort", "--topology-manager-policy-options", "x=1"),
+        ['unknown Topology Manager Policy option: "x"'],
+    ),
+    (
+        gpu_pod("ok", 1),
+        ("--simulate", "dgx-1", "--reserved-cpus", "0-1,200"),
+        ["error: reserved-cpus: 0-1,200 is not a subset of online-cpus: 0-79\n"],
     ),
     (
         gpu_pod("ok", 1),
@@ -203,6 +208,16 @@ def test_bad_input_exits_2_naming_what(
     assert "Traceback" not in done.stderr
     for needle in needles:
         assert needle in done.stderr
+
+
+def test_policy_options_are_not_read_under_policy_none() -> None:
+    # The kubelet's NewManager returns before it parses the options when the policy is none:
+    # a bad option starts it. The report says they were not read.
+    options = ("--topology-manager-policy-options", "fastest=true")
+    done = admit("--simulate", "dgx-1", *options, pods(gpu_pod("ok", 1)))
+    assert done.returncode == 0, done.stderr
+    assert "1 of 1 pods admitted" in done.stdout
+    assert "note: --topology-manager-policy-options (fastest) not read" in done.stdout
 
 
 def test_plugin_dying_mid_run_rejects_later_pods_with_the_kubelet_message() -> None:
@@ -286,3 +301,48 @@ def test_sidecar_pod_scope_restricted_with_static_cpus() -> None:
     assert pair["admitted"] and pair["containers"][0]["numa_nodes"] == [1]
     # ... and three more cannot come from one node any more.
     assert (three["admitted"], three["reason"], three["message"]) == (False, *AFFINITY)
+
+
+MIXED_NUMA = """version: v1
+name: one-gpu-without-numa
+gpus: [{name: A, numa_node: 0}, {name: A, numa_node: 0}, {name: A, numa_node: 1}, {name: A}]
+links: |2
+        GPU0  GPU1  GPU2  GPU3
+  GPU0  X     PIX   SYS   SYS
+  GPU1  PIX   X     SYS   SYS
+  GPU2  SYS   SYS   X     SYS
+  GPU3  SYS   SYS   SYS   X
+"""
+
+
+@pytest.mark.parametrize("policy", ["single-numa-node", "restricted", "best-effort", "none"])
+def test_a_gpu_without_numa_node_gets_a_warning_and_is_never_given(
+    policy: str, tmp_path: Path
+) -> None:
+    """The kubelet never counts a GPU without a NUMA node in its hints: under single-numa-node
+    and restricted, the fourth one-GPU pod (which would need it) is rejected."""
+    node = tmp_path / "node.yaml"
+    node.write_text(MIXED_NUMA)
+    pod_file = tmp_path / "pods.yaml"
+    pod_file.write_text("---\n".join(gpu_pod(f"p{i}", 1) for i in range(4)))
+    done = admit(
+        "--simulate",
+        str(node),
+        "--topology-manager-policy",
+        policy,
+        "--output",
+        "json",
+        str(pod_file),
+    )
+    assert done.returncode == 0, done.stderr
+    admitted = [r["admitted"] for r in json.loads(done.stdout)]
+    warnings = [line for line in done.stderr.splitlines() if line.startswith("warning: ")]
+    if policy == "none":
+        assert warnings == [] and admitted == [True] * 4
+        return
+    assert len(warnings) == 1 and "GPU 3 has no NUMA node" in warnings[0]
+    if policy in ("single-numa-node", "restricted"):
+        assert admitted == [True, True, True, False]
+        assert "never allocated" in warnings[0] and "TopologyAffinityError" in warnings[0]
+    else:
+        assert admitted == [True] * 4

@@ -12,9 +12,8 @@ from nvplugin.kubelet import checkpoint as ckpt
 from nvplugin.kubelet.admit import RESOURCE, Admission, AdmitSettings, PluginProcess
 from nvplugin.kubelet.pods import Container, Pod
 from nvplugin.node import load_topology
+from tests import WAIT_S as WAIT
 from tests.e2e.serving import new_dir, node_file, remove_dir
-
-WAIT = 15.0
 
 
 def run(coro: Coroutine[Any, Any, None]) -> None:

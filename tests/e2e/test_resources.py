@@ -21,6 +21,7 @@ from nvplugin.kubelet.kubelet import FakeKubelet
 from nvplugin.kubelet.pods import load_pods
 from nvplugin.node import load_topology
 from nvplugin.plugin.sharing import replica_id
+from tests import WAIT_S
 from tests.e2e.serving import Serve, admit_json, new_dir, node_file, pods_file, run_serve
 
 NODE = "mixed-a100-t4"
@@ -30,8 +31,10 @@ T4 = [g.uuid for g in TOPOLOGY.gpus if "T4" in g.name]  # GPUs 2, 3, 6, 7
 
 TWO_MODELS = """\
 version: v1
-device_list_strategy: [envvar, cdi-cri]
-device_id_strategy: index
+flags:
+  plugin:
+    deviceListStrategy: [envvar, cdi-cri]
+    deviceIDStrategy: index
 resources:
   gpus:
     - {pattern: "*A100*", name: a100}
@@ -68,8 +71,8 @@ def test_two_models_two_resources_two_sockets_two_registrations() -> None:
         async with FakeKubelet(directory) as kubelet:
             serve = Serve(directory, "--simulate", NODE, "--config", config_file(TWO_MODELS))
             try:
-                a100 = await kubelet.wait_registered("nvidia.com/a100", timeout=15)
-                t4 = await kubelet.wait_registered("nvidia.com/t4", timeout=15)
+                a100 = await kubelet.wait_registered("nvidia.com/a100", WAIT_S)
+                t4 = await kubelet.wait_registered("nvidia.com/t4", WAIT_S)
                 assert a100 is not t4
                 records = sorted(
                     (r.resource_name, r.endpoint) for r in kubelet.devices.registrations
@@ -87,7 +90,7 @@ def test_two_models_two_resources_two_sockets_two_registrations() -> None:
                         len(m.healthy_devices("nvidia.com/t4")) == 4
                         and len(m.healthy_devices("nvidia.com/a100")) == 4
                     ),
-                    10,
+                    WAIT_S,
                     "4 T4s and 4 A100s",
                 )
                 assert devices.healthy_devices("nvidia.com/a100") == frozenset(A100)
@@ -109,8 +112,8 @@ def test_two_models_two_resources_two_sockets_two_registrations() -> None:
                 # The effective config shows the strategies; the unused pattern warned once.
                 (effective,) = serve.events("effective config")
                 shown = effective["config"]
-                assert shown["device_list_strategy"] == ["envvar", "cdi-cri"]
-                assert shown["device_id_strategy"] == "index"
+                assert shown["flags"]["plugin"]["deviceListStrategy"] == ["envvar", "cdi-cri"]
+                assert shown["flags"]["plugin"]["deviceIDStrategy"] == "index"
                 assert shown["resources"]["gpus"][0] == {
                     "pattern": "*A100*",
                     "name": "nvidia.com/a100",
@@ -136,12 +139,12 @@ def test_time_sliced_replicas_go_unhealthy_together_on_an_xid() -> None:
         async with FakeKubelet(directory) as kubelet:
             serve = Serve(directory, "--simulate", node, "--config", config_file(T4_SHARED))
             try:
-                await kubelet.wait_registered("nvidia.com/t4-shared", timeout=15)
-                await kubelet.wait_registered("nvidia.com/a100", timeout=15)
+                await kubelet.wait_registered("nvidia.com/t4-shared", WAIT_S)
+                await kubelet.wait_registered("nvidia.com/a100", WAIT_S)
                 devices = kubelet.devices
                 replicas = [replica_id(u, n) for u in T4 for n in range(4)]
                 await devices.wait_for(
-                    lambda m: len(m.devices("nvidia.com/t4-shared")) == 16, 10, "16 replicas"
+                    lambda m: len(m.devices("nvidia.com/t4-shared")) == 16, WAIT_S, "16 replicas"
                 )
                 assert sorted(devices.devices("nvidia.com/t4-shared")) == sorted(replicas)
                 numa = devices.device_numa("nvidia.com/t4-shared")
@@ -150,7 +153,7 @@ def test_time_sliced_replicas_go_unhealthy_together_on_an_xid() -> None:
                 gpu6 = TOPOLOGY.gpus[6].uuid
                 await devices.wait_for(
                     lambda m: len(m.unhealthy_devices("nvidia.com/t4-shared")) == 4,
-                    15,
+                    WAIT_S,
                     "the Xid on GPU 6",
                 )
                 assert devices.unhealthy_devices("nvidia.com/t4-shared") == frozenset(
@@ -238,14 +241,14 @@ def test_kubelet_admission_places_an_a100_pod_on_a100s_only() -> None:
         async with FakeKubelet(directory, devices=devices) as kubelet:
             serve = Serve(directory, "--simulate", NODE, "--config", config_file(TWO_MODELS))
             try:
-                await kubelet.wait_registered("nvidia.com/a100", timeout=15)
-                await kubelet.wait_registered("nvidia.com/t4", timeout=15)
+                await kubelet.wait_registered("nvidia.com/a100", WAIT_S)
+                await kubelet.wait_registered("nvidia.com/t4", WAIT_S)
                 await devices.wait_for(
                     lambda m: (
                         len(m.healthy_devices("nvidia.com/t4")) == 4
                         and len(m.healthy_devices("nvidia.com/a100")) == 4
                     ),
-                    10,
+                    WAIT_S,
                     "4 T4s and 4 A100s",
                 )
                 trainer, inference, greedy = load_pods(PODS)
@@ -279,7 +282,7 @@ def test_sighup_splits_and_joins_resources() -> None:
         async with FakeKubelet(directory) as kubelet:
             serve = Serve(directory, "--simulate", NODE, "--config", config)
             try:
-                await kubelet.wait_registered("nvidia.com/gpu", timeout=15)
+                await kubelet.wait_registered("nvidia.com/gpu", WAIT_S)
                 Path(config).write_text(T4_SHARED)
                 serve.send(signal.SIGHUP)
                 await kubelet.devices.wait_for(
@@ -287,7 +290,7 @@ def test_sighup_splits_and_joins_resources() -> None:
                         len(m.healthy_devices("nvidia.com/a100")) == 4
                         and len(m.healthy_devices("nvidia.com/t4-shared")) == 16
                     ),
-                    15,
+                    WAIT_S,
                     "a100 and t4-shared after SIGHUP",
                 )
                 sockets = sorted(n for n in os.listdir(directory) if n.startswith("nvplugin-"))
@@ -299,7 +302,7 @@ def test_sighup_splits_and_joins_resources() -> None:
                         m.healthy_devices("nvidia.com/gpu") == frozenset(A100 + T4)
                         and not os.path.exists(os.path.join(directory, "nvplugin-a100.sock"))
                     ),
-                    15,
+                    WAIT_S,
                     "one resource again",
                 )
                 sockets = sorted(n for n in os.listdir(directory) if n.startswith("nvplugin-"))

@@ -22,6 +22,7 @@ from nvplugin.kubelet.kubelet import FakeKubelet
 from nvplugin.node import load_topology
 from nvplugin.node.nodefile import builtin_names
 from nvplugin.plugin.api.v1beta1 import api_pb2, api_pb2_grpc
+from tests import WAIT_S, until
 from tests.e2e.serving import Serve, new_dir, node_file, run_serve
 
 GPU = "nvidia.com/gpu"
@@ -74,7 +75,7 @@ def test_register_fields_options_and_list() -> None:
         async with FakeKubelet(directory) as kubelet:
             serve = Serve(directory, "--simulate", "dgx-1", "--pre-start-required")
             try:
-                await kubelet.wait_registered(GPU, timeout=10)
+                await kubelet.wait_registered(GPU, WAIT_S)
                 record = kubelet.devices.registrations[-1]
                 assert record.version == "v1beta1"
                 assert record.endpoint == SOCKET
@@ -87,7 +88,7 @@ def test_register_fields_options_and_list() -> None:
                 assert options.pre_start_required and options.get_preferred_allocation_available
                 topology = load_topology("dgx-1")
                 await kubelet.devices.wait_for(
-                    lambda m: len(m.healthy_devices(GPU)) == 8, 5, "8 healthy GPUs"
+                    lambda m: len(m.healthy_devices(GPU)) == 8, WAIT_S, "8 healthy GPUs"
                 )
                 snapshot = kubelet.devices.snapshots(GPU)[-1]
                 assert [d.id for d in snapshot.devices] == [g.uuid for g in topology.gpus]
@@ -96,7 +97,7 @@ def test_register_fields_options_and_list() -> None:
                 assert await kubelet.devices.pre_start_container(GPU, [topology.gpus[0].uuid])
                 started = serve.events("effective config")
                 assert len(started) == 1
-                assert started[0]["config"]["pre_start_required"] is True
+                assert started[0]["config"]["nvplugin"]["preStartRequired"] is True
                 assert started[0]["level"] == "info"
             finally:
                 assert serve.stop() == 0
@@ -119,12 +120,12 @@ def test_numa_topology_of_every_built_in_node() -> None:
             try:
                 for node in nodes:
                     resource = f"example.com/{node}"
-                    await kubelet.wait_registered(resource, timeout=30)
+                    await kubelet.wait_registered(resource, WAIT_S)
                     topology = load_topology(node)
                     count = len(topology.gpus)
                     await kubelet.devices.wait_for(
                         lambda m, r=resource, n=count: len(m.devices(r)) == n,
-                        5,
+                        WAIT_S,
                         f"{node}'s devices",
                     )
                     expected = {
@@ -162,11 +163,11 @@ async def health_states(
     async with FakeKubelet(directory) as kubelet:
         serve = Serve(directory, "--simulate", node, *args)
         try:
-            await kubelet.wait_registered(GPU, timeout=10)
+            await kubelet.wait_registered(GPU, WAIT_S)
             extra = Streams(os.path.join(directory, SOCKET), streams)
             await kubelet.devices.wait_for(
                 lambda m: len(distinct([s.unhealthy for s in m.snapshots(GPU)])) >= expected_count,
-                15,
+                WAIT_S,
                 f"{expected_count} health states",
             )
             await asyncio.sleep(0.3)  # anything more would be a wrong extra state
@@ -241,16 +242,16 @@ def test_recovery_and_configured_xids() -> None:
         uuids = [g.uuid for g in load_topology(node).gpus]
         config = Path(new_dir()) / "config.yaml"
         config.write_text(
-            "version: v1\nhealth:\n  xids: {ignore: [48], critical: [13]}\n"
-            "  recovery: {quiet_s: 0.5}\n"
+            "version: v1\nnvplugin:\n  health:\n    xids: {ignore: [48], critical: [13]}\n"
+            "    recovery: {quietPeriod: 500ms}\n"
         )
         async with FakeKubelet(directory) as kubelet:
             serve = Serve(directory, "--simulate", node, "--config", str(config))
             try:
-                await kubelet.wait_registered(GPU, timeout=10)
+                await kubelet.wait_registered(GPU, WAIT_S)
                 await kubelet.devices.wait_for(
                     lambda m: len(distinct([s.unhealthy for s in m.snapshots(GPU)])) >= 5,
-                    15,
+                    WAIT_S,
                     "GPUs 3 and 1 unhealthy, then recovered",
                 )
                 seen = distinct([s.unhealthy for s in kubelet.devices.snapshots(GPU)])
@@ -272,12 +273,15 @@ def test_health_disabled_ignores_every_event() -> None:
         directory = new_dir()
         node = node_file(new_dir(), "workstation-4gpu", [{"after_s": 0.1, "gpu": 1, "xid": 48}])
         config = Path(new_dir()) / "config.yaml"
-        config.write_text("version: v1\nhealth: {enabled: false}\n")
+        config.write_text("version: v1\nnvplugin:\n  health: {enabled: false}\n")
         async with FakeKubelet(directory) as kubelet:
             serve = Serve(directory, "--simulate", node, "--config", str(config))
             try:
-                await kubelet.wait_registered(GPU, timeout=10)
-                await asyncio.sleep(1.0)
+                await kubelet.wait_registered(GPU, WAIT_S)
+                await kubelet.devices.wait_for(
+                    lambda m: len(m.healthy_devices(GPU)) == 4, WAIT_S, "4 healthy GPUs"
+                )
+                await asyncio.sleep(1.0)  # the Xid (0.1 s after start) must change nothing
                 assert kubelet.devices.unhealthy_devices(GPU) == frozenset()
                 assert len(kubelet.devices.healthy_devices(GPU)) == 4
             finally:
@@ -295,16 +299,16 @@ def test_kubelet_restarts_twenty_times() -> None:
         async with FakeKubelet(directory) as kubelet:
             serve = Serve(directory, "--simulate", "dgx-a100")
             try:
-                await kubelet.wait_registered(GPU, timeout=10)
+                await kubelet.wait_registered(GPU, WAIT_S)
                 fds: list[int] = []
                 for n in range(20):
                     await kubelet.restart()
-                    await kubelet.wait_registered(GPU, timeout=2)
+                    await kubelet.wait_registered(GPU, WAIT_S)
                     await kubelet.devices.wait_for(
-                        lambda m: len(m.healthy_devices(GPU)) == 8, 2, "8 healthy GPUs"
+                        lambda m: len(m.healthy_devices(GPU)) == 8, WAIT_S, "8 healthy GPUs"
                     )
                     await serve.wait_log(
-                        "registered with kubelet", 2, lambda e, n=n: e["registrations"] == n + 2
+                        "registered with kubelet", where=lambda e, n=n: e["registrations"] == n + 2
                     )
                     fds.append(await serve.settled_fds())
                 records = kubelet.devices.registrations
@@ -338,7 +342,7 @@ def test_kubelet_started_after_the_plugin() -> None:
             await asyncio.sleep(2.0)  # the plugin backs off meanwhile
             assert not serve.events("registered with kubelet")
             async with FakeKubelet(directory) as kubelet:
-                await kubelet.wait_registered(GPU, timeout=2)
+                await kubelet.wait_registered(GPU, WAIT_S)
         finally:
             assert serve.stop() == 0
 
@@ -357,7 +361,7 @@ def test_preferred_allocation_and_allocate_through_the_kubelet() -> None:
         async with FakeKubelet(directory) as kubelet:
             serve = Serve(directory, "--simulate", "dgx-2")
             try:
-                await kubelet.wait_registered(GPU, timeout=10)
+                await kubelet.wait_registered(GPU, WAIT_S)
                 dm = kubelet.devices
                 for available, must, size in [
                     (range(16), [], 4),
@@ -394,9 +398,21 @@ def test_preferred_allocation_and_allocate_through_the_kubelet() -> None:
 @pytest.mark.parametrize(
     ("config", "args", "expected"),
     [
-        ("version: v1\nresource_nme: a/b\n", [], 'unknown key "resource_nme"; did you mean'),
-        ("version: v1\nhealth:\n  enabled: yes please\n", [], 'key "health.enabled": expected'),
-        ("version: v1\nresource_name: gpu\n", [], 'key "resource_name": the ResourceName "gpu"'),
+        (
+            "nvplugin:\n  resourceNme: a/b\n",
+            [],
+            'unknown key "nvplugin.resourceNme"; did you mean',
+        ),
+        (
+            "nvplugin:\n  health:\n    enabled: yes please\n",
+            [],
+            'key "nvplugin.health.enabled": expected',
+        ),
+        (
+            "nvplugin:\n  resourceName: gpu\n",
+            [],
+            'key "nvplugin.resourceName": the ResourceName "gpu"',
+        ),
         (None, ["--resource-name", "kubernetes.io/gpu"], "flag --resource-name"),
         (None, ["--config", "/tmp/nvplugin-missing/config.yaml"], "no such file"),
         (None, ["--log-level", "loud"], "flag --log-level"),
@@ -440,24 +456,24 @@ def test_sighup_reloads_and_registers_the_new_config() -> None:
     async def body() -> None:
         directory = new_dir()
         config = Path(new_dir()) / "config.yaml"
-        config.write_text("version: v1\nresource_name: example.com/gpu\n")
+        config.write_text("nvplugin:\n  resourceName: example.com/gpu\n")
         async with FakeKubelet(directory) as kubelet:
             serve = Serve(directory, "--simulate", "dgx-1", "--config", str(config))
             try:
-                await kubelet.wait_registered("example.com/gpu", timeout=10)
+                await kubelet.wait_registered("example.com/gpu", WAIT_S)
                 config.write_text(
-                    "version: v1\nresource_name: example.com/tensor\npre_start_required: true\n"
+                    "nvplugin:\n  resourceName: example.com/tensor\n  preStartRequired: true\n"
                 )
                 serve.send(signal.SIGHUP)
-                await kubelet.wait_registered("example.com/tensor", timeout=5)
+                await kubelet.wait_registered("example.com/tensor", WAIT_S)
                 assert kubelet.devices.options("example.com/tensor").pre_start_required  # type: ignore[union-attr]
                 assert not os.path.exists(os.path.join(directory, SOCKET))
                 assert os.path.exists(os.path.join(directory, "nvplugin-tensor.sock"))
                 # A broken file on reload: logged, the running config kept.
-                config.write_text("version: v1\nresource_nam: x/y\n")
+                config.write_text("nvplugin:\n  resourceNam: x/y\n")
                 serve.send(signal.SIGHUP)
                 line = await serve.wait_log("config reload failed; keeping the running config")
-                assert 'unknown key "resource_nam"' in line["error"]
+                assert 'unknown key "nvplugin.resourceNam"' in line["error"]
                 assert serve.process.poll() is None
                 assert os.path.exists(os.path.join(directory, "nvplugin-tensor.sock"))
             finally:
@@ -476,7 +492,7 @@ def test_signal_stops_cleanly(sig: int) -> None:
         directory = new_dir()
         async with FakeKubelet(directory) as kubelet:
             serve = Serve(directory, "--simulate", "dgx-h100")
-            await kubelet.wait_registered(GPU, timeout=10)
+            await kubelet.wait_registered(GPU, WAIT_S)
             path = os.path.join(directory, SOCKET)
             assert os.path.exists(path)
             serve.send(sig)
@@ -484,7 +500,7 @@ def test_signal_stops_cleanly(sig: int) -> None:
             assert not os.path.exists(path)
             assert os.path.exists(kubelet.socket_path)  # the kubelet's socket is not ours
             await kubelet.devices.wait_for(
-                lambda m: not m.is_registered(GPU), 5, "the stream to end"
+                lambda m: not m.is_registered(GPU), WAIT_S, "the stream to end"
             )
             assert "Traceback" not in serve.text()
 
@@ -497,7 +513,7 @@ def test_second_serve_on_the_same_socket_exits_1() -> None:
         async with FakeKubelet(directory) as kubelet:
             first = Serve(directory, "--simulate", "workstation-4gpu")
             try:
-                await kubelet.wait_registered(GPU, timeout=10)
+                await kubelet.wait_registered(GPU, WAIT_S)
                 path = os.path.join(directory, SOCKET)
                 inode = os.stat(path).st_ino
                 result = await asyncio.to_thread(
@@ -510,7 +526,7 @@ def test_second_serve_on_the_same_socket_exits_1() -> None:
                 assert first.process.poll() is None
                 async with grpc.aio.insecure_channel(f"unix:{path}") as channel:
                     stub = api_pb2_grpc.DevicePluginStub(channel)
-                    await stub.GetDevicePluginOptions(api_pb2.Empty(), timeout=5)
+                    await stub.GetDevicePluginOptions(api_pb2.Empty(), timeout=WAIT_S)
                 assert kubelet.devices.is_registered(GPU)
                 assert len(kubelet.devices.registrations) == 1
             finally:
@@ -561,7 +577,7 @@ def _nvml_loads() -> bool:
 
 def test_nvml_init_failure() -> None:
     """Real NVML: on a machine without it, exit 1 with the reason (or keep running with
-    --no-fail-on-init-error). On a machine with a GPU, serve comes up instead."""
+    --fail-on-init-error=false). On a machine with a GPU, serve comes up instead."""
     directory = new_dir()
     if _nvml_loads():
         result: Any = None
@@ -573,15 +589,14 @@ def test_nvml_init_failure() -> None:
         assert "Traceback" not in result.stderr
 
     async def body() -> None:
-        serve = Serve(directory, "--no-fail-on-init-error", "--discovery-retry-s", "0.2")
+        serve = Serve(directory, "--fail-on-init-error=false", "--discovery-retry-s", "0.2")
         path = os.path.join(directory, SOCKET)
         try:
             if result is None:
                 await serve.wait_log("serving")
                 return
-            await serve.wait_log("nvml init failed; running with no devices")
-            await asyncio.sleep(0.6)
-            assert len(serve.events("nvml init failed; running with no devices")) >= 2
+            failed = "nvml init failed; running with no devices"
+            await until(lambda: len(serve.events(failed)) >= 2, "a retry of the failed init")
             # Unregistered, but alive for the chart's liveness probe: NOT_SERVING, not absent.
             assert (
                 len(

@@ -24,7 +24,7 @@ from tests.kubelet.test_registration import RESOURCE, WAIT, register, run
 
 @pytest.fixture
 def directory() -> Iterator[str]:
-    d = tempfile.mkdtemp(dir="/tmp", prefix="nvk-")
+    d = tempfile.mkdtemp(prefix="nvk-")
     yield d
     shutil.rmtree(d, ignore_errors=True)
 

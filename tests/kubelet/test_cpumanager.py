@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from nvplugin.errors import InputError
-from nvplugin.kubelet.cpumanager import CpuManager, parse_cpu_list
+from nvplugin.kubelet.cpumanager import CpuManager, parse_cpu_list, reserved_cpus
 from nvplugin.kubelet.pods import Container, Pod
 from nvplugin.kubelet.topologymanager import (
     AllocationError,
@@ -59,11 +59,22 @@ def test_cpu_lists() -> None:
 def test_start_up_checks() -> None:
     with pytest.raises(StartupError, match="unable to determine reserved CPU resources"):
         CpuManager("static", LAYOUT, FixedStore())
-    with pytest.raises(StartupError, match=r"CPU 99 is not on this node \(it has CPUs 0-15\)"):
+    with pytest.raises(StartupError) as err:
         CpuManager("static", LAYOUT, FixedStore(), [0, 99])
+    assert str(err.value) == "reserved-cpus: 0,99 is not a subset of online-cpus: 0-15"
     with pytest.raises(StartupError, match='unknown policy: "dynamic"'):
         CpuManager("dynamic", LAYOUT, FixedStore())
     CpuManager("none", LAYOUT, FixedStore())  # none needs no reserved CPUs
+
+
+def test_reserved_cpus_as_the_kubelet_reads_them_at_start() -> None:
+    assert reserved_cpus("0-1,8", LAYOUT) == (0, 1, 8)
+    # The kubelet's text (cmd/kubelet getReservedCPUs): the flag as given, the CPUs online.
+    with pytest.raises(StartupError) as err:
+        reserved_cpus("0-1,200", LAYOUT)
+    assert str(err.value) == "reserved-cpus: 0-1,200 is not a subset of online-cpus: 0-15"
+    with pytest.raises(InputError, match='--reserved-cpus: invalid CPU list "x"'):
+        reserved_cpus("x", LAYOUT)
 
 
 def test_none_policy_gives_no_hints_and_no_cpus() -> None:

@@ -113,7 +113,7 @@ async def env(
     numa_nodes: Sequence[int] = (0, 1),
     dm: DeviceManager | None = None,
 ) -> AsyncIterator[Env]:
-    directory = tempfile.mkdtemp(dir="/tmp", prefix="nvk-")
+    directory = tempfile.mkdtemp(prefix="nvk-")
     hints = Hints()
     if dm is None:
         dm = DeviceManager(numa_nodes=numa_nodes, store=hints)

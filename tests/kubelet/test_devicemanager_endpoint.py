@@ -25,7 +25,7 @@ from tests.kubelet.test_registration import RESOURCE, WAIT, TinyPlugin, device, 
 
 @pytest.fixture
 def plugin_dir() -> Iterator[str]:
-    directory = tempfile.mkdtemp(dir="/tmp", prefix="nvk-")
+    directory = tempfile.mkdtemp(prefix="nvk-")
     yield directory
     shutil.rmtree(directory, ignore_errors=True)
 

@@ -20,9 +20,10 @@ import pytest
 from nvplugin.kubelet.devicemanager import PluginOptions
 from nvplugin.kubelet.kubelet import FakeKubelet, remove_sockets
 from nvplugin.plugin.api.v1beta1 import api_pb2, api_pb2_grpc
+from tests import WAIT_S as WAIT
+from tests import until
 
 RESOURCE = "nvidia.com/gpu"
-WAIT = 5.0  # bound for what is expected to happen (only reached when something is broken)
 
 
 def run(coro: Coroutine[Any, Any, None]) -> None:
@@ -157,7 +158,7 @@ async def register_error(kubelet: FakeKubelet, endpoint: str, **kwargs: Any) -> 
 
 @pytest.fixture
 def plugin_dir() -> Iterator[str]:
-    directory = tempfile.mkdtemp(dir="/tmp", prefix="nvk-")
+    directory = tempfile.mkdtemp(prefix="nvk-")
     yield directory
     shutil.rmtree(directory, ignore_errors=True)
 
@@ -428,7 +429,7 @@ def test_restart_deletes_sockets_keeps_files_and_drops_plugins(plugin_dir: str) 
             assert dm.healthy_devices(RESOURCE) == set()
             assert dm.capacity()[RESOURCE].capacity == 0
             # The plugin's stream ended with the old kubelet.
-            await asyncio.wait_for(_until(lambda: not plugin.streams), WAIT)
+            await until(lambda: not plugin.streams, "the streams to end")
             # The plugin serves again and re-registers: all back.
             await plugin.stop()
             await plugin.serve(path)
@@ -439,11 +440,6 @@ def test_restart_deletes_sockets_keeps_files_and_drops_plugins(plugin_dir: str) 
         await plugin.stop()
 
     run(main())
-
-
-async def _until(predicate: Any) -> None:
-    while not predicate():
-        await asyncio.sleep(0.01)
 
 
 def test_repeated_restarts_leak_no_fds_or_tasks(plugin_dir: str) -> None:

@@ -177,21 +177,23 @@ def test_direct_links_report_the_peer_gpu() -> None:
     assert sorted(peers) == sorted([bus[1], bus[2], bus[3], bus[3], bus[4], bus[4]])
 
 
-def test_fabric_links_count_min_of_each_gpu() -> None:
-    text = """
-version: 1
+UNEVEN_FABRIC = """
+version: v1
 name: uneven-fabric
 gpus:
   - {name: A, nvswitch_links: 12, numa_node: 0}
   - {name: B, nvswitch_links: 6, numa_node: 0}
   - {name: C, numa_node: 0}
-links: |
+links: |2
         GPU0   GPU1   GPU2
   GPU0  X      NV6    PIX
   GPU1  NV6    X      NV2
   GPU2  PIX    NV2    X
 """
-    spec = parse_node(text, "test")
+
+
+def test_fabric_links_count_min_of_each_gpu() -> None:
+    spec = parse_node(UNEVEN_FABRIC, "test")
     with SimulatedNvml(spec) as sim:
         topo = Nvml(sim.sysfs_root).discover("uneven-fabric")
     assert topo.link(0, 1).nvlinks == 6 and topo.link(0, 1).pcie == Pcie.NODE
@@ -349,10 +351,10 @@ def test_nvml_init_failures_become_messages(error: str, message: str) -> None:
 
 def test_gpu_lost_at_discovery_is_a_clear_error() -> None:
     text = """
-version: 1
+version: v1
 name: lost
 gpus: [{name: A}, {name: B}]
-links: |
+links: |2
         GPU0  GPU1
   GPU0  X     PIX
   GPU1  PIX   X
@@ -386,7 +388,7 @@ def test_open_node_without_driver_reports_missing_library() -> None:
 
 # -- sysfs readers, on hand-made trees ----------------------------------------------------------
 def _tree(files: dict[str, str]) -> str:
-    root = tempfile.mkdtemp(dir="/tmp", prefix="nvplugin-test-sysfs-")
+    root = tempfile.mkdtemp(prefix="nvplugin-test-sysfs-")
     for path, text in files.items():
         target = Path(root, path)
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -14,10 +14,10 @@ from nvplugin.node.nvml import EventWaitError, GpuEvent, Nvml
 from nvplugin.node.sim import SimulatedNvml
 
 NODE = """
-version: 1
+version: v1
 name: events
 gpus: [{name: A}, {name: B}, {name: C}]
-links: |
+links: |2
         GPU0  GPU1  GPU2
   GPU0  X     PIX   PIX
   GPU1  PIX   X     PIX

@@ -14,8 +14,7 @@ import pytest
 import nvplugin.node
 from nvplugin.node.health import DEFAULT_IGNORED_XIDS, HealthMonitor, HealthSettings
 from nvplugin.node.nvml import EventWaitError, GpuEvent
-
-WAIT = 5.0  # generous bound for a change that is expected (never reached when the code works)
+from tests import WAIT_S as WAIT
 
 # --- a scripted event source --------------------------------------------------------------
 

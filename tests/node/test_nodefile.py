@@ -17,13 +17,13 @@ from nvplugin.node import open_node
 from nvplugin.node.model import MAX_NVLINKS, Link, Pcie
 from nvplugin.node.nodefile import builtin_names, load_node, parse_node
 
-GOOD = """version: 1
+GOOD = """version: v1
 name: good
 numa_distances: [[10, 21], [21, 10]]
 gpus:
   - {name: GPU A, uuid: GPU-aaaa, pci_bus_id: "00000000:18:00.0", numa_node: 0}
   - {name: GPU B, uuid: GPU-bbbb, pci_bus_id: "00000000:19:00.0", numa_node: 1}
-links: |
+links: |2
         GPU0     GPU1
   GPU0  X        NV2+SYS
   GPU1  NV2+SYS  X
@@ -31,7 +31,7 @@ links: |
 
 
 def _file(text: str) -> str:
-    folder = tempfile.mkdtemp(dir="/tmp", prefix="nvplugin-test-node-")
+    folder = tempfile.mkdtemp(prefix="nvplugin-test-node-")
     path = Path(folder, "node.yaml")
     path.write_text(text)
     return str(path)
@@ -51,7 +51,7 @@ def test_good_file_loads() -> None:
 
 def test_documented_example_parses() -> None:
     """The node file of the issue, with the nvidia-smi style indented header."""
-    text = """version: 1
+    text = """version: v1
 name: my-node
 numa_distances: [[10, 21], [21, 10]]     # optional; one row per NUMA node
 cpus: {sockets: 2, cores_per_socket: 32, threads_per_core: 2}   # optional (fake kubelet)
@@ -65,7 +65,7 @@ gpus:                                    # list order = NVML index
   - name: NVIDIA H100 80GB HBM3
     numa_node: 0
     nvswitch_links: 18
-links: |                                 # nvidia-smi topo -m style, GPU columns only
+links: |2                                # nvidia-smi topo -m style, GPU columns only
         GPU0       GPU1
   GPU0  X          NV18+NODE
   GPU1  NV18+NODE  X
@@ -79,10 +79,10 @@ events: []
 
 
 def test_defaults() -> None:
-    text = """version: 1
+    text = """version: v1
 name: defaults
 gpus: [{name: A, numa_node: 1}, {name: A, numa_node: 1}, {name: A}]
-links: |
+links: |2
   GPU0 GPU1 GPU2
   GPU0 X NV4 NV1
   GPU1 NV4 X PIX
@@ -120,39 +120,39 @@ BAD = [
     (
         "asymmetric",
         _swap("  GPU1  NV2+SYS  X", "  GPU1  NV1+SYS  X"),
-        ["links row GPU0 column GPU1", "asymmetric", "'NV1+SYS'", "'NV2+SYS'"],
+        ["links, line 9, column 18", "row GPU0, column GPU1", "'NV1+SYS'", "symmetric"],
     ),
     (
         "non-square-row",
         _swap("  GPU1  NV2+SYS  X", "  GPU1  NV2+SYS"),
-        ["links row GPU1", "has 1 cells, expected 2", "'NV2+SYS'"],
+        ["links, line 10, column 16", "row GPU1 has 1 cells for 2 device columns"],
     ),
     (
         "non-square-rows",
         _swap("  GPU1  NV2+SYS  X\n", ""),
-        ["links", "1 rows for 2 columns"],
+        ["links, line 8, column 3", "no row GPU1"],
     ),
     (
         "unknown-cell",
         _swap("NV2+SYS  X\n", "NVX  X\n").replace("X        NV2+SYS", "X        NVX"),
-        ["links row GPU0 column GPU1", "unknown cell", "'NVX'"],
+        ["links, line 9, column 18", "row GPU0, column GPU1", "unknown cell 'NVX'"],
     ),
     (
         "too-many-nvlinks",
         GOOD.replace("NV2+SYS", "NV19+SYS"),
-        ["links row GPU0 column GPU1", "NVLink count must be 1..18", "'NV19+SYS'"],
+        ["links, line 9, column 18", "NVLink count must be 1..18", "'NV19+SYS'"],
     ),
     (
         "off-diagonal-x",
         GOOD.replace("NV2+SYS", "X"),
-        ["links row GPU0 column GPU1", "X only belongs on the diagonal", "'X'"],
+        ["links, line 9, column 18", "X belongs on the diagonal only"],
     ),
     (
         "gpu-count",
         _swap(
             '  - {name: GPU B, uuid: GPU-bbbb, pci_bus_id: "00000000:19:00.0", numa_node: 1}\n', ""
         ),
-        ["links", "2 GPU columns but gpus lists 1 GPUs", "'GPU0 GPU1'"],
+        ["links", "2 GPU columns but gpus lists 1 GPUs"],
     ),
     (
         "duplicate-uuid",
@@ -209,12 +209,12 @@ BAD = [
     (
         "bad-yaml",
         GOOD + "gpus: [\n",
-        ["invalid YAML"],
+        ["not valid YAML"],
     ),
     (
         "version",
-        _swap("version: 1", "version: 2"),
-        ["version", "must be 1", "2"],
+        _swap("version: v1", "version: 2"),
+        ["version", "must be v1", "2"],
     ),
     (
         "event-unknown-key",
@@ -240,6 +240,31 @@ BAD = [
         "event-wait-error-without-for",
         GOOD + "events:\n  - {after_s: 1, wait_error: true}\n",
         ["events[0].for_s", "missing"],
+    ),
+    (
+        "version-without-v",
+        _swap("version: v1", "version: 1"),
+        ["version", "must be v1 (as in config files)", "1"],
+    ),
+    (
+        "cpus-forms-mixed",
+        GOOD + 'cpus: {sockets: 2, numa_cpus: ["0-3", "4-7"]}\n',
+        ["cpus.sockets", "not with numa_cpus"],
+    ),
+    (
+        "cpus-list-syntax",
+        GOOD + 'cpus: {numa_cpus: ["0-3", "4-x"]}\n',
+        ["cpus.numa_cpus[1]", "not a CPU list", "'4-x'"],
+    ),
+    (
+        "cpus-lists-count",
+        GOOD + 'cpus: {numa_cpus: ["0-3", "4-7", "8-11"]}\n',
+        ["cpus.numa_cpus", "does not fit 2 NUMA node(s)", "lists 3 NUMA nodes"],
+    ),
+    (
+        "cpus-lists-overlap",
+        GOOD + 'cpus: {numa_cpus: ["0-3", "3-7"]}\n',
+        ["cpus", "CPU 3 is on NUMA nodes 0 and 1"],
     ),
     (
         "cpus-do-not-fit",
@@ -283,7 +308,7 @@ def test_unknown_builtin_lists_builtins() -> None:
 def test_missing_node_file() -> None:
     result = _cli("devices", "--simulate", "/nonexistent/node.yaml")
     assert result.returncode == 2
-    assert "node file /nonexistent/node.yaml: cannot read it: No such file" in result.stderr
+    assert "node file /nonexistent/node.yaml: no such file" in result.stderr
 
 
 # -- hypothesis: node file -> fake NVML -> discovery -> the same node --------------------------
@@ -322,7 +347,7 @@ def node_files(draw: st.DrawFn) -> tuple[str, dict[str, object]]:
                 cell = pcie.name
             cells[i][j] = cells[j][i] = cell
             links[i][j] = links[j][i] = (pcie.name, nv)
-    lines = ["version: 1", "name: generated"]
+    lines = ["version: v1", "name: generated"]
     if explicit_distances:
         rows = [
             [10 if a == b else 21 + a + b for b in range(numa_count)] for a in range(numa_count)
@@ -340,7 +365,7 @@ def node_files(draw: st.DrawFn) -> tuple[str, dict[str, object]]:
             fields.append(f"nvswitch_links: {fabric[i]}")
         fields.append(f"memory_mib: {1024 * (i + 1)}")
         lines.append("  - {" + ", ".join(fields) + "}")
-    lines.append("links: |")
+    lines.append("links: |2")
     lines.append("        " + "  ".join(f"GPU{j}" for j in range(n)))
     for i in range(n):
         lines.append(f"  GPU{i}  " + "  ".join(cells[i]))
@@ -380,6 +405,6 @@ def test_generated_node_files_round_trip(case: tuple[str, dict[str, object]]) ->
         for i in range(n)
     ]
     reparsed = parse_node(
-        text.split("links: |")[0] + "links: |\n" + "\n".join([header, *rows]) + "\n", "again"
+        text.split("links: |2")[0] + "links: |2\n" + "\n".join([header, *rows]) + "\n", "again"
     )
     assert reparsed.links == topo.links

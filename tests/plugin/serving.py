@@ -38,7 +38,7 @@ async def serving(
 ) -> AsyncIterator[Served]:
     """The service for ``resource`` over ``topology``'s GPUs (``service_options``: responder,
     replicas, pre_start_required, ...), served until the block ends."""
-    directory = tempfile.mkdtemp(dir="/tmp")
+    directory = tempfile.mkdtemp()
     service = DevicePluginService(
         resource, topology.gpus, make_policy(policy, topology), **service_options
     )

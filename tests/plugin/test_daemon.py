@@ -15,6 +15,7 @@ from nvplugin.errors import NvpluginError
 from nvplugin.kubelet.kubelet import FakeKubelet
 from nvplugin.node import NodeSession, open_node
 from nvplugin.plugin.daemon import Daemon
+from tests import WAIT_S
 
 GPU = "nvidia.com/gpu"
 
@@ -35,17 +36,17 @@ class FlakyNvml:
 
 def test_without_fail_on_init_error_it_retries_and_registers_once_gpus_appear() -> None:
     async def body() -> None:
-        directory = tempfile.mkdtemp(dir="/tmp")
+        directory = tempfile.mkdtemp()
         config = load_config(
-            None, flags={"device_plugin_dir": directory, "fail_on_init_error": False}
+            None, flags={"nvplugin.devicePluginDir": directory, "flags.failOnInitError": False}
         )
         opener = FlakyNvml(failures=3)
         daemon = Daemon(config, simulate="workstation-4gpu", discovery_retry_s=0.05, opener=opener)
         async with FakeKubelet(directory) as kubelet:
             task = asyncio.create_task(daemon.run(handle_signals=False))
-            await kubelet.wait_registered(GPU, timeout=10)
+            await kubelet.wait_registered(GPU, WAIT_S)
             assert opener.calls == 4
-            await kubelet.devices.wait_for(lambda m: len(m.devices(GPU)) == 4, 5, "4 GPUs")
+            await kubelet.devices.wait_for(lambda m: len(m.devices(GPU)) == 4, WAIT_S, "4 GPUs")
             daemon.stop()
             assert await task == 0
         assert not os.path.exists(os.path.join(directory, "nvplugin-gpu.sock"))
@@ -55,8 +56,8 @@ def test_without_fail_on_init_error_it_retries_and_registers_once_gpus_appear() 
 
 def test_with_fail_on_init_error_the_error_propagates() -> None:
     async def body() -> None:
-        directory = tempfile.mkdtemp(dir="/tmp")
-        config = load_config(None, flags={"device_plugin_dir": directory})
+        directory = tempfile.mkdtemp()
+        config = load_config(None, flags={"nvplugin.devicePluginDir": directory})
         daemon = Daemon(config, simulate="workstation-4gpu", opener=FlakyNvml(failures=1))
         with pytest.raises(NvpluginError, match="driver not loaded"):
             await daemon.run(handle_signals=False)
@@ -68,7 +69,7 @@ def test_with_fail_on_init_error_the_error_propagates() -> None:
 async def health_check(path: str) -> tuple[int, str]:
     async with grpc.aio.insecure_channel(f"unix:{path}") as channel:
         call = health_pb2_grpc.HealthStub(channel).Check(
-            health_pb2.HealthCheckRequest(service=""), timeout=5
+            health_pb2.HealthCheckRequest(service=""), timeout=WAIT_S
         )
         answer = await call
         reason = dict(await call.trailing_metadata() or ()).get("nvplugin-reason", "")
@@ -80,9 +81,9 @@ def test_stop_while_waiting_for_gpus() -> None:
     a live plugin), is served again when a kubelet restart removes it, and goes at stop."""
 
     async def body() -> None:
-        directory = tempfile.mkdtemp(dir="/tmp")
+        directory = tempfile.mkdtemp()
         config = load_config(
-            None, flags={"device_plugin_dir": directory, "fail_on_init_error": False}
+            None, flags={"nvplugin.devicePluginDir": directory, "flags.failOnInitError": False}
         )
         daemon = Daemon(config, discovery_retry_s=30, opener=FlakyNvml(failures=100))
         task = asyncio.create_task(daemon.run(handle_signals=False))
@@ -103,7 +104,7 @@ def test_stop_while_waiting_for_gpus() -> None:
             status, _ = await health_check(path)
             assert status == health_pb2.HealthCheckResponse.NOT_SERVING
         daemon.stop()
-        assert await asyncio.wait_for(task, 2) == 0
+        assert await asyncio.wait_for(task, WAIT_S) == 0
         assert not os.path.exists(path)
 
     asyncio.run(asyncio.wait_for(body(), 30))

@@ -25,12 +25,13 @@ from nvplugin.plugin.healthservice import (
     PluginHealthService,
     add_to_server,
 )
+from tests import WAIT_S, until
 from tests.e2e.serving import Serve, new_dir, node_file
 
 GPU = "nvidia.com/gpu"
 
 
-def run(body: Callable[[], Awaitable[None]], timeout: float = 60) -> None:
+def run(body: Callable[[], Awaitable[None]], timeout: float = 2 * WAIT_S) -> None:
     asyncio.run(asyncio.wait_for(body(), timeout))
 
 
@@ -39,7 +40,7 @@ class Served:
 
     def __init__(self, service: PluginHealthService) -> None:
         self.service = service
-        self.path = os.path.join(tempfile.mkdtemp(dir="/tmp"), "health.sock")
+        self.path = os.path.join(tempfile.mkdtemp(), "health.sock")
         self.server = grpc.aio.server()
         add_to_server(service, self.server)
         self.server.add_insecure_port(f"unix:{self.path}")
@@ -47,7 +48,7 @@ class Served:
         self.stub = health_pb2_grpc.HealthStub(self.channel)
 
     async def check(self, name: str = "") -> tuple[int, str]:
-        call = self.stub.Check(health_pb2.HealthCheckRequest(service=name), timeout=5)
+        call = self.stub.Check(health_pb2.HealthCheckRequest(service=name), timeout=WAIT_S)
         answer = await call
         reason = dict(await call.trailing_metadata() or ()).get("nvplugin-reason", "")
         return answer.status, str(reason)
@@ -102,7 +103,7 @@ def test_unknown_service_is_not_found_and_list_has_both_names() -> None:
                 await served.check("x" * 5000)
             assert caught.value.code() == grpc.StatusCode.NOT_FOUND
             assert "(5000 characters)" in (caught.value.details() or "")
-            listed = await served.stub.List(health_pb2.HealthListRequest(), timeout=5)
+            listed = await served.stub.List(health_pb2.HealthListRequest(), timeout=WAIT_S)
             assert {name: s.status for name, s in listed.statuses.items()} == {
                 "": NOT_SERVING,
                 GPU: NOT_SERVING,
@@ -127,14 +128,16 @@ def test_watch_streams_every_change_until_closed() -> None:
                 asyncio.create_task(watch("", seen)),
                 asyncio.create_task(watch("other", unknown)),
             ]
-            await asyncio.sleep(0.1)
+            # Each change only once the stream has sent the state before it: a stream sends the
+            # latest state, so two changes between two sends are one message.
+            await until(lambda: seen == [NOT_SERVING] and unknown == [SERVICE_UNKNOWN], "1st")
             service.set_health({0: True})
             service.set_registered(True)
-            await asyncio.sleep(0.1)
+            await until(lambda: len(seen) == 2, "SERVING on the stream")
             service.set_health({0: False})
-            await asyncio.sleep(0.1)
+            await until(lambda: len(seen) == 3, "NOT_SERVING on the stream")
             service.close()  # ends both streams cleanly
-            await asyncio.wait_for(asyncio.gather(*tasks), 5)
+            await asyncio.wait_for(asyncio.gather(*tasks), WAIT_S)
             assert seen == [NOT_SERVING, SERVING, NOT_SERVING]
             assert unknown == [SERVICE_UNKNOWN]
 
@@ -152,13 +155,17 @@ def _probe(socket_path: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 def test_probe_a_real_plugin_unregistered_registered_and_without_healthy_gpus() -> None:
     """Readiness says NOT_SERVING before the kubelet is there and once every GPU is lost; the
-    liveness form (--live) passes throughout; the plugin answers all along."""
+    liveness form (--live) passes throughout; the plugin answers all along.
+
+    Two plugins, so that no step races the simulated clock: GPU loss is scripted in seconds
+    from start, and on a loaded machine "registered, all GPUs healthy" could come after it. The
+    first plugin loses no GPU; the second loses all of them with the kubelet already there, and
+    whether that happens before or after it registers, it ends registered with none healthy.
+    """
 
     async def body() -> None:
         directory = new_dir()
-        events = [{"after_s": 5.0, "gpu": g, "lost": True} for g in range(4)]
-        node = node_file(new_dir(), "workstation-4gpu", events)
-        serve = Serve(directory, "--simulate", node)
+        serve = Serve(directory, "--simulate", "workstation-4gpu")
         socket_path = os.path.join(directory, "nvplugin-gpu.sock")
         try:
             await serve.wait_log("serving")
@@ -168,25 +175,37 @@ def test_probe_a_real_plugin_unregistered_registered_and_without_healthy_gpus() 
             live = await asyncio.to_thread(_probe, socket_path, "--live")
             assert live.returncode == 0, live.stderr
             async with FakeKubelet(directory) as kubelet:
-                await kubelet.wait_registered(GPU, timeout=10)
-                await serve.wait_log("health service status", 5, lambda e: e["status"] == "SERVING")
+                await kubelet.wait_registered(GPU, WAIT_S)
+                await serve.wait_log(
+                    "health service status", where=lambda e: e["status"] == "SERVING"
+                )
                 ready = await asyncio.to_thread(_probe, socket_path, "--service", GPU)
                 assert ready.returncode == 0, ready.stderr
                 assert "SERVING: registered with the kubelet, 4 of 4 GPUs healthy" in ready.stdout
+        finally:
+            assert serve.stop() == 0
+
+        directory = new_dir()
+        socket_path = os.path.join(directory, "nvplugin-gpu.sock")
+        # After discovery (a GPU lost before it is a start-up error), soon after start.
+        events = [{"after_s": 2.0, "gpu": g, "lost": True} for g in range(4)]
+        node = node_file(new_dir(), "workstation-4gpu", events)
+        async with FakeKubelet(directory) as kubelet:
+            serve = Serve(directory, "--simulate", node)
+            try:
+                await serve.wait_log("registered with kubelet")  # the health service knows
+                # The plugin updates its health service before it sends the device list.
                 await kubelet.devices.wait_for(
-                    lambda m: len(m.unhealthy_devices(GPU)) == 4, 15, "every GPU lost"
-                )
-                await serve.wait_log(
-                    "health service status", 5, lambda e: e["status"] == "NOT_SERVING"
+                    lambda m: len(m.unhealthy_devices(GPU)) == 4, WAIT_S, "every GPU lost"
                 )
                 lost = await asyncio.to_thread(_probe, socket_path)
                 assert lost.returncode == 1
                 assert "NOT_SERVING: registered, but no healthy GPU (0 of 4" in lost.stderr
                 assert (await asyncio.to_thread(_probe, socket_path, "--live")).returncode == 0
-        finally:
-            assert serve.stop() == 0
+            finally:
+                assert serve.stop() == 0
 
-    run(body)
+    run(body, 4 * WAIT_S)
 
 
 def test_serving_without_healthy_gpus_when_configured() -> None:
@@ -196,15 +215,13 @@ def test_serving_without_healthy_gpus_when_configured() -> None:
             new_dir(), "workstation-4gpu", [{"after_s": 0.5, "wait_error": True, "for_s": 60}]
         )
         config = Path(new_dir()) / "config.yaml"
-        config.write_text(
-            "version: v1\nhealth_service:\n  not_serving_without_healthy_gpus: false\n"
-        )
+        config.write_text("nvplugin:\n  healthService:\n    notServingWithoutHealthyGpus: false\n")
         async with FakeKubelet(directory) as kubelet:
             serve = Serve(directory, "--simulate", node, "--config", str(config))
             try:
-                await kubelet.wait_registered(GPU, timeout=10)
+                await serve.wait_log("registered with kubelet")  # the health service knows
                 await kubelet.devices.wait_for(
-                    lambda m: len(m.unhealthy_devices(GPU)) == 4, 10, "every GPU unhealthy"
+                    lambda m: len(m.unhealthy_devices(GPU)) == 4, WAIT_S, "every GPU unhealthy"
                 )
                 done = await asyncio.to_thread(_probe, os.path.join(directory, "nvplugin-gpu.sock"))
                 assert done.returncode == 0, done.stderr

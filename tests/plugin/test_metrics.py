@@ -17,12 +17,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from nvplugin.allocator import make_policy
 from nvplugin.config import load_config
+from nvplugin.config.rules import parse_address
 from nvplugin.errors import InputError, NvpluginError
 from nvplugin.kubelet.kubelet import FakeKubelet
 from nvplugin.node import load_topology
 from nvplugin.plugin.api.v1beta1 import api_pb2, api_pb2_grpc
-from nvplugin.plugin.metrics import Metrics, MetricsServer, parse_address
+from nvplugin.plugin.metrics import Metrics, metrics_endpoint
 from nvplugin.plugin.server import DevicePluginService, PluginSocket
+from tests import WAIT_S, until
 from tests.e2e.serving import Serve, new_dir, node_file
 
 GPU = "nvidia.com/gpu"
@@ -46,7 +48,7 @@ def value(found: Samples, name: str, **labels: str) -> float | None:
 
 
 def scrape(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=WAIT_S) as response:
         text: str = response.read().decode()
         return text
 
@@ -83,8 +85,8 @@ def test_addresses_refused_with_the_reason(text: str, problem: str) -> None:
     with pytest.raises(ValueError, match=problem.replace("[", r"\[")):
         parse_address(text)
     with pytest.raises(InputError) as caught:
-        load_config(None, flags={"metrics_address": text})
-    assert 'flag --metrics-address (config key "metrics_address")' in str(caught.value)
+        load_config(None, flags={"nvplugin.metrics.address": text})
+    assert 'flag --metrics-address (config key "nvplugin.metrics.address")' in str(caught.value)
 
 
 def test_off_by_default() -> None:
@@ -99,7 +101,7 @@ def test_rpcs_are_counted_by_method_and_code_and_unary_ones_timed() -> None:
         topology = load_topology("workstation-4gpu")
         service = DevicePluginService(GPU, topology.gpus, make_policy("simple", topology))
         metrics = Metrics()
-        path = os.path.join(tempfile.mkdtemp(dir="/tmp"), "nvplugin-gpu.sock")
+        path = os.path.join(tempfile.mkdtemp(), "nvplugin-gpu.sock")
         sock = PluginSocket(path, service, interceptors=[metrics.interceptor(GPU)])
         await sock.start()
         try:
@@ -123,7 +125,12 @@ def test_rpcs_are_counted_by_method_and_code_and_unary_ones_timed() -> None:
                 stream = stub.ListAndWatch(api_pb2.Empty())
                 await stream.read()
                 stream.cancel()
-                await asyncio.sleep(0.2)
+                watch = {"resource": GPU, "method": "ListAndWatch", "code": "CANCELLED"}
+
+                def counted() -> bool:
+                    return value(samples(metrics.exposition()), "nvplugin_rpcs_total", **watch) == 1
+
+                await until(counted, "the cancelled stream counted")
         finally:
             await sock.stop()
         found = samples(metrics.exposition())
@@ -133,7 +140,6 @@ def test_rpcs_are_counted_by_method_and_code_and_unary_ones_timed() -> None:
         assert value(found, "nvplugin_rpcs_total", **bad) == 1
         assert value(found, "nvplugin_rpc_duration_seconds_count", **ok) == 3
         assert value(found, "nvplugin_rpc_duration_seconds_count", **bad) == 1
-        watch = {"resource": GPU, "method": "ListAndWatch", "code": "CANCELLED"}
         assert value(found, "nvplugin_rpcs_total", **watch) == 1
         assert value(found, "nvplugin_rpc_duration_seconds_count", **watch) is None  # no latency
 
@@ -166,24 +172,27 @@ def test_device_gauges_count_time_sliced_replicas() -> None:
 
 
 def test_endpoint_serves_only_the_private_registry_on_the_given_address() -> None:
-    metrics = Metrics()
-    metrics.xid(3, 48)
-    server = MetricsServer("127.0.0.1:0", metrics)
-    server.start()
-    port = server.port
-    assert port
-    try:
-        text = scrape(port)
-        found = samples(text)
-        assert value(found, "nvplugin_xid_events_total", gpu="3", xid="48") == 1
-        assert "python_gc" not in text and "process_cpu" not in text  # no global collectors
-        # Taken: a second endpoint on the same port fails with the address in the message.
-        with pytest.raises(NvpluginError, match=f"cannot serve metrics on 127.0.0.1:{port}"):
-            MetricsServer(f"127.0.0.1:{port}", Metrics()).start()
-    finally:
-        server.stop()
-    with pytest.raises(OSError):
-        scrape(port)
+    async def body() -> None:
+        metrics = Metrics()
+        metrics.xid(3, 48)
+        endpoint = metrics_endpoint("127.0.0.1:0", metrics)
+        await endpoint.start()
+        port = endpoint.port
+        assert port
+        try:
+            text = await asyncio.to_thread(scrape, port)
+            found = samples(text)
+            assert value(found, "nvplugin_xid_events_total", gpu="3", xid="48") == 1
+            assert "python_gc" not in text and "process_cpu" not in text  # no global collectors
+            # Taken: a second endpoint on the same port fails with the address in the message.
+            with pytest.raises(NvpluginError, match=f"cannot serve metrics on 127.0.0.1:{port}"):
+                await metrics_endpoint(f"127.0.0.1:{port}", Metrics()).start()
+        finally:
+            await endpoint.stop()
+        with pytest.raises(OSError):
+            await asyncio.to_thread(scrape, port)
+
+    run(body)
 
 
 # --- a real plugin -------------------------------------------------------------------------------
@@ -225,14 +234,14 @@ def test_a_real_plugin_counts_registrations_restarts_xids_and_devices() -> None:
         async with FakeKubelet(directory) as kubelet:
             serve = Serve(directory, "--simulate", node, "--metrics-address", "127.0.0.1:0")
             try:
-                await kubelet.wait_registered(GPU, timeout=10)
+                await kubelet.wait_registered(GPU, WAIT_S)
                 port = int((await serve.wait_log("serving metrics"))["port"])
                 assert _listening_tcp(serve.pid) == [("0100007F", port)]  # 127.0.0.1 only
                 await kubelet.devices.wait_for(
-                    lambda m: len(m.unhealthy_devices(GPU)) == 1, 10, "GPU 1 unhealthy"
+                    lambda m: len(m.unhealthy_devices(GPU)) == 1, WAIT_S, "GPU 1 unhealthy"
                 )
                 await kubelet.restart()
-                await kubelet.wait_registered(GPU, timeout=5)
+                await kubelet.wait_registered(GPU, WAIT_S)
                 await serve.wait_log(
                     "registered with kubelet", 5, lambda e: e["registrations"] == 2
                 )
@@ -258,7 +267,7 @@ def test_no_listening_socket_without_metrics_address() -> None:
         async with FakeKubelet(directory) as kubelet:
             serve = Serve(directory, "--simulate", "workstation-4gpu")
             try:
-                await kubelet.wait_registered(GPU, timeout=10)
+                await kubelet.wait_registered(GPU, WAIT_S)
                 assert _listening_tcp(serve.pid) == []
                 assert not serve.events("serving metrics")
             finally:

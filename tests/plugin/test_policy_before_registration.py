@@ -17,6 +17,7 @@ from nvplugin.config import load_config
 from nvplugin.kubelet.kubelet import FakeKubelet
 from nvplugin.plugin import daemon as daemon_module
 from nvplugin.plugin.daemon import Daemon
+from tests import WAIT_S, until
 from tests.plugin.test_daemon import health_check
 
 GPU = "nvidia.com/gpu"
@@ -29,31 +30,30 @@ def test_registration_waits_for_the_policy(monkeypatch: pytest.MonkeyPatch) -> N
     def slow_policy(name: str, topology: Any, *, budget_s: float) -> Any:
         budgets.append(budget_s)
         started.set()
-        assert go.wait(30), "the test never let the policy build finish"
+        assert go.wait(WAIT_S), "the test never let the policy build finish"
         return make_policy(name, topology, budget_s=budget_s)
 
     monkeypatch.setattr(daemon_module, "make_policy", slow_policy)
 
     async def body() -> None:
-        directory = tempfile.mkdtemp(dir="/tmp")
-        flags = {"device_plugin_dir": directory, "allocation_budget_s": 0.25}
+        directory = tempfile.mkdtemp()
+        flags = {"nvplugin.devicePluginDir": directory, "nvplugin.allocationBudget": "250ms"}
         daemon = Daemon(load_config(None, flags=flags), simulate="dgx-h100")
         socket = os.path.join(directory, "nvplugin-gpu.sock")
         try:
             async with FakeKubelet(directory) as kubelet:
                 task = asyncio.create_task(daemon.run(handle_signals=False))
-                assert await asyncio.to_thread(started.wait, 30)
-                while not os.path.exists(socket):  # served while the policy builds
-                    await asyncio.sleep(0.01)
+                assert await asyncio.to_thread(started.wait, WAIT_S)
+                await until(lambda: os.path.exists(socket), "the socket, served while building")
                 _, reason = await health_check(socket)
                 assert "not registered" in reason
                 assert not kubelet.devices.endpoints(GPU)
                 go.set()
-                await kubelet.wait_registered(GPU, timeout=10)
+                await kubelet.wait_registered(GPU, timeout=WAIT_S)
                 assert budgets == [0.25]
                 daemon.stop()
                 assert await task == 0
         finally:
             go.set()
 
-    asyncio.run(asyncio.wait_for(body(), 60))
+    asyncio.run(asyncio.wait_for(body(), 3 * WAIT_S))

@@ -20,6 +20,7 @@ from nvplugin.node import load_topology
 from nvplugin.plugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from nvplugin.plugin.healthservice import PluginHealthService, add_to_server
 from nvplugin.plugin.server import DevicePluginService, PluginSocket
+from tests import WAIT_S
 from tests.plugin.serving import run
 
 
@@ -36,7 +37,7 @@ class _Waiting:
         self, available: Sequence[int], must_include: Sequence[int], size: int
     ) -> list[int]:
         self.started.set()
-        assert self.go.wait(30), "the test never let the request go"
+        assert self.go.wait(WAIT_S), "the test never let the request go"
         return sorted(available)[:size]
 
 
@@ -47,7 +48,7 @@ def test_other_rpcs_answer_while_a_preferred_allocation_is_in_progress() -> None
         service = DevicePluginService("nvidia.com/gpu", topology.gpus, policy)
         health = PluginHealthService("nvidia.com/gpu")
         service.watch_health(health.set_health)
-        path = os.path.join(tempfile.mkdtemp(dir="/tmp"), "nvplugin-gpu.sock")
+        path = os.path.join(tempfile.mkdtemp(), "nvplugin-gpu.sock")
         sock = PluginSocket(path, service, extra_services=[lambda s: add_to_server(health, s)])
         await sock.start()
         ids = [gpu.uuid for gpu in topology.gpus]
@@ -62,18 +63,18 @@ def test_other_rpcs_answer_while_a_preferred_allocation_is_in_progress() -> None
                         )
                     ]
                 )
-                call = asyncio.ensure_future(plugin.GetPreferredAllocation(request, timeout=30))
-                assert await asyncio.to_thread(policy.started.wait, 30)
+                call = asyncio.ensure_future(plugin.GetPreferredAllocation(request, timeout=WAIT_S))
+                assert await asyncio.to_thread(policy.started.wait, WAIT_S)
                 # The request is inside the policy now; everything else still answers.
                 for _ in range(5):
-                    status = await checks.Check(health_pb2.HealthCheckRequest(), timeout=10)
+                    status = await checks.Check(health_pb2.HealthCheckRequest(), timeout=WAIT_S)
                     assert status.status in (
                         health_pb2.HealthCheckResponse.SERVING,
                         health_pb2.HealthCheckResponse.NOT_SERVING,
                     )
-                options = await plugin.GetDevicePluginOptions(api_pb2.Empty(), timeout=10)
+                options = await plugin.GetDevicePluginOptions(api_pb2.Empty(), timeout=WAIT_S)
                 assert options.get_preferred_allocation_available
-                stream = plugin.ListAndWatch(api_pb2.Empty(), timeout=10)
+                stream = plugin.ListAndWatch(api_pb2.Empty(), timeout=WAIT_S)
                 first = await stream.read()
                 assert [d.ID for d in first.devices] == ids
                 stream.cancel()

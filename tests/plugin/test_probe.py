@@ -71,7 +71,7 @@ class _Served:
 
 @pytest.fixture
 def sock_dir() -> Iterator[str]:
-    path = tempfile.mkdtemp(dir="/tmp", prefix="nvp-probe-")
+    path = tempfile.mkdtemp(prefix="nvp-probe-")
     yield path
     shutil.rmtree(path, ignore_errors=True)
 

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import os
 import tempfile
-from collections.abc import Callable
 
 import pytest
 
@@ -16,6 +15,7 @@ from nvplugin.node import load_topology
 from nvplugin.plugin.api.v1beta1 import api_pb2
 from nvplugin.plugin.registration import Backoff, DirWatcher, Registrar, RegistrationError, register
 from nvplugin.plugin.server import DevicePluginService, PluginSocket
+from tests import WAIT_S, until
 
 RESOURCE = "nvidia.com/gpu"
 
@@ -49,23 +49,14 @@ async def stop_plugin(sock: PluginSocket, tasks: list[asyncio.Task[None]]) -> No
     await sock.stop()
 
 
-async def until(predicate: Callable[[], bool], timeout: float = 2.0) -> None:
-    """Poll ``predicate`` (the kubelet records a registration before the plugin hears back)."""
-    for _ in range(int(timeout / 0.01)):
-        if predicate():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition not reached")
-
-
 @pytest.mark.parametrize("inotify", [True, False], ids=["inotify", "polling"])
 def test_registers_and_follows_kubelet_restarts(inotify: bool) -> None:
     async def body() -> None:
-        directory = tempfile.mkdtemp(dir="/tmp")
+        directory = tempfile.mkdtemp()
         registrar, sock, _, tasks = await start_plugin(directory, inotify=inotify)
         try:
             async with FakeKubelet(directory) as kubelet:
-                await kubelet.wait_registered(RESOURCE, timeout=5)
+                await kubelet.wait_registered(RESOURCE, WAIT_S)
                 record = kubelet.devices.registrations[-1]
                 assert (record.version, record.endpoint, record.resource_name) == (
                     "v1beta1",
@@ -77,7 +68,7 @@ def test_registers_and_follows_kubelet_restarts(inotify: bool) -> None:
                 assert record.options.get_preferred_allocation_available
                 for n in range(3):
                     await kubelet.restart()
-                    await kubelet.wait_registered(RESOURCE, timeout=2)
+                    await kubelet.wait_registered(RESOURCE, WAIT_S)
                     await until(lambda n=n: registrar.registrations == n + 2)
                     assert sock.intact()
                 assert [r.error for r in kubelet.devices.registrations] == [None] * 4
@@ -89,13 +80,13 @@ def test_registers_and_follows_kubelet_restarts(inotify: bool) -> None:
 
 def test_waits_for_a_kubelet_started_later() -> None:
     async def body() -> None:
-        directory = tempfile.mkdtemp(dir="/tmp")
+        directory = tempfile.mkdtemp()
         registrar, sock, _, tasks = await start_plugin(directory)
         try:
             await asyncio.sleep(1.0)  # retries with backoff meanwhile
             assert registrar.registrations == 0
             async with FakeKubelet(directory) as kubelet:
-                await kubelet.wait_registered(RESOURCE, timeout=2)
+                await kubelet.wait_registered(RESOURCE, WAIT_S)
         finally:
             await stop_plugin(sock, tasks)
 
@@ -103,7 +94,7 @@ def test_waits_for_a_kubelet_started_later() -> None:
 
 
 def test_register_without_a_kubelet_says_why() -> None:
-    directory = tempfile.mkdtemp(dir="/tmp")
+    directory = tempfile.mkdtemp()
     request = api_pb2.RegisterRequest(version="v1beta1", endpoint="x.sock", resource_name=RESOURCE)
     with pytest.raises(RegistrationError, match="does not exist"):
         asyncio.run(register(os.path.join(directory, "kubelet.sock"), request))
@@ -111,7 +102,7 @@ def test_register_without_a_kubelet_says_why() -> None:
 
 def test_kubelet_errors_are_reported() -> None:
     async def body() -> None:
-        directory = tempfile.mkdtemp(dir="/tmp")
+        directory = tempfile.mkdtemp()
         async with FakeKubelet(directory) as kubelet:
             bad = api_pb2.RegisterRequest(version="v1alpha", endpoint="x", resource_name=RESOURCE)
             with pytest.raises(RegistrationError, match='requested API version "v1alpha"'):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from nvplugin.errors import InputError
-from nvplugin.plugin.resources import (
+from nvplugin.errors import InputError, shortened
+from nvplugin.resourcenames import (
     is_extended_resource_name,
     resource_name_problem,
     short_name,
@@ -55,7 +55,8 @@ def test_invalid_names_are_refused_with_the_reason(name: str, why: str) -> None:
     assert problem is not None and why in problem
     with pytest.raises(InputError) as caught:
         validate_resource_name(name)
-    assert str(caught.value).startswith(f'the ResourceName "{name}" is invalid: ')
+    # A name is quoted whole up to 200 characters (a config value can be megabytes).
+    assert str(caught.value).startswith(f'the ResourceName "{shortened(name, 200)}" is invalid: ')
     assert caught.value.exit_code == 2
 
 

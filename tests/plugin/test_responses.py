@@ -37,7 +37,7 @@ def allocate_request(*containers: Sequence[str]) -> api_pb2.AllocateRequest:
 
 
 def write_config(text: str) -> str:
-    path = os.path.join(tempfile.mkdtemp(dir="/tmp"), "config.yaml")
+    path = os.path.join(tempfile.mkdtemp(), "config.yaml")
     Path(path).write_text(text)
     return path
 
@@ -62,9 +62,8 @@ def test_allocate_response_fields(strategies: tuple[str, ...], id_strategy: str)
     # the order of application is fixed, not the config's).
     config = load_config(
         write_config(
-            "version: v1\ndevice_list_strategy: [{}]\ndevice_id_strategy: {}\n".format(
-                ", ".join(reversed(strategies)), id_strategy
-            )
+            "version: v1\nflags:\n  plugin:\n    deviceListStrategy: [{}]\n"
+            "    deviceIDStrategy: {}\n".format(", ".join(reversed(strategies)), id_strategy)
         )
     )
     assert config.device_list_strategy == tuple(reversed(strategies))
@@ -129,8 +128,8 @@ def test_default_is_envvar_with_uuids() -> None:
 def test_cdi_annotation_key_is_stable_per_device_set_and_prefix_is_configurable() -> None:
     config = load_config(
         write_config(
-            "version: v1\ndevice_list_strategy: cdi-annotations\n"
-            "cdi_annotation_prefix: cdi.example.org/\n"
+            "version: v1\nflags:\n  plugin:\n    deviceListStrategy: cdi-annotations\n"
+            "    cdiAnnotationPrefix: cdi.example.org/\n"
         )
     )
 
@@ -152,7 +151,7 @@ def test_cdi_annotation_key_is_stable_per_device_set_and_prefix_is_configurable(
 
 
 def fake_dev_root(present: Sequence[str]) -> str:
-    root = tempfile.mkdtemp(dir="/tmp")
+    root = tempfile.mkdtemp()
     os.makedirs(os.path.join(root, "dev"))
     for name in present:
         Path(root, "dev", name).write_text("")
@@ -165,10 +164,10 @@ def test_device_specs_for_gpus_and_present_control_nodes(id_strategy: str) -> No
     config = load_config(
         None,
         flags={
-            "pass_device_specs": True,
-            "dev_root": root,
-            "device_id_strategy": id_strategy,
-            "device_list_strategy": "envvar,cdi-cri",
+            "flags.plugin.passDeviceSpecs": True,
+            "flags.nvidiaDevRoot": root,
+            "flags.plugin.deviceIDStrategy": id_strategy,
+            "flags.plugin.deviceListStrategy": "envvar,cdi-cri",
         },
     )
 
@@ -214,11 +213,11 @@ def test_default_dev_root_host_paths_are_under_slash_dev() -> None:
 
 def test_strategy_keys_from_env_and_flags() -> None:
     env = {
-        "NVPLUGIN_DEVICE_LIST_STRATEGY": "volume-mounts,cdi-cri",
-        "NVPLUGIN_DEVICE_ID_STRATEGY": "index",
-        "NVPLUGIN_PASS_DEVICE_SPECS": "true",
-        "NVPLUGIN_DEV_ROOT": "/run/nvidia/driver",
-        "NVPLUGIN_CDI_ANNOTATION_PREFIX": "cdi.example.org/",
+        "DEVICE_LIST_STRATEGY": "volume-mounts,cdi-cri",
+        "DEVICE_ID_STRATEGY": "index",
+        "PASS_DEVICE_SPECS": "true",
+        "NVIDIA_DRIVER_ROOT": "/run/nvidia/driver",
+        "CDI_ANNOTATION_PREFIX": "cdi.example.org/",
     }
     config = load_config(None, env=env)
     assert config.device_list_strategy == ("volume-mounts", "cdi-cri")
@@ -226,47 +225,52 @@ def test_strategy_keys_from_env_and_flags() -> None:
     assert config.pass_device_specs is True
     assert config.dev_root == "/run/nvidia/driver"
     assert config.cdi_annotation_prefix == "cdi.example.org/"
-    flagged = load_config(None, env=env, flags={"device_list_strategy": "envvar"})
+    flagged = load_config(None, env=env, flags={"flags.plugin.deviceListStrategy": "envvar"})
     assert flagged.device_list_strategy == ("envvar",)
-    shown = flagged.as_dict()
-    assert shown["device_list_strategy"] == ["envvar"]
-    assert shown["device_id_strategy"] == "index"
-    assert shown["pass_device_specs"] is True
+    shown = flagged.as_dict()["flags"]["plugin"]
+    assert shown["deviceListStrategy"] == ["envvar"]
+    assert shown["deviceIDStrategy"] == "index"
+    assert shown["passDeviceSpecs"] is True
 
 
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
         (
-            "device_list_strategy: [envvar, cdi]\n",
-            "key \"device_list_strategy\": 'cdi' (str) is not a device-list strategy; have: "
-            "envvar, volume-mounts, cdi-annotations, cdi-cri",
+            "    deviceListStrategy: [envvar, cdi]\n",
+            "key \"flags.plugin.deviceListStrategy[1]\": 'cdi' is not one of envvar, "
+            "volume-mounts, cdi-annotations, cdi-cri",
         ),
-        ("device_list_strategy: [envvar, envvar]\n", "'envvar' is listed twice"),
-        ("device_list_strategy: []\n", "expected at least one of envvar"),
-        ("device_list_strategy: 3\n", "expected a string or a list of strings"),
-        ("device_id_strategy: serial\n", "'serial' is not one of uuid, index"),
-        ("pass_device_specs: yes please\n", 'key "pass_device_specs": expected true or false'),
-        ("cdi_annotation_prefix: cdi.k8s.io\n", "must end with '/'"),
+        ("    deviceListStrategy: [envvar, envvar]\n", "'envvar' is listed twice"),
+        ("    deviceListStrategy: []\n", "expected at least 1 item"),
+        ("    deviceListStrategy: 3\n", "expected a list of strings, got 3"),
+        ("    deviceIDStrategy: serial\n", "'serial' is not one of uuid, index"),
         (
-            "dev_root: run/nvidia/driver\n",
-            "key \"dev_root\": 'run/nvidia/driver' is not an absolute",
+            "    passDeviceSpecs: yes please\n",
+            'key "flags.plugin.passDeviceSpecs": expected true or false',
         ),
-        ("cdi_annotation_prefix: Not_A_Domain/\n", "cannot prefix an annotation key"),
+        ("    cdiAnnotationPrefix: cdi.k8s.io\n", "must end with '/'"),
+        (
+            "    containerDriverRoot: run/nvidia/driver\n",
+            "key \"flags.plugin.containerDriverRoot\": 'run/nvidia/driver' is not an absolute",
+        ),
+        ("    cdiAnnotationPrefix: Not_A_Domain/\n", "cannot prefix an annotation key"),
     ],
 )
 def test_bad_strategy_values_name_the_key(text: str, expected: str) -> None:
     with pytest.raises(InputError) as caught:
-        load_config(write_config("version: v1\n" + text))
+        load_config(write_config("version: v1\nflags:\n  plugin:\n" + text))
     assert caught.value.exit_code == 2
     assert expected in str(caught.value)
 
 
 def test_bad_strategy_flag_and_env_name_their_source() -> None:
     with pytest.raises(InputError) as caught:
-        load_config(None, flags={"device_list_strategy": "envvar,mounts"})
-    assert str(caught.value).startswith('flag --device-list-strategy (config key "device_list')
+        load_config(None, flags={"flags.plugin.deviceListStrategy": "envvar,mounts"})
+    assert str(caught.value).startswith(
+        'flag --device-list-strategy (config key "flags.plugin.deviceListStrategy[1]")'
+    )
     assert "'mounts'" in str(caught.value)
     with pytest.raises(InputError) as caught:
-        load_config(None, env={"NVPLUGIN_DEVICE_ID_STRATEGY": "serial"})
-    assert "NVPLUGIN_DEVICE_ID_STRATEGY" in str(caught.value)
+        load_config(None, env={"DEVICE_ID_STRATEGY": "serial"})
+    assert "DEVICE_ID_STRATEGY" in str(caught.value)

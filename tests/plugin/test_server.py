@@ -120,6 +120,43 @@ def test_every_stream_gets_every_change_and_ends_cleanly() -> None:
     run(body)
 
 
+def test_changes_within_an_interval_are_coalesced_into_one_list() -> None:
+    """The first change goes out at once; changes arriving within the interval after it go out
+    together, as one list with the latest map; changes that undo each other send nothing."""
+
+    async def body() -> None:
+        topology = load_topology("workstation-4gpu")
+        async with serving(topology, publish_interval_s=0.3) as s:
+            seen: list[dict[int, bool]] = []
+            s.service.watch_health(seen.append)
+            stream = s.stub.ListAndWatch(api_pb2.Empty())
+            assert len((await stream.read()).devices) == 4
+
+            def health(message: api_pb2.ListAndWatchResponse) -> list[str]:
+                return [d.health[0] for d in message.devices]  # H / U
+
+            s.service.set_health({0: False})  # after a quiet spell: at once
+            assert health(await stream.read()) == ["U", "H", "H", "H"]
+            s.service.set_health({1: False})  # within the interval: held back ...
+            s.service.set_health({2: False})
+            s.service.set_health({1: True})
+            assert s.service.health == {0: False, 1: True, 2: False, 3: True}
+            assert s.service.unhealthy_uuids() == [s.uuid(0)]  # ... not sent yet
+            assert health(await stream.read()) == ["U", "H", "U", "H"]  # ... then the latest
+            s.service.set_health({3: False})
+            s.service.set_health({3: True})  # undone before it was sent: no list at all
+            s.service.set_health({0: True})
+            assert health(await stream.read()) == ["H", "H", "U", "H"]
+            assert [sorted(i for i, ok in h.items() if not ok) for h in seen] == [
+                [],
+                [0],
+                [0, 2],
+                [2],
+            ]
+
+    run(body)
+
+
 @pytest.mark.parametrize("node", BUILT_IN)
 @pytest.mark.parametrize("policy", POLICY_NAMES)
 def test_preferred_allocation_matches_the_allocator(node: str, policy: str) -> None:
@@ -270,7 +307,7 @@ def test_preferred_allocation_waits_for_a_policy_still_computing() -> None:
         topology = load_topology("workstation-4gpu")
         loop = asyncio.get_running_loop()
         pending: asyncio.Future[object] = loop.create_future()
-        directory = tempfile.mkdtemp(dir="/tmp")
+        directory = tempfile.mkdtemp()
         service = DevicePluginService("nvidia.com/gpu", topology.gpus, pending)  # type: ignore[arg-type]
         sock = PluginSocket(os.path.join(directory, "p.sock"), service)
         await sock.start()
@@ -291,7 +328,7 @@ def test_preferred_allocation_waits_for_a_policy_still_computing() -> None:
 
 def test_stale_socket_is_replaced_and_a_live_one_refused() -> None:
     async def body() -> None:
-        directory = tempfile.mkdtemp(dir="/tmp")
+        directory = tempfile.mkdtemp()
         path = os.path.join(directory, "nvplugin-gpu.sock")
         # Stale: a socket file nobody listens on.
         stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -320,7 +357,7 @@ def test_stale_socket_is_replaced_and_a_live_one_refused() -> None:
 
 
 def test_a_file_that_is_not_a_socket_is_left_alone() -> None:
-    directory = tempfile.mkdtemp(dir="/tmp")
+    directory = tempfile.mkdtemp()
     path = os.path.join(directory, "nvplugin-gpu.sock")
     with open(path, "w") as out:
         out.write("mine")
@@ -337,7 +374,7 @@ def test_socket_deleted_between_bind_and_chmod_is_an_error_to_retry(
     NvpluginError (the registrar retries it), not an OSError that would end the daemon."""
 
     async def body() -> None:
-        directory = tempfile.mkdtemp(dir="/tmp")
+        directory = tempfile.mkdtemp()
         path = os.path.join(directory, "nvplugin-gpu.sock")
         topology = load_topology("workstation-4gpu")
         service = DevicePluginService(

@@ -7,10 +7,10 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from nvplugin.config import load_config
+from nvplugin.config import TimeSlicing, load_config
 from nvplugin.errors import InputError
 from nvplugin.plugin.api.v1beta1 import api_pb2
-from nvplugin.plugin.sharing import Replicas, TimeSlicing, replica_id
+from nvplugin.plugin.sharing import Replicas, replica_id
 from tests.plugin.serving import Served, run, serving
 from tests.plugin.test_responses import ENV, TOPOLOGY, allocate_request, write_config
 
@@ -187,11 +187,13 @@ def test_impossible_and_malformed_replica_requests() -> None:
 
 SHARED = """\
 version: v1
+flags:
+  plugin:
+    sharedDevicesAllocationPolicy: packed
 sharing:
   timeSlicing:
     renameByDefault: {rename_by_default}
     failRequestsGreaterThanOne: true
-    allocation: packed
     resources:
       - name: nvidia.com/gpu
         replicas: 4
@@ -201,7 +203,8 @@ sharing:
 
 @pytest.mark.parametrize(("rename_by_default", "served"), [(False, "gpu"), (True, "gpu.shared")])
 def test_time_slicing_config_in_nvidias_format(rename_by_default: bool, served: str) -> None:
-    config = load_config(write_config(SHARED.format(rename_by_default=str(rename_by_default))))
+    text = SHARED.format(rename_by_default=str(rename_by_default).lower())
+    config = load_config(write_config(text))
     slicing = config.time_slicing
     assert slicing.fail_requests_greater_than_one is True
     assert slicing.allocation == "packed"
@@ -209,7 +212,7 @@ def test_time_slicing_config_in_nvidias_format(rename_by_default: bool, served: 
     assert (entry.name, entry.replicas, entry.rename) == ("nvidia.com/gpu", 4, None)
     assert slicing.served_name(entry) == f"nvidia.com/{served}"
     shown = config.as_dict()["sharing"]["timeSlicing"]
-    assert shown["resources"][0]["served_as"] == f"nvidia.com/{served}"
+    assert shown["resources"][0]["servedAs"] == f"nvidia.com/{served}"
 
 
 def test_short_names_and_rename() -> None:
@@ -233,7 +236,7 @@ def slicing(entries: str, extra: str = "", top: str = "") -> str:
     [
         (
             slicing("      - {name: nvidia.com/gpu, replicas: 1}\n"),
-            'key "sharing.timeSlicing.resources[0].replicas": 1 is less than 2',
+            'key "sharing.timeSlicing.resources[0].replicas": 1 is not between 2 and',
         ),
         (
             slicing("      - {name: nvidia.com/gpu, replicas: two}\n"),
@@ -245,11 +248,12 @@ def slicing(entries: str, extra: str = "", top: str = "") -> str:
         ),
         (
             slicing("      - {name: gpu, replicas: 2, replica: 3}\n"),
-            'key "sharing.timeSlicing.resources[0].replica": unknown key; valid keys here: name',
+            'key "sharing.timeSlicing.resources[0]": unknown key "replica"; '
+            'did you mean "replicas"?',
         ),
         (
             slicing("      - {name: gpu, replicas: 2, devices: [0, 1]}\n"),
-            'key "sharing.timeSlicing.resources[0].devices": a list is not supported',
+            'key "sharing.timeSlicing.resources[0].devices": nvplugin does not support replicating',
         ),
         (
             slicing("      - {name: gpu, replicas: 2}\n      - {name: t4, replicas: 2}\n"),
@@ -292,11 +296,12 @@ def slicing(entries: str, extra: str = "", top: str = "") -> str:
         ),
         (
             slicing("      - {name: gpu, replicas: 2}\n", extra="    allocation: spread\n"),
-            "key \"sharing.timeSlicing.allocation\": 'spread' is not one of distributed, packed",
+            'unknown key "sharing.timeSlicing.allocation"; valid keys here: renameByDefault',
         ),
         (
             "version: v1\nsharing:\n  timeSlicing:\n    resources: {name: gpu}\n",
-            'key "sharing.timeSlicing.resources": expected a list of {name, replicas, rename}',
+            'key "sharing.timeSlicing.resources": expected a list of mapping '
+            "{name, replicas, rename",
         ),
         (
             "version: v1\nsharing:\n  timeSlicing:\n    renameByDefault: 1\n",
@@ -317,7 +322,7 @@ def test_a_resource_flag_can_collide_too() -> None:
     path = write_config(slicing("      - {name: gpu, replicas: 2, rename: example.com/shared}\n"))
     # The default resource renamed by flag: the time-slicing entry named "gpu" no longer exists.
     with pytest.raises(InputError) as caught:
-        load_config(path, flags={"resource_name": "example.com/other"})
+        load_config(path, flags={"nvplugin.resourceName": "example.com/other"})
     assert 'key "sharing.timeSlicing.resources[0].name": example.com/gpu is not' in str(
         caught.value
     )

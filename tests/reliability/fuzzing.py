@@ -246,7 +246,7 @@ def fuzz(examples: int) -> Outcome:
     plugin = Plugin(new_dir(), "--simulate", NODE)
     checker = Checker(plugin.socket, oracle, out)
     try:
-        asyncio.run(plugin.wait_log("allocation policy ready", 30))
+        asyncio.run(plugin.wait_log("allocation policy ready"))
 
         def hostile_round() -> int:
             for containers in hostile_preferred(oracle):

@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import time
+import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -23,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from nvplugin.kubelet.kubelet import FakeKubelet
 from nvplugin.plugin.api.v1beta1 import api_pb2, api_pb2_grpc
+from tests import WAIT_S
 from tests.e2e.serving import Serve, new_dir
 
 GPU = "nvidia.com/gpu"
@@ -45,6 +48,22 @@ class Outcome:
     rss_start_kib: int | None = None
     rss_end_kib: int | None = None
     notes: list[str] = field(default_factory=list)
+    fds_start: int | None = None
+    fds_end: int | None = None
+    threads_start: int | None = None
+    threads_end: int | None = None
+
+    async def before(self, pid: int) -> None:
+        """The plugin's RSS, open fds and threads before the attack."""
+        self.rss_start_kib = rss_kib(pid)
+        self.fds_start = await settled_fds(pid)
+        self.threads_start = thread_count(pid)
+
+    async def after(self, pid: int) -> None:
+        """The same figures after it."""
+        self.rss_end_kib = rss_kib(pid)
+        self.fds_end = await settled_fds(pid)
+        self.threads_end = thread_count(pid)
 
     def fail(self, message: str) -> None:
         self.failures.append(message)
@@ -82,7 +101,8 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 
 def format_table(outcomes: Sequence[Outcome]) -> str:
-    """The soak table (Markdown): scenario, iterations, failures, p50/p99, RSS start/end."""
+    """The soak table (Markdown): scenario, iterations, failures, p50/p99, and the plugin's RSS,
+    open fds and threads before and after (``-`` where a scenario does not measure them)."""
 
     def ms(value: float | None) -> str:
         if value is None:
@@ -92,16 +112,20 @@ def format_table(outcomes: Sequence[Outcome]) -> str:
     def mib(kib: int | None) -> str:
         return "-" if kib is None else f"{kib / 1024:.1f}"
 
+    def pair(start: int | None, end: int | None) -> str:
+        return "-" if start is None and end is None else f"{start} -> {end}"
+
     header = (
         "| scenario | iterations | failures | p50 ms | p99 ms | latency measured | "
-        "RSS start MiB | RSS end MiB |"
+        "RSS start MiB | RSS end MiB | fds | threads |"
     )
-    rows = [header, "|---|---:|---:|---:|---:|---|---:|---:|"]
+    rows = [header, "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
     for o in outcomes:
         rows.append(
             f"| {o.scenario} | {o.iterations} | {len(o.failures)} | {ms(o.percentile(50))} | "
             f"{ms(o.percentile(99))} | {o.measure} | {mib(o.rss_start_kib)} | "
-            f"{mib(o.rss_end_kib)} |"
+            f"{mib(o.rss_end_kib)} | {pair(o.fds_start, o.fds_end)} | "
+            f"{pair(o.threads_start, o.threads_end)} |"
         )
     return "\n".join(rows)
 
@@ -109,13 +133,22 @@ def format_table(outcomes: Sequence[Outcome]) -> str:
 # --- process figures --------------------------------------------------------------------------
 
 
-def rss_kib(pid: int) -> int:
-    """Resident set size of ``pid`` in KiB (from /proc)."""
+def status_field(pid: int, name: str) -> str:
+    """The first word of field ``name`` in /proc/PID/status (``VmRSS``, ``Threads``, ...)."""
     with open(f"/proc/{pid}/status") as status:
         for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise AssertionError(f"no VmRSS for pid {pid}")
+            if line.startswith(f"{name}:"):
+                return line.split()[1]
+    raise AssertionError(f"no {name} for pid {pid}")
+
+
+def rss_kib(pid: int) -> int:
+    """Resident set size of ``pid`` in KiB."""
+    return int(status_field(pid, "VmRSS"))
+
+
+def thread_count(pid: int) -> int:
+    return int(status_field(pid, "Threads"))
 
 
 def fd_count(pid: int) -> int:
@@ -131,6 +164,12 @@ async def settled_fds(pid: int, samples: int = 5, interval: float = 0.02) -> int
     return min(counts)
 
 
+def caught_signals(pid: int) -> set[signal.Signals]:
+    """The signals ``pid`` has a handler for (SigCgt)."""
+    mask = int(status_field(pid, "SigCgt"), 16)
+    return {sig for sig in signal.Signals if mask >> (sig - 1) & 1}
+
+
 def sysfs_trees(pid: int | None = None) -> set[str]:
     """Names of simulated sysfs trees in /dev/shm (of ``pid`` only, when given)."""
     prefix = "nvplugin-sysfs-" if pid is None else f"nvplugin-sysfs-{pid}-"
@@ -144,25 +183,38 @@ def sysfs_trees(pid: int | None = None) -> set[str]:
 
 
 class Plugin(Serve):
-    """``nvplugin serve`` with metrics on 127.0.0.1 (a free port the OS picks)."""
+    """``nvplugin serve`` with metrics and health probes on 127.0.0.1 (free ports the OS
+    picks)."""
 
     def __init__(self, directory: str, *args: str) -> None:
-        super().__init__(directory, "--metrics-address", "127.0.0.1:0", *args)
+        addresses = ("--metrics-address", "127.0.0.1:0", "--health-probe-address", "127.0.0.1:0")
+        super().__init__(directory, *addresses, *args)
         self.socket = os.path.join(directory, SOCKET)
         self._port: int | None = None
+        self._probe_port: int | None = None
 
     async def metrics_port(self) -> int:
         if self._port is None:
-            line = await self.wait_log("serving metrics", 20)
+            line = await self.wait_log("serving metrics")
             self._port = int(line["port"])
         return self._port
+
+    async def probe_port(self) -> int:
+        if self._probe_port is None:
+            line = await self.wait_log("serving health probes", 20)
+            self._probe_port = int(line["port"])
+        return self._probe_port
+
+    async def probe(self, path: str) -> tuple[int, str]:
+        """GET ``path`` (/livez, /readyz) as the kubelet's httpGet probe does: status, body."""
+        return await http_get(await self.probe_port(), path)
 
     async def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         """Every sample: (name, sorted labels) -> value."""
         port = await self.metrics_port()
 
         def scrape() -> str:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=WAIT_S) as r:
                 text: str = r.read().decode()
                 return text
 
@@ -186,6 +238,28 @@ class Plugin(Serve):
                 return False
             await asyncio.sleep(0.02)
         return False
+
+
+async def http_get(port: int, path: str, timeout: float = 5.0) -> tuple[int, str]:
+    """GET http://127.0.0.1:PORT/PATH: status and body (any status, 4xx/5xx included)."""
+
+    def get() -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as r:
+                return int(r.status), r.read().decode()
+        except urllib.error.HTTPError as exc:
+            return int(exc.code), exc.read().decode()
+
+    return await asyncio.to_thread(get)
+
+
+async def dropped(reader: asyncio.StreamReader) -> bool:
+    """Wait until the server ends the connection: True when it ends without an answer (closed
+    or reset), False when an answer came."""
+    try:
+        return await reader.read() == b""
+    except ConnectionResetError:
+        return True
 
 
 def metric(
@@ -252,12 +326,27 @@ def distinct(states: Sequence[Any]) -> list[Any]:
     return out
 
 
+UNHEALTHY_FIELD = b"\x12\x09Unhealthy"
+"""A Device's ``health: "Unhealthy"`` as serialized (field 2, length 9)."""
+
+
+@dataclass
+class Counted:
+    """One raw stream's messages: how many, and the Unhealthy devices in the last one."""
+
+    messages: int = 0
+    unhealthy: int | None = None
+
+
 class Watchers:
-    """``count`` plain ListAndWatch clients on ``socket_path``, each on its own channel."""
+    """``count`` plain ListAndWatch clients on ``socket_path``, each on its own channel; what
+    each saw is a ``record`` (:class:`Seen`)."""
+
+    record: Any = Seen
 
     def __init__(self, socket_path: str, count: int) -> None:
         self.channels = [grpc.aio.insecure_channel(f"unix:{socket_path}") for _ in range(count)]
-        self.seen = [Seen() for _ in range(count)]
+        self.seen = [self.record() for _ in range(count)]
         self._tasks = [
             asyncio.create_task(self._read(channel, seen))
             for channel, seen in zip(self.channels, self.seen, strict=True)
@@ -289,6 +378,25 @@ class Watchers:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         for channel in self.channels:
             await channel.close()
+
+
+class CountingWatchers(Watchers):
+    """Like :class:`Watchers`, but the clients do not parse what they get: each message's
+    Unhealthy devices are counted in its bytes (:class:`Counted`). For lists of thousands of
+    devices, which parsed in Python would make the test, not the plugin, the bottleneck."""
+
+    record = Counted
+
+    @staticmethod
+    async def _read(channel: grpc.aio.Channel, seen: Any) -> None:
+        stream = channel.unary_stream(
+            "/v1beta1.DevicePlugin/ListAndWatch",
+            request_serializer=api_pb2.Empty.SerializeToString,
+        )
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            async for data in stream(api_pb2.Empty()):
+                seen.messages += 1
+                seen.unhealthy = bytes(data).count(UNHEALTHY_FIELD)
 
 
 class HealthWatch:

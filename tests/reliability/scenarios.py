@@ -9,6 +9,7 @@ change, no valid request gets an error, and the kubelet's view equals the plugin
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import random
 import signal
@@ -26,21 +27,28 @@ from nvplugin.kubelet.devicemanager import DeviceManager, DevicePluginError
 from nvplugin.kubelet.kubelet import FakeKubelet
 from nvplugin.node import load_topology
 from nvplugin.plugin.api.v1beta1 import api_pb2, api_pb2_grpc
+from nvplugin.plugin.httpendpoint import MAX_CONNECTIONS, REQUEST_TIMEOUT_S
+from nvplugin.plugin.server import publish_interval
+from tests import WAIT_S
 from tests.e2e.serving import new_dir, node_file
 from tests.reliability.harness import (
     GPU,
     SOCKET,
+    CountingWatchers,
     HealthWatch,
     Outcome,
     Plugin,
     Watchers,
     distinct,
+    dropped,
+    fd_count,
     health_status,
     log_time,
     metric,
     running,
     settled_fds,
     sysfs_trees,
+    thread_count,
 )
 
 
@@ -56,6 +64,10 @@ class Scale:
     threads: int
     reloads: int
     fuzz_examples: int
+    storm_replicas: int  # time-slicing replicas per GPU of dgx-2 (16 GPUs) in the health storm
+    storm_s: float  # how long the storm lasts
+    storm_streams: int  # ListAndWatch streams open during it (besides the kubelet's)
+    idle_connections: int  # idle TCP connections held to each HTTP endpoint
 
 
 TEST = Scale(
@@ -67,6 +79,10 @@ TEST = Scale(
     threads=8,
     reloads=4,
     fuzz_examples=120,
+    storm_replicas=500,
+    storm_s=4.0,
+    storm_streams=2,
+    idle_connections=300,
 )
 SOAK = Scale(
     kubelet_restarts=100,
@@ -77,6 +93,10 @@ SOAK = Scale(
     threads=8,
     reloads=20,
     fuzz_examples=1_500,
+    storm_replicas=500,
+    storm_s=30.0,
+    storm_streams=10,
+    idle_connections=3_000,
 )
 
 
@@ -94,7 +114,7 @@ async def kubelet_restarts(scale: Scale) -> Outcome:
     every = set(uuids("dgx-a100"))
     async with running("--simulate", "dgx-a100") as (kubelet, plugin):
         dm = kubelet.devices
-        await dm.wait_for(lambda m: m.healthy_devices(GPU) == every, 5, "8 healthy GPUs")
+        await dm.wait_for(lambda m: m.healthy_devices(GPU) == every, WAIT_S, "8 healthy GPUs")
         out.rss_start_kib = plugin.rss()
         fds_start = await settled_fds(plugin.pid)
         for n in range(scale.kubelet_restarts):
@@ -103,7 +123,7 @@ async def kubelet_restarts(scale: Scale) -> Outcome:
             try:
                 await dm.wait_for(
                     lambda m: m.is_registered(GPU) and m.healthy_devices(GPU) == every,
-                    10,
+                    WAIT_S,
                     "registered again with 8 healthy GPUs",
                 )
             except TimeoutError as exc:
@@ -114,8 +134,7 @@ async def kubelet_restarts(scale: Scale) -> Outcome:
         out.rss_end_kib = plugin.rss()
         await plugin.wait_log(
             "registered with kubelet",
-            10,
-            lambda e: e["registrations"] == scale.kubelet_restarts + 1,
+            where=lambda e: e["registrations"] == scale.kubelet_restarts + 1,
         )
         records = dm.registrations
         out.check(
@@ -160,7 +179,7 @@ async def plugin_kills(scale: Scale) -> Outcome:
             try:
                 await dm.wait_for(
                     _registered_times(n + 1, every),
-                    20,
+                    WAIT_S,
                     f"registration {n + 1} with 4 healthy GPUs",
                 )
             except TimeoutError as exc:
@@ -183,7 +202,7 @@ async def plugin_kills(scale: Scale) -> Outcome:
                 os.path.exists(os.path.join(directory, SOCKET)), "SIGKILL left no stale socket"
             )
             try:
-                await dm.wait_for(lambda m: not m.is_registered(GPU), 10, "the stream to end")
+                await dm.wait_for(lambda m: not m.is_registered(GPU), WAIT_S, "the stream to end")
             except TimeoutError as exc:
                 out.fail(f"kill {n}: {exc}")
     left = sorted(name for pid in killed for name in sysfs_trees(pid))
@@ -231,7 +250,7 @@ async def kubelet_down(scale: Scale) -> Outcome:
                     and m.unhealthy_devices(GPU) == {all_ids[3]}
                     and m.healthy_devices(GPU) == set(all_ids[:3])
                 ),
-                10,
+                WAIT_S,
                 "registered again with GPU 3 Unhealthy",
             )
             out.latencies.append(time.perf_counter() - back)
@@ -258,9 +277,9 @@ async def gpu_lost_during_watch(scale: Scale) -> Outcome:
         out.rss_start_kib = plugin.rss()
         watchers = Watchers(plugin.socket, scale.streams)
         try:
-            if not await watchers.wait_all(lambda s: lost in s.distinct(), 15):
+            if not await watchers.wait_all(lambda s: lost in s.distinct(), WAIT_S):
                 out.fail("not every stream saw GPU 5 Unhealthy")
-            line = await plugin.wait_log("gpu unhealthy", 5)
+            line = await plugin.wait_log("gpu unhealthy")
             noticed = log_time(line)
             for number, seen in enumerate(watchers.seen):
                 at = seen.first_time(lost)
@@ -271,7 +290,9 @@ async def gpu_lost_during_watch(scale: Scale) -> Outcome:
                     at - noticed < 1.0, f"stream {number} saw the loss {at - noticed:.3f}s late"
                 )
                 out.check(seen.distinct() == [(), lost], f"stream {number}: {seen.distinct()}")
-            await dm.wait_for(lambda m: m.unhealthy_devices(GPU) == set(lost), 5, "kubelet view")
+            await dm.wait_for(
+                lambda m: m.unhealthy_devices(GPU) == set(lost), WAIT_S, "kubelet view"
+            )
             out.check(
                 distinct([s.unhealthy for s in dm.snapshots(GPU)]) == [(), lost],
                 "the kubelet's states differ from the plugin's",
@@ -324,7 +345,7 @@ async def event_wait_failures(scale: Scale) -> Outcome:
         watchers = Watchers(plugin.socket, max(2, scale.streams // 4))
         health = HealthWatch(plugin.socket)
         try:
-            if not await watchers.wait_all(lambda s: s.distinct() == expected, 20):
+            if not await watchers.wait_all(lambda s: s.distinct() == expected, WAIT_S):
                 out.fail("not every stream went through healthy, all unhealthy (twice)")
             for number, seen in enumerate(watchers.seen):
                 out.check(seen.distinct() == expected, f"stream {number}: {seen.distinct()}")
@@ -335,7 +356,7 @@ async def event_wait_failures(scale: Scale) -> Outcome:
                         out.latencies.append(times[k] - times[k - 1])
             await dm.wait_for(
                 lambda m: distinct([s.unhealthy for s in m.snapshots(GPU)]) == expected,
-                5,
+                WAIT_S,
                 "the kubelet's states",
             )
             out.iterations = 2
@@ -386,13 +407,13 @@ async def sighup_during_traffic(scale: Scale) -> Outcome:
                 ignore = "[48]" if n % 2 == 0 else "[]"
                 strict = "false" if n % 2 == 0 else "true"
                 config.write_text(
-                    f"version: v1\nhealth:\n  xids: {{ignore: {ignore}}}\n"
-                    f"health_service: {{not_serving_without_healthy_gpus: {strict}}}\n"
+                    f"version: v1\nnvplugin:\n  health:\n    xids: {{ignore: {ignore}}}\n"
+                    f"  healthService: {{notServingWithoutHealthyGpus: {strict}}}\n"
                 )
                 started = time.perf_counter()
                 plugin.send(signal.SIGHUP)
                 applied = "config applied in place; still registered"
-                if not await plugin.wait_count(applied, n + 1, 10):
+                if not await plugin.wait_count(applied, n + 1, WAIT_S):
                     out.fail(f"reload {n} not applied in place:\n{plugin.text()[-1500:]}")
                     continue
                 out.latencies.append(time.perf_counter() - started)
@@ -502,7 +523,7 @@ async def load(scale: Scale) -> Outcome:
     ]
     node = node_file(new_dir(), "dgx-a100", events)
     config = Path(new_dir()) / "config.yaml"
-    config.write_text("version: v1\nhealth: {recovery: {quiet_s: 0.4}}\n")
+    config.write_text("version: v1\nnvplugin:\n  health: {recovery: {quietPeriod: 400ms}}\n")
     ids = uuids("dgx-a100")
     expected = [(), (ids[1],), (), (ids[5],), ()]
     policy = make_policy("best-effort", load_topology("dgx-a100"))
@@ -527,7 +548,7 @@ async def load(scale: Scale) -> Outcome:
         # after the first-use allocations, not before them.
         await asyncio.to_thread(_load_worker, plugin.socket, ids, answers, 300, 99, [], failures)
         warm = Watchers(plugin.socket, scale.streams)
-        await warm.wait_all(lambda s: len(s.states) > 0, 10)
+        await warm.wait_all(lambda s: len(s.states) > 0, WAIT_S)
         await warm.close()
         await asyncio.sleep(0.2)
         out.rss_start_kib = plugin.rss()
@@ -543,7 +564,7 @@ async def load(scale: Scale) -> Outcome:
         for thread in threads:
             thread.start()
         try:
-            if not await watchers.wait_all(lambda s: s.distinct() == expected, 30):
+            if not await watchers.wait_all(lambda s: s.distinct() == expected, WAIT_S):
                 out.fail("not every stream went through every health change")
             for number, seen in enumerate(watchers.seen):
                 out.check(seen.distinct() == expected, f"stream {number}: {seen.distinct()}")
@@ -566,4 +587,168 @@ async def load(scale: Scale) -> Outcome:
             f"RSS grew {0 if growth is None else growth * 100:.1f}% "
             f"({out.rss_start_kib} -> {out.rss_end_kib} KiB)",
         )
+    return out
+
+
+# --- health storm -------------------------------------------------------------------------------
+
+STORM_RATE = 80
+"""Health changes a second in the storm: 40 Xids a second over 16 GPUs, each GPU recovering
+(quiet 0.05 s) before its next Xid."""
+STORM_START_S = 3.0
+PROBE_TIMEOUT_S = 3.0  # the chart's probes' RPC timeout (values probes.rpcTimeoutSeconds)
+
+
+async def health_storm(scale: Scale) -> Outcome:
+    """GPUs fail and recover 80 times a second on a node advertising thousands of time-sliced
+    replicas: the changes are coalesced (lists at least an interval apart, each stream gets at
+    most one per list), the health service answers every check within the probes' timeout
+    throughout, and every stream and the kubelet end on the final state, all healthy."""
+    devices = 16 * scale.storm_replicas
+    interval = publish_interval(devices)  # the rule checked here
+    out = Outcome(
+        f"health storm: {STORM_RATE} changes/s, {devices} devices, {scale.storm_s:g} s",
+        "health Check",
+    )
+    xids = int(scale.storm_s * STORM_RATE / 2)
+    spacing = 2 / STORM_RATE
+    events = [
+        {"after_s": round(STORM_START_S + k * spacing, 4), "gpu": k % 16, "xid": 48}
+        for k in range(xids)
+    ]
+    node = node_file(new_dir(), "dgx-2", events)
+    config = Path(new_dir()) / "config.yaml"
+    config.write_text(
+        "version: v1\nnvplugin: {health: {recovery: {quietPeriod: 50ms}}}\n"
+        "sharing: {timeSlicing: {resources: "
+        f"[{{name: nvidia.com/gpu, replicas: {scale.storm_replicas}}}]}}}}\n"
+    )
+    async with running("--simulate", node, "--config", str(config)) as (kubelet, plugin):
+        dm = kubelet.devices
+        await dm.wait_for(lambda m: len(m.devices(GPU)) == devices, 20, f"{devices} devices")
+        await out.before(plugin.pid)
+        watchers = CountingWatchers(plugin.socket, scale.storm_streams)
+        stop = asyncio.Event()
+        failures: list[str] = []
+
+        async def checks() -> None:
+            async with grpc.aio.insecure_channel(f"unix:{plugin.socket}") as channel:
+                stub = health_pb2_grpc.HealthStub(channel)
+                while not stop.is_set():
+                    started = time.perf_counter()
+                    try:
+                        await stub.Check(
+                            health_pb2.HealthCheckRequest(service=""), timeout=PROBE_TIMEOUT_S
+                        )
+                        out.latencies.append(time.perf_counter() - started)
+                    except grpc.aio.AioRpcError as exc:
+                        failures.append(f"health Check: {exc.code().name}: {exc.details()}")
+                    await asyncio.sleep(0.05)
+
+        checking = asyncio.create_task(checks())
+        try:
+            # Every Xid delivered (the metrics count them), then the last recovery reaches all.
+            async with asyncio.timeout(STORM_START_S + scale.storm_s * 3 + 30):
+                while True:
+                    samples = await plugin.metrics()
+                    seen = sum(
+                        v for (name, _), v in samples.items() if name == "nvplugin_xid_events_total"
+                    )
+                    if seen >= xids:
+                        break
+                    await asyncio.sleep(0.2)
+            if not await watchers.wait_all(lambda s: s.unhealthy == 0, 20):
+                out.fail("not every stream ended with every device healthy")
+            await dm.wait_for(
+                lambda m: len(m.healthy_devices(GPU)) == devices, 20, "the kubelet: all healthy"
+            )
+        except TimeoutError as exc:
+            out.fail(f"the storm did not end: {exc!r}")
+        finally:
+            stop.set()
+            await checking
+            await watchers.close()
+        for failure in failures:
+            out.fail(failure)
+        out.check(len(out.latencies) > 0, "no health check answered")
+        changes = len(plugin.events("gpu unhealthy")) + len(plugin.events("gpu recovered"))
+        lists = plugin.events("device health changed")
+        out.iterations = changes
+        times = [log_time(line) for line in lists]
+        gaps = [b - a for a, b in itertools.pairwise(times)]
+        out.check(
+            not gaps or min(gaps) >= interval - 0.002,
+            f"two lists {min(gaps, default=0):.4f} s apart",
+        )
+        out.check(2 * len(lists) <= changes, f"{len(lists)} lists for {changes} changes")
+        for number, counted in enumerate(watchers.seen):
+            out.check(
+                counted.messages <= len(lists) + 1,
+                f"stream {number}: {counted.messages} messages for {len(lists)} lists",
+            )
+        out.notes.append(
+            f"{changes} health changes -> {len(lists)} lists; "
+            f"{len(out.latencies)} health checks answered during the storm"
+        )
+        await out.after(plugin.pid)
+        out.check("Traceback" not in plugin.text(), "a traceback in the plugin's log")
+    return out
+
+
+# --- idle HTTP connections ----------------------------------------------------------------------
+
+
+async def idle_connections(scale: Scale) -> Outcome:
+    """N connections to each HTTP endpoint (metrics, health probes) that never send a request,
+    or only half of one -- what any pod that reaches the port can do: the plugin's threads do
+    not grow, its fds stay within the endpoints' caps, /metrics and the probes answer while the
+    connections are held, and the plugin drops every one of them."""
+    n = scale.idle_connections
+    out = Outcome(f"idle HTTP connections: {n} x 2 endpoints", "scrape or probe while held")
+    async with running("--simulate", "workstation-4gpu") as (kubelet, plugin):
+        ports = [await plugin.metrics_port(), await plugin.probe_port()]
+        await plugin.metrics()  # the first scrape's allocations are not a leak
+        await kubelet.devices.wait_for(lambda m: m.is_registered(GPU), 10, "registered")
+        await out.before(plugin.pid)
+        held: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+        try:
+            for number in range(n):
+                for port in ports:
+                    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                    if number % 2:
+                        writer.write(b"GET /metrics HTTP/1.1\r\n")  # ... and never the rest
+                    held.append((reader, writer))
+            out.iterations = len(held)
+            for _ in range(10):
+                started = time.perf_counter()
+                samples = await plugin.metrics()
+                out.latencies.append(time.perf_counter() - started)
+                out.check(metric(samples, "nvplugin_health_serving", resource=GPU) == 1, "scrape")
+                started = time.perf_counter()
+                status, body = await plugin.probe("/readyz")
+                out.latencies.append(time.perf_counter() - started)
+                out.check(status == 200, f"/readyz answered {status}: {body}")
+                status, body = await plugin.probe("/livez")
+                out.check(status == 200, f"/livez answered {status}: {body}")
+            threads = thread_count(plugin.pid)
+            out.check(threads == out.threads_start, f"threads {out.threads_start} -> {threads}")
+            fds = fd_count(plugin.pid)
+            bound = (out.fds_start or 0) + 2 * MAX_CONNECTIONS + 2
+            out.check(fds <= bound, f"{fds} fds held (at most {bound})")
+            out.notes.append(f"{fds} fds and {threads} threads while {len(held)} were held")
+            # Every held connection is dropped: closed for a newer one, or at the timeout.
+            async with asyncio.timeout(REQUEST_TIMEOUT_S + 60):
+                for reader, _ in held:
+                    out.check(await dropped(reader), "a held connection got an answer")
+        except TimeoutError:
+            out.fail("the plugin did not drop every idle connection")
+        finally:
+            for _, writer in held:
+                writer.close()
+        await out.after(plugin.pid)
+        out.check(
+            (out.fds_end or 0) <= (out.fds_start or 0) + 2, f"fds {out.fds_start} -> {out.fds_end}"
+        )
+        out.check(out.threads_end == out.threads_start, "threads changed")
+        out.check("Traceback" not in plugin.text(), "a traceback in the plugin's log")
     return out

@@ -28,6 +28,8 @@ RUNS: dict[str, Callable[[scenarios.Scale], Outcome]] = {
     "event-wait": lambda scale: asyncio.run(scenarios.event_wait_failures(scale)),
     "sighup": lambda scale: asyncio.run(scenarios.sighup_during_traffic(scale)),
     "load": lambda scale: asyncio.run(scenarios.load(scale)),
+    "health-storm": lambda scale: asyncio.run(scenarios.health_storm(scale)),
+    "idle-connections": lambda scale: asyncio.run(scenarios.idle_connections(scale)),
 }
 
 

@@ -14,6 +14,7 @@ import time
 from nvplugin.kubelet.kubelet import FakeKubelet
 from nvplugin.node import open_node
 from nvplugin.node.sim import remove_stale_sysfs_trees
+from tests import WAIT_S
 from tests.e2e.serving import Serve, new_dir
 
 GPU = "nvidia.com/gpu"
@@ -25,7 +26,7 @@ def test_a_socket_that_cannot_be_served_again_exits_1_with_the_reason() -> None:
         async with FakeKubelet(directory) as kubelet:
             serve = Serve(directory, "--simulate", "workstation-4gpu", "--socket-give-up-s", "1")
             try:
-                await kubelet.wait_registered(GPU, timeout=10)
+                await kubelet.wait_registered(GPU, WAIT_S)
                 path = os.path.join(directory, "nvplugin-gpu.sock")
                 # Something else takes the path (atomically, so the plugin cannot win a race).
                 blocker = os.path.join(directory, "blocker")
@@ -51,7 +52,7 @@ def test_a_socket_that_cannot_be_served_again_exits_1_with_the_reason() -> None:
 
 
 def test_stale_sysfs_trees_of_dead_owners_are_removed() -> None:
-    parent = tempfile.mkdtemp(dir="/tmp")
+    parent = tempfile.mkdtemp()
     dead = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"],
         capture_output=True,

@@ -24,6 +24,8 @@ Scenario = Callable[[scenarios.Scale], Awaitable[Outcome]]
         scenarios.event_wait_failures,
         scenarios.sighup_during_traffic,
         scenarios.load,
+        scenarios.health_storm,
+        scenarios.idle_connections,
     ],
     ids=lambda s: s.__name__,
 )

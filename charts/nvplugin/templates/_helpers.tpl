@@ -59,218 +59,300 @@ The plugin socket: <devicePluginPath>/nvplugin-<part of resourceName after "/">.
 
 {{- define "nvplugin.configDir" -}}/etc/nvplugin{{- end }}
 {{- define "nvplugin.configFile" -}}config.yaml{{- end }}
+{{- define "nvplugin.driverRoot" -}}/driver-root{{- end }}
 
 {{- define "nvplugin.configMapName" -}}
-{{- if .Values.existingConfigMap.name }}
-{{- .Values.existingConfigMap.name }}
+{{- if .Values.config.name }}
+{{- .Values.config.name }}
 {{- else }}
 {{- printf "%s-config" (include "nvplugin.fullname" . | trunc 56 | trimSuffix "-") }}
 {{- end }}
 {{- end }}
 
-{{- define "nvplugin.configMapKey" -}}
-{{- if .Values.existingConfigMap.name }}
-{{- .Values.existingConfigMap.key }}
+{{/*
+One entry of config.map as a mapping: a mapping as given, a string parsed as YAML (or JSON).
+args: name, value. Fails naming the entry when the string is not a YAML mapping.
+*/}}
+{{- define "nvplugin.parseConfig" -}}
+{{- if kindIs "string" .value }}
+{{- if not (trim .value) }}
+{{- dict | toJson }}
 {{- else }}
-{{- include "nvplugin.configFile" . }}
-{{- end }}
-{{- end }}
-
-{{/*
-True (non-empty) when values.config holds anything: a non-empty map or a non-blank string.
-*/}}
-{{- define "nvplugin.userConfigSet" -}}
-{{- if kindIs "string" .Values.config }}
-{{- if trim .Values.config }}true{{ end }}
-{{- else if .Values.config }}true
-{{- end }}
-{{- end }}
-
-{{/*
-values.config as a map: a map is deep-copied (so merging never changes .Values); a string is
-parsed as YAML and must be a mapping.
-*/}}
-{{- define "nvplugin.userConfig" -}}
-{{- $cfg := dict }}
-{{- if kindIs "string" .Values.config }}
-{{- if trim .Values.config }}
-{{- $cfg = fromYaml .Values.config }}
+{{- $cfg := fromYaml .value }}
 {{- if hasKey $cfg "Error" }}
-{{- fail (printf "values.config: the string is not a YAML mapping (the nvplugin config file format): %s" (get $cfg "Error")) }}
+{{- fail (printf "values.config.map.%s: not a YAML mapping (the plugin's config file): %s" .name (get $cfg "Error")) }}
 {{- end }}
+{{- $cfg | toJson }}
 {{- end }}
-{{- else if .Values.config }}
-{{- $cfg = deepCopy .Values.config }}
+{{- else }}
+{{- .value | default dict | toJson }}
 {{- end }}
-{{- toJson $cfg }}
 {{- end }}
 
 {{/*
-Put one chart value into the config map at a key path, or (check only) make sure the config does
-not say something else there. args: cfg (map), path (list of keys), value, from (the values key
-named in messages), set (bool). A key set both in values.config and by a chart value to different
-values fails: the plugin would be told two things, and one would be silently lost.
+The first problem of a value against a JSON Schema (the subset charts/generate_schema.py writes
+from the plugin's config model: type, enum, pattern, minimum, maximum, properties,
+additionalProperties false, required, items, minItems, uniqueItems, anyOf, and the plugin's
+x-nvplugin-supported: the only values of an NVIDIA setting nvplugin accepts), or "" when it has
+none. args: value, schema, path (the key path so far).
+*/}}
+{{- define "nvplugin.schemaError" -}}
+{{- $v := .value }}
+{{- $s := .schema }}
+{{- $p := .path }}
+{{- $err := "" }}
+{{- $kind := "" }}
+{{- if kindIs "invalid" $v }}{{ $kind = "null" }}
+{{- else if kindIs "bool" $v }}{{ $kind = "boolean" }}
+{{- else if kindIs "string" $v }}{{ $kind = "string" }}
+{{- else if kindIs "map" $v }}{{ $kind = "object" }}
+{{- else if kindIs "slice" $v }}{{ $kind = "array" }}
+{{- else if or (kindIs "int" $v) (kindIs "int64" $v) }}{{ $kind = "integer" }}
+{{- else if kindIs "float64" $v }}{{ $kind = ternary "integer" "number" (eq (floor $v) $v) }}
+{{- end }}
+{{- $where := ternary "" (printf "key %q: " $p) (eq $p "") }}
+{{- if hasKey $s "anyOf" }}
+{{- $ok := false }}
+{{- $first := "" }}
+{{- range $s.anyOf }}
+{{- if not $ok }}
+{{- $e := include "nvplugin.schemaError" (dict "value" $v "schema" . "path" $p) }}
+{{- if not $e }}{{ $ok = true }}{{ else if not $first }}{{ $first = $e }}{{ end }}
+{{- end }}
+{{- end }}
+{{- if not $ok }}{{ $err = $first }}{{ end }}
+{{- end }}
+{{- if and (not $err) (hasKey $s "type") }}
+{{- $types := $s.type }}
+{{- if kindIs "string" $types }}{{ $types = list $types }}{{ end }}
+{{- if not (or (has $kind $types) (and (eq $kind "integer") (has "number" $types))) }}
+{{- $err = printf "%sexpected %s, got %s %s" $where (join " or " $types) $kind (toJson $v | trunc 80) }}
+{{- end }}
+{{- end }}
+{{- if and (not $err) (hasKey $s "enum") (not (has (toJson $v) (without (splitList "\n" (include "nvplugin.jsonLines" $s.enum)) ""))) }}
+{{- $err = printf "%s%s is not one of %s" $where (toJson $v | trunc 80) (join ", " $s.enum) }}
+{{- end }}
+{{- if and (not $err) (eq $kind "string") (hasKey $s "pattern") (not (regexMatch $s.pattern $v)) }}
+{{- $err = printf "%s%s does not match %s" $where (toJson $v | trunc 80) $s.pattern }}
+{{- end }}
+{{- if and (not $err) (or (eq $kind "integer") (eq $kind "number")) }}
+{{- if and (hasKey $s "minimum") (lt (float64 $v) (float64 $s.minimum)) }}
+{{- $err = printf "%s%v is less than %v" $where $v $s.minimum }}
+{{- else if and (hasKey $s "maximum") (gt (float64 $v) (float64 $s.maximum)) }}
+{{- $err = printf "%s%v is more than %v" $where $v $s.maximum }}
+{{- end }}
+{{- end }}
+{{- if and (not $err) (eq $kind "object") (hasKey $s "properties") }}
+{{- $props := $s.properties }}
+{{- range $key := keys $v | sortAlpha }}
+{{- if not $err }}
+{{- $sub := ternary $key (printf "%s.%s" $p $key) (eq $p "") }}
+{{- if hasKey $props $key }}
+{{- $err = include "nvplugin.schemaError" (dict "value" (get $v $key) "schema" (get $props $key) "path" $sub) }}
+{{- else if eq (toJson (get $s "additionalProperties")) "false" }}
+{{- $err = printf "unknown key %q; valid keys here: %s" $sub (join ", " (keys $props | sortAlpha)) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- range $s.required }}
+{{- if and (not $err) (not (hasKey $v .)) }}
+{{- $err = printf "key %q: is missing" (ternary . (printf "%s.%s" $p .) (eq $p "")) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if and (not $err) (eq $kind "array") }}
+{{- if and (hasKey $s "minItems") (lt (len $v) (int $s.minItems)) }}
+{{- $err = printf "%sexpected at least %v item(s)" $where $s.minItems }}
+{{- else if and (hasKey $s "uniqueItems") $s.uniqueItems (ne (len $v) (len (uniq $v))) }}
+{{- $err = printf "%sa value is listed twice" $where }}
+{{- end }}
+{{- if and (not $err) (hasKey $s "items") }}
+{{- range $i, $item := $v }}
+{{- if not $err }}
+{{- $err = include "nvplugin.schemaError" (dict "value" $item "schema" $s.items "path" (printf "%s[%d]" $p $i)) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if and (not $err) (hasKey $s "x-nvplugin-supported") }}
+{{- if not (has (toJson $v) (without (splitList "\n" (include "nvplugin.jsonLines" (get $s "x-nvplugin-supported"))) "")) }}
+{{- $err = printf "%s%s" $where (get $s "x-nvplugin-unsupported") }}
+{{- end }}
+{{- end }}
+{{- $err }}
+{{- end }}
+
+{{/* Each item of a list as JSON, one per line (to compare values whatever their number types). */}}
+{{- define "nvplugin.jsonLines" -}}
+{{- range . }}
+{{ toJson . }}
+{{- end }}
+{{- end }}
+
+{{/*
+config.map checked: every entry against the plugin's config schema (config.schema.json, written
+from the plugin's config model by charts/generate_schema.py). Returns the entries as
+{name: YAML text}.
+*/}}
+{{- define "nvplugin.configEntries" -}}
+{{- $schema := .Files.Get "config.schema.json" | fromJson }}
+{{- $out := dict }}
+{{- range $name, $value := .Values.config.map }}
+{{- $cfg := include "nvplugin.parseConfig" (dict "name" $name "value" $value) | fromJson }}
+{{- $err := include "nvplugin.schemaError" (dict "value" $cfg "schema" $schema "path" "") }}
+{{- if $err }}
+{{- fail (printf "values.config.map.%s: %s (nvplugin's config file: NVIDIA's v1 format plus nvplugin's keys)" $name $err) }}
+{{- end }}
+{{- $_ := set $out $name (ternary $value (toYaml $value) (kindIs "string" $value)) }}
+{{- end }}
+{{- $out | toJson }}
+{{- end }}
+
+{{/*
+The config file every node uses: its key in the ConfigMap, or "" for none. config.default when
+set, else NVIDIA's fallback strategies in order: named (the entry "default"), single (the only
+entry), empty (no config file). With config.name the chart sees the ConfigMap's keys only in a
+cluster (lookup); offline it takes "default" for named.
 */}}
 {{- define "nvplugin.configKey" -}}
-{{- $node := .cfg }}
-{{- $walked := list }}
-{{- $missing := false }}
-{{- range (initial .path) }}
-{{- $walked = append $walked . }}
-{{- if not $missing }}
-{{- if not (hasKey $node .) }}
-{{- if $.set }}
-{{- $_ := set $node . (dict) }}
+{{- $keys := list }}
+{{- $known := true }}
+{{- if .Values.config.name }}
+{{- $cm := lookup "v1" "ConfigMap" (include "nvplugin.namespace" .) .Values.config.name }}
+{{- if $cm }}{{ $keys = keys ($cm.data | default dict) | sortAlpha }}{{ else }}{{ $known = false }}{{ end }}
 {{- else }}
-{{- $missing = true }}
+{{- $keys = keys .Values.config.map | sortAlpha }}
+{{- end }}
+{{- $chosen := "" }}
+{{- $done := false }}
+{{- if .Values.config.default }}
+{{- if and $known (not (has .Values.config.default $keys)) }}
+{{- fail (printf "values.config.default is %q, but the config files are: %s" .Values.config.default (join ", " $keys)) }}
+{{- end }}
+{{- $chosen = .Values.config.default }}
+{{- $done = true }}
+{{- end }}
+{{- range .Values.config.fallbackStrategies }}
+{{- if not $done }}
+{{- if and (eq . "named") (or (has "default" $keys) (not $known)) }}
+{{- $chosen = "default" }}{{ $done = true }}
+{{- else if and (eq . "single") (eq (len $keys) 1) }}
+{{- $chosen = first $keys }}{{ $done = true }}
+{{- else if eq . "empty" }}
+{{- $done = true }}
 {{- end }}
 {{- end }}
-{{- if not $missing }}
-{{- $next := get $node . }}
-{{- if not (kindIs "map" $next) }}
-{{- fail (printf "values.config.%s must be a mapping, not %s" (join "." $walked) (toJson $next)) }}
 {{- end }}
-{{- $node = $next }}
+{{- if and (not $done) (or $keys .Values.config.name) }}
+{{- fail (printf "values.config: no config file chosen from %s: set config.default (fallbackStrategies %s found none)" (join ", " $keys) (toJson .Values.config.fallbackStrategies)) }}
 {{- end }}
-{{- end }}
-{{- end }}
-{{- if not $missing }}
-{{- $leaf := last .path }}
-{{- if and (hasKey $node $leaf) (ne (toJson (get $node $leaf)) (toJson .value)) }}
-{{- fail (printf "values.config.%s is %s but values.%s is %s: set it in one place (values.%s), the plugin reads one value" (join "." .path) (toJson (get $node $leaf)) .from (toJson .value) .from) }}
-{{- end }}
-{{- if .set }}
-{{- $_ := set $node $leaf .value }}
-{{- end }}
-{{- end }}
-{{- end }}
-
-{{/*
-Chart values that are written into the config file (they have no flag or environment variable):
-a list of [from, config path, value]; only the ones that are set.
-*/}}
-{{- define "nvplugin.fileSettings" -}}
-{{- $out := list }}
-{{- with .Values.deviceListStrategy }}
-{{- $out = append $out (list "deviceListStrategy" (list "device_list_strategy") .) }}
-{{- end }}
-{{- with .Values.deviceIDStrategy }}
-{{- $out = append $out (list "deviceIDStrategy" (list "device_id_strategy") .) }}
-{{- end }}
-{{- if not (kindIs "invalid" .Values.passDeviceSpecs) }}
-{{- $out = append $out (list "passDeviceSpecs" (list "pass_device_specs") .Values.passDeviceSpecs) }}
-{{- end }}
-{{- $h := .Values.health }}
-{{- if not (kindIs "invalid" $h.enabled) }}
-{{- $out = append $out (list "health.enabled" (list "health" "enabled") $h.enabled) }}
-{{- end }}
-{{- with $h.ignoredXids }}
-{{- $out = append $out (list "health.ignoredXids" (list "health" "xids" "ignore") .) }}
-{{- end }}
-{{- with $h.criticalXids }}
-{{- $out = append $out (list "health.criticalXids" (list "health" "xids" "critical") .) }}
-{{- end }}
-{{- if not (kindIs "invalid" $h.recoveryQuietSeconds) }}
-{{- $out = append $out (list "health.recoveryQuietSeconds" (list "health" "recovery" "quiet_s") $h.recoveryQuietSeconds) }}
-{{- end }}
-{{- toJson $out }}
+{{- $chosen }}
 {{- end }}
 
 {{/*
-Chart values that reach the plugin as flags or environment variables, which win over the config
-file: [from, config path, value, variable], only the ones that are set.
-*/}}
-{{- define "nvplugin.flagSettings" -}}
-{{- $out := list }}
-{{- $out = append $out (list "resourceName" (list "resource_name") .Values.resourceName "NVPLUGIN_RESOURCE_NAME") }}
-{{- $out = append $out (list "devicePluginPath" (list "device_plugin_dir") .Values.devicePluginPath "") }}
-{{- with .Values.allocationPolicy }}
-{{- $out = append $out (list "allocationPolicy" (list "allocation_policy") . "NVPLUGIN_ALLOCATION_POLICY") }}
-{{- end }}
-{{- if not (kindIs "invalid" .Values.failOnInitError) }}
-{{- $out = append $out (list "failOnInitError" (list "fail_on_init_error") .Values.failOnInitError "NVPLUGIN_FAIL_ON_INIT_ERROR") }}
-{{- end }}
-{{- with .Values.log.format }}
-{{- $out = append $out (list "log.format" (list "log" "format") . "NVPLUGIN_LOG_FORMAT") }}
-{{- end }}
-{{- with .Values.log.level }}
-{{- $out = append $out (list "log.level" (list "log" "level") . "NVPLUGIN_LOG_LEVEL") }}
-{{- end }}
-{{- if .Values.metrics.enabled }}
-{{- $out = append $out (list "metrics.port" (list "metrics_address") (printf "0.0.0.0:%d" (int .Values.metrics.port)) "NVPLUGIN_METRICS_ADDRESS") }}
-{{- end }}
-{{- toJson $out }}
-{{- end }}
-
-{{/*
-Fail early on values that cannot work together. Included by every template that depends on them.
+NVIDIA values nvplugin cannot honour fail rendering, saying so.
 */}}
 {{- define "nvplugin.validate" -}}
-{{- if and (include "nvplugin.userConfigSet" .) .Values.existingConfigMap.name }}
-{{- fail (printf "values.config and values.existingConfigMap.name (%q) are both set: the plugin reads one config file. Use values.config for a ConfigMap this chart manages, or existingConfigMap.name for one you manage, not both" .Values.existingConfigMap.name) }}
+{{- if and .Values.metrics.enabled .Values.probes.enabled (eq (int .Values.metrics.port) (int .Values.probes.port)) }}
+{{- fail (printf "values.metrics.port and values.probes.port are both %d: the metrics and the health probes each need their own port" (int .Values.probes.port)) }}
 {{- end }}
-{{- if .Values.existingConfigMap.name }}
-{{- range (include "nvplugin.fileSettings" . | fromJsonArray) }}
-{{- fail (printf "values.%s is set, but the config file comes from your ConfigMap %q: set %s there (the chart only writes config files it manages)" (index . 0) $.Values.existingConfigMap.name (join "." (index . 1))) }}
+{{- if and .Values.config.name .Values.config.map }}
+{{- fail (printf "values.config.name (%q) and values.config.map are both set: the plugin reads config files from one ConfigMap; use config.map for one this chart manages, or config.name for yours" .Values.config.name) }}
+{{- end }}
+{{- range $name := list "gfd" "nfd" "mps" }}
+{{- $v := get $.Values $name }}
+{{- if and $v (not (and (eq $name "gfd") (eq (toJson $v) "{\"enabled\":false}"))) }}
+{{- fail (printf "values.%s: nvplugin's chart does not deploy %s; remove the %s values (GPU Feature Discovery, Node Feature Discovery and MPS are not part of nvplugin)" $name $name $name) }}
+{{- end }}
+{{- end }}
+{{- range $name := list "gdrcopyEnabled" "gdsEnabled" "mofedEnabled" }}
+{{- if get $.Values $name }}
+{{- fail (printf "values.%s: nvplugin does not support %s yet; leave it null or false" $name $name) }}
+{{- end }}
+{{- end }}
+{{- with .Values.deviceDiscoveryStrategy }}
+{{- if not (has . (list "auto" "nvml")) }}
+{{- fail (printf "values.deviceDiscoveryStrategy: nvplugin does not support %q yet (it discovers GPUs through NVML: auto or nvml)" .) }}
+{{- end }}
+{{- end }}
+{{- with .Values.migStrategy }}
+{{- if ne . "none" }}
+{{- fail (printf "values.migStrategy: nvplugin does not support MIG strategy %q yet; use none" .) }}
+{{- end }}
+{{- end }}
+{{- range .Values.config.fallbackStrategies }}
+{{- if not (has . (list "named" "single" "empty")) }}
+{{- fail (printf "values.config.fallbackStrategies: %q needs NVIDIA's config manager (per-node selection by node label), which nvplugin's chart does not run" .) }}
 {{- end }}
 {{- end }}
 {{- end }}
 
 {{/*
-The plugin's config file (YAML) when this chart manages it: values.config, plus version: v1 when
-missing, plus the file settings; checked against the flag settings.
+Chart values that reach the plugin as environment variables (which win over the config file):
+[name, value], only the ones that are set. NVIDIA's values use NVIDIA's variable names.
 */}}
-{{- define "nvplugin.configData" -}}
-{{- include "nvplugin.validate" . }}
-{{- $cfg := include "nvplugin.userConfig" . | fromJson }}
-{{- if not (hasKey $cfg "version") }}
-{{- $_ := set $cfg "version" "v1" }}
+{{- define "nvplugin.env" -}}
+{{- $out := list }}
+{{- $out = append $out (list "NVPLUGIN_RESOURCE_NAME" .Values.resourceName) }}
+{{- with .Values.allocationPolicy }}{{ $out = append $out (list "NVPLUGIN_ALLOCATION_POLICY" .) }}{{ end }}
+{{- with .Values.log.format }}{{ $out = append $out (list "NVPLUGIN_LOG_FORMAT" .) }}{{ end }}
+{{- with .Values.log.level }}{{ $out = append $out (list "NVPLUGIN_LOG_LEVEL" .) }}{{ end }}
+{{- if .Values.metrics.enabled }}
+{{- $out = append $out (list "NVPLUGIN_METRICS_ADDRESS" (printf "0.0.0.0:%d" (int .Values.metrics.port))) }}
 {{- end }}
-{{- range (include "nvplugin.fileSettings" . | fromJsonArray) }}
-{{- include "nvplugin.configKey" (dict "cfg" $cfg "from" (index . 0) "path" (index . 1) "value" (index . 2) "set" true) }}
+{{- if .Values.probes.enabled }}
+{{- $out = append $out (list "NVPLUGIN_HEALTH_PROBE_ADDRESS" (printf "0.0.0.0:%d" (int .Values.probes.port))) }}
 {{- end }}
-{{- range (include "nvplugin.flagSettings" . | fromJsonArray) }}
-{{- include "nvplugin.configKey" (dict "cfg" $cfg "from" (index . 0) "path" (index . 1) "value" (index . 2) "set" false) }}
+{{- with .Values.migStrategy }}{{ $out = append $out (list "MIG_STRATEGY" .) }}{{ end }}
+{{- if not (kindIs "invalid" .Values.failOnInitError) }}
+{{- $out = append $out (list "FAIL_ON_INIT_ERROR" (toString .Values.failOnInitError)) }}
 {{- end }}
-{{- /* version first, as a person would write it; toYaml sorts the rest */}}
-{{- $version := get $cfg "version" }}
-{{- $rest := omit $cfg "version" }}
-{{- dict "version" $version | toYaml }}
-{{- if $rest }}
-{{ toYaml $rest }}
+{{- if .Values.compatWithCPUManager }}{{ $out = append $out (list "PASS_DEVICE_SPECS" "true") }}{{ end }}
+{{- with .Values.deviceListStrategy }}
+{{- $out = append $out (list "DEVICE_LIST_STRATEGY" (ternary (join "," .) . (kindIs "slice" .))) }}
 {{- end }}
+{{- with .Values.deviceIDStrategy }}{{ $out = append $out (list "DEVICE_ID_STRATEGY" .) }}{{ end }}
+{{- with .Values.nvidiaDriverRoot }}{{ $out = append $out (list "NVIDIA_DRIVER_ROOT" .) }}{{ end }}
+{{- with .Values.deviceDiscoveryStrategy }}{{ $out = append $out (list "DEVICE_DISCOVERY_STRATEGY" .) }}{{ end }}
+{{- toJson $out }}
 {{- end }}
 
 {{/*
-Changes whenever the config file changes, so the pods roll. For an existing ConfigMap the chart
+Whether the container must be privileged: DeviceSpecs (compatWithCPUManager, or passDeviceSpecs in
+the chosen config file) name host device nodes only a privileged container sees, and with the
+driver mounted from the host but no NVIDIA runtime, NVML needs the /dev/nvidia* nodes.
+*/}}
+{{- define "nvplugin.privileged" -}}
+{{- $key := include "nvplugin.configKey" . }}
+{{- $specs := false }}
+{{- if and $key (hasKey .Values.config.map $key) }}
+{{- $cfg := include "nvplugin.parseConfig" (dict "name" $key "value" (get .Values.config.map $key)) | fromJson }}
+{{- $specs = eq (toJson (dig "flags" "plugin" "passDeviceSpecs" false $cfg)) "true" }}
+{{- end }}
+{{- if or .Values.compatWithCPUManager $specs (and .Values.nvidiaDriverRoot (not .Values.runtimeClassName)) }}true{{ end }}
+{{- end }}
+
+{{/*
+Changes whenever the config files change, so the pods roll. For an existing ConfigMap the chart
 can only see its content at install/upgrade time in a cluster (lookup; empty offline).
 */}}
 {{- define "nvplugin.configChecksum" -}}
-{{- if .Values.existingConfigMap.name }}
-{{- $cm := lookup "v1" "ConfigMap" (include "nvplugin.namespace" .) .Values.existingConfigMap.name }}
-{{- printf "%s/%s/%s" .Values.existingConfigMap.name .Values.existingConfigMap.key (toJson (dig "data" dict ($cm | default dict))) | sha256sum }}
+{{- if .Values.config.name }}
+{{- $cm := lookup "v1" "ConfigMap" (include "nvplugin.namespace" .) .Values.config.name }}
+{{- printf "%s/%s/%s" .Values.config.name (include "nvplugin.configKey" .) (toJson (dig "data" dict ($cm | default dict))) | sha256sum }}
 {{- else }}
-{{- include "nvplugin.configData" . | sha256sum }}
+{{- printf "%s/%s" (include "nvplugin.configKey" .) (include "nvplugin.configEntries" .) | sha256sum }}
 {{- end }}
 {{- end }}
 
 {{/*
-The exec probe: the plugin's gRPC health service answers SERVING, or (live) answers at all, on
-one of its sockets. Which sockets a node has depends on the config and the node's GPUs, not on
-resourceName alone: resources.gpus can leave the default resource empty on a node (not served),
-and time-slicing renames it (nvplugin-gpu.shared.sock). So the probe tries every
-<devicePluginPath>/nvplugin-*.sock and passes on the first that answers: a socket left behind by
-a killed pod (nobody listening) cannot fail it while the plugin serves another. args: live (bool),
-Values.
+One probe: the kubelet's httpGet on the plugin's health endpoint (container port "health").
+/livez answers while the plugin's event loop turns; /readyz only while a resource is SERVING.
+args: path, Values.
 */}}
-{{- define "nvplugin.probeCommand" -}}
-exec:
-  command:
-    - sh
-    - -c
-    - {{ printf "for s in \"$1\"/nvplugin-*.sock; do nvplugin probe --socket \"$s\" --timeout \"$2\"%s && exit 0; done; exit 1" (ternary " --live" "" .live) | quote }}
-    - nvplugin-probe
-    - {{ trimSuffix "/" .Values.devicePluginPath | quote }}
-    - {{ .Values.probes.rpcTimeoutSeconds | quote }}
+{{- define "nvplugin.probe" -}}
+httpGet:
+  path: {{ .path }}
+  port: health
 timeoutSeconds: {{ .Values.probes.timeoutSeconds }}
 {{- end }}

@@ -1,0 +1,46 @@
+"""The daemon's configuration: NVIDIA's device-plugin config (``version: v1``) plus nvplugin's own
+settings, one declaration (:mod:`.model`) read from four sources (:mod:`.loader`): flags >
+environment > file > defaults. Strict about every key; below :mod:`nvplugin.plugin`, which it
+never imports."""
+
+from nvplugin.config.layout import (
+    ALLOCATIONS,
+    Exclude,
+    GpuPattern,
+    ReplicatedResource,
+    ResourceRules,
+    TimeSlicing,
+)
+from nvplugin.config.loader import env_names, flag_names, load_config
+from nvplugin.config.model import (
+    CONFIG_VERSION,
+    LOG_FORMATS,
+    LOG_LEVELS,
+    SCHEMA,
+    SETTINGS,
+    Config,
+    HealthConfig,
+    HealthServiceConfig,
+    LogConfig,
+)
+
+__all__ = [
+    "ALLOCATIONS",
+    "CONFIG_VERSION",
+    "LOG_FORMATS",
+    "LOG_LEVELS",
+    "SCHEMA",
+    "SETTINGS",
+    "Config",
+    "Exclude",
+    "GpuPattern",
+    "HealthConfig",
+    "HealthServiceConfig",
+    "LogConfig",
+    "ReplicatedResource",
+    "ResourceRules",
+    "TimeSlicing",
+    "env_names",
+    "flag_names",
+    "load_config",
+]

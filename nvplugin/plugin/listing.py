@@ -1,0 +1,92 @@
+"""What the kubelet receives in ListAndWatch, and how much of it it can receive.
+
+The kubelet reads the plugin's ListAndWatch stream with gRPC's default client limits: a message
+over 4 MiB is refused by the kubelet's side, the stream breaks, and the node advertises nothing --
+with nothing logged by the plugin. Time-slicing multiplies the devices in that one message (16
+GPUs x 5000 replicas is about 5 MB), so the replicas a node can advertise are bounded, and the
+bound is computed for the node from the exact encoding of its devices: ID lengths, NUMA
+information, the longer health value. :func:`check_listing` refuses a plan over it, naming the
+limit and the largest replica count that fits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from nvplugin.errors import InputError
+from nvplugin.node.model import Gpu
+from nvplugin.plugin.api.v1beta1 import api_pb2
+from nvplugin.plugin.sharing import REPLICA_SEPARATOR, Device
+
+HEALTHY = "Healthy"
+UNHEALTHY = "Unhealthy"
+KUBELET_MAX_RECEIVE_BYTES = 4 * 1024 * 1024
+"""gRPC's default maximum received message size, which the kubelet's device-manager client keeps."""
+
+
+def device_message(device: Device, healthy: bool) -> api_pb2.Device:
+    """The ListAndWatch entry for one advertised device: its ID, health and its GPU's NUMA node
+    (replicas share their GPU's)."""
+    message = api_pb2.Device(ID=device.id, health=HEALTHY if healthy else UNHEALTHY)
+    if device.gpu.numa_node is not None:
+        message.topology.nodes.add(ID=device.gpu.numa_node)
+    return message
+
+
+def _varint_size(value: int) -> int:
+    return max(1, (value.bit_length() + 6) // 7)
+
+
+def _entry_size(gpu: Gpu, id_length: int) -> int:
+    """Bytes one device of ``gpu`` with an ID of ``id_length`` characters adds to the message,
+    at its largest (Unhealthy)."""
+    size = device_message(Device("x" * id_length, gpu), healthy=False).ByteSize()
+    return 1 + _varint_size(size) + size  # field tag, length, the Device itself
+
+
+def listing_size(gpus: Sequence[Gpu], replicas: int) -> int:
+    """The largest ListAndWatch message for ``gpus`` served with ``replicas`` devices each (1:
+    not shared, IDs are UUIDs), exactly as encoded."""
+    total = 0
+    for gpu in gpus:
+        if replicas <= 1:
+            total += _entry_size(gpu, len(gpu.uuid.encode()))
+            continue
+        prefix = len(gpu.uuid.encode()) + len(REPLICA_SEPARATOR)
+        low = 0
+        while low < replicas:  # replica numbers grouped by their digit count
+            digits = len(str(low))
+            high = min(replicas, 10**digits)
+            total += (high - low) * _entry_size(gpu, prefix + digits)
+            low = high
+    return total
+
+
+def max_replicas(gpus: Sequence[Gpu], limit: int = KUBELET_MAX_RECEIVE_BYTES) -> int:
+    """The most replicas per GPU whose listing fits in ``limit`` bytes."""
+    low, high = 1, 1
+    while listing_size(gpus, high) <= limit:
+        low, high = high, high * 2
+    while high - low > 1:
+        middle = (low + high) // 2
+        if listing_size(gpus, middle) <= limit:
+            low = middle
+        else:
+            high = middle
+    return low
+
+
+def check_listing(
+    name: str, gpus: Sequence[Gpu], replicas: int, key: str, limit: int = KUBELET_MAX_RECEIVE_BYTES
+) -> None:
+    """InputError naming ``key`` (the config key that set ``replicas``) when resource ``name``'s
+    listing would not fit in ``limit`` bytes."""
+    size = listing_size(gpus, replicas)
+    if size <= limit:
+        return
+    fit = max_replicas(gpus, limit)
+    raise InputError(
+        f'config key "{key}": {replicas} replicas of the {len(gpus)} GPU(s) of {name} make a '
+        f"ListAndWatch message of {size} bytes, over the {limit} bytes the kubelet's gRPC client "
+        f"receives (its default limit); at most {fit} replicas fit on this node"
+    )

@@ -1,0 +1,223 @@
+"""NVIDIA's documented config files load unchanged, with NVIDIA's meaning; what nvplugin does not
+implement is refused naming the key.
+
+Each file here restates an example from NVIDIA's k8s-device-plugin README (v0.17-v0.20) or the GPU
+Operator's time-slicing guide, written for these tests.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import pytest
+
+from nvplugin.config import Config, ReplicatedResource, load_config
+from nvplugin.errors import InputError
+
+Write = Callable[..., str]
+
+README_FLAGS = """\
+version: v1
+flags:
+  migStrategy: "none"
+  failOnInitError: true
+  nvidiaDriverRoot: "/"
+  plugin:
+    passDeviceSpecs: false
+    deviceListStrategy: envvar
+    deviceIDStrategy: uuid
+"""
+
+TIME_SLICING = """\
+version: v1
+sharing:
+  timeSlicing:
+    resources:
+    - name: nvidia.com/gpu
+      replicas: 10
+"""
+
+TIME_SLICING_RENAMED = """\
+version: v1
+sharing:
+  timeSlicing:
+    renameByDefault: true
+    failRequestsGreaterThanOne: true
+    resources:
+    - name: nvidia.com/gpu
+      replicas: 10
+"""
+
+# The GPU Operator's guide: a ConfigMap whose key "any" holds this file, referenced from the
+# ClusterPolicy (devicePlugin.config.name / default).
+GPU_OPERATOR = """\
+version: v1
+flags:
+  migStrategy: none
+sharing:
+  timeSlicing:
+    renameByDefault: false
+    failRequestsGreaterThanOne: false
+    resources:
+      - name: nvidia.com/gpu
+        replicas: 4
+"""
+
+WITH_GFD = """\
+version: v1
+flags:
+  migStrategy: none
+  failOnInitError: true
+  useNodeFeatureAPI: true
+  plugin:
+    deviceListStrategy: [envvar, volume-mounts]
+  gfd:
+    oneshot: false
+    noTimestamp: false
+    sleepInterval: 60s
+    outputFile: /etc/kubernetes/node-feature-discovery/features.d/gfd
+    machineTypeFile: /sys/class/dmi/id/product_name
+"""
+
+
+def test_the_readme_config_file(write: Write) -> None:
+    config = load_config(write(README_FLAGS))
+    assert config == Config(source=config.source)  # every value is NVIDIA's default
+
+
+def test_time_slicing(write: Write) -> None:
+    config = load_config(write(TIME_SLICING))
+    ts = config.time_slicing
+    assert ts.resources == (ReplicatedResource("nvidia.com/gpu", 10),)
+    assert ts.rename_by_default is False and ts.fail_requests_greater_than_one is False
+    assert ts.served_name(ts.resources[0]) == "nvidia.com/gpu"
+
+
+def test_time_slicing_renamed_and_failing_requests_over_one(write: Write) -> None:
+    ts = load_config(write(TIME_SLICING_RENAMED)).time_slicing
+    assert ts.served_name(ts.resources[0]) == "nvidia.com/gpu.shared"
+    assert ts.fail_requests_greater_than_one is True
+
+
+def test_the_gpu_operator_time_slicing_configmap(write: Write) -> None:
+    config = load_config(write(GPU_OPERATOR))
+    assert config.mig_strategy == "none"
+    assert config.time_slicing.resources == (ReplicatedResource("nvidia.com/gpu", 4),)
+
+
+def test_a_json_config(write: Write) -> None:
+    document = {
+        "version": "v1",
+        "flags": {"migStrategy": "none", "plugin": {"deviceIDStrategy": "index"}},
+        "sharing": {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": 2}]}},
+    }
+    config = load_config(write(json.dumps(document), "config.json"))
+    assert config.device_id_strategy == "index"
+    assert config.time_slicing.resources == (ReplicatedResource("nvidia.com/gpu", 2),)
+
+
+def test_version_is_optional(write: Write) -> None:
+    config = load_config(write(README_FLAGS.replace("version: v1\n", "")))
+    assert config == Config(source=config.source)
+
+
+def test_gfd_settings_are_accepted_and_noted(write: Write) -> None:
+    config = load_config(write(WITH_GFD))
+    assert config.device_list_strategy == ("envvar", "volume-mounts")
+    assert any("flags.gfd" in note for note in config.notes)
+    assert any("useNodeFeatureAPI" in note for note in config.notes)
+
+
+def test_nvidia_driver_and_dev_roots(write: Write) -> None:
+    config = load_config(write("flags:\n  nvidiaDriverRoot: /run/nvidia/driver\n"))
+    assert config.driver_root == config.dev_root == "/run/nvidia/driver"
+    config = load_config(
+        write("flags:\n  nvidiaDriverRoot: /run/nvidia/driver\n  nvidiaDevRoot: /\n")
+    )
+    assert (config.driver_root, config.dev_root) == ("/run/nvidia/driver", "/")
+
+
+def test_shared_devices_allocation_policy(write: Write) -> None:
+    text = TIME_SLICING + "flags:\n  plugin:\n    sharedDevicesAllocationPolicy: packed\n"
+    assert load_config(write(text)).time_slicing.allocation == "packed"
+    env = {"SHARED_DEVICES_ALLOCATION_POLICY": "packed"}
+    assert load_config(None, env=env).time_slicing.allocation == "packed"
+
+
+def test_resources_gpus_are_honoured(write: Write) -> None:
+    """NVIDIA's plugin ignores resources.gpus with a warning; nvplugin serves them."""
+    config = load_config(write("resources:\n  gpus:\n  - {pattern: '*A100*', name: a100}\n"))
+    assert [(p.pattern, p.name) for p in config.resources.gpus] == [("*A100*", "nvidia.com/a100")]
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "what"),
+    [
+        (
+            "version: v1\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n"
+            "      replicas: 10\n",
+            "sharing.mps",
+            "MPS sharing",
+        ),
+        ("version: v1\nimex:\n  channelIDs: [0]\n  required: true\n", "imex.channelIDs", "IMEX"),
+        ("flags:\n  gdsEnabled: true\n", "flags.gdsEnabled", "GPUDirect Storage"),
+        ("flags:\n  mofedEnabled: true\n", "flags.mofedEnabled", "MOFED"),
+        ("flags:\n  gdrcopyEnabled: true\n", "flags.gdrcopyEnabled", "GDRCopy"),
+        ("flags:\n  mpsRoot: /run/nvidia/mps\n", "flags.mpsRoot", "MPS"),
+        ("flags:\n  deviceDiscoveryStrategy: tegra\n", "flags.deviceDiscoveryStrategy", "device"),
+        ("flags:\n  migStrategy: mixed\n", "flags.migStrategy", "MIG strategies"),
+        ("flags:\n  migStrategy: single\n", "flags.migStrategy", "MIG strategies"),
+        (
+            "resources:\n  mig:\n  - {pattern: '1g.10gb', name: mig-small}\n",
+            "resources.mig",
+            "MIG devices",
+        ),
+        (
+            "flags:\n  plugin:\n    nvidiaCTKPath: /usr/local/bin/nvidia-ctk\n",
+            "flags.plugin.nvidiaCTKPath",
+            "generating CDI specs",
+        ),
+    ],
+)
+def test_unsupported_settings_are_refused_naming_the_key(
+    write: Write, text: str, key: str, what: str
+) -> None:
+    with pytest.raises(InputError) as caught:
+        load_config(write(text))
+    message = str(caught.value)
+    assert f'key "{key}": nvplugin does not support {what}' in message
+    assert "yet" in message
+
+
+def test_unsupported_settings_at_their_defaults_are_fine(write: Write) -> None:
+    text = (
+        "flags:\n  gdsEnabled: false\n  mofedEnabled: false\n  gdrcopyEnabled: false\n"
+        "  deviceDiscoveryStrategy: nvml\n  mpsRoot: ''\n"
+        "imex:\n  channelIDs: []\n  required: false\nresources:\n  mig: []\n"
+    )
+    config = load_config(write(text))
+    assert config == Config(source=config.source)
+
+
+@pytest.mark.parametrize(
+    ("env", "name"),
+    [
+        ({"GDS_ENABLED": "true"}, "GDS_ENABLED"),
+        ({"MOFED_ENABLED": "1"}, "MOFED_ENABLED"),
+        ({"MIG_STRATEGY": "mixed"}, "MIG_STRATEGY"),
+        ({"MPS_ROOT": "/run/nvidia/mps"}, "MPS_ROOT"),
+        ({"IMEX_CHANNEL_IDS": "0"}, "IMEX_CHANNEL_IDS"),
+        ({"DEVICE_DISCOVERY_STRATEGY": "vfio"}, "DEVICE_DISCOVERY_STRATEGY"),
+    ],
+)
+def test_unsupported_nvidia_variables_are_refused(env: dict[str, str], name: str) -> None:
+    with pytest.raises(InputError) as caught:
+        load_config(None, env=env)
+    assert str(caught.value).startswith(f"environment variable {name} (config key")
+    assert "does not support" in str(caught.value)
+
+
+def test_unsupported_nvidia_variables_at_their_defaults_are_fine() -> None:
+    env = {"GDS_ENABLED": "false", "MIG_STRATEGY": "none", "DEVICE_DISCOVERY_STRATEGY": "auto"}
+    assert load_config(None, env=env) == Config()

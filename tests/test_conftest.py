@@ -1,0 +1,51 @@
+"""The run's scratch directory and the leak guard (tests/conftest.py), in a pytest run of its
+own."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from tests import WAIT_S
+
+LEAKY = """
+import subprocess, sys, tempfile
+
+def test_leaks(tmp_path):
+    assert str(tmp_path).startswith(tempfile.gettempdir() + "/")
+    print("RUN", tempfile.gettempdir())
+    tempfile.mkdtemp()  # in the run's directory: removed at the end
+    print("LEAKED", tempfile.mkdtemp(dir="{outside}", prefix="leak-"))
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3)"])
+"""
+
+
+def test_a_leaking_test_fails_the_run_and_the_run_directory_goes() -> None:
+    work = Path(tempfile.mkdtemp())
+    outside = tempfile.mkdtemp(dir="/tmp", prefix="nvpt-guard-")  # stands for /tmp itself
+    try:
+        shutil.copy(Path(__file__).with_name("conftest.py"), work / "conftest.py")
+        (work / "test_leaky.py").write_text(LEAKY.replace("{outside}", outside))
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", str(work)],
+            capture_output=True,
+            text=True,
+            timeout=4 * WAIT_S,
+            cwd=work,
+            env=env,
+        )
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert "1 passed" in done.stdout
+        leaked = done.stdout.split("LEAKED ", 1)[1].split()[0]
+        run_dir = done.stdout.split("RUN ", 1)[1].split()[0]
+        assert run_dir.startswith("/tmp/nvpt-") and not os.path.exists(run_dir)
+        assert "tests left these behind" in done.stdout
+        assert f"{leaked} (made by test_leaky.py::test_leaks (call))" in done.stdout
+        assert "still running: " in done.stdout and "time.sleep(3)" in done.stdout
+    finally:
+        shutil.rmtree(outside, ignore_errors=True)
