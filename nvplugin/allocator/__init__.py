@@ -28,7 +28,7 @@ def check_policy_name(name: str) -> None:
 DEFAULT_BUDGET_S = 0.1
 """How long a best-effort request may search on a node no exact method answers quickly
 (beyond 16 GPUs, not a few classes of interchangeable GPUs) before it answers with the best
-group found (config ``allocation_budget_s``)."""
+group found (config ``nvplugin.allocationBudget``)."""
 
 
 def make_policy(name: str, topology: Topology, *, budget_s: float = DEFAULT_BUDGET_S) -> Policy:
