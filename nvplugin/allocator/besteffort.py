@@ -46,6 +46,9 @@ EXACT_SHARE = 0.75
 """Share of a ``search`` request's budget its exact attempt (tables over <= 16 available GPUs)
 may use before the local search takes over."""
 
+SEARCH_SHARE = 0.9
+"""Share of a ``search`` request's budget after which the local search stops."""
+
 ALL_CONTENDERS = 4096
 """Most compositions ``solve`` checks one by one on a ``counts`` node to list every contender;
 beyond it only those with the best own score are listed."""
@@ -301,7 +304,9 @@ class BestEffort:
         if forced is not None and not explain:
             return Allocation(self.name, forced, None, None)
         started = time.monotonic()
-        deadline = started + self._budget_s
+        # The search stops a tenth early: what follows it (the answer, the bound) and a thread
+        # switch under load must fit in the budget too.
+        deadline = started + self._budget_s * SEARCH_SHARE
         # The exact tables get three quarters of the budget; the search keeps the rest.
         tables, labels = self._tables_for(request, started + self._budget_s * EXACT_SHARE)
         if tables is not None:
