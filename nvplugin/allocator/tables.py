@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -108,21 +108,33 @@ def _best_with_lowest(
     return out
 
 
+def levels(
+    counts: NDArray[np.uint8], n: int, sizes: Sequence[int]
+) -> dict[int, tuple[IntArray, IntArray]]:
+    """Per popcount k that the tables of ``sizes`` read: the masks with k members and their
+    member bits (``_members``). Every size reads the same levels, so they are made once."""
+    wanted = sorted({k for s in sizes if 1 < s <= n // 2 for k in range(s, n - s + 1)})
+    out = {}
+    for k in wanted:
+        masks = np.flatnonzero(counts == k).astype(np.int64)
+        out[k] = (masks, _members(masks, n, k))
+    return out
+
+
 def partition_table(
     setscore: IntArray,
-    counts: NDArray[np.uint8],
+    by_count: Mapping[int, tuple[IntArray, IntArray]],
     n: int,
     s: int,
     deadline: float | None = None,
 ) -> IntArray:
-    """``rest[s]`` (module docstring), exact for every mask of popcount <= n - s; raises
-    :class:`OutOfTime` past ``deadline``."""
+    """``rest[s]`` (module docstring), exact for every mask of popcount <= n - s, from the
+    :func:`levels`; raises :class:`OutOfTime` past ``deadline``."""
     if s == 1:
         return np.zeros_like(setscore)
     rest = setscore.copy()
     for k in range(s, n - s + 1):
-        masks = np.flatnonzero(counts == k).astype(np.int64)
-        members = _members(masks, n, k)
+        masks, members = by_count[k]
         best = _best_with_lowest(rest, setscore, masks, members, s, deadline)
         r = k % s
         if r:
@@ -166,10 +178,11 @@ class Tables:
         n = len(scores)
         setscore = set_scores(scores)
         counts = popcounts(n)
+        by_count = levels(counts, n, sizes)
         rest: dict[int, IntArray] = {}
         groups: dict[int, IntArray] = {}
         for s in sizes:
-            rest[s] = setscore if 2 * s > n else partition_table(setscore, counts, n, s, deadline)
+            rest[s] = setscore if 2 * s > n else partition_table(setscore, by_count, n, s, deadline)
             groups[s] = groups_in_lex_order(counts, n, s)
         return cls(n, setscore, rest, groups)
 
