@@ -1,10 +1,16 @@
-"""The device plugin on a simulated DGX-2 (16 GPUs, NVSwitch), against the fake kubelet.
+"""The device plugin on a simulated DGX-2 (16 GPUs, NVSwitch), against the fake kubelet, and on
+generated nodes beyond 16 GPUs (tests/bench/nodes.py).
 
 Prints:
 - start -> registered: from spawning ``nvplugin serve`` to the kubelet holding a live
-  registration (target <= 1 s);
+  registration (target <= 1 s); registration waits for the allocation policy's start-up work,
+  so this includes it (also on the 128-GPU nodes);
 - RPC round trip p50/p99 of GetDevicePluginOptions and GetPreferredAllocation over the unix socket
-  (target: GPA p99 within 5 ms of the options RPC's);
+  (target: GPA p99 within 5 ms of the options RPC's), on the DGX-2 and on a 24-GPU PCIe-switch
+  node (the count search);
+- on the 20-GPU node without structure: GetPreferredAllocation round trips (target: within the
+  0.1 s budget) while another client sends gRPC health checks back to back (target: each
+  answered in under 50 ms, the event loop never waits for the search);
 - health event -> ListAndWatch message p99: from the moment a scripted Xid is due in the simulated
   NVML to the new list arriving at a client (target <= 50 ms);
 - RSS of the serve process with 10 open ListAndWatch streams (target <= 80 MB).
@@ -13,6 +19,7 @@ Prints:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import signal
@@ -22,6 +29,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 
@@ -33,6 +41,8 @@ STARTS = 5
 RPCS = 2000
 STREAMS = 10
 RESTARTS = 20
+LARGE_STARTS = 3
+SEARCHES = 40
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -40,11 +50,11 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
-def _spawn(directory: str, *args: str) -> subprocess.Popen[bytes]:
+def _spawn(directory: str, *args: str, node: str = NODE) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("NVPLUGIN_")}
     return subprocess.Popen(
         [
-            *(sys.executable, "-m", "nvplugin", "serve", "--simulate", NODE),
+            *(sys.executable, "-m", "nvplugin", "serve", "--simulate", node),
             *("--device-plugin-dir", directory, "--log-format", "json", "--log-level", "warning"),
             *args,
         ],
@@ -91,15 +101,143 @@ async def _start_to_registered() -> tuple[list[float], list[float]]:
     return starts, restarts
 
 
-def _round_trips(socket_path: str) -> tuple[list[float], list[float]]:
+async def _registered(node: str, runs: int) -> list[float]:
+    """Spawn -> registered on ``node`` (a node file path), ``runs`` times."""
+    from nvplugin.kubelet.kubelet import FakeKubelet
+
+    starts = []
+    for _ in range(runs):
+        directory = tempfile.mkdtemp(dir="/tmp")
+        async with FakeKubelet(directory) as kubelet:
+            started = time.perf_counter()
+            process = _spawn(directory, node=node)
+            try:
+                await kubelet.wait_registered(GPU, timeout=30)
+                starts.append(time.perf_counter() - started)
+            finally:
+                _stop(process)
+    return starts
+
+
+@contextlib.contextmanager
+def _serving(node: str) -> Iterator[str]:
+    """``nvplugin serve`` on ``node`` without a kubelet: its socket path once it answers."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    directory = tempfile.mkdtemp(dir="/tmp")
+    process = _spawn(directory, node=node)
+    try:
+        path = os.path.join(directory, "nvplugin-gpu.sock")
+        while not os.path.exists(path):
+            time.sleep(0.02)
+        with grpc.insecure_channel(f"unix:{path}") as channel:
+            health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=30)
+        time.sleep(1.0)  # the policy's start-up work runs in the background before registration
+        yield path
+    finally:
+        _stop(process)
+
+
+def _search_while_checking(socket_path: str, node: str) -> tuple[list[float], list[float]]:
+    """GetPreferredAllocation back to back on one channel (all GPUs free, random sizes), gRPC
+    health checks back to back on another meanwhile: both round trips in ms."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
     from nvplugin.node import load_topology
     from nvplugin.plugin.api.v1beta1 import api_pb2, api_pb2_grpc
 
-    uuids = [gpu.uuid for gpu in load_topology(NODE).gpus]
+    uuids = [gpu.uuid for gpu in load_topology(node).gpus]
+    searches: list[float] = []
+
+    def search() -> None:
+        rng = random.Random(5)
+        with grpc.insecure_channel(f"unix:{socket_path}") as channel:
+            stub = api_pb2_grpc.DevicePluginStub(channel)
+            for _ in range(SEARCHES):
+                request = api_pb2.PreferredAllocationRequest(
+                    container_requests=[
+                        api_pb2.ContainerPreferredAllocationRequest(
+                            available_deviceIDs=uuids,
+                            allocation_size=rng.randint(3, len(uuids) - 3),
+                        )
+                    ]
+                )
+                started = time.perf_counter()
+                stub.GetPreferredAllocation(request, timeout=30)
+                searches.append((time.perf_counter() - started) * 1000)
+
+    checks: list[float] = []
+    worker = threading.Thread(target=search)
+    with grpc.insecure_channel(f"unix:{socket_path}") as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        health.Check(health_pb2.HealthCheckRequest(), timeout=5)
+        worker.start()
+        while worker.is_alive():
+            started = time.perf_counter()
+            health.Check(health_pb2.HealthCheckRequest(), timeout=5)
+            checks.append((time.perf_counter() - started) * 1000)
+    worker.join()
+    return searches, checks
+
+
+def _print_round_trips(label: str, options_ms: list[float], gpa_ms: list[float]) -> None:
+    p99_gap = _percentile(gpa_ms, 99) - _percentile(options_ms, 99)
+    print(
+        f"   {label}GetDevicePluginOptions  p50 {_percentile(options_ms, 50):.3f} ms"
+        f"  p99 {_percentile(options_ms, 99):.3f} ms   ({RPCS} calls)"
+    )
+    print(
+        f"   {label}GetPreferredAllocation  p50 {_percentile(gpa_ms, 50):.3f} ms"
+        f"  p99 {_percentile(gpa_ms, 99):.3f} ms  max {max(gpa_ms):.3f} ms"
+        f"   (p99 gap {p99_gap:+.3f} ms; target <= 5 ms)"
+    )
+
+
+def _beyond_16() -> None:
+    """The figures on generated nodes beyond 16 GPUs (module docstring)."""
+    import shutil
+
+    from tests.bench.nodes import write
+
+    nodes = tempfile.mkdtemp(dir="/tmp")
+    try:
+        for name in ("pcie-switch-128", "nvswitch-128"):
+            starts = asyncio.run(_registered(write(nodes, name), LARGE_STARTS))
+            print(
+                f"   start -> registered ({name}, {LARGE_STARTS} runs): median "
+                f"{statistics.median(starts):.2f} s, max {max(starts):.2f} s   (target <= 1 s)"
+            )
+        node = write(nodes, "pcie-switch-24")
+        with _serving(node) as path:
+            options_ms, gpa_ms = _round_trips(path, node)
+        _print_round_trips("pcie-switch-24: ", options_ms, gpa_ms)
+        node = write(nodes, "mesh-20")
+        with _serving(node) as path:
+            searches, checks = _search_while_checking(path, node)
+        print(
+            f"   mesh-20 (no structure, budget 0.1 s): GetPreferredAllocation p50 "
+            f"{_percentile(searches, 50):.1f} ms  p99 {_percentile(searches, 99):.1f} ms  max "
+            f"{max(searches):.1f} ms   ({len(searches)} calls, all 20 GPUs free)"
+        )
+        print(
+            f"   mesh-20: health checks meanwhile p50 {_percentile(checks, 50):.2f} ms  p99 "
+            f"{_percentile(checks, 99):.2f} ms  max {max(checks):.2f} ms   ({len(checks)} checks;"
+            " target < 50 ms)"
+        )
+    finally:
+        shutil.rmtree(nodes, ignore_errors=True)
+
+
+def _round_trips(socket_path: str, node: str = NODE) -> tuple[list[float], list[float]]:
+    from nvplugin.node import load_topology
+    from nvplugin.plugin.api.v1beta1 import api_pb2, api_pb2_grpc
+
+    uuids = [gpu.uuid for gpu in load_topology(node).gpus]
+    n = len(uuids)
     rng = random.Random(4)
     requests = []
     for _ in range(RPCS):
-        available = sorted(rng.sample(range(16), rng.randint(8, 16)))
+        available = sorted(rng.sample(range(n), rng.randint(n // 2, n)))
         size = rng.randint(1, len(available))
         must = rng.sample(available, rng.randint(0, min(2, size)))
         requests.append(
@@ -254,15 +392,7 @@ def run() -> None:
             time.sleep(0.02)
         time.sleep(1.0)  # the allocation tables are built in the background at start
         options_ms, gpa_ms = _round_trips(path)
-        p99_gap = _percentile(gpa_ms, 99) - _percentile(options_ms, 99)
-        print(
-            f"   GetDevicePluginOptions  p50 {_percentile(options_ms, 50):.3f} ms"
-            f"  p99 {_percentile(options_ms, 99):.3f} ms   ({RPCS} calls)"
-        )
-        print(
-            f"   GetPreferredAllocation  p50 {_percentile(gpa_ms, 50):.3f} ms"
-            f"  p99 {_percentile(gpa_ms, 99):.3f} ms   (p99 gap {p99_gap:+.3f} ms; target <= 5 ms)"
-        )
+        _print_round_trips("", options_ms, gpa_ms)
         before, after = _rss_with_streams(directory, process)
         print(
             f"   RSS: {before:.1f} MB idle, {after:.1f} MB with {STREAMS} ListAndWatch streams"
@@ -270,6 +400,8 @@ def run() -> None:
         )
     finally:
         _stop(process)
+
+    _beyond_16()
 
     latencies = _event_latencies()
     print(

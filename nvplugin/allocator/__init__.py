@@ -25,13 +25,19 @@ def check_policy_name(name: str) -> None:
         raise InputError(f"unknown allocation policy {name!r}; have: {', '.join(POLICY_NAMES)}")
 
 
-def make_policy(name: str, topology: Topology) -> Policy:
+DEFAULT_BUDGET_S = 0.1
+"""How long a best-effort request may search on a node no exact method answers quickly
+(beyond 16 GPUs, not a few classes of interchangeable GPUs) before it answers with the best
+group found (config ``nvplugin.allocationBudget``)."""
+
+
+def make_policy(name: str, topology: Topology, *, budget_s: float = DEFAULT_BUDGET_S) -> Policy:
     """The named policy over ``topology``, with its start-up precomputation done."""
     check_policy_name(name)
     if name == "best-effort":
         from nvplugin.allocator.besteffort import BestEffort
 
-        return BestEffort(topology)
+        return BestEffort(topology, budget_s=budget_s)
     if name == "simple":
         from nvplugin.allocator.simple import Simple
 
@@ -63,6 +69,7 @@ def explain_allocation(
 
 
 __all__ = [
+    "DEFAULT_BUDGET_S",
     "POLICY_NAMES",
     "Allocation",
     "AllocationError",

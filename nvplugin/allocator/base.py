@@ -134,4 +134,10 @@ class Allocation:
     reason: str = ""
     contenders: tuple[tuple[tuple[int, ...], int], ...] = ()
     """Best-effort only: every group that appears in a partition scoring OPT, with its own
-    score, best first (then index order): the answer is the first."""
+    score, best first (then index order): the answer is the first. ``contenders_note`` says
+    when the list is narrower than that (nodes beyond 16 GPUs)."""
+    contenders_note: str = ""
+    proven: bool = True
+    """False when a time budget cut the search short: ``partition_score`` is the best found,
+    and ``bound`` caps OPT."""
+    bound: int | None = None

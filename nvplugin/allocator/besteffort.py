@@ -1,29 +1,57 @@
-"""The best-effort policy: the exact objective of ../shared/docs/allocation.md, in milliseconds.
+"""The best-effort policy: the objective of ../shared/docs/allocation.md, on any node.
 
 NVIDIA's allocator enumerates every partition of the free GPUs (22 million for 16 GPUs at size
-3). We never enumerate: the topology is fixed for the life of the process, so at start-up we
-build, once, the subset tables of :mod:`nvplugin.allocator.tables` (every subset's score, and
-per group size the best partition score of every subset). A query is then a few numpy
-operations over the at most C(16, 8) = 12870 candidate groups, whatever the available set: there
-is no answer cache, and a never-seen request is as fast as a repeated one.
+3). We never enumerate. The topology is fixed for the life of the process, so the policy picks,
+once, the fastest method that is exact on it:
 
-Nodes with more than :data:`TABLE_GPUS` GPUs (no built-in node has them) take an exact but slower
-path: each query builds the tables over its own available GPUs for its one size. Measured on a
-2-core machine at the worst size: ~0.1 s for 16 available GPUs, ~0.4 s / 30 MB for 18, ~5 s /
-120 MB for 20, and over 3x more time per extra GPU beyond that.
+- ``tables`` (up to :data:`TABLE_GPUS` GPUs): the subset tables of :mod:`nvplugin.allocator.tables`
+  (every subset's score, and per group size the best partition score of every subset), built at
+  start-up (~0.3 s, ~5 MB for 16 GPUs). A query is a few numpy operations over the at most
+  C(16, 8) = 12870 candidate groups.
+- ``counts`` (beyond that, on nodes whose GPUs fall into at most four classes of interchangeable
+  GPUs, as under PCIe switches or on an NVSwitch fabric): the count search of
+  :mod:`nvplugin.allocator.counts`, exact, a few ms per query up to 128 GPUs, from ~2 MB of
+  shape arrays built at start-up.
+- ``search`` (every other node beyond 16 GPUs): a request with at most 16 available GPUs builds
+  the tables over them for its one size, and answers exactly if that finishes within three
+  quarters of the request's time budget; otherwise the local search of
+  :mod:`nvplugin.allocator.search` answers with the best partition it finds within the budget,
+  and a debug line says the answer is not proven optimal, with the gap to an upper bound on OPT.
+
+There is no answer cache: a never-seen request is as fast as a repeated one. Every method is
+pure and read-only after start-up, so one policy serves concurrent requests from several threads.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Sequence
 
+import numpy as np
+
 from nvplugin.allocator.base import Allocation, Request, check_request
-from nvplugin.allocator.tables import Tables
+from nvplugin.allocator.classes import twin_classes
+from nvplugin.allocator.counts import CountSearch, applies, compositions
+from nvplugin.allocator.search import local_search
+from nvplugin.allocator.tables import OutOfTime, Tables
+from nvplugin.log import get_logger
 from nvplugin.node.model import Topology
 
 TABLE_GPUS = 16
-"""Largest node whose tables are built once at start-up (2^16 masks: ~5 MB, ~0.3 s)."""
+"""Largest node whose tables are built once at start-up (2^16 masks: ~5 MB, ~0.3 s), and the
+most available GPUs a ``search`` request builds tables over."""
+
+EXACT_SHARE = 0.75
+"""Share of a ``search`` request's budget its exact attempt (tables over <= 16 available GPUs)
+may use before the local search takes over."""
+
+SEARCH_SHARE = 0.9
+"""Share of a ``search`` request's budget after which the local search stops."""
+
+ALL_CONTENDERS = 4096
+"""Most compositions ``solve`` checks one by one on a ``counts`` node to list every contender;
+beyond it only those with the best own score are listed."""
 
 
 def _indices(mask: int) -> tuple[int, ...]:
@@ -35,11 +63,26 @@ class BestEffort:
 
     name = "best-effort"
 
-    def __init__(self, topology: Topology, *, table_gpus: int = TABLE_GPUS) -> None:
+    def __init__(
+        self,
+        topology: Topology,
+        *,
+        table_gpus: int = TABLE_GPUS,
+        budget_s: float = 0.1,
+    ) -> None:
+        """``budget_s``: how long a ``search`` request may take (module docstring)."""
         self._topology = topology
+        self._budget_s = budget_s
         n = len(topology)
-        self._tables = Tables.build(topology.scores, range(1, n + 1)) if n <= table_gpus else None
-        if self._tables is not None and n:
+        self._tables: Tables | None = None
+        self._counts: CountSearch | None = None
+        if n <= table_gpus:
+            self._tables = Tables.build(topology.scores, range(1, n + 1))
+        else:
+            classes = twin_classes(topology.scores)
+            if applies(classes):
+                self._counts = CountSearch(classes)
+        if n and self.method != "search":
             # One query at start-up runs every code path once (numpy's first calls are slower),
             # so the kubelet's first request is as fast as the rest.
             self.allocate(range(n), [], max(1, n // 2))
@@ -49,9 +92,22 @@ class BestEffort:
         return self._topology
 
     @property
+    def budget_s(self) -> float:
+        return self._budget_s
+
+    @property
+    def method(self) -> str:
+        """``tables``, ``counts`` or ``search`` (module docstring)."""
+        if self._tables is not None:
+            return "tables"
+        return "counts" if self._counts is not None else "search"
+
+    @property
     def table_bytes(self) -> int:
-        """Memory held by the start-up tables (0 on the per-query path)."""
-        return self._tables.nbytes if self._tables is not None else 0
+        """Memory held by what start-up prepared (tables or shape arrays; 0 for ``search``)."""
+        if self._tables is not None:
+            return self._tables.nbytes
+        return self._counts.nbytes if self._counts is not None else 0
 
     def allocate(
         self, available: Sequence[int], must_include: Sequence[int], size: int
@@ -59,21 +115,64 @@ class BestEffort:
         request = check_request(len(self._topology), available, must_include, size)
         if request.impossible:
             return []
-        tables, labels = self._tables_for(request)
-        best = tables.best_group(
-            _relabel(request.available_mask, labels),
-            _relabel(request.must_include_mask, labels),
-            request.size,
-        )
-        assert best is not None, "a possible request always has a candidate group"
-        return list(self._out(best[0], labels))
+        if self._tables is not None:
+            best = self._tables.best_group(request.available_mask, request.must_include_mask, size)
+            assert best is not None, "a possible request always has a candidate group"
+            return list(_indices(best[0]))
+        if self._counts is not None:
+            return list(self._count_group(request)[0])
+        return list(self._search(request, explain=False).indices)
 
     def solve(self, available: Sequence[int], must_include: Sequence[int], size: int) -> Allocation:
         """Like :meth:`allocate`, with the group's score, OPT and a best partition."""
         request = check_request(len(self._topology), available, must_include, size)
         if request.impossible:
             return Allocation(self.name, (), None, None, reason=request.impossible)
-        tables, labels = self._tables_for(request)
+        if self._tables is not None:
+            return self._table_solve(self._tables, (), request)
+        if self._counts is not None:
+            return self._count_solve(request)
+        return self._search(request, explain=True)
+
+    def evaluate(self, available: Sequence[int], group: Sequence[int], policy: str) -> Allocation:
+        """Score a group another policy chose: its own score and the best partition of
+        ``available`` that contains it as a full group (``partition_score``; on a ``search``
+        node beyond 16 available GPUs, the best one found in the budget)."""
+        request = check_request(len(self._topology), available, group, len(group))
+        if request.impossible:
+            return Allocation(policy, (), None, None, reason=request.impossible)
+        if self._counts is not None:
+            answer = self._count_explain(request, request.must_include)
+        else:
+            tables, labels = self._tables_for(request, None)
+            if tables is not None:
+                mask = _relabel(request.must_include_mask, labels)
+                answer = self._explain(tables, labels, request, mask)
+            else:
+                answer = self._found(request, fixed=True)
+        return dataclasses.replace(answer, policy=policy)
+
+    # --- tables ---
+
+    def _tables_for(
+        self, request: Request, deadline: float | None
+    ) -> tuple[Tables | None, tuple[int, ...]]:
+        """The tables to answer ``request`` with, and the GPU index of each table position
+        (empty when positions are GPU indices); None when the available GPUs are too many or
+        the build passes ``deadline``."""
+        if self._tables is not None:
+            return self._tables, ()
+        labels = request.available
+        if len(labels) > TABLE_GPUS:
+            return None, labels
+        scores = self._topology.scores
+        sub = [[scores[a][b] for b in labels] for a in labels]
+        try:
+            return Tables.build(sub, [request.size], deadline), labels
+        except OutOfTime:
+            return None, labels
+
+    def _table_solve(self, tables: Tables, labels: tuple[int, ...], request: Request) -> Allocation:
         chosen, own, total = tables.candidates(
             _relabel(request.available_mask, labels),
             _relabel(request.must_include_mask, labels),
@@ -92,26 +191,6 @@ class BestEffort:
         answer = self._explain(tables, labels, request, ranked[0][2])
         contenders = tuple((self._out(mask, labels), score) for score, _, mask in ranked)
         return dataclasses.replace(answer, contenders=contenders)
-
-    def evaluate(self, available: Sequence[int], group: Sequence[int], policy: str) -> Allocation:
-        """Score a group another policy chose: its own score and the best partition of
-        ``available`` that contains it as a full group (``partition_score``)."""
-        request = check_request(len(self._topology), available, group, len(group))
-        if request.impossible:
-            return Allocation(policy, (), None, None, reason=request.impossible)
-        tables, labels = self._tables_for(request)
-        answer = self._explain(tables, labels, request, _relabel(request.must_include_mask, labels))
-        return dataclasses.replace(answer, policy=policy)
-
-    def _tables_for(self, request: Request) -> tuple[Tables, tuple[int, ...]]:
-        """The tables to answer ``request`` with, and the GPU index of each table position
-        (empty when positions are GPU indices)."""
-        if self._tables is not None:
-            return self._tables, ()
-        labels = request.available
-        scores = self._topology.scores
-        sub = [[scores[a][b] for b in labels] for a in labels]
-        return Tables.build(sub, [request.size]), labels
 
     def _explain(
         self, tables: Tables, labels: tuple[int, ...], request: Request, group: int
@@ -133,6 +212,161 @@ class BestEffort:
         """Table positions back to GPU indices."""
         local = _indices(mask)
         return tuple(labels[i] for i in local) if labels else local
+
+    # --- counts ---
+
+    def _count_group(self, request: Request) -> tuple[tuple[int, ...], int, int]:
+        """(group, its score, OPT) on a ``counts`` node."""
+        assert self._counts is not None
+        classes = self._counts.classes
+        found = self._counts.search(
+            classes.counts(request.available), classes.counts(request.must_include), request.size
+        )
+        group = min(self._members(request, found.best))
+        return group, found.own2 // 2, found.opt2 // 2
+
+    def _members(self, request: Request, vectors: np.ndarray) -> list[tuple[int, ...]]:
+        """For each count vector, the lex-smallest group with those GPUs per class: the
+        must-include GPUs, then in each class the lowest other available ones."""
+        assert self._counts is not None
+        classes = self._counts.classes
+        required = set(request.must_include)
+        free: list[list[int]] = [[] for _ in range(len(classes))]
+        for gpu in request.available:
+            if gpu not in required:
+                free[classes.of[gpu]].append(gpu)
+        taken = classes.counts(request.must_include)
+        out = []
+        for counts in (vectors - taken).tolist():
+            chosen = list(request.must_include)
+            for c, k in enumerate(counts):
+                chosen.extend(free[c][:k])
+            out.append(tuple(sorted(chosen)))
+        return out
+
+    def _count_solve(self, request: Request) -> Allocation:
+        assert self._counts is not None
+        group, _, _ = self._count_group(request)
+        answer = self._count_explain(request, group)
+        classes = self._counts.classes
+        available = classes.counts(request.available)
+        required = classes.counts(request.must_include)
+        candidates = compositions(required, available, request.size)
+        complete = len(candidates) <= ALL_CONTENDERS
+        if not complete:
+            level = self._counts.twice(candidates) == 2 * (answer.score or 0)
+            candidates = candidates[level]
+        totals = self._counts.totals(available, candidates, request.size)
+        best = candidates[totals == 2 * (answer.partition_score or 0)]
+        ranked = sorted(
+            zip(
+                self._members(request, best), (self._counts.twice(best) // 2).tolist(), strict=True
+            ),
+            key=lambda item: (-item[1], item[0]),
+        )
+        note = "one group per composition of the node's classes of interchangeable GPUs"
+        if not complete:
+            note += "; only compositions with the best own score are listed"
+        return dataclasses.replace(answer, contenders=tuple(ranked), contenders_note=note)
+
+    def _count_explain(self, request: Request, group: Sequence[int]) -> Allocation:
+        """``group``'s score, and the best partition of the available GPUs holding it."""
+        assert self._counts is not None
+        classes = self._counts.classes
+        s = request.size
+        available = classes.counts(request.available)
+        x = classes.counts(group)
+        total = int(self._counts.totals(available, x[None, :], s)[0]) // 2
+        full, leftover = self._counts.partition(available - x, s)
+        pools: list[list[int]] = [[] for _ in range(len(classes))]
+        for gpu in request.available:
+            if gpu not in group:
+                pools[classes.of[gpu]].append(gpu)
+
+        def take(counts: np.ndarray) -> tuple[int, ...]:
+            out: list[int] = []
+            for c, k in enumerate(counts.tolist()):
+                out.extend(pools[c][:k])
+                del pools[c][:k]
+            return tuple(sorted(out))
+
+        others = sorted((take(g) for g in full), key=lambda g: g[0])
+        chosen = tuple(sorted(group))
+        own = self._topology.group_score(chosen)
+        return Allocation(self.name, chosen, own, total, (chosen, *others), take(leftover))
+
+    # --- search ---
+
+    def _search(self, request: Request, *, explain: bool) -> Allocation:
+        """A ``search`` node's answer (module docstring)."""
+        s = request.size
+        forced = _forced(request)
+        if forced is not None and not explain:
+            return Allocation(self.name, forced, None, None)
+        started = time.monotonic()
+        # The search stops a tenth early: what follows it (the answer, the bound) and a thread
+        # switch under load must fit in the budget too.
+        deadline = started + self._budget_s * SEARCH_SHARE
+        # The exact tables get three quarters of the budget; the search keeps the rest.
+        tables, labels = self._tables_for(request, started + self._budget_s * EXACT_SHARE)
+        if tables is not None:
+            if explain:
+                return self._table_solve(tables, labels, request)
+            best = tables.best_group(
+                _relabel(request.available_mask, labels),
+                _relabel(request.must_include_mask, labels),
+                s,
+            )
+            assert best is not None, "a possible request always has a candidate group"
+            return Allocation(self.name, self._out(best[0], labels), best[1], best[2])
+        if forced is not None:  # the answer is known; only its partition is searched for
+            fixed = check_request(len(self._topology), request.available, forced, s)
+            return self._found(fixed, fixed=True, deadline=deadline)
+        answer = self._found(request, fixed=False, deadline=deadline)
+        get_logger("nvplugin.allocator").debug(
+            "preferred allocation not proven optimal",
+            size=s,
+            available=len(request.available),
+            budget_s=self._budget_s,
+            partition_score=answer.partition_score,
+            bound=answer.bound,
+            gap=(answer.bound or 0) - (answer.partition_score or 0),
+        )
+        return answer
+
+    def _found(self, request: Request, *, fixed: bool, deadline: float | None = None) -> Allocation:
+        until = deadline if deadline is not None else time.monotonic() + self._budget_s
+        found = local_search(
+            self._topology.scores,
+            request.available,
+            request.must_include,
+            request.size,
+            until,
+            fixed=fixed,
+        )
+        return Allocation(
+            self.name,
+            found.groups[0],
+            found.score,
+            found.partition_score,
+            found.groups,
+            found.leftover,
+            contenders=((found.groups[0], found.score),),
+            proven=False,
+            bound=found.bound,
+        )
+
+
+def _forced(request: Request) -> tuple[int, ...] | None:
+    """The answer when no search is needed: every available GPU, exactly the must-include
+    ones, or at size 1 (every partition scores 0) the must-include GPU or the lowest one."""
+    if request.size == len(request.available):
+        return request.available
+    if request.size == len(request.must_include):
+        return request.must_include
+    if request.size == 1:
+        return request.available[:1]
+    return None
 
 
 def _relabel(mask: int, labels: tuple[int, ...]) -> int:

@@ -86,6 +86,9 @@ def to_json(topology: Topology, answer: Allocation, explain: bool) -> dict[str, 
                 "leftover": list(answer.leftover),
             },
             "contenders": [{"indices": list(g), "score": score} for g, score in answer.contenders],
+            "contenders_note": answer.contenders_note or None,
+            "proven_optimal": answer.proven,
+            "bound": answer.bound,
         }
     return doc
 
@@ -129,7 +132,12 @@ def to_text(
         leftover = answer.leftover
         lines.append(f"  {_set(leftover):<24} {topology.group_score(leftover):>6}  (leftover)")
     lines.append("")
-    if answer.policy == "best-effort":
+    if not answer.proven:
+        lines.append(
+            f"not proven optimal: the best partition found in the time budget scores "
+            f"{answer.partition_score}; no partition scores more than {answer.bound}"
+        )
+    elif answer.policy == "best-effort":
         lines.extend(_why_best_effort(answer, must_include))
     else:
         lines.append(
@@ -146,7 +154,8 @@ def _why_best_effort(answer: Allocation, must_include: tuple[int, ...]) -> list[
     )
     lines = [
         f"why: {answer.partition_score} is the best score of any partition {which}; "
-        f"{len(contenders)} group(s) appear in such a partition:"
+        f"{len(contenders)} group(s) appear in such a partition"
+        + (f" ({answer.contenders_note}):" if answer.contenders_note else ":")
     ]
     for group, score in contenders[:CONTENDERS_SHOWN]:
         lines.append(f"  {_set(group):<24} {score:>6}")

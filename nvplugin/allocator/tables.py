@@ -28,7 +28,8 @@ under a second to build (``bench/bench_allocator.py`` measures both).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,6 +39,15 @@ IntArray = NDArray[np.int64]
 
 _CHUNK = 1 << 17
 """Elements per temporary (masks x candidate groups) matrix, so peak memory stays small."""
+
+
+class OutOfTime(Exception):
+    """A build passed its deadline (``time.monotonic()``) and stopped."""
+
+
+def _check(deadline: float | None) -> None:
+    if deadline is not None and time.monotonic() > deadline:
+        raise OutOfTime
 
 
 def set_scores(scores: Sequence[Sequence[int]]) -> IntArray:
@@ -71,7 +81,12 @@ def _members(masks: IntArray, n: int, k: int) -> IntArray:
 
 
 def _best_with_lowest(
-    rest: IntArray, setscore: IntArray, masks: IntArray, members: IntArray, size: int
+    rest: IntArray,
+    setscore: IntArray,
+    masks: IntArray,
+    members: IntArray,
+    size: int,
+    deadline: float | None,
 ) -> IntArray:
     """For each mask: max over groups g of ``size`` that contain its lowest member of
     ``setscore[g] + rest[mask ^ g]``."""
@@ -83,6 +98,7 @@ def _best_with_lowest(
     out = np.empty(len(masks), dtype=np.int64)
     step = max(1, _CHUNK // count)
     for start in range(0, len(masks), step):
+        _check(deadline)
         block = members[start : start + step]
         groups = np.repeat(block[:, :1], count, axis=1)
         for t in range(size - 1):
@@ -92,18 +108,37 @@ def _best_with_lowest(
     return out
 
 
-def partition_table(setscore: IntArray, counts: NDArray[np.uint8], n: int, s: int) -> IntArray:
-    """``rest[s]`` (module docstring), exact for every mask of popcount <= n - s."""
+def levels(
+    counts: NDArray[np.uint8], n: int, sizes: Sequence[int]
+) -> dict[int, tuple[IntArray, IntArray]]:
+    """Per popcount k that the tables of ``sizes`` read: the masks with k members and their
+    member bits (``_members``). Every size reads the same levels, so they are made once."""
+    wanted = sorted({k for s in sizes if 1 < s <= n // 2 for k in range(s, n - s + 1)})
+    out = {}
+    for k in wanted:
+        masks = np.flatnonzero(counts == k).astype(np.int64)
+        out[k] = (masks, _members(masks, n, k))
+    return out
+
+
+def partition_table(
+    setscore: IntArray,
+    by_count: Mapping[int, tuple[IntArray, IntArray]],
+    n: int,
+    s: int,
+    deadline: float | None = None,
+) -> IntArray:
+    """``rest[s]`` (module docstring), exact for every mask of popcount <= n - s, from the
+    :func:`levels`; raises :class:`OutOfTime` past ``deadline``."""
     if s == 1:
         return np.zeros_like(setscore)
     rest = setscore.copy()
     for k in range(s, n - s + 1):
-        masks = np.flatnonzero(counts == k).astype(np.int64)
-        members = _members(masks, n, k)
-        best = _best_with_lowest(rest, setscore, masks, members, s)
+        masks, members = by_count[k]
+        best = _best_with_lowest(rest, setscore, masks, members, s, deadline)
         r = k % s
         if r:
-            best = np.maximum(best, _best_with_lowest(rest, setscore, masks, members, r))
+            best = np.maximum(best, _best_with_lowest(rest, setscore, masks, members, r, deadline))
         rest[masks] = best
     return rest
 
@@ -132,14 +167,22 @@ class Tables:
     groups: dict[int, IntArray]
 
     @classmethod
-    def build(cls, scores: Sequence[Sequence[int]], sizes: Sequence[int]) -> Tables:
+    def build(
+        cls,
+        scores: Sequence[Sequence[int]],
+        sizes: Sequence[int],
+        deadline: float | None = None,
+    ) -> Tables:
+        """The tables for ``sizes``; raises :class:`OutOfTime` once past ``deadline``
+        (``time.monotonic()``), so a caller with a time budget can stop an exact build."""
         n = len(scores)
         setscore = set_scores(scores)
         counts = popcounts(n)
+        by_count = levels(counts, n, sizes)
         rest: dict[int, IntArray] = {}
         groups: dict[int, IntArray] = {}
         for s in sizes:
-            rest[s] = setscore if 2 * s > n else partition_table(setscore, counts, n, s)
+            rest[s] = setscore if 2 * s > n else partition_table(setscore, by_count, n, s, deadline)
             groups[s] = groups_in_lex_order(counts, n, s)
         return cls(n, setscore, rest, groups)
 

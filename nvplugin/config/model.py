@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from nvplugin.allocator import POLICY_NAMES
+from nvplugin.allocator import DEFAULT_BUDGET_S, POLICY_NAMES
 from nvplugin.config.layout import (
     ALLOCATIONS,
     MAX_REPLICAS,
@@ -430,6 +430,14 @@ SCHEMA = Section(
                     flags=("allocation-policy",),
                     env=("NVPLUGIN_ALLOCATION_POLICY",),
                 ),
+                "allocationBudget": Setting(
+                    Duration(),
+                    DEFAULT_BUDGET_S,
+                    help="How long a best-effort answer may search on a node beyond 16 GPUs "
+                    "without a few classes of interchangeable GPUs (others answer exactly).",
+                    flags=("allocation-budget",),
+                    env=("NVPLUGIN_ALLOCATION_BUDGET",),
+                ),
                 "devicePluginDir": Setting(
                     Str(rule=_absolute),
                     DEFAULT_DEVICE_PLUGIN_DIR,
@@ -578,6 +586,7 @@ class Config:
 
     resource_name: str = DEFAULT_RESOURCE_NAME
     allocation_policy: str = POLICY_NAMES[0]
+    allocation_budget_s: float = DEFAULT_BUDGET_S
     device_plugin_dir: str = DEFAULT_DEVICE_PLUGIN_DIR
     kubelet_socket: str | None = None
     fail_on_init_error: bool = True
@@ -695,6 +704,7 @@ def build(values: Mapping[str, object], source: str | None, notes: tuple[str, ..
     return Config(
         resource_name=resource_name,
         allocation_policy=get("nvplugin.allocationPolicy"),
+        allocation_budget_s=get("nvplugin.allocationBudget"),
         device_plugin_dir=get("nvplugin.devicePluginDir"),
         kubelet_socket=get("flags.plugin.kubeletSocket"),
         fail_on_init_error=get("flags.failOnInitError"),

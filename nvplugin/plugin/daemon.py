@@ -385,7 +385,13 @@ class Daemon:
         watcher = await self._ensure_watcher(config.device_plugin_dir)
         # One policy for the node: each resource asks it about its own GPUs' indices.
         policy: asyncio.Future[Policy] = loop.run_in_executor(
-            None, make_policy, config.allocation_policy, topology
+            None,
+            functools.partial(
+                make_policy,
+                config.allocation_policy,
+                topology,
+                budget_s=config.allocation_budget_s,
+            ),
         )
         policy.add_done_callback(self._policy_done)
         responder = make_responder(
@@ -418,6 +424,9 @@ class Daemon:
             for service in services:
                 service.set_health(health.monitor.health)  # a change may have raced the rewire
         self._policy, self._health = policy, health
+        # Registered means ready: the kubelet's first GetPreferredAllocation must not wait for
+        # the policy's start-up work (built off the loop while the sockets already serve).
+        await asyncio.wait({policy})
         for part in parts:
             self._register(config, part, watcher)
 

@@ -3,7 +3,7 @@
 :class:`DevicePluginService` answers the kubelet from values fixed at start (the GPUs, the
 precomputed allocation policy, the options) plus the current health map, which the health monitor
 updates through :meth:`DevicePluginService.set_health`. Nothing here touches NVML: a
-GetPreferredAllocation is a table lookup in the policy, whatever health is doing.
+GetPreferredAllocation asks the policy on a worker thread, whatever health is doing.
 
 Health changes are coalesced: the first change after a quiet spell is sent at once, later ones
 at most once per interval, with the latest map. A storm of changes (many GPUs failing and
@@ -70,9 +70,9 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
     ``gpus`` are then their parents, whose health they take, and ``policy`` allocates positions
     in ``migs``).
 
-    ``policy`` may still be computing when the service starts (the best-effort tables take up to
-    a second on 16 GPUs, and registration should not wait for them): GetPreferredAllocation awaits
-    it; nothing else needs it.
+    ``policy`` may still be computing when the service starts (the daemon serves the socket, and
+    so health checks, while it builds, and registers once it is ready): GetPreferredAllocation
+    awaits it; nothing else needs it.
     """
 
     def __init__(
@@ -278,10 +278,9 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         started = time.perf_counter()
         try:
             policy = await self._current_policy()
-            response = api_pb2.PreferredAllocationResponse()
-            for number, container in enumerate(request.container_requests):
-                chosen = self._prefer(policy, container, number, len(request.container_requests))
-                response.container_responses.add(deviceIDs=chosen)
+            # On a worker thread: a search may take the policy's whole time budget, and health
+            # checks, ListAndWatch and other RPCs must keep answering meanwhile.
+            response = await asyncio.to_thread(self._preferred, policy, request)
         except BadRequest as exc:
             self._log.debug("rpc", method="GetPreferredAllocation", error=str(exc))
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
@@ -348,6 +347,19 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
                 raise BadRequest(f"{where}: device {_shown_id(device_id)} listed twice")
             seen[device_id] = device
         return sorted_replicas(list(seen.values()))
+
+    def _preferred(
+        self, policy: Policy, request: api_pb2.PreferredAllocationRequest
+    ) -> api_pb2.PreferredAllocationResponse:
+        """The answer for every container request (runs off the event loop: it only reads
+        values fixed at start)."""
+        response = api_pb2.PreferredAllocationResponse()
+        total = len(request.container_requests)
+        for number, container in enumerate(request.container_requests):
+            response.container_responses.add(
+                deviceIDs=self._prefer(policy, container, number, total)
+            )
+        return response
 
     def _prefer(
         self,

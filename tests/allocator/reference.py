@@ -16,6 +16,11 @@ from nvplugin.node.model import Topology
 Group = tuple[int, ...]
 
 
+def impossible(available: Sequence[int], must_include: Sequence[int], size: int) -> bool:
+    """allocation.md's well-formed requests without an answer (the policy answers [])."""
+    return size == 0 or size > len(available) or len(must_include) > size
+
+
 def partitions(items: Sequence[int], s: int) -> Iterator[tuple[tuple[Group, ...], Group]]:
     """Every partition of ``items`` into ``len // s`` groups of ``s`` plus a leftover group of
     ``len % s``, each exactly once, as (full groups, leftover)."""
@@ -64,7 +69,7 @@ class BruteForce:
     def answer(self, available: Sequence[int], must_include: Sequence[int], size: int) -> list[int]:
         """The answer for a well-formed request ([] when impossible)."""
         avail = tuple(sorted(available))
-        if size == 0 or size > len(avail) or len(must_include) > size:
+        if impossible(avail, must_include, size):
             return []
         best = self.best_partition_per_group(avail, size)
         fitting = {g: v for g, v in best.items() if set(must_include) <= set(g)}
@@ -115,7 +120,7 @@ class MemoSearch:
 
     def answer(self, available: Sequence[int], must_include: Sequence[int], size: int) -> list[int]:
         avail = sorted(available)
-        if size == 0 or size > len(avail) or len(must_include) > size:
+        if impossible(avail, must_include, size):
             return []
         all_mask = sum(1 << i for i in avail)
         best: tuple[int, int] | None = None
@@ -129,3 +134,84 @@ class MemoSearch:
             if best is None or key > best:  # strictly better only: the first (lex) tie stays
                 best, chosen = key, group
         return list(chosen)
+
+
+class CountReference:
+    """The same objective on a node of twin classes, by plain memoised recursion over count
+    vectors (no bounds, no shapes, no convexity): for nodes too large for :class:`MemoSearch`.
+
+    ``classes`` are the GPU index lists of the twin classes and ``scores[c][d]`` the class pair
+    scores (diagonal: inside a class), both written down by the test, not derived by the code
+    under test.
+    """
+
+    def __init__(self, classes: Sequence[Sequence[int]], scores: Sequence[Sequence[int]]) -> None:
+        self.classes = [tuple(c) for c in classes]
+        self.scores = scores
+        self._rest: dict[tuple[tuple[int, ...], int], int] = {}
+
+    def score(self, x: Sequence[int]) -> int:
+        m = len(x)
+        total = sum(self.scores[c][c] * x[c] * (x[c] - 1) // 2 for c in range(m))
+        return total + sum(
+            self.scores[c][d] * x[c] * x[d] for c in range(m) for d in range(c + 1, m)
+        )
+
+    def groups(self, y: tuple[int, ...], k: int, first: int) -> Iterator[tuple[int, ...]]:
+        """Every count vector g <= y with |g| = k and g[first] >= 1."""
+
+        def extend(c: int, left: int, prefix: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
+            if c == len(y):
+                if left == 0:
+                    yield prefix
+                return
+            low = 1 if c == first else 0
+            for v in range(low, min(y[c], left) + 1):
+                yield from extend(c + 1, left - v, (*prefix, v))
+
+        yield from extend(0, k, ())
+
+    def rest(self, y: tuple[int, ...], s: int) -> int:
+        """Best partition score of y into groups of s plus one leftover group."""
+        key = (y, s)
+        if key in self._rest:
+            return self._rest[key]
+        n = sum(y)
+        if n <= s:
+            value = self.score(y)
+        else:
+            first = next(c for c in range(len(y)) if y[c])  # its first GPU is in some group
+            value = -1
+            for k in {s, n % s} - {0}:
+                for g in self.groups(y, k, first):
+                    rest = tuple(a - b for a, b in zip(y, g, strict=True))
+                    value = max(value, self.score(g) + self.rest(rest, s))
+        self._rest[key] = value
+        return value
+
+    def answer(self, available: Sequence[int], must_include: Sequence[int], size: int) -> list[int]:
+        avail = sorted(available)
+        if impossible(avail, must_include, size):
+            return []
+        a = tuple(sum(1 for i in avail if i in c) for c in self.classes)
+        r = tuple(sum(1 for i in must_include if i in c) for c in self.classes)
+        best: tuple[int, int] | None = None
+        chosen: list[tuple[int, ...]] = []
+        for x in self.groups(a, size, -1):
+            if any(xc < rc for xc, rc in zip(x, r, strict=True)):
+                continue
+            own = self.score(x)
+            rest = tuple(p - q for p, q in zip(a, x, strict=True))
+            key = (own + self.rest(rest, size), own)
+            if best is None or key > best:
+                best, chosen = key, [x]
+            elif key == best:
+                chosen.append(x)
+        return min(self._lowest(avail, must_include, x) for x in chosen)
+
+    def _lowest(self, avail: list[int], must: Sequence[int], x: tuple[int, ...]) -> list[int]:
+        group = list(must)
+        for c, members in enumerate(self.classes):
+            free = [i for i in avail if i in members and i not in must]
+            group.extend(free[: x[c] - sum(1 for i in must if i in members)])
+        return sorted(group)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from nvplugin.allocator.base import Allocation
 from nvplugin.node.model import CpuLayout, Gpu, Link, Pcie, Topology
 
 
@@ -107,3 +108,66 @@ def builtin_nodes() -> dict[str, Topology]:
     from nvplugin.node.nodefile import builtin_names, load_node
 
     return {name: load_node(name).topology() for name in builtin_names()}
+
+
+def from_classes(name: str, sizes: Sequence[int], scores: Sequence[Sequence[int]]) -> Topology:
+    """A node of twin classes: class c has ``sizes[c]`` consecutive GPUs, and two GPUs of
+    classes c and d have pair score ``scores[c][d]`` (the diagonal: inside a class)."""
+    of = [c for c, size in enumerate(sizes) for _ in range(size)]
+    n = len(of)
+    return from_scores(
+        name, [[0 if i == j else scores[of[i]][of[j]] for j in range(n)] for i in range(n)]
+    )
+
+
+def class_members(sizes: Sequence[int]) -> list[list[int]]:
+    """The GPU indices of each class of :func:`from_classes`."""
+    out, start = [], 0
+    for size in sizes:
+        out.append(list(range(start, start + size)))
+        start += size
+    return out
+
+
+def tree_scores(leaves: int, seed: int) -> list[list[int]]:
+    """Class pair scores of a random PCIe tree over ``leaves`` classes: the deeper two classes'
+    common ancestor, the higher the score (INT/PIX inside a class, then PXB, PHB, NODE, SYS), plus
+    a random NVSwitch fabric (every GPU min(links of both) NVLinks; possibly none)."""
+    import random
+
+    rng = random.Random(seed)
+    groups = [[c] for c in range(leaves)]
+    depth = {(c, c): rng.choice([5, 6]) for c in range(leaves)}  # INT or PIX inside a class
+    level = 4
+    while len(groups) > 1:  # merge two random subtrees one level up: PXB, PHB, NODE, SYS
+        a, b = sorted(rng.sample(range(len(groups)), 2))
+        for c in groups[a]:
+            for d in groups[b]:
+                depth[(c, d)] = depth[(d, c)] = max(1, level)
+        merged = groups[a] + groups[b]
+        groups = [g for k, g in enumerate(groups) if k not in (a, b)] + [merged]
+        level -= rng.choice([0, 1])
+    links = [rng.choice([0, 0, 6, 12, 18]) for _ in range(leaves)] if rng.random() < 0.5 else None
+    out = [[0] * leaves for _ in range(leaves)]
+    for c in range(leaves):
+        for d in range(leaves):
+            nv = min(links[c], links[d]) if links is not None else 0
+            out[c][d] = 10 * depth[(c, d)] + 100 * nv
+    return out
+
+
+def check_solved(
+    topology: Topology, solved: Allocation, available: Sequence[int], size: int
+) -> None:
+    """What every explained answer must hold: the answer leads the contenders and the
+    partition, the partition covers ``available`` exactly with full groups of ``size`` and the
+    leftover, and the scores are the groups' own."""
+    assert solved.contenders[0] == (solved.indices, solved.score)
+    assert solved.groups[0] == solved.indices
+    members = [i for g in (*solved.groups, solved.leftover) for i in g]
+    assert sorted(members) == sorted(available)
+    assert all(len(g) == size for g in solved.groups)
+    assert len(solved.leftover) == len(available) % size
+    total = sum(topology.group_score(g) for g in (*solved.groups, solved.leftover))
+    assert total == solved.partition_score
+    assert solved.score == topology.group_score(solved.indices)

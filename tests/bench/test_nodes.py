@@ -1,0 +1,25 @@
+"""The generated benchmark nodes are valid node files with the structure they claim."""
+
+from __future__ import annotations
+
+import pytest
+
+from nvplugin.allocator.besteffort import BestEffort
+from nvplugin.allocator.classes import twin_classes
+from nvplugin.node.nodefile import parse_node
+from tests.bench.nodes import NODES
+
+
+@pytest.mark.parametrize("name", sorted(NODES))
+def test_generated_node_parses_and_has_its_structure(name: str) -> None:
+    topology = parse_node(NODES[name](), f"<{name}>").topology()
+    classes = twin_classes(topology.scores)
+    if name.startswith("pcie-switch-"):
+        assert len(classes) == 4 and len(topology) == int(name.rsplit("-", 1)[1])
+    elif name.startswith("nvswitch-"):
+        assert len(classes) == 2
+        assert topology.link(0, len(topology) - 1).cell == "NV18+SYS"
+    else:
+        assert len(classes) == len(topology) == 20
+    expected = "search" if name == "mesh-20" else "counts"
+    assert BestEffort(topology).method == expected
