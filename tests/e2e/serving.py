@@ -12,12 +12,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from nvplugin.kubelet.kubelet import FakeKubelet
 from tests import WAIT_S
 
 NODES_DIR = Path(__file__).resolve().parents[2] / "nvplugin" / "node" / "nodes"
@@ -112,6 +113,22 @@ class Serve:
         if self.process.poll() is None:
             self.process.kill()
         self.wait()
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    directory: str, *args: str, env: dict[str, str] | None = None
+) -> AsyncIterator[tuple[FakeKubelet, Serve]]:
+    """The fake kubelet on ``directory`` and ``nvplugin serve ARGS`` beside it. On the way out
+    the plugin is stopped with SIGTERM and must exit 0 (its log is in the message if not); the
+    log stays readable after the block (it lives in the run's scratch directory)."""
+    async with FakeKubelet(directory) as kubelet:
+        serve = Serve(directory, *args, env=env)
+        try:
+            yield kubelet, serve
+        finally:
+            code = serve.stop()
+            assert code == 0, f"serve exited {code}:\n{serve.text()}"
 
 
 def run_nvplugin(command: str, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:

@@ -12,21 +12,19 @@ import asyncio
 import json
 import os
 import shutil
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from nvplugin.kubelet.kubelet import FakeKubelet
 from nvplugin.node import load_topology
 from nvplugin.node.mig import caps_device
 from tests.e2e.serving import (
-    Serve,
     admit_json,
     new_dir,
     node_file,
     remove_dir,
     run_nvplugin,
     run_serve,
+    serving,
 )
 from tests.plugin.test_mig_serving import HOMOGENEOUS
 
@@ -45,19 +43,6 @@ GPU2 = {m.uuid for m in TOPOLOGY.gpus[2].mig_devices}  # 3g.20gb, 2g.10gb, 1g.5g
 
 def run(body: Callable[[], Awaitable[None]], timeout: float = 90) -> None:
     asyncio.run(asyncio.wait_for(body(), timeout))
-
-
-@asynccontextmanager
-async def serving(directory: str, *args: str) -> AsyncIterator[tuple[FakeKubelet, Serve]]:
-    """The fake kubelet on ``directory`` and ``nvplugin serve ARGS`` beside it; the plugin
-    must stop with 0, and its log goes with it."""
-    async with FakeKubelet(directory) as kubelet:
-        serve = Serve(directory, *args)
-        try:
-            yield kubelet, serve
-        finally:
-            assert serve.stop() == 0, serve.text()
-            remove_dir(os.path.dirname(serve.log_path))
 
 
 def test_mixed_registers_each_profile_allocates_prefers_and_follows_the_parents_health() -> None:

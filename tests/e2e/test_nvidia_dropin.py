@@ -9,11 +9,10 @@ import shutil
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from nvplugin.kubelet.kubelet import FakeKubelet
 from nvplugin.node import load_topology
 from nvplugin.plugin.sharing import replica_id
 from tests import WAIT_S
-from tests.e2e.serving import Serve, new_dir, run_serve
+from tests.e2e.serving import new_dir, run_serve, serving
 
 NODE = "dgx-1"
 TOPOLOGY = load_topology(NODE)
@@ -59,37 +58,31 @@ def test_nvidia_environment_gives_containers_what_nvidia_would() -> None:
             "CONFIG_FILE": str(config),
         }
         try:
-            async with FakeKubelet(directory) as kubelet:
-                serve = Serve(directory, "--simulate", NODE, env=env)
-                try:
-                    shared = f"{GPU}.shared"
-                    await kubelet.wait_registered(shared, WAIT_S)
-                    devices = kubelet.devices
-                    await devices.wait_for(
-                        lambda m: len(m.healthy_devices(shared)) == 2 * len(TOPOLOGY.gpus),
-                        WAIT_S,
-                        "two replicas per GPU",
-                    )
-                    ids = [replica_id(TOPOLOGY.gpus[3].uuid, 1)]
-                    response = await devices.allocate(shared, ids)
-                    # volume-mounts with index IDs: the env names the mount root, one mount per GPU.
-                    assert dict(response.envs) == {"NVIDIA_VISIBLE_DEVICES": MOUNT_ROOT}
-                    assert [(m.container_path, m.host_path) for m in response.mounts] == [
-                        (f"{MOUNT_ROOT}/3", "/dev/null")
-                    ]
-                    # PASS_DEVICE_SPECS: the GPU's device node (control nodes only where present).
-                    minor = TOPOLOGY.gpus[3].minor
-                    specs = [
-                        (d.container_path, d.host_path, d.permissions) for d in response.devices
-                    ]
-                    assert (f"/dev/nvidia{minor}", f"/dev/nvidia{minor}", "rw") in specs
-                    (effective,) = serve.events("effective config")
-                    plugin = effective["config"]["flags"]["plugin"]
-                    assert plugin["passDeviceSpecs"] is True
-                    assert plugin["deviceListStrategy"] == ["volume-mounts"]
-                    assert effective["config"]["source"] == str(config)
-                finally:
-                    assert serve.stop() == 0
+            async with serving(directory, "--simulate", NODE, env=env) as (kubelet, serve):
+                shared = f"{GPU}.shared"
+                await kubelet.wait_registered(shared, WAIT_S)
+                devices = kubelet.devices
+                await devices.wait_for(
+                    lambda m: len(m.healthy_devices(shared)) == 2 * len(TOPOLOGY.gpus),
+                    WAIT_S,
+                    "two replicas per GPU",
+                )
+                ids = [replica_id(TOPOLOGY.gpus[3].uuid, 1)]
+                response = await devices.allocate(shared, ids)
+                # volume-mounts with index IDs: the env names the mount root, one mount per GPU.
+                assert dict(response.envs) == {"NVIDIA_VISIBLE_DEVICES": MOUNT_ROOT}
+                assert [(m.container_path, m.host_path) for m in response.mounts] == [
+                    (f"{MOUNT_ROOT}/3", "/dev/null")
+                ]
+                # PASS_DEVICE_SPECS: the GPU's device node (control nodes only where present).
+                minor = TOPOLOGY.gpus[3].minor
+                specs = [(d.container_path, d.host_path, d.permissions) for d in response.devices]
+                assert (f"/dev/nvidia{minor}", f"/dev/nvidia{minor}", "rw") in specs
+                (effective,) = serve.events("effective config")
+                plugin = effective["config"]["flags"]["plugin"]
+                assert plugin["passDeviceSpecs"] is True
+                assert plugin["deviceListStrategy"] == ["volume-mounts"]
+                assert effective["config"]["source"] == str(config)
         finally:
             shutil.rmtree(directory, ignore_errors=True)
             shutil.rmtree(config_dir, ignore_errors=True)
@@ -116,25 +109,21 @@ def test_nvidia_flag_forms() -> None:
             "--device-id-strategy=index",
         ]
         try:
-            async with FakeKubelet(directory) as kubelet:
-                serve = Serve(directory, *args)
-                try:
-                    await kubelet.wait_registered(GPU, WAIT_S)
-                    response = await kubelet.devices.allocate(GPU, [TOPOLOGY.gpus[1].uuid])
-                    assert dict(response.envs) == {"NVIDIA_VISIBLE_DEVICES": "1"}
-                    assert [d.name for d in response.cdi_devices] == ["nvidia.com/gpu=1"]
-                    assert list(response.annotations.values()) == ["nvidia.com/gpu=1"]
-                    assert list(response.devices) == []  # --pass-device-specs=false won
-                    (effective,) = serve.events("effective config")
-                    flags = effective["config"]["flags"]
-                    assert flags["failOnInitError"] is False
-                    assert flags["plugin"]["deviceListStrategy"] == [
-                        "envvar",
-                        "cdi-annotations",
-                        "cdi-cri",
-                    ]
-                finally:
-                    assert serve.stop() == 0
+            async with serving(directory, *args) as (kubelet, serve):
+                await kubelet.wait_registered(GPU, WAIT_S)
+                response = await kubelet.devices.allocate(GPU, [TOPOLOGY.gpus[1].uuid])
+                assert dict(response.envs) == {"NVIDIA_VISIBLE_DEVICES": "1"}
+                assert [d.name for d in response.cdi_devices] == ["nvidia.com/gpu=1"]
+                assert list(response.annotations.values()) == ["nvidia.com/gpu=1"]
+                assert list(response.devices) == []  # --pass-device-specs=false won
+                (effective,) = serve.events("effective config")
+                flags = effective["config"]["flags"]
+                assert flags["failOnInitError"] is False
+                assert flags["plugin"]["deviceListStrategy"] == [
+                    "envvar",
+                    "cdi-annotations",
+                    "cdi-cri",
+                ]
         finally:
             shutil.rmtree(directory, ignore_errors=True)
             shutil.rmtree(config_dir, ignore_errors=True)
@@ -173,39 +162,21 @@ def test_several_resources_with_envvar_alone_warn_once() -> None:
             "sharing:\n  timeSlicing:\n    resources:\n    - {name: v100, replicas: 2, "
             "rename: v100-shared}\n"
         )
+        args = ("--simulate", "mixed-a100-t4", "--config", str(config))
+        warning = "several resources served with deviceListStrategy envvar alone"
         try:
-            async with FakeKubelet(directory) as kubelet:
-                serve = Serve(directory, "--simulate", "mixed-a100-t4", "--config", str(config))
-                try:
-                    await kubelet.wait_registered(GPU, WAIT_S)
-                    await serve.wait_log("serving")
-                finally:
-                    assert serve.stop() == 0
-                warnings = serve.events(
-                    "several resources served with deviceListStrategy envvar alone"
-                )
-                assert warnings == []  # one resource only: no V100 on this node
+            async with serving(directory, *args) as (kubelet, serve):
+                await kubelet.wait_registered(GPU, WAIT_S)
+                await serve.wait_log("serving")
+            assert serve.events(warning) == []  # one resource only: no V100 on this node
             config.write_text("resources:\n  gpus:\n  - {pattern: '*A100*', name: a100}\n")
-            async with FakeKubelet(directory) as kubelet:
-                serve = Serve(directory, "--simulate", "mixed-a100-t4", "--config", str(config))
-                try:
-                    await kubelet.wait_registered("nvidia.com/a100", WAIT_S)
-                    line = await serve.wait_log(
-                        "several resources served with deviceListStrategy envvar alone"
-                    )
-                    assert line["resources"] == ["nvidia.com/a100", GPU]
-                    for strategy in ("volume-mounts", "cdi-annotations", "cdi-cri"):
-                        assert strategy in line["reason"]
-                finally:
-                    assert serve.stop() == 0
-                assert (
-                    len(
-                        serve.events(
-                            "several resources served with deviceListStrategy envvar alone"
-                        )
-                    )
-                    == 1
-                )
+            async with serving(directory, *args) as (kubelet, serve):
+                await kubelet.wait_registered("nvidia.com/a100", WAIT_S)
+                line = await serve.wait_log(warning)
+                assert line["resources"] == ["nvidia.com/a100", GPU]
+                for strategy in ("volume-mounts", "cdi-annotations", "cdi-cri"):
+                    assert strategy in line["reason"]
+            assert len(serve.events(warning)) == 1
         finally:
             shutil.rmtree(directory, ignore_errors=True)
             shutil.rmtree(config_dir, ignore_errors=True)

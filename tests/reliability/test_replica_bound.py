@@ -13,7 +13,6 @@ import pytest
 
 from nvplugin.config import ReplicatedResource, ResourceRules, TimeSlicing
 from nvplugin.errors import InputError
-from nvplugin.kubelet.kubelet import FakeKubelet
 from nvplugin.node import load_topology
 from nvplugin.plugin.api.v1beta1 import api_pb2
 from nvplugin.plugin.listing import (
@@ -25,7 +24,7 @@ from nvplugin.plugin.listing import (
 from nvplugin.plugin.resources import plan_resources
 from nvplugin.plugin.sharing import Replicas
 from tests import WAIT_S
-from tests.e2e.serving import Serve, new_dir, run_serve
+from tests.e2e.serving import new_dir, run_serve, serving
 
 DGX2 = load_topology("dgx-2")
 
@@ -88,26 +87,23 @@ def test_reload_keeps_the_running_config() -> None:
         config = Path(config_dir) / "config.yaml"
         config.write_text(slicing(4))
         try:
-            async with FakeKubelet(directory) as kubelet:
-                serve = Serve(directory, "--simulate", "dgx-2", "--config", str(config))
-                try:
-                    await kubelet.wait_registered("nvidia.com/gpu", WAIT_S)
-                    # The registration is recorded before the stream brings the devices.
-                    await kubelet.devices.wait_for(
-                        lambda m: len(m.healthy_devices("nvidia.com/gpu")) == 4 * 16,
-                        WAIT_S,
-                        "64 replicas",
-                    )
-                    config.write_text(slicing(100_000))
-                    serve.send(signal.SIGHUP)
-                    line = await serve.wait_log("config reload failed; keeping the running config")
-                    assert "sharing.timeSlicing.resources[0].replicas" in line["error"]
-                    assert "at most" in line["error"]
-                    assert serve.process.poll() is None
-                    assert kubelet.devices.is_registered("nvidia.com/gpu")
-                    assert len(kubelet.devices.healthy_devices("nvidia.com/gpu")) == 4 * 16
-                finally:
-                    assert serve.stop() == 0
+            args = ("--simulate", "dgx-2", "--config", str(config))
+            async with serving(directory, *args) as (kubelet, serve):
+                await kubelet.wait_registered("nvidia.com/gpu", WAIT_S)
+                # The registration is recorded before the stream brings the devices.
+                await kubelet.devices.wait_for(
+                    lambda m: len(m.healthy_devices("nvidia.com/gpu")) == 4 * 16,
+                    WAIT_S,
+                    "64 replicas",
+                )
+                config.write_text(slicing(100_000))
+                serve.send(signal.SIGHUP)
+                line = await serve.wait_log("config reload failed; keeping the running config")
+                assert "sharing.timeSlicing.resources[0].replicas" in line["error"]
+                assert "at most" in line["error"]
+                assert serve.process.poll() is None
+                assert kubelet.devices.is_registered("nvidia.com/gpu")
+                assert len(kubelet.devices.healthy_devices("nvidia.com/gpu")) == 4 * 16
         finally:
             shutil.rmtree(directory, ignore_errors=True)
             shutil.rmtree(config_dir, ignore_errors=True)
