@@ -164,7 +164,7 @@ def run() -> None:
     print(f"{'':<37} | {'in process':^26} | {'fresh process':^26} | {'fresh process':^49}")
     print(header)
     per_size: dict[str, dict[int, int]] = {}
-    directory = tempfile.mkdtemp(dir="/tmp")
+    directory = tempfile.mkdtemp()
     try:
         for name, source in _nodes(directory):
             topology = _topology(source)

@@ -221,7 +221,7 @@ def _end_to_end() -> None:
     from nvplugin.log import configure
 
     configure("json", "warning")  # the in-process fake kubelet's lines stay out of the figures
-    directory = tempfile.mkdtemp(dir="/tmp")
+    directory = tempfile.mkdtemp()
     try:
         start_s, rpc_ms = asyncio.run(_serve(directory))
     finally:

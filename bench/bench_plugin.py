@@ -82,7 +82,7 @@ async def _start_to_registered() -> tuple[list[float], list[float]]:
 
     starts, restarts = [], []
     for run in range(STARTS):
-        directory = tempfile.mkdtemp(dir="/tmp")
+        directory = tempfile.mkdtemp()
         async with FakeKubelet(directory) as kubelet:
             started = time.perf_counter()
             process = _spawn(directory)
@@ -107,7 +107,7 @@ async def _registered(node: str, runs: int) -> list[float]:
 
     starts = []
     for _ in range(runs):
-        directory = tempfile.mkdtemp(dir="/tmp")
+        directory = tempfile.mkdtemp()
         async with FakeKubelet(directory) as kubelet:
             started = time.perf_counter()
             process = _spawn(directory, node=node)
@@ -124,7 +124,7 @@ def _serving(node: str) -> Iterator[str]:
     """``nvplugin serve`` on ``node`` without a kubelet: its socket path once it answers."""
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    directory = tempfile.mkdtemp(dir="/tmp")
+    directory = tempfile.mkdtemp()
     process = _spawn(directory, node=node)
     try:
         path = os.path.join(directory, "nvplugin-gpu.sock")
@@ -199,7 +199,7 @@ def _beyond_16() -> None:
 
     from tests.bench.nodes import write
 
-    nodes = tempfile.mkdtemp(dir="/tmp")
+    nodes = tempfile.mkdtemp()
     try:
         for name in ("pcie-switch-128", "nvswitch-128"):
             starts = asyncio.run(_registered(write(nodes, name), LARGE_STARTS))
@@ -295,7 +295,7 @@ def _event_latencies() -> list[float]:
     from nvplugin.plugin.api.v1beta1 import api_pb2, api_pb2_grpc
     from nvplugin.plugin.daemon import Daemon
 
-    directory = tempfile.mkdtemp(dir="/tmp")
+    directory = tempfile.mkdtemp()
     start_s, spacing_s, count = 2.0, 0.1, 96
     events = "\n".join(
         f"- {{after_s: {start_s + spacing_s * k:.2f}, gpu: {k % 16}, xid: 48}}"
@@ -384,7 +384,7 @@ def run() -> None:
         "   (target <= 1 s)"
     )
 
-    directory = tempfile.mkdtemp(dir="/tmp")
+    directory = tempfile.mkdtemp()
     process = _spawn(directory)
     try:
         path = os.path.join(directory, "nvplugin-gpu.sock")

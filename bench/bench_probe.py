@@ -92,8 +92,8 @@ def _exec_probes(socket_path: str) -> tuple[list[float], list[int]]:
 async def _measure() -> tuple[tuple[float, float, list[float]], tuple[list[float], list[int]]]:
     from nvplugin.kubelet.kubelet import FakeKubelet
 
-    directory = tempfile.mkdtemp(dir="/tmp")
-    log = Path(tempfile.mkdtemp(dir="/tmp")) / "serve.log"
+    directory = tempfile.mkdtemp()
+    log = Path(tempfile.mkdtemp()) / "serve.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("NVPLUGIN_")}
     command = [sys.executable, "-m", "nvplugin", "serve", "--simulate", NODE]
     command += ["--device-plugin-dir", directory, "--log-format", "json"]
