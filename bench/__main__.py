@@ -2,21 +2,18 @@
 command line (``python -m bench allocator discovery``).
 
 Everything a benchmark writes (sockets, node files, kubelet checkpoints, logs) goes to one run
-directory, ``/tmp/nvpb-XXXXXXXX`` (short: unix socket paths), made the default of
-:mod:`tempfile` and ``TMPDIR`` for child processes, and removed at the end however the run ends:
+directory, ``/tmp/nvpb-XXXXXXXX`` (:mod:`tests.rundir`), removed at the end however the run ends:
 benchmarks make their files with ``tempfile.mkdtemp()`` / ``mkstemp()`` without ``dir=``."""
 
 from __future__ import annotations
 
 import importlib
-import os
 import pkgutil
-import shutil
 import sys
-import tempfile
 import time
 
 import bench
+from tests.rundir import run_directory
 
 
 def main(argv: list[str]) -> int:
@@ -30,20 +27,12 @@ def main(argv: list[str]) -> int:
     if unknown:
         print(f"unknown benchmark(s) {', '.join(unknown)}; have: {', '.join(names)}")
         return 2
-    root = tempfile.mkdtemp(prefix="nvpb-", dir="/tmp")
-    tempfile.tempdir = root
-    os.environ["TMPDIR"] = root
-    try:
+    with run_directory("nvpb-"):
         for name in wanted:
             print(f"== {name}", flush=True)
             started = time.perf_counter()
             importlib.import_module(f"bench.bench_{name}").run()
             print(f"   ({time.perf_counter() - started:.1f} s)\n", flush=True)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-        from nvplugin.node.sim import remove_stale_sysfs_trees  # not before: import times
-
-        remove_stale_sysfs_trees("/dev/shm")  # trees of plugins a benchmark killed
     return 0
 
 

@@ -3,48 +3,42 @@ test leaves something outside it.
 
 Tests write sockets, node files, configs, logs and checkpoints; plugins they start write sysfs
 trees. Before this, each test chose its own place in /tmp and a run left hundreds of entries
-behind. Now ``pytest_configure`` makes one short directory, ``/tmp/nvpt-XXXXXXXX`` (unix socket
-paths must stay under ~107 bytes), and points everything at it: :func:`tempfile.mkdtemp` and
-friends (``tempfile.tempdir``), subprocesses (``TMPDIR``) and pytest's ``tmp_path``
-(``--basetemp``). ``pytest_unconfigure`` removes it, whatever the tests did or did not clean up.
+behind. Now ``pytest_configure`` enters a :class:`tests.rundir.RunDirectory`,
+``/tmp/nvpt-XXXXXXXX``: :func:`tempfile.mkdtemp` and friends, subprocesses (``TMPDIR``) and
+pytest's ``tmp_path`` (``--basetemp``) write there. ``pytest_unconfigure`` removes it, whatever
+the tests did or did not clean up.
 
 The guard: an audit hook records every temporary file or directory made in this process outside
 the run directory (``tempfile.mkdtemp(dir="/tmp")``, say), with the test that made it; at the end
 of the session any of them still there fails the run, named. So do child processes still running
-(a plugin a test forgot to stop). Simulated sysfs trees of killed plugins (in /dev/shm, named by
-owner pid) are swept the way every new simulation sweeps them.
+(a plugin a test forgot to stop).
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import sys
-import tempfile
 from dataclasses import dataclass, field
 
 import pytest
 
-from nvplugin.node.sim import remove_stale_sysfs_trees
+from tests.rundir import RunDirectory
 
 RUN_PREFIX = "nvpt-"
-SHM = "/dev/shm"
 
 
 @dataclass
 class _Scratch:
     """The run directory, what was there before it, and what was made outside it."""
 
-    root: str
-    old_tempdir: str | None
-    old_env: str | None
+    run: RunDirectory
     outside: dict[str, str] = field(default_factory=dict)  # path -> test that made it
 
     def audit(self, event: str, args: tuple[object, ...]) -> None:
         if event not in ("tempfile.mkdtemp", "tempfile.mkstemp") or not args:
             return
         path = os.path.abspath(str(args[0]))
-        if not path.startswith(self.root + os.sep):
+        if not path.startswith(self.run.root + os.sep):
             test = os.environ.get("PYTEST_CURRENT_TEST", "outside any test")
             self.outside.setdefault(path, test)
 
@@ -54,13 +48,10 @@ _STASH = pytest.StashKey[_Scratch]()
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
-    root = tempfile.mkdtemp(prefix=RUN_PREFIX, dir="/tmp")
-    scratch = _Scratch(root, tempfile.tempdir, os.environ.get("TMPDIR"))
+    scratch = _Scratch(RunDirectory.enter(RUN_PREFIX))
     config.stash[_STASH] = scratch
-    tempfile.tempdir = root
-    os.environ["TMPDIR"] = root
     if config.option.basetemp is None:
-        config.option.basetemp = os.path.join(root, "pytest")
+        config.option.basetemp = os.path.join(scratch.run.root, "pytest")
     sys.addaudithook(scratch.audit)  # hooks cannot be removed: it stays, harmless, after the run
 
 
@@ -74,7 +65,6 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         if os.path.lexists(path)
     ]
     problems += [f"process {pid} still running: {command}" for pid, command in _children()]
-    remove_stale_sysfs_trees(SHM)
     if problems:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
@@ -93,12 +83,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     scratch = config.stash.get(_STASH, None)
     if scratch is None:
         return
-    shutil.rmtree(scratch.root, ignore_errors=True)
-    tempfile.tempdir = scratch.old_tempdir
-    if scratch.old_env is None:
-        os.environ.pop("TMPDIR", None)
-    else:
-        os.environ["TMPDIR"] = scratch.old_env
+    scratch.run.leave()
 
 
 def _children() -> list[tuple[int, str]]:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from nvplugin.log import configure
 from tests.reliability import fuzzing, scenarios
 from tests.reliability.harness import Outcome, format_table
+from tests.rundir import run_directory
 
 RUNS: dict[str, Callable[[scenarios.Scale], Outcome]] = {
     "fuzz": lambda scale: fuzzing.fuzz(scale.fuzz_examples),
@@ -46,17 +47,18 @@ def main(argv: list[str]) -> int:
         return 2
     outcomes = []
     started = time.monotonic()
-    for name in wanted:
-        print(f"== {name}", file=sys.stderr, flush=True)
-        begun = time.monotonic()
-        outcome = RUNS[name](scale)
-        print(
-            f"   {outcome.iterations} iterations, {len(outcome.failures)} failures "
-            f"({time.monotonic() - begun:.1f} s)",
-            file=sys.stderr,
-            flush=True,
-        )
-        outcomes.append(outcome)
+    with run_directory("nvps-"):  # everything the scenarios write, removed at the end
+        for name in wanted:
+            print(f"== {name}", file=sys.stderr, flush=True)
+            begun = time.monotonic()
+            outcome = RUNS[name](scale)
+            print(
+                f"   {outcome.iterations} iterations, {len(outcome.failures)} failures "
+                f"({time.monotonic() - begun:.1f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
+            outcomes.append(outcome)
     print(format_table(outcomes))
     print(f"\n({time.monotonic() - started:.0f} s in all)")
     for outcome in outcomes:
