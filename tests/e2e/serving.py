@@ -116,7 +116,7 @@ class Serve:
 
 
 @contextlib.asynccontextmanager
-async def serving(
+async def kubelet_with(
     directory: str, *args: str, env: dict[str, str] | None = None
 ) -> AsyncIterator[tuple[FakeKubelet, Serve]]:
     """The fake kubelet on ``directory`` and ``nvplugin serve ARGS`` beside it. On the way out

@@ -19,12 +19,12 @@ from nvplugin.node import load_topology
 from nvplugin.node.mig import caps_device
 from tests.e2e.serving import (
     admit_json,
+    kubelet_with,
     new_dir,
     node_file,
     remove_dir,
     run_nvplugin,
     run_serve,
-    serving,
 )
 from tests.plugin.test_mig_serving import HOMOGENEOUS
 
@@ -53,7 +53,7 @@ def test_mixed_registers_each_profile_allocates_prefers_and_follows_the_parents_
         (dev_root / "dev" / "nvidiactl").touch()
         node = node_file(work, NODE, [{"after_s": 2.0, "gpu": 2, "xid": 48}])
         try:
-            async with serving(
+            async with kubelet_with(
                 directory,
                 *("--simulate", node, "--mig-strategy", "mixed"),
                 *("--device-list-strategy", "envvar,cdi-cri"),
@@ -136,7 +136,7 @@ def test_single_serves_a_homogeneous_node_and_refuses_a_mixed_one_none_serves_wh
         Path(node).write_text(HOMOGENEOUS)
         try:
             single = ("--simulate", node, "--mig-strategy", "single")
-            async with serving(directory, *single) as (kubelet, _):
+            async with kubelet_with(directory, *single) as (kubelet, _):
                 await kubelet.devices.wait_for(
                     lambda m: len(m.healthy_devices("nvidia.com/gpu")) == 4,
                     30,
@@ -147,7 +147,7 @@ def test_single_serves_a_homogeneous_node_and_refuses_a_mixed_one_none_serves_wh
                 numa = kubelet.devices.device_numa("nvidia.com/gpu")
                 assert sorted(nodes[0] for nodes in numa.values()) == [0, 0, 1, 1]
             none = ("--simulate", NODE, "--mig-strategy", "none")
-            async with serving(directory, *none) as (kubelet, serve):
+            async with kubelet_with(directory, *none) as (kubelet, serve):
                 await kubelet.devices.wait_for(
                     lambda m: len(m.healthy_devices("nvidia.com/gpu")) == 8,
                     30,

@@ -12,7 +12,7 @@ from pathlib import Path
 from nvplugin.node import load_topology
 from nvplugin.plugin.sharing import replica_id
 from tests import WAIT_S
-from tests.e2e.serving import new_dir, run_serve, serving
+from tests.e2e.serving import kubelet_with, new_dir, run_serve
 
 NODE = "dgx-1"
 TOPOLOGY = load_topology(NODE)
@@ -58,7 +58,7 @@ def test_nvidia_environment_gives_containers_what_nvidia_would() -> None:
             "CONFIG_FILE": str(config),
         }
         try:
-            async with serving(directory, "--simulate", NODE, env=env) as (kubelet, serve):
+            async with kubelet_with(directory, "--simulate", NODE, env=env) as (kubelet, serve):
                 shared = f"{GPU}.shared"
                 await kubelet.wait_registered(shared, WAIT_S)
                 devices = kubelet.devices
@@ -109,7 +109,7 @@ def test_nvidia_flag_forms() -> None:
             "--device-id-strategy=index",
         ]
         try:
-            async with serving(directory, *args) as (kubelet, serve):
+            async with kubelet_with(directory, *args) as (kubelet, serve):
                 await kubelet.wait_registered(GPU, WAIT_S)
                 response = await kubelet.devices.allocate(GPU, [TOPOLOGY.gpus[1].uuid])
                 assert dict(response.envs) == {"NVIDIA_VISIBLE_DEVICES": "1"}
@@ -165,12 +165,12 @@ def test_several_resources_with_envvar_alone_warn_once() -> None:
         args = ("--simulate", "mixed-a100-t4", "--config", str(config))
         warning = "several resources served with deviceListStrategy envvar alone"
         try:
-            async with serving(directory, *args) as (kubelet, serve):
+            async with kubelet_with(directory, *args) as (kubelet, serve):
                 await kubelet.wait_registered(GPU, WAIT_S)
                 await serve.wait_log("serving")
             assert serve.events(warning) == []  # one resource only: no V100 on this node
             config.write_text("resources:\n  gpus:\n  - {pattern: '*A100*', name: a100}\n")
-            async with serving(directory, *args) as (kubelet, serve):
+            async with kubelet_with(directory, *args) as (kubelet, serve):
                 await kubelet.wait_registered("nvidia.com/a100", WAIT_S)
                 line = await serve.wait_log(warning)
                 assert line["resources"] == ["nvidia.com/a100", GPU]

@@ -22,7 +22,15 @@ from nvplugin.kubelet.pods import load_pods
 from nvplugin.node import load_topology
 from nvplugin.plugin.sharing import replica_id
 from tests import WAIT_S
-from tests.e2e.serving import Serve, admit_json, new_dir, node_file, pods_file, run_serve
+from tests.e2e.serving import (
+    Serve,
+    admit_json,
+    kubelet_with,
+    new_dir,
+    node_file,
+    pods_file,
+    run_serve,
+)
 
 NODE = "mixed-a100-t4"
 TOPOLOGY = load_topology(NODE)
@@ -136,41 +144,38 @@ def test_time_sliced_replicas_go_unhealthy_together_on_an_xid() -> None:
     async def body() -> None:
         directory = new_dir()
         node = node_file(new_dir(), NODE, [{"after_s": 1.5, "gpu": 6, "xid": 48}])
-        async with FakeKubelet(directory) as kubelet:
-            serve = Serve(directory, "--simulate", node, "--config", config_file(T4_SHARED))
-            try:
-                await kubelet.wait_registered("nvidia.com/t4-shared", WAIT_S)
-                await kubelet.wait_registered("nvidia.com/a100", WAIT_S)
-                devices = kubelet.devices
-                replicas = [replica_id(u, n) for u in T4 for n in range(4)]
-                await devices.wait_for(
-                    lambda m: len(m.devices("nvidia.com/t4-shared")) == 16, WAIT_S, "16 replicas"
+        plugin_args = ("--simulate", node, "--config", config_file(T4_SHARED))
+        async with kubelet_with(directory, *plugin_args) as (kubelet, _):
+            await kubelet.wait_registered("nvidia.com/t4-shared", WAIT_S)
+            await kubelet.wait_registered("nvidia.com/a100", WAIT_S)
+            devices = kubelet.devices
+            replicas = [replica_id(u, n) for u in T4 for n in range(4)]
+            await devices.wait_for(
+                lambda m: len(m.devices("nvidia.com/t4-shared")) == 16, WAIT_S, "16 replicas"
+            )
+            assert sorted(devices.devices("nvidia.com/t4-shared")) == sorted(replicas)
+            numa = devices.device_numa("nvidia.com/t4-shared")
+            assert numa[replica_id(T4[2], 3)] == (1,) and numa[replica_id(T4[0], 0)] == (0,)
+            # GPU 6 is the third T4: its four replicas, and nothing else, go Unhealthy.
+            gpu6 = TOPOLOGY.gpus[6].uuid
+            await devices.wait_for(
+                lambda m: len(m.unhealthy_devices("nvidia.com/t4-shared")) == 4,
+                WAIT_S,
+                "the Xid on GPU 6",
+            )
+            assert devices.unhealthy_devices("nvidia.com/t4-shared") == frozenset(
+                replica_id(gpu6, n) for n in range(4)
+            )
+            assert devices.unhealthy_devices("nvidia.com/a100") == frozenset()
+            # Allocate: one replica is fine; two fail with the reason (kubelet's wording).
+            response = await devices.allocate("nvidia.com/t4-shared", [replica_id(T4[1], 2)])
+            assert dict(response.envs) == {"NVIDIA_VISIBLE_DEVICES": T4[1]}
+            with pytest.raises(DevicePluginError) as caught:
+                await devices.allocate(
+                    "nvidia.com/t4-shared", [replica_id(T4[0], 0), replica_id(T4[1], 0)]
                 )
-                assert sorted(devices.devices("nvidia.com/t4-shared")) == sorted(replicas)
-                numa = devices.device_numa("nvidia.com/t4-shared")
-                assert numa[replica_id(T4[2], 3)] == (1,) and numa[replica_id(T4[0], 0)] == (0,)
-                # GPU 6 is the third T4: its four replicas, and nothing else, go Unhealthy.
-                gpu6 = TOPOLOGY.gpus[6].uuid
-                await devices.wait_for(
-                    lambda m: len(m.unhealthy_devices("nvidia.com/t4-shared")) == 4,
-                    WAIT_S,
-                    "the Xid on GPU 6",
-                )
-                assert devices.unhealthy_devices("nvidia.com/t4-shared") == frozenset(
-                    replica_id(gpu6, n) for n in range(4)
-                )
-                assert devices.unhealthy_devices("nvidia.com/a100") == frozenset()
-                # Allocate: one replica is fine; two fail with the reason (kubelet's wording).
-                response = await devices.allocate("nvidia.com/t4-shared", [replica_id(T4[1], 2)])
-                assert dict(response.envs) == {"NVIDIA_VISIBLE_DEVICES": T4[1]}
-                with pytest.raises(DevicePluginError) as caught:
-                    await devices.allocate(
-                        "nvidia.com/t4-shared", [replica_id(T4[0], 0), replica_id(T4[1], 0)]
-                    )
-                assert "InvalidArgument" in str(caught.value)
-                assert "failRequestsGreaterThanOne" in str(caught.value)
-            finally:
-                assert serve.stop() == 0
+            assert "InvalidArgument" in str(caught.value)
+            assert "failRequestsGreaterThanOne" in str(caught.value)
 
     run(body)
 
@@ -279,36 +284,33 @@ def test_sighup_splits_and_joins_resources() -> None:
     async def body() -> None:
         directory = new_dir()
         config = config_file("version: v1\n")
-        async with FakeKubelet(directory) as kubelet:
-            serve = Serve(directory, "--simulate", NODE, "--config", config)
-            try:
-                await kubelet.wait_registered("nvidia.com/gpu", WAIT_S)
-                Path(config).write_text(T4_SHARED)
-                serve.send(signal.SIGHUP)
-                await kubelet.devices.wait_for(
-                    lambda m: (
-                        len(m.healthy_devices("nvidia.com/a100")) == 4
-                        and len(m.healthy_devices("nvidia.com/t4-shared")) == 16
-                    ),
-                    WAIT_S,
-                    "a100 and t4-shared after SIGHUP",
-                )
-                sockets = sorted(n for n in os.listdir(directory) if n.startswith("nvplugin-"))
-                assert sockets == ["nvplugin-a100.sock", "nvplugin-t4-shared.sock"]
-                Path(config).write_text("version: v1\n")
-                serve.send(signal.SIGHUP)
-                await kubelet.devices.wait_for(
-                    lambda m: (
-                        m.healthy_devices("nvidia.com/gpu") == frozenset(A100 + T4)
-                        and not os.path.exists(os.path.join(directory, "nvplugin-a100.sock"))
-                    ),
-                    WAIT_S,
-                    "one resource again",
-                )
-                sockets = sorted(n for n in os.listdir(directory) if n.startswith("nvplugin-"))
-                assert sockets == ["nvplugin-gpu.sock"]
-            finally:
-                assert serve.stop() == 0
+        plugin_args = ("--simulate", NODE, "--config", config)
+        async with kubelet_with(directory, *plugin_args) as (kubelet, serve):
+            await kubelet.wait_registered("nvidia.com/gpu", WAIT_S)
+            Path(config).write_text(T4_SHARED)
+            serve.send(signal.SIGHUP)
+            await kubelet.devices.wait_for(
+                lambda m: (
+                    len(m.healthy_devices("nvidia.com/a100")) == 4
+                    and len(m.healthy_devices("nvidia.com/t4-shared")) == 16
+                ),
+                WAIT_S,
+                "a100 and t4-shared after SIGHUP",
+            )
+            sockets = sorted(n for n in os.listdir(directory) if n.startswith("nvplugin-"))
+            assert sockets == ["nvplugin-a100.sock", "nvplugin-t4-shared.sock"]
+            Path(config).write_text("version: v1\n")
+            serve.send(signal.SIGHUP)
+            await kubelet.devices.wait_for(
+                lambda m: (
+                    m.healthy_devices("nvidia.com/gpu") == frozenset(A100 + T4)
+                    and not os.path.exists(os.path.join(directory, "nvplugin-a100.sock"))
+                ),
+                WAIT_S,
+                "one resource again",
+            )
+            sockets = sorted(n for n in os.listdir(directory) if n.startswith("nvplugin-"))
+            assert sockets == ["nvplugin-gpu.sock"]
 
     run(body)
 

@@ -23,7 +23,7 @@ from nvplugin.node import load_topology
 from nvplugin.node.nodefile import builtin_names
 from nvplugin.plugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from tests import WAIT_S, until
-from tests.e2e.serving import Serve, new_dir, node_file, run_serve
+from tests.e2e.serving import Serve, kubelet_with, new_dir, node_file, run_serve
 
 GPU = "nvidia.com/gpu"
 SOCKET = "nvplugin-gpu.sock"
@@ -72,35 +72,32 @@ def distinct(states: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
 def test_register_fields_options_and_list() -> None:
     async def body() -> None:
         directory = new_dir()
-        async with FakeKubelet(directory) as kubelet:
-            serve = Serve(directory, "--simulate", "dgx-1", "--pre-start-required")
-            try:
-                await kubelet.wait_registered(GPU, WAIT_S)
-                record = kubelet.devices.registrations[-1]
-                assert record.version == "v1beta1"
-                assert record.endpoint == SOCKET
-                assert record.resource_name == GPU
-                assert record.error is None
-                assert record.options is not None and record.options.pre_start_required
-                assert record.options.get_preferred_allocation_available
-                options = kubelet.devices.options(GPU)
-                assert options is not None
-                assert options.pre_start_required and options.get_preferred_allocation_available
-                topology = load_topology("dgx-1")
-                await kubelet.devices.wait_for(
-                    lambda m: len(m.healthy_devices(GPU)) == 8, WAIT_S, "8 healthy GPUs"
-                )
-                snapshot = kubelet.devices.snapshots(GPU)[-1]
-                assert [d.id for d in snapshot.devices] == [g.uuid for g in topology.gpus]
-                path = os.path.join(directory, SOCKET)
-                assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
-                assert await kubelet.devices.pre_start_container(GPU, [topology.gpus[0].uuid])
-                started = serve.events("effective config")
-                assert len(started) == 1
-                assert started[0]["config"]["nvplugin"]["preStartRequired"] is True
-                assert started[0]["level"] == "info"
-            finally:
-                assert serve.stop() == 0
+        plugin_args = ("--simulate", "dgx-1", "--pre-start-required")
+        async with kubelet_with(directory, *plugin_args) as (kubelet, serve):
+            await kubelet.wait_registered(GPU, WAIT_S)
+            record = kubelet.devices.registrations[-1]
+            assert record.version == "v1beta1"
+            assert record.endpoint == SOCKET
+            assert record.resource_name == GPU
+            assert record.error is None
+            assert record.options is not None and record.options.pre_start_required
+            assert record.options.get_preferred_allocation_available
+            options = kubelet.devices.options(GPU)
+            assert options is not None
+            assert options.pre_start_required and options.get_preferred_allocation_available
+            topology = load_topology("dgx-1")
+            await kubelet.devices.wait_for(
+                lambda m: len(m.healthy_devices(GPU)) == 8, WAIT_S, "8 healthy GPUs"
+            )
+            snapshot = kubelet.devices.snapshots(GPU)[-1]
+            assert [d.id for d in snapshot.devices] == [g.uuid for g in topology.gpus]
+            path = os.path.join(directory, SOCKET)
+            assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+            assert await kubelet.devices.pre_start_container(GPU, [topology.gpus[0].uuid])
+            started = serve.events("effective config")
+            assert len(started) == 1
+            assert started[0]["config"]["nvplugin"]["preStartRequired"] is True
+            assert started[0]["level"] == "info"
 
     run(body)
 
@@ -160,22 +157,18 @@ async def health_states(
     directory = new_dir()
     node = node_file(new_dir(), "workstation-4gpu", events)
     uuids = [g.uuid for g in load_topology(node).gpus]
-    async with FakeKubelet(directory) as kubelet:
-        serve = Serve(directory, "--simulate", node, *args)
-        try:
-            await kubelet.wait_registered(GPU, WAIT_S)
-            extra = Streams(os.path.join(directory, SOCKET), streams)
-            await kubelet.devices.wait_for(
-                lambda m: len(distinct([s.unhealthy for s in m.snapshots(GPU)])) >= expected_count,
-                WAIT_S,
-                f"{expected_count} health states",
-            )
-            await asyncio.sleep(0.3)  # anything more would be a wrong extra state
-            await extra.close()
-            seen = distinct([s.unhealthy for s in kubelet.devices.snapshots(GPU)])
-            assert serve.events("device health changed")
-        finally:
-            assert serve.stop() == 0
+    async with kubelet_with(directory, "--simulate", node, *args) as (kubelet, serve):
+        await kubelet.wait_registered(GPU, WAIT_S)
+        extra = Streams(os.path.join(directory, SOCKET), streams)
+        await kubelet.devices.wait_for(
+            lambda m: len(distinct([s.unhealthy for s in m.snapshots(GPU)])) >= expected_count,
+            WAIT_S,
+            f"{expected_count} health states",
+        )
+        await asyncio.sleep(0.3)  # anything more would be a wrong extra state
+        await extra.close()
+        seen = distinct([s.unhealthy for s in kubelet.devices.snapshots(GPU)])
+        assert serve.events("device health changed")
     return uuids, seen, [distinct(states) for states in extra.states]
 
 
@@ -245,25 +238,22 @@ def test_recovery_and_configured_xids() -> None:
             "version: v1\nnvplugin:\n  health:\n    xids: {ignore: [48], critical: [13]}\n"
             "    recovery: {quietPeriod: 500ms}\n"
         )
-        async with FakeKubelet(directory) as kubelet:
-            serve = Serve(directory, "--simulate", node, "--config", str(config))
-            try:
-                await kubelet.wait_registered(GPU, WAIT_S)
-                await kubelet.devices.wait_for(
-                    lambda m: len(distinct([s.unhealthy for s in m.snapshots(GPU)])) >= 5,
-                    WAIT_S,
-                    "GPUs 3 and 1 unhealthy, then recovered",
-                )
-                seen = distinct([s.unhealthy for s in kubelet.devices.snapshots(GPU)])
-                assert seen == [
-                    (),
-                    (uuids[3],),
-                    (uuids[1], uuids[3]),
-                    (uuids[1],),  # 3 was not lost: it recovers after 0.5 s quiet
-                    (),  # 1 recovers once its probe works again
-                ]
-            finally:
-                assert serve.stop() == 0
+        plugin_args = ("--simulate", node, "--config", str(config))
+        async with kubelet_with(directory, *plugin_args) as (kubelet, _):
+            await kubelet.wait_registered(GPU, WAIT_S)
+            await kubelet.devices.wait_for(
+                lambda m: len(distinct([s.unhealthy for s in m.snapshots(GPU)])) >= 5,
+                WAIT_S,
+                "GPUs 3 and 1 unhealthy, then recovered",
+            )
+            seen = distinct([s.unhealthy for s in kubelet.devices.snapshots(GPU)])
+            assert seen == [
+                (),
+                (uuids[3],),
+                (uuids[1], uuids[3]),
+                (uuids[1],),  # 3 was not lost: it recovers after 0.5 s quiet
+                (),  # 1 recovers once its probe works again
+            ]
 
     run(body)
 
@@ -274,18 +264,15 @@ def test_health_disabled_ignores_every_event() -> None:
         node = node_file(new_dir(), "workstation-4gpu", [{"after_s": 0.1, "gpu": 1, "xid": 48}])
         config = Path(new_dir()) / "config.yaml"
         config.write_text("version: v1\nnvplugin:\n  health: {enabled: false}\n")
-        async with FakeKubelet(directory) as kubelet:
-            serve = Serve(directory, "--simulate", node, "--config", str(config))
-            try:
-                await kubelet.wait_registered(GPU, WAIT_S)
-                await kubelet.devices.wait_for(
-                    lambda m: len(m.healthy_devices(GPU)) == 4, WAIT_S, "4 healthy GPUs"
-                )
-                await asyncio.sleep(1.0)  # the Xid (0.1 s after start) must change nothing
-                assert kubelet.devices.unhealthy_devices(GPU) == frozenset()
-                assert len(kubelet.devices.healthy_devices(GPU)) == 4
-            finally:
-                assert serve.stop() == 0
+        plugin_args = ("--simulate", node, "--config", str(config))
+        async with kubelet_with(directory, *plugin_args) as (kubelet, _):
+            await kubelet.wait_registered(GPU, WAIT_S)
+            await kubelet.devices.wait_for(
+                lambda m: len(m.healthy_devices(GPU)) == 4, WAIT_S, "4 healthy GPUs"
+            )
+            await asyncio.sleep(1.0)  # the Xid (0.1 s after start) must change nothing
+            assert kubelet.devices.unhealthy_devices(GPU) == frozenset()
+            assert len(kubelet.devices.healthy_devices(GPU)) == 4
 
     run(body)
 
@@ -296,39 +283,35 @@ def test_health_disabled_ignores_every_event() -> None:
 def test_kubelet_restarts_twenty_times() -> None:
     async def body() -> None:
         directory = new_dir()
-        async with FakeKubelet(directory) as kubelet:
-            serve = Serve(directory, "--simulate", "dgx-a100")
-            try:
+        async with kubelet_with(directory, "--simulate", "dgx-a100") as (kubelet, serve):
+            await kubelet.wait_registered(GPU, WAIT_S)
+            fds: list[int] = []
+            for n in range(20):
+                await kubelet.restart()
                 await kubelet.wait_registered(GPU, WAIT_S)
-                fds: list[int] = []
-                for n in range(20):
-                    await kubelet.restart()
-                    await kubelet.wait_registered(GPU, WAIT_S)
-                    await kubelet.devices.wait_for(
-                        lambda m: len(m.healthy_devices(GPU)) == 8, WAIT_S, "8 healthy GPUs"
-                    )
-                    await serve.wait_log(
-                        "registered with kubelet", where=lambda e, n=n: e["registrations"] == n + 2
-                    )
-                    fds.append(await serve.settled_fds())
-                records = kubelet.devices.registrations
-                assert len(records) == 21
-                assert all(r.error is None for r in records)
-                tasks = [e["tasks"] for e in serve.events("registered with kubelet")]
-                assert len(tasks) == 21
-                # No leaks: a leak of one fd or task per restart would add 15 between the first
-                # and the last five restarts. Counts taken mid-handshake vary by a few (a
-                # connection being set up or torn down), so compare the fewest seen late with
-                # the most seen early, with room for that noise but not for a steady leak.
-                assert min(tasks[-5:]) <= max(tasks[1:6]) + 2, tasks
-                assert min(fds[-5:]) <= max(fds[:5]) + 2, fds
-                # Still answers, on the new socket.
-                pref = await kubelet.devices.get_preferred_allocation(
-                    GPU, sorted(kubelet.devices.healthy_devices(GPU)), [], 2
+                await kubelet.devices.wait_for(
+                    lambda m: len(m.healthy_devices(GPU)) == 8, WAIT_S, "8 healthy GPUs"
                 )
-                assert pref is not None and len(pref) == 2
-            finally:
-                assert serve.stop() == 0
+                await serve.wait_log(
+                    "registered with kubelet", where=lambda e, n=n: e["registrations"] == n + 2
+                )
+                fds.append(await serve.settled_fds())
+            records = kubelet.devices.registrations
+            assert len(records) == 21
+            assert all(r.error is None for r in records)
+            tasks = [e["tasks"] for e in serve.events("registered with kubelet")]
+            assert len(tasks) == 21
+            # No leaks: a leak of one fd or task per restart would add 15 between the first
+            # and the last five restarts. Counts taken mid-handshake vary by a few (a
+            # connection being set up or torn down), so compare the fewest seen late with
+            # the most seen early, with room for that noise but not for a steady leak.
+            assert min(tasks[-5:]) <= max(tasks[1:6]) + 2, tasks
+            assert min(fds[-5:]) <= max(fds[:5]) + 2, fds
+            # Still answers, on the new socket.
+            pref = await kubelet.devices.get_preferred_allocation(
+                GPU, sorted(kubelet.devices.healthy_devices(GPU)), [], 2
+            )
+            assert pref is not None and len(pref) == 2
 
     run(body)
 
@@ -358,36 +341,32 @@ def test_preferred_allocation_and_allocate_through_the_kubelet() -> None:
         topology = load_topology("dgx-2")
         policy = make_policy("best-effort", topology)
         uuid = [g.uuid for g in topology.gpus]
-        async with FakeKubelet(directory) as kubelet:
-            serve = Serve(directory, "--simulate", "dgx-2")
-            try:
-                await kubelet.wait_registered(GPU, WAIT_S)
-                dm = kubelet.devices
-                for available, must, size in [
-                    (range(16), [], 4),
-                    (range(16), [], 7),
-                    ([0, 3, 5, 6, 9, 12, 13], [5], 3),
-                    (range(16), [15, 0], 8),
-                ]:
-                    got = await dm.get_preferred_allocation(
-                        GPU, [uuid[i] for i in available], [uuid[i] for i in must], size
-                    )
-                    assert got == [uuid[i] for i in policy.allocate(list(available), must, size)]
-                assert await dm.get_preferred_allocation(GPU, uuid[:2], [], 3) == []
-                with pytest.raises(DevicePluginError) as caught:
-                    await dm.get_preferred_allocation(GPU, [*uuid[:2], "GPU-nope"], [], 1)
-                assert "unknown device GPU-nope" in str(caught.value)
-                with pytest.raises(DevicePluginError) as caught:
-                    await dm.get_preferred_allocation(GPU, uuid[:2], [uuid[5]], 1)
-                assert f"device {uuid[5]} is not in available_deviceIDs" in str(caught.value)
-                response = await dm.allocate(GPU, [uuid[9], uuid[3]])
-                assert dict(response.envs) == {"NVIDIA_VISIBLE_DEVICES": f"{uuid[3]},{uuid[9]}"}
-                with pytest.raises(DevicePluginError) as caught:
-                    await dm.allocate(GPU, [uuid[1], "GPU-gone"])
-                assert "unknown device GPU-gone" in str(caught.value)
-                assert serve.process.poll() is None  # bad requests never kill the daemon
-            finally:
-                assert serve.stop() == 0
+        async with kubelet_with(directory, "--simulate", "dgx-2") as (kubelet, serve):
+            await kubelet.wait_registered(GPU, WAIT_S)
+            dm = kubelet.devices
+            for available, must, size in [
+                (range(16), [], 4),
+                (range(16), [], 7),
+                ([0, 3, 5, 6, 9, 12, 13], [5], 3),
+                (range(16), [15, 0], 8),
+            ]:
+                got = await dm.get_preferred_allocation(
+                    GPU, [uuid[i] for i in available], [uuid[i] for i in must], size
+                )
+                assert got == [uuid[i] for i in policy.allocate(list(available), must, size)]
+            assert await dm.get_preferred_allocation(GPU, uuid[:2], [], 3) == []
+            with pytest.raises(DevicePluginError) as caught:
+                await dm.get_preferred_allocation(GPU, [*uuid[:2], "GPU-nope"], [], 1)
+            assert "unknown device GPU-nope" in str(caught.value)
+            with pytest.raises(DevicePluginError) as caught:
+                await dm.get_preferred_allocation(GPU, uuid[:2], [uuid[5]], 1)
+            assert f"device {uuid[5]} is not in available_deviceIDs" in str(caught.value)
+            response = await dm.allocate(GPU, [uuid[9], uuid[3]])
+            assert dict(response.envs) == {"NVIDIA_VISIBLE_DEVICES": f"{uuid[3]},{uuid[9]}"}
+            with pytest.raises(DevicePluginError) as caught:
+                await dm.allocate(GPU, [uuid[1], "GPU-gone"])
+            assert "unknown device GPU-gone" in str(caught.value)
+            assert serve.process.poll() is None  # bad requests never kill the daemon
 
     run(body)
 
@@ -510,27 +489,23 @@ def test_signal_stops_cleanly(sig: int) -> None:
 def test_second_serve_on_the_same_socket_exits_1() -> None:
     async def body() -> None:
         directory = new_dir()
-        async with FakeKubelet(directory) as kubelet:
-            first = Serve(directory, "--simulate", "workstation-4gpu")
-            try:
-                await kubelet.wait_registered(GPU, WAIT_S)
-                path = os.path.join(directory, SOCKET)
-                inode = os.stat(path).st_ino
-                result = await asyncio.to_thread(
-                    run_serve, "--simulate", "workstation-4gpu", "--device-plugin-dir", directory
-                )
-                assert result.returncode == 1, result.stderr
-                assert f"another live process is serving {path}" in result.stderr
-                assert "Traceback" not in result.stderr
-                assert os.stat(path).st_ino == inode
-                assert first.process.poll() is None
-                async with grpc.aio.insecure_channel(f"unix:{path}") as channel:
-                    stub = api_pb2_grpc.DevicePluginStub(channel)
-                    await stub.GetDevicePluginOptions(api_pb2.Empty(), timeout=WAIT_S)
-                assert kubelet.devices.is_registered(GPU)
-                assert len(kubelet.devices.registrations) == 1
-            finally:
-                assert first.stop() == 0
+        async with kubelet_with(directory, "--simulate", "workstation-4gpu") as (kubelet, first):
+            await kubelet.wait_registered(GPU, WAIT_S)
+            path = os.path.join(directory, SOCKET)
+            inode = os.stat(path).st_ino
+            result = await asyncio.to_thread(
+                run_serve, "--simulate", "workstation-4gpu", "--device-plugin-dir", directory
+            )
+            assert result.returncode == 1, result.stderr
+            assert f"another live process is serving {path}" in result.stderr
+            assert "Traceback" not in result.stderr
+            assert os.stat(path).st_ino == inode
+            assert first.process.poll() is None
+            async with grpc.aio.insecure_channel(f"unix:{path}") as channel:
+                stub = api_pb2_grpc.DevicePluginStub(channel)
+                await stub.GetDevicePluginOptions(api_pb2.Empty(), timeout=WAIT_S)
+            assert kubelet.devices.is_registered(GPU)
+            assert len(kubelet.devices.registrations) == 1
 
     run(body)
 

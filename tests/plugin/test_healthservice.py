@@ -26,7 +26,7 @@ from nvplugin.plugin.healthservice import (
     add_to_server,
 )
 from tests import WAIT_S, until
-from tests.e2e.serving import Serve, new_dir, node_file
+from tests.e2e.serving import Serve, kubelet_with, new_dir, node_file
 
 GPU = "nvidia.com/gpu"
 
@@ -190,20 +190,16 @@ def test_probe_a_real_plugin_unregistered_registered_and_without_healthy_gpus() 
         # After discovery (a GPU lost before it is a start-up error), soon after start.
         events = [{"after_s": 2.0, "gpu": g, "lost": True} for g in range(4)]
         node = node_file(new_dir(), "workstation-4gpu", events)
-        async with FakeKubelet(directory) as kubelet:
-            serve = Serve(directory, "--simulate", node)
-            try:
-                await serve.wait_log("registered with kubelet")  # the health service knows
-                # The plugin updates its health service before it sends the device list.
-                await kubelet.devices.wait_for(
-                    lambda m: len(m.unhealthy_devices(GPU)) == 4, WAIT_S, "every GPU lost"
-                )
-                lost = await asyncio.to_thread(_probe, socket_path)
-                assert lost.returncode == 1
-                assert "NOT_SERVING: registered, but no healthy GPU (0 of 4" in lost.stderr
-                assert (await asyncio.to_thread(_probe, socket_path, "--live")).returncode == 0
-            finally:
-                assert serve.stop() == 0
+        async with kubelet_with(directory, "--simulate", node) as (kubelet, serve):
+            await serve.wait_log("registered with kubelet")  # the health service knows
+            # The plugin updates its health service before it sends the device list.
+            await kubelet.devices.wait_for(
+                lambda m: len(m.unhealthy_devices(GPU)) == 4, WAIT_S, "every GPU lost"
+            )
+            lost = await asyncio.to_thread(_probe, socket_path)
+            assert lost.returncode == 1
+            assert "NOT_SERVING: registered, but no healthy GPU (0 of 4" in lost.stderr
+            assert (await asyncio.to_thread(_probe, socket_path, "--live")).returncode == 0
 
     run(body, 4 * WAIT_S)
 
@@ -216,17 +212,14 @@ def test_serving_without_healthy_gpus_when_configured() -> None:
         )
         config = Path(new_dir()) / "config.yaml"
         config.write_text("nvplugin:\n  healthService:\n    notServingWithoutHealthyGpus: false\n")
-        async with FakeKubelet(directory) as kubelet:
-            serve = Serve(directory, "--simulate", node, "--config", str(config))
-            try:
-                await serve.wait_log("registered with kubelet")  # the health service knows
-                await kubelet.devices.wait_for(
-                    lambda m: len(m.unhealthy_devices(GPU)) == 4, WAIT_S, "every GPU unhealthy"
-                )
-                done = await asyncio.to_thread(_probe, os.path.join(directory, "nvplugin-gpu.sock"))
-                assert done.returncode == 0, done.stderr
-                assert "SERVING: registered with the kubelet, 0 of 4 GPUs healthy" in done.stdout
-            finally:
-                assert serve.stop() == 0
+        plugin_args = ("--simulate", node, "--config", str(config))
+        async with kubelet_with(directory, *plugin_args) as (kubelet, serve):
+            await serve.wait_log("registered with kubelet")  # the health service knows
+            await kubelet.devices.wait_for(
+                lambda m: len(m.unhealthy_devices(GPU)) == 4, WAIT_S, "every GPU unhealthy"
+            )
+            done = await asyncio.to_thread(_probe, os.path.join(directory, "nvplugin-gpu.sock"))
+            assert done.returncode == 0, done.stderr
+            assert "SERVING: registered with the kubelet, 0 of 4 GPUs healthy" in done.stdout
 
     run(body)

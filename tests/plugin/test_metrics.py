@@ -19,13 +19,12 @@ from nvplugin.allocator import make_policy
 from nvplugin.config import load_config
 from nvplugin.config.rules import parse_address
 from nvplugin.errors import InputError, NvpluginError
-from nvplugin.kubelet.kubelet import FakeKubelet
 from nvplugin.node import load_topology
 from nvplugin.plugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from nvplugin.plugin.metrics import Metrics, metrics_endpoint
 from nvplugin.plugin.server import DevicePluginService, PluginSocket
 from tests import WAIT_S, until
-from tests.e2e.serving import Serve, new_dir, node_file
+from tests.e2e.serving import Serve, kubelet_with, new_dir, node_file
 
 GPU = "nvidia.com/gpu"
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -231,23 +230,18 @@ def test_a_real_plugin_counts_registrations_restarts_xids_and_devices() -> None:
             {"after_s": 2.2, "gpu": 1, "xid": 48},  # critical
         ]
         node = node_file(new_dir(), "workstation-4gpu", events)
-        async with FakeKubelet(directory) as kubelet:
-            serve = Serve(directory, "--simulate", node, "--metrics-address", "127.0.0.1:0")
-            try:
-                await kubelet.wait_registered(GPU, WAIT_S)
-                port = int((await serve.wait_log("serving metrics"))["port"])
-                assert _listening_tcp(serve.pid) == [("0100007F", port)]  # 127.0.0.1 only
-                await kubelet.devices.wait_for(
-                    lambda m: len(m.unhealthy_devices(GPU)) == 1, WAIT_S, "GPU 1 unhealthy"
-                )
-                await kubelet.restart()
-                await kubelet.wait_registered(GPU, WAIT_S)
-                await serve.wait_log(
-                    "registered with kubelet", 5, lambda e: e["registrations"] == 2
-                )
-                found = samples(await asyncio.to_thread(scrape, port))
-            finally:
-                assert serve.stop() == 0
+        plugin_args = ("--simulate", node, "--metrics-address", "127.0.0.1:0")
+        async with kubelet_with(directory, *plugin_args) as (kubelet, serve):
+            await kubelet.wait_registered(GPU, WAIT_S)
+            port = int((await serve.wait_log("serving metrics"))["port"])
+            assert _listening_tcp(serve.pid) == [("0100007F", port)]  # 127.0.0.1 only
+            await kubelet.devices.wait_for(
+                lambda m: len(m.unhealthy_devices(GPU)) == 1, WAIT_S, "GPU 1 unhealthy"
+            )
+            await kubelet.restart()
+            await kubelet.wait_registered(GPU, WAIT_S)
+            await serve.wait_log("registered with kubelet", 5, lambda e: e["registrations"] == 2)
+            found = samples(await asyncio.to_thread(scrape, port))
         assert value(found, "nvplugin_registrations_total", resource=GPU) == 2
         assert value(found, "nvplugin_kubelet_restarts_total", resource=GPU) == 1
         assert value(found, "nvplugin_xid_events_total", gpu="0", xid="13") == 1
@@ -264,14 +258,10 @@ def test_a_real_plugin_counts_registrations_restarts_xids_and_devices() -> None:
 def test_no_listening_socket_without_metrics_address() -> None:
     async def body() -> None:
         directory = new_dir()
-        async with FakeKubelet(directory) as kubelet:
-            serve = Serve(directory, "--simulate", "workstation-4gpu")
-            try:
-                await kubelet.wait_registered(GPU, WAIT_S)
-                assert _listening_tcp(serve.pid) == []
-                assert not serve.events("serving metrics")
-            finally:
-                assert serve.stop() == 0
+        async with kubelet_with(directory, "--simulate", "workstation-4gpu") as (kubelet, serve):
+            await kubelet.wait_registered(GPU, WAIT_S)
+            assert _listening_tcp(serve.pid) == []
+            assert not serve.events("serving metrics")
 
     run(body)
 

@@ -24,7 +24,7 @@ from nvplugin.plugin.listing import (
 from nvplugin.plugin.resources import plan_resources
 from nvplugin.plugin.sharing import Replicas
 from tests import WAIT_S
-from tests.e2e.serving import new_dir, run_serve, serving
+from tests.e2e.serving import kubelet_with, new_dir, run_serve
 
 DGX2 = load_topology("dgx-2")
 
@@ -88,7 +88,7 @@ def test_reload_keeps_the_running_config() -> None:
         config.write_text(slicing(4))
         try:
             args = ("--simulate", "dgx-2", "--config", str(config))
-            async with serving(directory, *args) as (kubelet, serve):
+            async with kubelet_with(directory, *args) as (kubelet, serve):
                 await kubelet.wait_registered("nvidia.com/gpu", WAIT_S)
                 # The registration is recorded before the stream brings the devices.
                 await kubelet.devices.wait_for(

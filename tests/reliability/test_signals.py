@@ -26,7 +26,7 @@ from nvplugin.kubelet.devicemanager import DeviceManager
 from nvplugin.kubelet.kubelet import FakeKubelet
 from nvplugin.plugin import daemon as daemon_module
 from nvplugin.plugin.daemon import Daemon
-from tests.e2e.serving import Serve, new_dir, remove_dir
+from tests.e2e.serving import Serve, kubelet_with, new_dir, remove_dir
 from tests.reliability.harness import GPU, SOCKET, caught_signals
 from tests.reliability.scenarios import uuids
 from tests.reliability.test_inputs import ALIAS_BOMB
@@ -94,41 +94,38 @@ def test_a_sighup_whose_config_fails_in_any_way_keeps_the_plugin_serving() -> No
         config.write_text("version: v1\n")
         every = frozenset(uuids(NODE))
         try:
-            async with FakeKubelet(directory) as kubelet:
-                serve = Serve(directory, "--simulate", NODE, "--config", str(config))
-                try:
-                    dm = kubelet.devices
-                    await kubelet.wait_registered(GPU, timeout=20)
-                    await dm.wait_for(lambda m: _still_serving(m, every), 10, "4 healthy GPUs")
-                    endpoint = dm.primary(GPU)
-                    failed = "config reload failed; keeping the running config"
-                    for number, (name, (breaks, fragment)) in enumerate(BROKEN.items()):
-                        if config.is_dir():
-                            config.rmdir()
-                        elif config.exists() or config.is_fifo():
-                            config.unlink()
-                        config.write_text("version: v1\n")
-                        breaks(config)
-                        serve.send(signal.SIGHUP)
-                        await _wait_count(serve, failed, number + 1)
-                        error = serve.events(failed)[number]["error"]
-                        assert str(config) in error and fragment in error, (name, error)
-                        assert len(error) < 1000, (name, "an error must not render the input")
-                        assert serve.process.poll() is None, name
-                        assert _still_serving(dm, every), name
-                        assert dm.primary(GPU) is endpoint, (name, "the stream ended")
-                    # Still able to reload: a good config is applied (in place, still registered).
+            plugin_args = ("--simulate", NODE, "--config", str(config))
+            async with kubelet_with(directory, *plugin_args) as (kubelet, serve):
+                dm = kubelet.devices
+                await kubelet.wait_registered(GPU, timeout=20)
+                await dm.wait_for(lambda m: _still_serving(m, every), 10, "4 healthy GPUs")
+                endpoint = dm.primary(GPU)
+                failed = "config reload failed; keeping the running config"
+                for number, (name, (breaks, fragment)) in enumerate(BROKEN.items()):
                     if config.is_dir():
                         config.rmdir()
                     elif config.exists() or config.is_fifo():
                         config.unlink()
-                    config.write_text("version: v1\nnvplugin: {log: {level: debug}}\n")
+                    config.write_text("version: v1\n")
+                    breaks(config)
                     serve.send(signal.SIGHUP)
-                    await serve.wait_log("config applied in place; still registered", 20)
-                    assert len(dm.registrations) == 1 and dm.primary(GPU) is endpoint
-                    assert "Traceback" not in serve.text()
-                finally:
-                    assert serve.stop() == 0
+                    await _wait_count(serve, failed, number + 1)
+                    error = serve.events(failed)[number]["error"]
+                    assert str(config) in error and fragment in error, (name, error)
+                    assert len(error) < 1000, (name, "an error must not render the input")
+                    assert serve.process.poll() is None, name
+                    assert _still_serving(dm, every), name
+                    assert dm.primary(GPU) is endpoint, (name, "the stream ended")
+                # Still able to reload: a good config is applied (in place, still registered).
+                if config.is_dir():
+                    config.rmdir()
+                elif config.exists() or config.is_fifo():
+                    config.unlink()
+                config.write_text("version: v1\nnvplugin: {log: {level: debug}}\n")
+                serve.send(signal.SIGHUP)
+                await serve.wait_log("config applied in place; still registered", 20)
+                assert len(dm.registrations) == 1 and dm.primary(GPU) is endpoint
+                assert "Traceback" not in serve.text()
         finally:
             remove_dir(directory)
             remove_dir(config_dir)
