@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 from nvplugin.kubelet.kubelet import FakeKubelet
+from tests import until
 from tests.chart.rendering import Rendered, render
 
 POD_DIR = "/var/lib/kubelet/device-plugins"
@@ -127,6 +128,7 @@ async def _scenario(
                 )
             except TimeoutError as exc:
                 raise AssertionError(f"{exc}\nplugin output:\n{log_path.read_text()}") from None
+            await _plugin_registered(log_path, 1)
             record = kubelet.devices.registrations[-1]
             assert record.error is None
             assert record.endpoint == "nvplugin-a100.sock"
@@ -231,6 +233,7 @@ def test_probes_pass_when_the_config_renames_the_plugin_sockets(
                     await kubelet.wait_registered(resource, timeout=60)
             except TimeoutError as exc:
                 raise AssertionError(f"{exc}\n{log_path.read_text()}") from None
+            await _plugin_registered(log_path, 2)
             sockets = sorted(n for n in os.listdir(plugin_dir) if n.startswith("nvplugin-"))
             assert sockets == ["nvplugin-a100.sock", "nvplugin-gpu.shared.sock"]
             for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
@@ -242,13 +245,33 @@ def test_probes_pass_when_the_config_renames_the_plugin_sockets(
     asyncio.run(scenario())
 
 
-def _logged_port(log_path: Path, event: str) -> int:
-    """The port in the plugin's log line ``event`` (``serving metrics``, ...)."""
+def _logged(log_path: Path, event: str) -> list[dict[str, Any]]:
+    """The plugin's JSON log lines ``event`` so far."""
+    found = []
     for line in log_path.read_text().splitlines():
         with contextlib.suppress(ValueError):
             record = json.loads(line)
             if isinstance(record, dict) and record.get("event") == event:
-                return int(record["port"])
+                found.append(record)
+    return found
+
+
+async def _plugin_registered(log_path: Path, endpoints: int) -> None:
+    """Wait until the plugin says each of its ``endpoints`` is registered. The fake kubelet
+    records a registration when the Register RPC arrives; the plugin counts itself registered
+    (and its readiness probe says SERVING) once the reply is back, a moment later."""
+    await until(
+        lambda: (
+            len({r["endpoint"] for r in _logged(log_path, "registered with kubelet")}) >= endpoints
+        ),
+        f"{endpoints} 'registered with kubelet' log lines",
+    )
+
+
+def _logged_port(log_path: Path, event: str) -> int:
+    """The port in the plugin's log line ``event`` (``serving metrics``, ...)."""
+    for record in _logged(log_path, event):
+        return int(record["port"])
     raise AssertionError(f"no {event!r} line in:\n{log_path.read_text()}")
 
 
@@ -261,14 +284,9 @@ def _metric_lines(log_path: Path, prefix: str) -> list[str]:
 
 
 def _effective_config(log_path: Path) -> dict[str, Any]:
-    for line in log_path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict) and record.get("event") == "effective config":
-            config: dict[str, Any] = record["config"]
-            return config
+    for record in _logged(log_path, "effective config"):
+        config: dict[str, Any] = record["config"]
+        return config
     raise AssertionError(f"no 'effective config' log line in:\n{log_path.read_text()}")
 
 
@@ -329,6 +347,7 @@ def test_the_charts_mig_strategy_reaches_the_plugin(dirs: tuple[str, Path]) -> N
                 )
             except TimeoutError as exc:
                 raise AssertionError(f"{exc}\n{log_path.read_text()}") from None
+            await _plugin_registered(log_path, len(counts))
             status, body = await _kubelet_probe(rendered, "readinessProbe", log_path)
             assert status == 200, body
             assert all(f"{name}: SERVING" in body for name in counts)
