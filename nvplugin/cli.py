@@ -102,17 +102,11 @@ def devices(
     labels = mig_labels = plan_dict = None
     if config_path is not None or mig_strategy is not None:
         from nvplugin.config import load_config
-        from nvplugin.plugin.resources import plan_resources
+        from nvplugin.plugin.resources import plan_for
 
         flags = {} if mig_strategy is None else {"flags.migStrategy": mig_strategy}
         config = load_config(config_path, flags=flags)
-        plan = plan_resources(
-            topo.gpus,
-            config.resource_name,
-            config.resources,
-            config.time_slicing,
-            config.mig_strategy,
-        )
+        plan = plan_for(config, topo.gpus)
         for warning in plan.warnings:
             click.echo(f"warning: {warning}", err=True)
         labels, mig_labels, plan_dict = plan.labels(), plan.mig_labels(), plan.as_dict()

@@ -54,7 +54,7 @@ from nvplugin.kubelet.topologymanager import (
 )
 from nvplugin.kubelet.topologymanager.options import POLICY_NONE
 from nvplugin.node.model import Topology, format_cpu_list
-from nvplugin.plugin.resources import plan_resources
+from nvplugin.plugin.resources import plan_for
 from nvplugin.plugin.sharing import REPLICA_SEPARATOR
 
 RESOURCE = "nvidia.com/gpu"
@@ -456,13 +456,7 @@ def expected_resources(config: Config, topology: Topology) -> dict[str, int]:
     """The resources the plugin will register on this node under ``config``, with their device
     counts: the plugin's own resource plan (MIG strategy, resources by model, exclusions,
     time-slicing replicas)."""
-    plan = plan_resources(
-        topology.gpus,
-        config.resource_name,
-        config.resources,
-        config.time_slicing,
-        config.mig_strategy,
-    )
+    plan = plan_for(config, topology.gpus)
     return {served.name: served.device_count for served in plan.resources}
 
 

@@ -53,7 +53,7 @@ from nvplugin.plugin.healthservice import PluginHealthService
 from nvplugin.plugin.httpendpoint import HttpEndpoint, Response
 from nvplugin.plugin.metrics import Metrics, metrics_endpoint
 from nvplugin.plugin.registration import SERVE_AGAIN_GIVE_UP_S, DirWatcher, Registrar
-from nvplugin.plugin.resources import ServedResource, plan_resources
+from nvplugin.plugin.resources import ServedResource, plan_for
 from nvplugin.plugin.responses import Responder, check_caps, make_responder
 from nvplugin.plugin.server import DevicePluginService, PluginSocket
 from nvplugin.plugin.signals import HANDLED, PendingSignals
@@ -362,13 +362,7 @@ class Daemon:
         assert self._node is not None
         loop = asyncio.get_running_loop()
         topology = self._node.topology
-        plan = plan_resources(
-            topology.gpus,
-            config.resource_name,
-            config.resources,
-            config.time_slicing,
-            config.mig_strategy,
-        )
+        plan = plan_for(config, topology.gpus)
         if config.pass_device_specs:  # MIG devices need their nvidia-caps nodes: known now
             check_caps([device for served in plan.resources for device in served.bases])
         for warning in plan.warnings:  # once per start (and per reload): config doing nothing
@@ -580,13 +574,7 @@ class Daemon:
         try:
             config = self._reload()
             if self._node is not None:  # what only the node can tell (MIG, the kubelet's limit)
-                plan_resources(
-                    self._node.topology.gpus,
-                    config.resource_name,
-                    config.resources,
-                    config.time_slicing,
-                    config.mig_strategy,
-                )
+                plan_for(config, self._node.topology.gpus)
         except Exception as exc:
             self._log.error("config reload failed; keeping the running config", error=reason(exc))
             return

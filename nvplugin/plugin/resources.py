@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from nvplugin.config.layout import (
     GpuPattern,
@@ -30,6 +31,9 @@ from nvplugin.plugin.listing import check_listing
 from nvplugin.plugin.migstrategy import ServedMig, apply_strategy
 from nvplugin.plugin.sharing import NOT_SHARED, Device, Replicas, base_devices
 from nvplugin.resourcenames import socket_name
+
+if TYPE_CHECKING:
+    from nvplugin.config.model import Config
 
 EXCLUDED_LABEL = "(excluded)"
 
@@ -142,6 +146,14 @@ class ResourcePlan:
             "empty": list(self.empty),
             "warnings": list(self.warnings),
         }
+
+
+def plan_for(config: Config, gpus: Sequence[Gpu]) -> ResourcePlan:
+    """:func:`plan_resources` with ``config``'s resource name, rules, time-slicing and MIG
+    strategy: what the plugin serves of ``gpus`` under ``config``."""
+    return plan_resources(
+        gpus, config.resource_name, config.resources, config.time_slicing, config.mig_strategy
+    )
 
 
 def plan_resources(

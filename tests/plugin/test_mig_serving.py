@@ -23,7 +23,7 @@ from nvplugin.errors import InputError, NvpluginError
 from nvplugin.node import load_topology
 from nvplugin.node.mig import caps_minor
 from nvplugin.plugin.api.v1beta1 import api_pb2, api_pb2_grpc
-from nvplugin.plugin.resources import ResourcePlan, ServedResource, plan_resources
+from nvplugin.plugin.resources import ResourcePlan, ServedResource, plan_for
 from nvplugin.plugin.responses import check_caps, make_responder
 from nvplugin.plugin.server import DevicePluginService, PluginSocket
 from nvplugin.plugin.sharing import Replicas, base_devices, replica_id
@@ -64,9 +64,7 @@ def config_of(text: str = "", strategy: str = "mixed") -> Config:
 
 
 def plan_of(config: Config, gpus: Any = NODE.gpus) -> ResourcePlan:
-    return plan_resources(
-        gpus, config.resource_name, config.resources, config.time_slicing, config.mig_strategy
-    )
+    return plan_for(config, gpus)
 
 
 def counts(plan: ResourcePlan) -> dict[str, int]:
