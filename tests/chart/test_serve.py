@@ -92,23 +92,32 @@ def _on_host(words: list[str], plugin_dir: str, config: Path) -> list[str]:
     return out
 
 
+def _on_this_host(
+    rendered: Rendered, plugin_dir: str, work: Path
+) -> tuple[list[str], dict[str, str], Path]:
+    """The rendered pod's plugin as this test runs it: the config its ConfigMap mounts, written
+    to ``work/config.yaml``; the pod's paths replaced by the test's (args); nothing but what the
+    chart sets reaching the plugin's NVPLUGIN_ reader, and the health endpoint on loopback (env);
+    where its output goes (``work/serve.log``)."""
+    config = work / "config.yaml"
+    config.write_text(_config_text(rendered))
+    args = _on_host(rendered.container["args"], plugin_dir, config)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NVPLUGIN_")} | rendered.env
+    _on_loopback(rendered, env)
+    return args, env, work / "serve.log"
+
+
 def test_rendered_chart_starts_a_plugin_that_registers_and_passes_its_probe(
     dirs: tuple[str, Path],
 ) -> None:
     plugin_dir, work = dirs
     rendered = render(VALUES)
-    config = work / "config.yaml"
-    config.write_text(_config_text(rendered))
-    args = _on_host(rendered.container["args"], plugin_dir, config)
+    args, env, log_path = _on_this_host(rendered, plugin_dir, work)
     assert args[:1] == ["serve"] and args[-2:] == ["--simulate", "dgx-a100"]
-    # The pod's environment: nothing but what the chart sets reaches the plugin's NVPLUGIN_ reader.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NVPLUGIN_")} | rendered.env
     # The pod's 0.0.0.0:9400 is its own network namespace; here: loopback, a port the OS picks.
     assert env["NVPLUGIN_METRICS_ADDRESS"] == "0.0.0.0:9400"
     env["NVPLUGIN_METRICS_ADDRESS"] = "127.0.0.1:0"
-    _on_loopback(rendered, env)
-    log_path = work / "serve.log"
-    asyncio.run(_scenario(rendered, args, env, plugin_dir, config, log_path))
+    asyncio.run(_scenario(rendered, args, env, plugin_dir, work / "config.yaml", log_path))
 
 
 async def _scenario(
@@ -219,12 +228,7 @@ def test_probes_pass_when_the_config_renames_the_plugin_sockets(
     so they pass, and /readyz names both resources."""
     plugin_dir, work = dirs
     rendered = render(SPLIT_VALUES)
-    config = work / "config.yaml"
-    config.write_text(_config_text(rendered))
-    args = _on_host(rendered.container["args"], plugin_dir, config)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NVPLUGIN_")} | rendered.env
-    _on_loopback(rendered, env)
-    log_path = work / "serve.log"
+    args, env, log_path = _on_this_host(rendered, plugin_dir, work)
 
     async def scenario() -> None:
         async with FakeKubelet(plugin_dir) as kubelet, _plugin(args, env, log_path):
@@ -319,12 +323,7 @@ def test_the_charts_mig_strategy_reaches_the_plugin(dirs: tuple[str, Path]) -> N
     plugin_dir, work = dirs
     rendered = render(MIG_VALUES)
     assert rendered.env["MIG_STRATEGY"] == "mixed"
-    config = work / "config.yaml"
-    config.write_text(_config_text(rendered))
-    args = _on_host(rendered.container["args"], plugin_dir, config)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NVPLUGIN_")} | rendered.env
-    _on_loopback(rendered, env)
-    log_path = work / "serve.log"
+    args, env, log_path = _on_this_host(rendered, plugin_dir, work)
     counts = {
         "nvidia.com/mig-small": 16,  # renamed 1g.5gb (not 1g.5gb+me: patterns match whole names)
         "nvidia.com/mig-2g.10gb": 6,  # 3 devices x 2 replicas
