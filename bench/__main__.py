@@ -2,8 +2,9 @@
 command line (``python -m bench allocator discovery``).
 
 Everything a benchmark writes (sockets, node files, kubelet checkpoints, logs) goes to one run
-directory, ``/tmp/nvpb-XXXXXXXX`` (:mod:`tests.rundir`), removed at the end however the run ends:
-benchmarks make their files with ``tempfile.mkdtemp()`` / ``mkstemp()`` without ``dir=``."""
+directory, ``/tmp/nvpb-XXXXXXXX`` (:mod:`tests.support.rundir`), removed at the end however the
+run ends: benchmarks make their files with ``tempfile.mkdtemp()`` / ``mkstemp()`` without
+``dir=``."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import sys
 import time
 
 import bench
-from tests.rundir import run_directory
+from tests.support.rundir import run_directory
 
 
 def main(argv: list[str]) -> int:

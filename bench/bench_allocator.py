@@ -1,5 +1,5 @@
 """Preferred allocation speed (issues 3 and 14): best-effort on every built-in node and on the
-generated nodes beyond 16 GPUs (tests/bench/nodes.py: PCIe-switch and NVSwitch nodes of 20, 24,
+generated nodes beyond 16 GPUs (tests/support/bignodes.py: PCIe-switch and NVSwitch nodes of 20, 24,
 32, 64 and 128 GPUs, and a 20-GPU node without structure).
 
 Per node: every size 1..N with all GPUs free, plus 300 random queries (random available subset,
@@ -133,7 +133,7 @@ def _stats(times: list[int]) -> str:
 def _nodes(directory: str) -> list[tuple[str, str]]:
     """(name, what load_node takes) for every built-in node, then every generated one."""
     from nvplugin.node.nodefile import builtin_names
-    from tests.bench.nodes import NODES, write
+    from tests.support.bignodes import NODES, write
 
     return [(name, name) for name in builtin_names()] + [
         (name, write(directory, name)) for name in NODES

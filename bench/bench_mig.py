@@ -184,7 +184,7 @@ async def _serve(directory: str) -> tuple[float, list[float]]:
 def _round_trips(socket_path: str, ids: list[str]) -> list[float]:
     import grpc
 
-    from nvplugin.plugin.api.v1beta1 import api_pb2, api_pb2_grpc
+    from nvplugin.api.v1beta1 import api_pb2, api_pb2_grpc
 
     rng = random.Random(SEED)
     requests = []

@@ -1,5 +1,5 @@
 """The device plugin on a simulated DGX-2 (16 GPUs, NVSwitch), against the fake kubelet, and on
-generated nodes beyond 16 GPUs (tests/bench/nodes.py).
+generated nodes beyond 16 GPUs (tests/support/bignodes.py).
 
 Prints:
 - start -> registered: from spawning ``nvplugin serve`` to the kubelet holding a live
@@ -143,8 +143,8 @@ def _search_while_checking(socket_path: str, node: str) -> tuple[list[float], li
     health checks back to back on another meanwhile: both round trips in ms."""
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+    from nvplugin.api.v1beta1 import api_pb2, api_pb2_grpc
     from nvplugin.node import load_topology
-    from nvplugin.plugin.api.v1beta1 import api_pb2, api_pb2_grpc
 
     uuids = [gpu.uuid for gpu in load_topology(node).gpus]
     searches: list[float] = []
@@ -197,7 +197,7 @@ def _beyond_16() -> None:
     """The figures on generated nodes beyond 16 GPUs (module docstring)."""
     import shutil
 
-    from tests.bench.nodes import write
+    from tests.support.bignodes import write
 
     nodes = tempfile.mkdtemp()
     try:
@@ -229,8 +229,8 @@ def _beyond_16() -> None:
 
 
 def _round_trips(socket_path: str, node: str = NODE) -> tuple[list[float], list[float]]:
+    from nvplugin.api.v1beta1 import api_pb2, api_pb2_grpc
     from nvplugin.node import load_topology
-    from nvplugin.plugin.api.v1beta1 import api_pb2, api_pb2_grpc
 
     uuids = [gpu.uuid for gpu in load_topology(node).gpus]
     n = len(uuids)
@@ -270,7 +270,7 @@ def _round_trips(socket_path: str, node: str = NODE) -> tuple[list[float], list[
 
 
 def _rss_with_streams(directory: str, process: subprocess.Popen[bytes]) -> tuple[float, float]:
-    from nvplugin.plugin.api.v1beta1 import api_pb2, api_pb2_grpc
+    from nvplugin.api.v1beta1 import api_pb2, api_pb2_grpc
 
     path = os.path.join(directory, "nvplugin-gpu.sock")
     before = _rss_mb(process.pid)
@@ -290,9 +290,9 @@ def _rss_with_streams(directory: str, process: subprocess.Popen[bytes]) -> tuple
 def _event_latencies() -> list[float]:
     """In-process (to know when the simulated NVML makes each event due): Xid 48 on GPU k % 16
     every 0.1 s; with recovery after 0.2 s quiet, every event is a change."""
+    from nvplugin.api.v1beta1 import api_pb2, api_pb2_grpc
     from nvplugin.config import load_config
     from nvplugin.node import NodeSession, open_node
-    from nvplugin.plugin.api.v1beta1 import api_pb2, api_pb2_grpc
     from nvplugin.plugin.daemon import Daemon
 
     directory = tempfile.mkdtemp()

@@ -21,8 +21,8 @@ import click
 
 from nvplugin import __version__
 from nvplugin.allocator import POLICY_NAMES
+from nvplugin.api import DEFAULT_DEVICE_PLUGIN_DIR
 from nvplugin.config.rules import MIG_STRATEGIES
-from nvplugin.kubelet import DEFAULT_DEVICE_PLUGIN_DIR
 
 F = TypeVar("F", bound=Callable[..., Any])
 

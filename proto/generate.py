@@ -1,6 +1,6 @@
 """Generate the Python code for proto/deviceplugin/v1beta1/api.proto.
 
-The proto is compiled as if it lived at nvplugin/plugin/api/v1beta1/api.proto so that the
+The proto is compiled as if it lived at nvplugin/api/v1beta1/api.proto so that the
 generated modules import each other by their package path. The wire package stays ``v1beta1``.
 Usage: ``python proto/generate.py [OUTPUT_ROOT]`` (default: the repository root); tests call it
 with a temporary root to check that the committed code is not stale.
@@ -18,7 +18,7 @@ from grpc_tools import protoc
 
 REPO = Path(__file__).resolve().parent.parent
 SOURCE = REPO / "proto" / "deviceplugin" / "v1beta1" / "api.proto"
-PACKAGE_PATH = Path("nvplugin/plugin/api/v1beta1")
+PACKAGE_PATH = Path("nvplugin/api/v1beta1")
 
 
 def generate(out_root: Path) -> list[Path]:

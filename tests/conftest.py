@@ -3,7 +3,7 @@ test leaves something outside it.
 
 Tests write sockets, node files, configs, logs and checkpoints; plugins they start write sysfs
 trees. Before this, each test chose its own place in /tmp and a run left hundreds of entries
-behind. Now ``pytest_configure`` enters a :class:`tests.rundir.RunDirectory`,
+behind. Now ``pytest_configure`` enters a :class:`tests.support.rundir.RunDirectory`,
 ``/tmp/nvpt-XXXXXXXX``: :func:`tempfile.mkdtemp` and friends, subprocesses (``TMPDIR``) and
 pytest's ``tmp_path`` (``--basetemp``) write there. ``pytest_unconfigure`` removes it, whatever
 the tests did or did not clean up.
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from tests.rundir import RunDirectory
+from tests.support.rundir import RunDirectory
 
 RUN_PREFIX = "nvpt-"
 

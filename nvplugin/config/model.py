@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nvplugin.allocator import DEFAULT_BUDGET_S, POLICY_NAMES
+from nvplugin.api import DEFAULT_DEVICE_PLUGIN_DIR, KUBELET_SOCKET
 from nvplugin.config.layout import (
     ALLOCATIONS,
     MAX_REPLICAS,
@@ -57,12 +58,10 @@ from nvplugin.config.schema import (
     format_duration,
 )
 from nvplugin.errors import show
-from nvplugin.kubelet import DEFAULT_DEVICE_PLUGIN_DIR
 from nvplugin.node.health import DEFAULT_IGNORED_XIDS, HealthSettings
 from nvplugin.resourcenames import DEFAULT_RESOURCE_NAME, resource_name_error
 
 CONFIG_VERSION = "v1"
-KUBELET_SOCKET_NAME = "kubelet.sock"
 LOG_FORMATS = ("json", "console")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 DEFAULT_DEVICE_LIST_STRATEGY = ("envvar",)
@@ -617,7 +616,7 @@ class Config:
         """Where the kubelet serves Registration: the configured path or ``<dir>/kubelet.sock``."""
         if self.kubelet_socket is not None:
             return self.kubelet_socket
-        return os.path.join(self.device_plugin_dir, KUBELET_SOCKET_NAME)
+        return os.path.join(self.device_plugin_dir, KUBELET_SOCKET)
 
     def as_dict(self) -> dict[str, Any]:
         """The effective configuration in the file's shape (for the start-up log line), with the

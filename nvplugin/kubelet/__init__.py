@@ -1,6 +1,3 @@
 """The fake kubelet, shaped like the real kubelet's ``pkg/kubelet/cm``: the topology manager
 (``topologymanager/``), the device manager, the CPU manager and pod manifests. It drives the
 device plugin exactly as a real kubelet would, so the plugin can be proved without a cluster."""
-
-DEFAULT_DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
-"""Where the kubelet serves ``kubelet.sock`` and plugins put their sockets, by default."""

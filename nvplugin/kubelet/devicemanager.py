@@ -45,6 +45,8 @@ from typing import Any, TypeVar
 import grpc
 import structlog
 
+from nvplugin.api import HEALTHY
+from nvplugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from nvplugin.errors import NvpluginError
 from nvplugin.kubelet import checkpoint as ckpt
 from nvplugin.kubelet.pods import Container, Pod
@@ -52,12 +54,9 @@ from nvplugin.kubelet.topologymanager.hints import generate_hints
 from nvplugin.kubelet.topologymanager.options import go_quote
 from nvplugin.kubelet.topologymanager.policy import ProviderHints, TopologyHint
 from nvplugin.kubelet.topologymanager.scope import AllocationError, Store
-from nvplugin.plugin.api.v1beta1 import api_pb2, api_pb2_grpc
 
 T = TypeVar("T")
 
-HEALTHY = "Healthy"
-UNHEALTHY = "Unhealthy"
 
 DIAL_TIMEOUT_S = 10.0
 """The kubelet dials a registering plugin with a 10 s blocking timeout."""

@@ -34,9 +34,9 @@ from types import TracebackType
 
 import structlog
 
-from nvplugin.kubelet import DEFAULT_DEVICE_PLUGIN_DIR
+from nvplugin.api import DEFAULT_DEVICE_PLUGIN_DIR, KUBELET_SOCKET
 from nvplugin.kubelet.devicemanager import DIAL_TIMEOUT_S, DeviceManager, Endpoint
-from nvplugin.kubelet.registration import KUBELET_SOCKET, RegistrationServer
+from nvplugin.kubelet.registration import RegistrationServer
 
 _log = structlog.get_logger("nvplugin.kubelet")
 

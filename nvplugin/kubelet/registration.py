@@ -17,6 +17,8 @@ import time
 import grpc
 import structlog
 
+from nvplugin.api import KUBELET_SOCKET, SUPPORTED_VERSIONS
+from nvplugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from nvplugin.kubelet.devicemanager import (
     DIAL_TIMEOUT_S,
     DeviceManager,
@@ -26,11 +28,7 @@ from nvplugin.kubelet.devicemanager import (
     RegistrationRecord,
 )
 from nvplugin.kubelet.topologymanager.options import go_quote
-from nvplugin.plugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from nvplugin.resourcenames import is_extended_resource_name
-
-SUPPORTED_VERSIONS = ("v1beta1",)
-KUBELET_SOCKET = "kubelet.sock"
 
 _log = structlog.get_logger("nvplugin.kubelet.registration")
 

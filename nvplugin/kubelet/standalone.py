@@ -19,10 +19,10 @@ import stat
 from collections.abc import Callable
 from typing import TextIO
 
+from nvplugin.api import KUBELET_SOCKET
 from nvplugin.errors import NvpluginError
 from nvplugin.kubelet.devicemanager import DeviceManager
 from nvplugin.kubelet.kubelet import FakeKubelet
-from nvplugin.kubelet.registration import KUBELET_SOCKET
 
 WAKE_S = 3600.0
 """How long one wait for a change lasts before it is simply started again."""

@@ -8,22 +8,15 @@ session open for health events. Imports stay lazy so short commands start fast.
 from __future__ import annotations
 
 import platform
-from importlib import resources
 from typing import TYPE_CHECKING
+
+from nvplugin.node.builtin import builtin_names
+
+__all__ = ["NodeSession", "builtin_names", "load_topology", "open_node"]
 
 if TYPE_CHECKING:
     from nvplugin.node import nvml, sim
     from nvplugin.node.model import Topology
-
-
-def builtin_names() -> list[str]:
-    """Names of the built-in nodes (``nvplugin/node/nodes/<name>.yaml``), sorted."""
-    folder = resources.files("nvplugin.node") / "nodes"
-    return sorted(
-        entry.name.removesuffix(".yaml")
-        for entry in folder.iterdir()
-        if entry.name.endswith(".yaml")
-    )
 
 
 class NodeSession:

@@ -47,7 +47,7 @@ from typing import Any, NoReturn
 from nvplugin import yamlinput
 from nvplugin.errors import InputError, shortened
 from nvplugin.errors import show as show_value
-from nvplugin.node import builtin_names
+from nvplugin.node.builtin import builtin_names
 from nvplugin.node.cpuspec import CpuForm, CpuLists, CpuSpec, layout_of
 from nvplugin.node.mig import MIG_MODELS, MigInstance, MigLayoutError, lay_out, mig_model
 from nvplugin.node.mig import simulated_devices as simulated_mig_devices

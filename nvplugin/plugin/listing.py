@@ -13,13 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from nvplugin.api import HEALTHY, UNHEALTHY
+from nvplugin.api.v1beta1 import api_pb2
 from nvplugin.errors import InputError
 from nvplugin.node.model import Gpu
-from nvplugin.plugin.api.v1beta1 import api_pb2
 from nvplugin.plugin.sharing import REPLICA_SEPARATOR, Device
 
-HEALTHY = "Healthy"
-UNHEALTHY = "Unhealthy"
 KUBELET_MAX_RECEIVE_BYTES = 4 * 1024 * 1024
 """gRPC's default maximum received message size, which the kubelet's device-manager client keeps."""
 

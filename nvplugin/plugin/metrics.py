@@ -40,6 +40,7 @@ from prometheus_client import (
     generate_latest,
 )
 
+from nvplugin.api import HEALTHY, UNHEALTHY
 from nvplugin.plugin.httpendpoint import HttpEndpoint, Response
 
 LATENCY_BUCKETS = (
@@ -132,8 +133,8 @@ class Metrics:
 
         healthy = sum(count(gpu) for gpu, ok in health.items() if ok)
         unhealthy = sum(count(gpu) for gpu, ok in health.items() if not ok)
-        self.devices.labels(resource, "Healthy").set(healthy)
-        self.devices.labels(resource, "Unhealthy").set(unhealthy)
+        self.devices.labels(resource, HEALTHY).set(healthy)
+        self.devices.labels(resource, UNHEALTHY).set(unhealthy)
 
     def registered(self, resource: str) -> None:
         self.registrations.labels(resource).inc()
@@ -150,7 +151,7 @@ class Metrics:
     def forget(self, resource: str) -> None:
         """Drop the gauges of a resource no longer served (after a reload renamed it); counters
         stay, as Prometheus expects of counters."""
-        for health in ("Healthy", "Unhealthy"):
+        for health in (HEALTHY, UNHEALTHY):
             self._remove(self.devices, resource, health)
         self._remove(self.serving, resource)
 

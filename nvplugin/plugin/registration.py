@@ -23,12 +23,11 @@ from dataclasses import dataclass
 
 import grpc
 
+from nvplugin.api import VERSION
+from nvplugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from nvplugin.errors import NvpluginError
 from nvplugin.log import get_logger
-from nvplugin.plugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from nvplugin.plugin.server import DevicePluginService, PluginSocket
-
-API_VERSION = "v1beta1"
 
 POLL_WITH_INOTIFY_S = 2.0
 """A safety re-check even with inotify (a missed event must not cost a registration)."""
@@ -184,7 +183,7 @@ class Registrar:
         self._service = service
         self._kubelet_socket = kubelet_socket
         self._request = api_pb2.RegisterRequest(
-            version=API_VERSION,
+            version=VERSION,
             endpoint=os.path.basename(plugin_socket.path),
             resource_name=service.resource_name,
             options=service.options,

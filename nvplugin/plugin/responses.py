@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
+from nvplugin.api.v1beta1 import api_pb2
 from nvplugin.config.model import DEFAULT_DEVICE_LIST_STRATEGY, DEFAULT_DRIVER_ROOT
 from nvplugin.config.rules import (
     CDI_ANNOTATION_NAME,
@@ -39,7 +40,6 @@ from nvplugin.config.rules import (
 )
 from nvplugin.errors import NvpluginError
 from nvplugin.node.mig import MIG_MINORS_PATH, caps_device
-from nvplugin.plugin.api.v1beta1 import api_pb2
 from nvplugin.plugin.sharing import Device
 
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"

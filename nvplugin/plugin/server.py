@@ -38,10 +38,10 @@ from typing import Any
 import grpc
 
 from nvplugin.allocator import AllocationError, Policy
+from nvplugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from nvplugin.errors import NvpluginError, shortened
 from nvplugin.log import get_logger
 from nvplugin.node.model import Gpu
-from nvplugin.plugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from nvplugin.plugin.listing import device_message
 from nvplugin.plugin.migstrategy import ServedMig
 from nvplugin.plugin.responses import Responder

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from nvplugin.allocator import make_policy
 from nvplugin.allocator.besteffort import BestEffort
 from nvplugin.node.model import Topology
-from tests.allocator.reference import BruteForce, MemoSearch
-from tests.allocator.topologies import (
+from tests.support.reference import BruteForce, MemoSearch
+from tests.support.topologies import (
     DGX1_VOLTA,
     EXAMPLE_4GPU,
     SWITCHED_16,

@@ -17,8 +17,8 @@ from nvplugin.allocator.classes import conditionally_psd, twin_classes
 from nvplugin.allocator.counts import CountSearch, applies, compositions
 from nvplugin.allocator.forests import shapes
 from nvplugin.node.model import Topology
-from tests.allocator.reference import BruteForce, CountReference
-from tests.allocator.topologies import (
+from tests.support.reference import BruteForce, CountReference
+from tests.support.topologies import (
     builtin_nodes,
     check_solved,
     class_members,

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from tests.allocator.reference import partitions
+from tests.support.reference import partitions
 
 
 @pytest.mark.parametrize(("n", "s"), [(n, s) for n in range(0, 9) for s in range(1, 5)])

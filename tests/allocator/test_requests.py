@@ -6,7 +6,7 @@ import pytest
 
 from nvplugin.allocator import POLICY_NAMES, AllocationError, explain_allocation, make_policy
 from nvplugin.errors import InputError
-from tests.allocator.topologies import DGX1_VOLTA, EXAMPLE_4GPU
+from tests.support.topologies import DGX1_VOLTA, EXAMPLE_4GPU
 
 
 @pytest.mark.parametrize("policy", POLICY_NAMES)

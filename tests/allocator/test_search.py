@@ -13,8 +13,8 @@ from nvplugin.allocator import explain_allocation, make_policy
 from nvplugin.allocator.besteffort import BestEffort
 from nvplugin.allocator.search import local_search, upper_bound
 from nvplugin.node.model import Topology
-from tests.allocator.reference import MemoSearch
-from tests.allocator.topologies import from_scores
+from tests.support.reference import MemoSearch
+from tests.support.topologies import from_scores
 
 LONG = 60.0
 """A budget no request here reaches, for answers that must be exact whatever the load."""
@@ -99,7 +99,7 @@ def test_search_partition_and_bound() -> None:
 
 def test_upper_bound_caps_the_optimum() -> None:
     """On 10 GPUs, against brute force: no partition beats the bound."""
-    from tests.allocator.reference import BruteForce
+    from tests.support.reference import BruteForce
 
     for seed in range(5):
         topology = _unstructured(10, seed)

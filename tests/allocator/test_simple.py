@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from nvplugin.allocator import make_policy
-from tests.allocator.topologies import DGX1_VOLTA
+from tests.support.topologies import DGX1_VOLTA
 
 
 @pytest.mark.parametrize(

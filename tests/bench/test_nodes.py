@@ -7,7 +7,7 @@ import pytest
 from nvplugin.allocator.besteffort import BestEffort
 from nvplugin.allocator.classes import twin_classes
 from nvplugin.node.nodefile import parse_node
-from tests.bench.nodes import NODES
+from tests.support.bignodes import NODES
 
 
 @pytest.mark.parametrize("name", sorted(NODES))

@@ -203,7 +203,7 @@ def test_installed_package_is_complete_and_runs(image_site: Path) -> None:
     where = _run_installed(image_site, "-c", "import nvplugin; print(nvplugin.__file__)")
     assert where.stdout.strip() == str(image_site / "nvplugin" / "__init__.py")
     assert (image_site / "nvplugin" / "node" / "nodes" / "dgx-a100.yaml").is_file()
-    assert (image_site / "nvplugin" / "plugin" / "api" / "v1beta1" / "api_pb2_grpc.py").is_file()
+    assert (image_site / "nvplugin" / "api" / "v1beta1" / "api_pb2_grpc.py").is_file()
     entry_points = next(image_site.glob("nvplugin-*.dist-info")) / "entry_points.txt"
     assert "nvplugin = nvplugin.cli:main" in entry_points.read_text()
     # The built-in simulated nodes ship as package data: the installed copy can load one.

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from nvplugin.node import load_topology
-from tests.e2e.serving import admit, admit_json, pods_file
+from tests.support.serve import admit, admit_json, pods_file
 
 SAMPLES = Path(__file__).resolve().parents[2] / "nvplugin" / "kubelet" / "samples"
 AFFINITY = ("TopologyAffinityError", "Resources cannot be allocated with Topology locality")

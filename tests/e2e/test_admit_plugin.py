@@ -13,7 +13,7 @@ from nvplugin.kubelet.admit import RESOURCE, Admission, AdmitSettings, PluginPro
 from nvplugin.kubelet.pods import Container, Pod
 from nvplugin.node import load_topology
 from tests import WAIT_S as WAIT
-from tests.e2e.serving import new_dir, node_file, remove_dir
+from tests.support.serve import new_dir, node_file, remove_dir
 
 
 def run(coro: Coroutine[Any, Any, None]) -> None:

@@ -12,7 +12,7 @@ import threading
 import time
 
 from tests import WAIT_S
-from tests.e2e.serving import Serve, new_dir, remove_dir
+from tests.support.serve import Serve, new_dir, remove_dir
 
 DEVICES = "nvidia.com/gpu: 16 devices, 16 healthy (NUMA 0: 8, NUMA 1: 8)"
 

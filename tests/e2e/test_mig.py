@@ -17,7 +17,8 @@ from pathlib import Path
 
 from nvplugin.node import load_topology
 from nvplugin.node.mig import caps_device
-from tests.e2e.serving import (
+from tests.plugin.test_mig_serving import HOMOGENEOUS
+from tests.support.serve import (
     admit_json,
     kubelet_with,
     new_dir,
@@ -26,7 +27,6 @@ from tests.e2e.serving import (
     run_nvplugin,
     run_serve,
 )
-from tests.plugin.test_mig_serving import HOMOGENEOUS
 
 NODE = "dgx-a100-mig"
 TOPOLOGY = load_topology(NODE)

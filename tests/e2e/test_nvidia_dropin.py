@@ -12,7 +12,7 @@ from pathlib import Path
 from nvplugin.node import load_topology
 from nvplugin.plugin.sharing import replica_id
 from tests import WAIT_S
-from tests.e2e.serving import kubelet_with, new_dir, run_serve
+from tests.support.serve import kubelet_with, new_dir, run_serve
 
 NODE = "dgx-1"
 TOPOLOGY = load_topology(NODE)

@@ -22,7 +22,7 @@ from nvplugin.kubelet.pods import load_pods
 from nvplugin.node import load_topology
 from nvplugin.plugin.sharing import replica_id
 from tests import WAIT_S
-from tests.e2e.serving import (
+from tests.support.serve import (
     Serve,
     admit_json,
     kubelet_with,

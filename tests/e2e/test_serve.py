@@ -17,13 +17,13 @@ import grpc
 import pytest
 
 from nvplugin.allocator import make_policy
+from nvplugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from nvplugin.kubelet.devicemanager import DevicePluginError
 from nvplugin.kubelet.kubelet import FakeKubelet
 from nvplugin.node import load_topology
 from nvplugin.node.nodefile import builtin_names
-from nvplugin.plugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from tests import WAIT_S, until
-from tests.e2e.serving import Serve, kubelet_with, new_dir, node_file, run_serve
+from tests.support.serve import Serve, kubelet_with, new_dir, node_file, run_serve
 
 GPU = "nvidia.com/gpu"
 SOCKET = "nvplugin-gpu.sock"

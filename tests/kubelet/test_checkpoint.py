@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from nvplugin.api.v1beta1 import api_pb2
 from nvplugin.kubelet import checkpoint as ckpt
 from nvplugin.kubelet.devicemanager import DeviceManager, ResourceCapacity
 from nvplugin.kubelet.kubelet import FakeKubelet
 from nvplugin.kubelet.pods import Container, Pod
-from nvplugin.plugin.api.v1beta1 import api_pb2
 from tests.kubelet.test_devicemanager_alloc import Hints, ScriptedPlugin, devs
 from tests.kubelet.test_registration import RESOURCE, WAIT, register, run
 

@@ -17,6 +17,7 @@ from typing import Any
 import grpc
 import pytest
 
+from nvplugin.api.v1beta1 import api_pb2
 from nvplugin.kubelet.devicemanager import DeviceManager
 from nvplugin.kubelet.kubelet import FakeKubelet
 from nvplugin.kubelet.pods import Container, Pod
@@ -27,7 +28,6 @@ from nvplugin.kubelet.topologymanager import (
     TopologyHint,
     new_manager,
 )
-from nvplugin.plugin.api.v1beta1 import api_pb2
 from tests.kubelet.hint_notation import show
 from tests.kubelet.test_registration import RESOURCE, WAIT, TinyPlugin, device, register, run
 

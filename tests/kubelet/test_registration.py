@@ -17,9 +17,9 @@ from typing import Any
 import grpc
 import pytest
 
+from nvplugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from nvplugin.kubelet.devicemanager import PluginOptions
 from nvplugin.kubelet.kubelet import FakeKubelet, remove_sockets
-from nvplugin.plugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from tests import WAIT_S as WAIT
 from tests import until
 

@@ -21,7 +21,7 @@ from nvplugin.node.model import Pcie, Topology
 from nvplugin.node.nodefile import NodeSpec, parse_node
 from nvplugin.node.topoimport import Source, import_topo, parse_gpu_csv
 from nvplugin.node.topotext import TopoTextError, parse_topo
-from tests.allocator.reference import BruteForce, MemoSearch
+from tests.support.reference import BruteForce, MemoSearch
 
 SHAPES = Path(__file__).parent / "topo"
 

@@ -26,7 +26,7 @@ from nvplugin.plugin.healthservice import (
     add_to_server,
 )
 from tests import WAIT_S, until
-from tests.e2e.serving import Serve, kubelet_with, new_dir, node_file
+from tests.support.serve import Serve, kubelet_with, new_dir, node_file
 
 GPU = "nvidia.com/gpu"
 

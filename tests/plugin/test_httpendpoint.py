@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from nvplugin.plugin.httpendpoint import HttpEndpoint, Response
-from tests.reliability.harness import dropped
+from tests.support.harness import dropped
 
 
 def run(body: Callable[[], Awaitable[None]], timeout: float = 60) -> None:

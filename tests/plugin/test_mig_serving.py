@@ -18,17 +18,17 @@ import grpc
 import pytest
 
 from nvplugin.allocator.mig import MigPolicy
+from nvplugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from nvplugin.config import Config, load_config
 from nvplugin.errors import InputError, NvpluginError
 from nvplugin.node import load_topology
 from nvplugin.node.mig import caps_minor
-from nvplugin.plugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from nvplugin.plugin.resources import ResourcePlan, ServedResource, plan_for
 from nvplugin.plugin.responses import check_caps, make_responder
 from nvplugin.plugin.server import DevicePluginService, PluginSocket
 from nvplugin.plugin.sharing import Replicas, base_devices, replica_id
-from tests.plugin.serving import run
 from tests.plugin.test_responses import write_config
+from tests.support.service import run
 
 NODE = load_topology("dgx-a100-mig")
 # GPUs 0-1: 1g.5gb x7 (NUMA 3); GPU2: 3g.20gb, 2g.10gb, 1g.5gb x2 (NUMA 1); GPU3: 3g.20gb x2

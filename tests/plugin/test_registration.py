@@ -10,9 +10,9 @@ import tempfile
 import pytest
 
 from nvplugin.allocator import make_policy
+from nvplugin.api.v1beta1 import api_pb2
 from nvplugin.kubelet.kubelet import FakeKubelet
 from nvplugin.node import load_topology
-from nvplugin.plugin.api.v1beta1 import api_pb2
 from nvplugin.plugin.registration import Backoff, DirWatcher, Registrar, RegistrationError, register
 from nvplugin.plugin.server import DevicePluginService, PluginSocket
 from tests import WAIT_S, until

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from nvplugin.api.v1beta1 import api_pb2
 from nvplugin.config import Config, load_config
 from nvplugin.errors import InputError
 from nvplugin.node import load_topology
-from nvplugin.plugin.api.v1beta1 import api_pb2
 from nvplugin.plugin.responses import Responder, make_responder
 from nvplugin.plugin.sharing import base_devices
-from tests.plugin.serving import run, serving
+from tests.support.service import run, serving
 
 STRATEGIES = ("envvar", "volume-mounts", "cdi-annotations", "cdi-cri")
 COMBINATIONS = [c for n in range(1, 5) for c in combinations(STRATEGIES, n)]

@@ -14,11 +14,11 @@ import grpc
 import pytest
 
 from nvplugin.allocator import POLICY_NAMES, make_policy
+from nvplugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from nvplugin.errors import NvpluginError
 from nvplugin.node import NodeSession, load_topology, open_node
-from nvplugin.plugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from nvplugin.plugin.server import DevicePluginService, PluginSocket, claim_socket_path
-from tests.plugin.serving import run, serving
+from tests.support.service import run, serving
 
 BUILT_IN = ["workstation-4gpu", "dgx-1", "dgx-a100", "dgx-h100", "dgx-2", "pcie-8gpu", "no-numa"]
 INVALID = grpc.StatusCode.INVALID_ARGUMENT

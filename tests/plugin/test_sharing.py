@@ -7,12 +7,12 @@ from __future__ import annotations
 import grpc
 import pytest
 
+from nvplugin.api.v1beta1 import api_pb2
 from nvplugin.config import TimeSlicing, load_config
 from nvplugin.errors import InputError
-from nvplugin.plugin.api.v1beta1 import api_pb2
 from nvplugin.plugin.sharing import Replicas, replica_id
-from tests.plugin.serving import Served, run, serving
 from tests.plugin.test_responses import ENV, TOPOLOGY, allocate_request, write_config
+from tests.support.service import Served, run, serving
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 # workstation-4gpu: 0-1 and 2-3 share a PCIe switch (50); 0-3 and 1-2 have two NVLinks (210).

@@ -28,10 +28,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nvplugin.allocator import Policy, make_policy
+from nvplugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from nvplugin.node import load_topology
-from nvplugin.plugin.api.v1beta1 import api_pb2, api_pb2_grpc
-from tests.e2e.serving import new_dir
-from tests.reliability.harness import Outcome, Plugin, fd_count, settled_fds
+from tests.support.harness import Outcome, Plugin, fd_count, settled_fds
+from tests.support.serve import new_dir
 
 NODE = "dgx-a100"
 MAX_MESSAGE = 4 * 1024 * 1024

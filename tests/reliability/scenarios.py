@@ -23,15 +23,14 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from nvplugin.allocator import make_policy
+from nvplugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from nvplugin.kubelet.devicemanager import DeviceManager, DevicePluginError
 from nvplugin.kubelet.kubelet import FakeKubelet
 from nvplugin.node import load_topology
-from nvplugin.plugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from nvplugin.plugin.httpendpoint import MAX_CONNECTIONS, REQUEST_TIMEOUT_S
 from nvplugin.plugin.server import publish_interval
 from tests import WAIT_S
-from tests.e2e.serving import new_dir, node_file
-from tests.reliability.harness import (
+from tests.support.harness import (
     GPU,
     SOCKET,
     CountingWatchers,
@@ -50,6 +49,7 @@ from tests.reliability.harness import (
     sysfs_trees,
     thread_count,
 )
+from tests.support.serve import new_dir, node_file
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ from collections.abc import Callable
 
 from nvplugin.log import configure
 from tests.reliability import fuzzing, scenarios
-from tests.reliability.harness import Outcome, format_table
-from tests.rundir import run_directory
+from tests.support.harness import Outcome, format_table
+from tests.support.rundir import run_directory
 
 RUNS: dict[str, Callable[[scenarios.Scale], Outcome]] = {
     "fuzz": lambda scale: fuzzing.fuzz(scale.fuzz_examples),

@@ -15,7 +15,7 @@ from nvplugin.kubelet.kubelet import FakeKubelet
 from nvplugin.node import open_node
 from nvplugin.node.sim import remove_stale_sysfs_trees
 from tests import WAIT_S
-from tests.e2e.serving import Serve, new_dir
+from tests.support.serve import Serve, new_dir
 
 GPU = "nvidia.com/gpu"
 

@@ -13,8 +13,8 @@ from nvplugin.errors import NvpluginError
 from nvplugin.kubelet.kubelet import FakeKubelet
 from nvplugin.node import NodeSession, open_node
 from nvplugin.plugin.daemon import Daemon
-from tests.e2e.serving import new_dir, node_file, remove_dir
-from tests.reliability.harness import GPU, http_get, rss_kib, running, thread_count
+from tests.support.harness import GPU, http_get, rss_kib, running, thread_count
+from tests.support.serve import new_dir, node_file, remove_dir
 
 PROBES = 200
 MAX_CPU_S = 0.1  # per probe (issue 11): an exec probe took ~0.6 s

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from nvplugin.api.v1beta1 import api_pb2
 from nvplugin.config import ReplicatedResource, ResourceRules, TimeSlicing
 from nvplugin.errors import InputError
 from nvplugin.node import load_topology
-from nvplugin.plugin.api.v1beta1 import api_pb2
 from nvplugin.plugin.listing import (
     KUBELET_MAX_RECEIVE_BYTES,
     device_message,
@@ -24,7 +24,7 @@ from nvplugin.plugin.listing import (
 from nvplugin.plugin.resources import plan_resources
 from nvplugin.plugin.sharing import Replicas
 from tests import WAIT_S
-from tests.e2e.serving import kubelet_with, new_dir, run_serve
+from tests.support.serve import kubelet_with, new_dir, run_serve
 
 DGX2 = load_topology("dgx-2")
 

@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from tests.reliability import scenarios
-from tests.reliability.harness import Outcome
+from tests.support.harness import Outcome
 
 Scenario = Callable[[scenarios.Scale], Awaitable[Outcome]]
 

@@ -26,10 +26,10 @@ from nvplugin.kubelet.devicemanager import DeviceManager
 from nvplugin.kubelet.kubelet import FakeKubelet
 from nvplugin.plugin import daemon as daemon_module
 from nvplugin.plugin.daemon import Daemon
-from tests.e2e.serving import Serve, kubelet_with, new_dir, remove_dir
-from tests.reliability.harness import GPU, SOCKET, caught_signals
 from tests.reliability.scenarios import uuids
 from tests.reliability.test_inputs import ALIAS_BOMB
+from tests.support.harness import GPU, SOCKET, caught_signals
+from tests.support.serve import Serve, kubelet_with, new_dir, remove_dir
 
 NODE = "workstation-4gpu"
 

@@ -13,8 +13,8 @@ from typing import Any
 import grpc
 
 from nvplugin.allocator import make_policy
+from nvplugin.api.v1beta1 import api_pb2_grpc
 from nvplugin.node.model import Topology
-from nvplugin.plugin.api.v1beta1 import api_pb2_grpc
 from nvplugin.plugin.server import DevicePluginService, PluginSocket
 
 

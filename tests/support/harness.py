@@ -23,10 +23,10 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
+from nvplugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from nvplugin.kubelet.kubelet import FakeKubelet
-from nvplugin.plugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from tests import WAIT_S
-from tests.e2e.serving import Serve, new_dir
+from tests.support.serve import Serve, new_dir
 
 GPU = "nvidia.com/gpu"
 SOCKET = "nvplugin-gpu.sock"

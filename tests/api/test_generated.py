@@ -5,10 +5,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from nvplugin.plugin.api.v1beta1 import api_pb2
+from nvplugin.api.v1beta1 import api_pb2
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGE = Path("nvplugin/plugin/api/v1beta1")
+PACKAGE = Path("nvplugin/api/v1beta1")
 
 
 def test_committed_code_is_not_stale() -> None:

@@ -10,7 +10,7 @@ Regenerate the Python code with `make proto` (pinned grpcio-tools + mypy-protobu
 
 from collections import abc as _abc
 from grpc import aio as _aio
-from nvplugin.plugin.api.v1beta1 import api_pb2 as _api_pb2
+from nvplugin.api.v1beta1 import api_pb2 as _api_pb2
 import abc as _abc_1
 import grpc as _grpc
 import sys

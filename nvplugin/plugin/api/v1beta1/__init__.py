@@ -1,1 +1,0 @@
-"""Generated code for the kubelet's device plugin API (``make proto``; do not edit)."""
