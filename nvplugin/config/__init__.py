@@ -1,7 +1,7 @@
 """The daemon's configuration: NVIDIA's device-plugin config (``version: v1``) plus nvplugin's own
-settings, one declaration (:mod:`.model`) read from four sources (:mod:`.loader`): flags >
-environment > file > defaults. Strict about every key; below :mod:`nvplugin.plugin`, which it
-never imports."""
+settings, one declaration per setting (:mod:`.model`) read from four sources (:mod:`.loader`):
+flags > environment > file > defaults; what a reload must do with a new config (:mod:`.reload`).
+Strict about every key; below :mod:`nvplugin.plugin`, which it never imports."""
 
 from nvplugin.config.layout import (
     ALLOCATIONS,

@@ -1,16 +1,28 @@
 """The config file's schema -- NVIDIA's ``v1`` schema, read the way NVIDIA's device plugin reads
 it, plus nvplugin's own settings -- and the effective configuration the plugin runs with.
 
-:data:`SCHEMA` is the one declaration of every key: its kind, default, help, and the ``serve``
-flags and environment variables that also set it. NVIDIA's settings keep NVIDIA's key, flag and
-environment names and meanings (``flags.plugin.deviceListStrategy``, ``--device-list-strategy``,
-``DEVICE_LIST_STRATEGY``); nvplugin's own settings live under ``nvplugin:`` (``NVPLUGIN_*``
-variables), where no future NVIDIA key can collide with them and NVIDIA's plugin, which ignores
-keys it does not know, can still read the file. NVIDIA settings nvplugin does not implement are
-accepted only at their default value: anything else is refused, naming the setting, never
-ignored.
+Each setting is declared once, as the :class:`Config` field (or the field of a group such as
+:class:`LogConfig`) that holds its effective value: its key path, kind, default, help, the
+``serve`` flags and environment variables that also set it, what a reload does with a new value
+(:class:`~nvplugin.config.schema.Reload`), and the Helm chart value that sets it
+(:class:`~nvplugin.config.schema.Chart`). Everything else is derived from these declarations
+(:mod:`nvplugin.config.declare`): the file's key tree (:data:`SCHEMA`, in the fields' order), the
+loader's flags and environment variables, ``serve``'s options, :func:`build`, the reload plan
+(:mod:`nvplugin.config.reload`), and, written by ``charts/generate_schema.py``, the chart's
+schemas, values.yaml's setting values, the data the chart's templates turn into environment
+variables and flags, and the READMEs' tables of settings and values (a test fails when any of
+those files is stale).
 
-To add a setting: add it to :data:`SCHEMA` and to :func:`build` (and :class:`Config`).
+NVIDIA's settings keep NVIDIA's key, flag and environment names and meanings
+(``flags.plugin.deviceListStrategy``, ``--device-list-strategy``, ``DEVICE_LIST_STRATEGY``);
+nvplugin's own settings live under ``nvplugin:`` (``NVPLUGIN_*`` variables), where no future
+NVIDIA key can collide with them and NVIDIA's plugin, which ignores keys it does not know, can
+still read the file. NVIDIA settings nvplugin does not implement are accepted only at their
+default value: anything else is refused, naming the setting, never ignored.
+
+Adding a setting: declare its field at its place in the file's key order, use it
+(``config.<field>``), and run ``python charts/generate_schema.py``. Nothing else names it. Rules
+across keys (:func:`resolve_layout`, the two endpoints' ports) stay in :func:`build`.
 """
 
 from __future__ import annotations
@@ -22,6 +34,7 @@ from typing import Any
 
 from nvplugin.allocator import DEFAULT_BUDGET_S, POLICY_NAMES
 from nvplugin.api import DEFAULT_DEVICE_PLUGIN_DIR, KUBELET_SOCKET
+from nvplugin.config.declare import GROUP, declared, field_values, setting, tree, value_at
 from nvplugin.config.layout import (
     ALLOCATIONS,
     MAX_REPLICAS,
@@ -45,6 +58,8 @@ from nvplugin.config.rules import (
 from nvplugin.config.schema import (
     AnyMapping,
     Bool,
+    Chart,
+    ChartValue,
     Duration,
     Int,
     Invalid,
@@ -52,7 +67,7 @@ from nvplugin.config.schema import (
     Member,
     Nullable,
     Obj,
-    Section,
+    Reload,
     Setting,
     Str,
     format_duration,
@@ -145,417 +160,78 @@ _PATTERN_ENTRY = Obj(
 _XIDS = List(Int(0, MAX_XID), comma=True)
 
 
-SCHEMA = Section(
-    {
-        "version": Setting(
-            Str(rule=_version), CONFIG_VERSION, help="The config version: v1 (the default)."
-        ),
-        "flags": Section(
-            {
-                "migStrategy": Setting(
-                    Str(choices=MIG_STRATEGIES),
-                    MIG_STRATEGIES[0],
-                    help="How MIG devices are served: none (whole GPUs), single (MIG devices as "
-                    "the GPU resource), mixed (nvidia.com/mig-<profile> per profile).",
-                    flags=("mig-strategy",),
-                    env=("MIG_STRATEGY",),
-                ),
-                "failOnInitError": Setting(
-                    Bool(),
-                    True,
-                    help="Exit when NVML fails at start (true), or keep running with no devices "
-                    "and retry (false).",
-                    flags=("fail-on-init-error",),
-                    env=("FAIL_ON_INIT_ERROR",),
-                ),
-                "nvidiaDriverRoot": Setting(
-                    Str(rule=_absolute),
-                    DEFAULT_DRIVER_ROOT,
-                    help="The NVIDIA driver's root on the host (/ or /run/nvidia/driver); the "
-                    "default device-node root.",
-                    flags=("nvidia-driver-root", "driver-root"),
-                    env=("NVIDIA_DRIVER_ROOT",),
-                ),
-                "nvidiaDevRoot": Setting(
-                    Nullable(Str(rule=_absolute)),
-                    None,
-                    help="Where the host's /dev/nvidia* are (host path); default: "
-                    "nvidiaDriverRoot.",
-                    flags=("nvidia-dev-root", "dev-root"),
-                    env=("NVIDIA_DEV_ROOT",),
-                ),
-                "deviceDiscoveryStrategy": Setting(
-                    Str(non_empty=True),
-                    "auto",
-                    help="How devices are found: auto or nvml (tegra and vfio are not supported).",
-                    flags=("device-discovery-strategy",),
-                    env=("DEVICE_DISCOVERY_STRATEGY",),
-                    supported=DISCOVERY_STRATEGIES,
-                    unsupported=_unsupported(
-                        "device discovery other than NVML", "use auto or nvml"
-                    ),
-                ),
-                "mpsRoot": Setting(
-                    Str(),
-                    "",
-                    help="MPS's host directory (MPS is not supported).",
-                    flags=("mps-root",),
-                    env=("MPS_ROOT",),
-                    supported=("",),
-                    unsupported=_unsupported("MPS sharing"),
-                ),
-                "gdrcopyEnabled": Setting(
-                    Bool(),
-                    False,
-                    help="GDRCopy in containers (not supported).",
-                    flags=("gdrcopy-enabled",),
-                    env=("GDRCOPY_ENABLED",),
-                    supported=(False,),
-                    unsupported=_unsupported("GDRCopy"),
-                ),
-                "gdsEnabled": Setting(
-                    Bool(),
-                    False,
-                    help="GPUDirect Storage in containers (not supported).",
-                    flags=("gds-enabled",),
-                    env=("GDS_ENABLED",),
-                    supported=(False,),
-                    unsupported=_unsupported("GPUDirect Storage"),
-                ),
-                "mofedEnabled": Setting(
-                    Bool(),
-                    False,
-                    help="MOFED in containers (not supported).",
-                    flags=("mofed-enabled",),
-                    env=("MOFED_ENABLED",),
-                    supported=(False,),
-                    unsupported=_unsupported("MOFED"),
-                ),
-                "useNodeFeatureAPI": Setting(
-                    Nullable(Bool()),
-                    None,
-                    help="GPU Feature Discovery's setting; not read by the plugin.",
-                    note="flags.useNodeFeatureAPI is GPU Feature Discovery's setting; the plugin "
-                    "does not read it",
-                ),
-                "plugin": Section(
-                    {
-                        "passDeviceSpecs": Setting(
-                            Bool(),
-                            False,
-                            help="Also return the /dev/nvidia* device nodes (needed with the "
-                            "kubelet's static CPU manager).",
-                            flags=("pass-device-specs",),
-                            env=("PASS_DEVICE_SPECS",),
-                        ),
-                        "deviceListStrategy": Setting(
-                            List(
-                                Str(choices=DEVICE_LIST_STRATEGIES),
-                                comma=True,
-                                unique=True,
-                                min_items=1,
-                            ),
-                            DEFAULT_DEVICE_LIST_STRATEGY,
-                            help="How containers get their GPUs: envvar, volume-mounts, "
-                            "cdi-annotations, cdi-cri (one, a list, or comma-separated).",
-                            flags=("device-list-strategy",),
-                            env=("DEVICE_LIST_STRATEGY",),
-                        ),
-                        "deviceIDStrategy": Setting(
-                            Str(choices=DEVICE_ID_STRATEGIES),
-                            DEVICE_ID_STRATEGIES[0],
-                            help="IDs handed to containers: uuid or index.",
-                            flags=("device-id-strategy",),
-                            env=("DEVICE_ID_STRATEGY",),
-                        ),
-                        "cdiAnnotationPrefix": Setting(
-                            Str(rule=cdi_annotation_prefix_problem),
-                            DEFAULT_CDI_ANNOTATION_PREFIX,
-                            help="Prefix of the cdi-annotations key (<DNS subdomain>/).",
-                            flags=("cdi-annotation-prefix",),
-                            env=("CDI_ANNOTATION_PREFIX",),
-                        ),
-                        "nvidiaCTKPath": Setting(
-                            Str(),
-                            DEFAULT_NVIDIA_CTK_PATH,
-                            help="nvidia-ctk for generated CDI specs (nvplugin generates none: "
-                            "use nvidia-ctk cdi generate on the node).",
-                            flags=("nvidia-cdi-hook-path", "nvidia-ctk-path"),
-                            env=("NVIDIA_CDI_HOOK_PATH", "NVIDIA_CTK_PATH"),
-                            supported=(DEFAULT_NVIDIA_CTK_PATH,),
-                            unsupported=_unsupported(
-                                "generating CDI specs",
-                                "generate the spec on the node with nvidia-ctk cdi generate",
-                            ),
-                        ),
-                        "containerDriverRoot": Setting(
-                            Str(rule=_absolute),
-                            DEFAULT_CONTAINER_DRIVER_ROOT,
-                            help="Where the host's driver root is mounted in the plugin's "
-                            "container: libnvidia-ml.so.1 is loaded from there when present.",
-                            flags=("driver-root-ctr-path", "container-driver-root"),
-                            env=("DRIVER_ROOT_CTR_PATH", "CONTAINER_DRIVER_ROOT"),
-                        ),
-                        "sharedDevicesAllocationPolicy": Setting(
-                            Str(choices=ALLOCATIONS),
-                            ALLOCATIONS[0],
-                            help="Which replicas a pod gets: distributed (spread over the "
-                            "least used GPUs) or packed (fill the busiest GPUs first).",
-                            flags=("shared-devices-allocation-policy",),
-                            env=("SHARED_DEVICES_ALLOCATION_POLICY",),
-                        ),
-                        "kubeletSocket": Setting(
-                            Nullable(Str(non_empty=True)),
-                            None,
-                            help="The kubelet's Registration socket; default: "
-                            "<devicePluginDir>/kubelet.sock.",
-                            flags=("kubelet-socket",),
-                            env=("KUBELET_SOCKET",),
-                        ),
-                        "cdiFeatureFlags": Setting(
-                            List(Str(non_empty=True), comma=True),
-                            (),
-                            help="Feature flags for generated CDI specs (nvplugin generates none).",
-                            flags=("cdi-feature-flags",),
-                            env=("CDI_FEATURE_FLAGS",),
-                            supported=((),),
-                            unsupported=_unsupported("generating CDI specs"),
-                        ),
-                    },
-                    help="Settings of the device plugin only.",
-                ),
-                "gfd": Setting(
-                    AnyMapping(),
-                    None,
-                    help="GPU Feature Discovery's settings; not read by the plugin.",
-                    note="flags.gfd holds GPU Feature Discovery's settings; the plugin does not "
-                    "read them",
-                ),
-            },
-            help="Command-line settings (NVIDIA's flags).",
-        ),
-        "resources": Section(
-            {
-                "gpus": Setting(
-                    List(_PATTERN_ENTRY),
-                    (),
-                    help="GPUs whose model matches pattern (*, ?, [..], any case) are served as "
-                    "resource name; the first match wins.",
-                ),
-                "mig": Setting(
-                    List(_PATTERN_ENTRY),
-                    (),
-                    help="Under migStrategy mixed: MIG devices whose profile matches pattern "
-                    "(*, ?, [..], any case) are served as resource name; the first match wins.",
-                ),
-                "exclude": Section(
-                    {
-                        "uuids": Setting(
-                            List(Str(non_empty=True)), (), help="GPUs no resource advertises."
-                        ),
-                        "models": Setting(
-                            List(Str(non_empty=True)),
-                            (),
-                            help="Model patterns no resource advertises.",
-                        ),
-                    },
-                    help="nvplugin's: GPUs hidden from every resource.",
-                ),
-            },
-            help="Resource names by GPU model.",
-        ),
-        "sharing": Section(
-            {
-                "timeSlicing": Section(
-                    {
-                        "renameByDefault": Setting(
-                            Bool(), False, help="Serve replicated resources as <name>.shared."
-                        ),
-                        "failRequestsGreaterThanOne": Setting(
-                            Bool(),
-                            False,
-                            help="Refuse containers asking for more than one replica.",
-                        ),
-                        "resources": Setting(
-                            List(_REPLICATED_ENTRY),
-                            (),
-                            help="Resources advertised replicas times per GPU.",
-                        ),
-                    },
-                    help="One GPU advertised as several devices.",
-                ),
-                "mps": Setting(
-                    AnyMapping(),
-                    None,
-                    help="MPS sharing (not supported).",
-                    supported=(None, {}),
-                    unsupported=_unsupported("MPS sharing", "use sharing.timeSlicing"),
-                ),
-            },
-        ),
-        "imex": Section(
-            {
-                "channelIDs": Setting(
-                    List(Int(0, 2047), comma=True),
-                    (),
-                    help="IMEX channels given to containers (not supported).",
-                    flags=("imex-channel-ids",),
-                    env=("IMEX_CHANNEL_IDS",),
-                    supported=((),),
-                    unsupported=_unsupported("IMEX channels"),
-                ),
-                "required": Setting(
-                    Bool(),
-                    False,
-                    help="Whether the IMEX channels must exist (no effect without channels).",
-                    flags=("imex-required",),
-                    env=("IMEX_REQUIRED",),
-                ),
-            },
-        ),
-        "nvplugin": Section(
-            {
-                "resourceName": Setting(
-                    Str(rule=resource_name_error),
-                    DEFAULT_RESOURCE_NAME,
-                    help="The resource GPUs no resources.gpus pattern takes are served as.",
-                    flags=("resource-name",),
-                    env=("NVPLUGIN_RESOURCE_NAME",),
-                ),
-                "allocationPolicy": Setting(
-                    Str(choices=POLICY_NAMES),
-                    POLICY_NAMES[0],
-                    help="Preferred allocation: best-effort (best-connected GPUs) or simple.",
-                    flags=("allocation-policy",),
-                    env=("NVPLUGIN_ALLOCATION_POLICY",),
-                ),
-                "allocationBudget": Setting(
-                    Duration(),
-                    DEFAULT_BUDGET_S,
-                    help="How long a best-effort answer may search on a node beyond 16 GPUs "
-                    "without a few classes of interchangeable GPUs (others answer exactly).",
-                    flags=("allocation-budget",),
-                    env=("NVPLUGIN_ALLOCATION_BUDGET",),
-                ),
-                "devicePluginDir": Setting(
-                    Str(rule=_absolute),
-                    DEFAULT_DEVICE_PLUGIN_DIR,
-                    help="The kubelet's device-plugin directory.",
-                    flags=("device-plugin-dir",),
-                    env=("NVPLUGIN_DEVICE_PLUGIN_DIR",),
-                ),
-                "preStartRequired": Setting(
-                    Bool(),
-                    False,
-                    help="Ask the kubelet to call PreStartContainer.",
-                    flags=("pre-start-required",),
-                    env=("NVPLUGIN_PRE_START_REQUIRED",),
-                ),
-                "log": Section(
-                    {
-                        "format": Setting(
-                            Nullable(Str(choices=LOG_FORMATS)),
-                            None,
-                            help="json or console; null: console on a TTY, else json.",
-                            flags=("log-format",),
-                            env=("NVPLUGIN_LOG_FORMAT",),
-                        ),
-                        "level": Setting(
-                            Str(choices=LOG_LEVELS),
-                            "info",
-                            help="debug, info, warning or error.",
-                            flags=("log-level",),
-                            env=("NVPLUGIN_LOG_LEVEL",),
-                        ),
-                    }
-                ),
-                "health": Section(
-                    {
-                        "enabled": Setting(Bool(), True, help="Watch GPU health (NVML Xids)."),
-                        "xids": Section(
-                            {
-                                "ignore": Setting(
-                                    _XIDS,
-                                    (),
-                                    help="Xids added to the ignored ones "
-                                    f"({', '.join(map(str, sorted(DEFAULT_IGNORED_XIDS)))}).",
-                                ),
-                                "critical": Setting(
-                                    _XIDS, (), help="Xids removed from the ignored ones."
-                                ),
-                            }
-                        ),
-                        "recovery": Section(
-                            {
-                                "quietPeriod": Setting(
-                                    Duration(),
-                                    0.0,
-                                    help="A GPU turns Healthy again after this long without a "
-                                    "critical Xid, once a probe succeeds; 0s = never.",
-                                ),
-                            }
-                        ),
-                    }
-                ),
-                "healthService": Section(
-                    {
-                        "notServingWithoutHealthyGpus": Setting(
-                            Bool(),
-                            True,
-                            help="The gRPC health service answers NOT_SERVING while no GPU is "
-                            "Healthy.",
-                        ),
-                    }
-                ),
-                "metrics": Section(
-                    {
-                        "address": Setting(
-                            Nullable(Str(rule=address_problem)),
-                            None,
-                            help="host:port to serve Prometheus /metrics on; null: off.",
-                            flags=("metrics-address",),
-                            env=("NVPLUGIN_METRICS_ADDRESS",),
-                        ),
-                    }
-                ),
-                "healthProbes": Section(
-                    {
-                        "address": Setting(
-                            Nullable(Str(rule=address_problem)),
-                            None,
-                            help="host:port to serve the kubelet's HTTP probes on (/livez: the "
-                            "plugin answers; /readyz: a resource is SERVING); null: off.",
-                            flags=("health-probe-address",),
-                            env=("NVPLUGIN_HEALTH_PROBE_ADDRESS",),
-                        ),
-                    }
-                ),
-            },
-            help="nvplugin's own settings (NVIDIA's plugin has none of these).",
-        ),
-    },
-    help="nvplugin config: NVIDIA's device plugin config (version v1) plus nvplugin's settings.",
-)
-
-SETTINGS: dict[str, Setting] = dict(SCHEMA.settings())
-"""Every setting by dotted key path, in declaration order."""
-
-
-# --- the effective configuration ------------------------------------------------------------------
+# --- the settings: one declaration each, as the field that holds its effective value --------------
+#
+# The fields' order is the file's key order. Each group (LogConfig, HealthConfig,
+# HealthServiceConfig) holds neighbouring keys of the file, and is declared before Config.
 
 
 @dataclass(frozen=True)
 class LogConfig:
-    format: str | None  # None: console on a TTY, else JSON
-    level: str
+    format: str | None = setting(  # None: console on a TTY, else JSON
+        "nvplugin.log.format",
+        Nullable(Str(choices=LOG_FORMATS)),
+        None,
+        help="json or console; null: console on a TTY, else json.",
+        flags=("log-format",),
+        env=("NVPLUGIN_LOG_FORMAT",),
+        reload=Reload.IN_PLACE,
+        chart=Chart.env(
+            "log.format",
+            "",
+            "Log format: `json` or `console`. Empty: the config file's, else JSON (a pod has no "
+            "TTY).",
+        ),
+    )
+    level: str = setting(
+        "nvplugin.log.level",
+        Str(choices=LOG_LEVELS),
+        "info",
+        help="debug, info, warning or error.",
+        flags=("log-level",),
+        env=("NVPLUGIN_LOG_LEVEL",),
+        reload=Reload.IN_PLACE,
+        chart=Chart.env(
+            "log.level",
+            "",
+            "Log level: `debug`, `info`, `warning` or `error`. Empty: the config file's, else "
+            "`info`.",
+        ),
+    )
 
 
 @dataclass(frozen=True)
 class HealthConfig:
-    enabled: bool
-    ignore_xids: tuple[int, ...]
-    critical_xids: tuple[int, ...]
-    recovery_quiet_s: float
+    enabled: bool = setting(
+        "nvplugin.health.enabled",
+        Bool(),
+        True,
+        help="Watch GPU health (NVML Xids).",
+        reload=Reload.IN_PLACE,
+    )
+    ignore_xids: tuple[int, ...] = setting(
+        "nvplugin.health.xids.ignore",
+        _XIDS,
+        (),
+        help="Xids added to the ignored ones "
+        f"({', '.join(map(str, sorted(DEFAULT_IGNORED_XIDS)))}).",
+        reload=Reload.IN_PLACE,
+    )
+    critical_xids: tuple[int, ...] = setting(
+        "nvplugin.health.xids.critical",
+        _XIDS,
+        (),
+        help="Xids removed from the ignored ones.",
+        reload=Reload.IN_PLACE,
+    )
+    recovery_quiet_s: float = setting(
+        "nvplugin.health.recovery.quietPeriod",
+        Duration(),
+        0.0,
+        help="A GPU turns Healthy again after this long without a critical Xid, once a probe "
+        "succeeds; 0s = never.",
+        reload=Reload.IN_PLACE,
+    )
 
     @property
     def ignored_xids(self) -> frozenset[int]:
@@ -575,41 +251,477 @@ class HealthServiceConfig:
     """The gRPC health service's settings (``nvplugin.healthService``): NOT_SERVING while
     unregistered, and, with ``not_serving_without_healthy_gpus``, while no GPU is Healthy."""
 
-    not_serving_without_healthy_gpus: bool = True
+    not_serving_without_healthy_gpus: bool = setting(
+        "nvplugin.healthService.notServingWithoutHealthyGpus",
+        Bool(),
+        True,
+        help="The gRPC health service answers NOT_SERVING while no GPU is Healthy.",
+        reload=Reload.IN_PLACE,
+    )
 
 
 @dataclass(frozen=True)
 class Config:
-    """The effective configuration. ``source`` names the file it was read from (None: none);
-    ``notes`` are said once at start (keys present that are not for the plugin)."""
+    """The effective configuration: a field per setting (declared here), then what the rules
+    across keys derive (``time_slicing``, ``resources``: names resolved). ``source`` names the
+    file it was read from (None: none); ``notes`` are said once at start (keys present that are
+    not for the plugin).
 
-    resource_name: str = DEFAULT_RESOURCE_NAME
-    allocation_policy: str = POLICY_NAMES[0]
-    allocation_budget_s: float = DEFAULT_BUDGET_S
-    device_plugin_dir: str = DEFAULT_DEVICE_PLUGIN_DIR
-    kubelet_socket: str | None = None
-    fail_on_init_error: bool = True
-    pre_start_required: bool = False
-    log: LogConfig = LogConfig(None, "info")
-    health: HealthConfig = HealthConfig(True, (), (), 0.0)
-    health_service: HealthServiceConfig = HealthServiceConfig()
-    metrics_address: str | None = None  # host:port of /metrics; None = no metrics endpoint
-    health_probe_address: str | None = None  # host:port of /livez and /readyz; None = none
-    device_list_strategy: tuple[str, ...] = DEFAULT_DEVICE_LIST_STRATEGY
-    device_id_strategy: str = DEVICE_ID_STRATEGIES[0]
-    pass_device_specs: bool = False
-    dev_root: str = DEFAULT_DRIVER_ROOT
-    """Host root of the /dev/nvidia* nodes in DeviceSpecs: nvidiaDevRoot, else nvidiaDriverRoot."""
-    cdi_annotation_prefix: str = DEFAULT_CDI_ANNOTATION_PREFIX
-    driver_root: str = DEFAULT_DRIVER_ROOT
-    container_driver_root: str = DEFAULT_CONTAINER_DRIVER_ROOT
-    mig_strategy: str = MIG_STRATEGIES[0]
-    time_slicing: TimeSlicing = field(default_factory=TimeSlicing)  # names resolved
-    resources: ResourceRules = field(default_factory=ResourceRules)  # names resolved
+    The settings under ``resources`` and ``sharing.timeSlicing`` are here as written (short
+    names); the plugin reads them resolved, from ``resources`` and ``time_slicing``.
+    """
+
+    version: str = setting(
+        "version",
+        Str(rule=_version),
+        CONFIG_VERSION,
+        help="The config version: v1 (the default).",
+        inert=True,
+    )
+    mig_strategy: str = setting(
+        "flags.migStrategy",
+        Str(choices=MIG_STRATEGIES),
+        MIG_STRATEGIES[0],
+        help="How MIG devices are served: none (whole GPUs), single (MIG devices as the GPU "
+        "resource), mixed (nvidia.com/mig-<profile> per profile).",
+        flags=("mig-strategy",),
+        env=("MIG_STRATEGY",),
+        chart=Chart.env(
+            "migStrategy",
+            None,
+            "NVIDIA's: `none` serves MIG-enabled GPUs whole, `single` every MIG device as "
+            "`nvidia.com/gpu` (every GPU cut into one profile, else the plugin exits 2 naming the "
+            "GPUs), `mixed` one resource `nvidia.com/mig-<profile>` per profile beside "
+            "`nvidia.com/gpu`. null: the config file's, else none.",
+        ),
+    )
+    fail_on_init_error: bool = setting(
+        "flags.failOnInitError",
+        Bool(),
+        True,
+        help="Exit when NVML fails at start (true), or keep running with no devices and retry "
+        "(false).",
+        flags=("fail-on-init-error",),
+        env=("FAIL_ON_INIT_ERROR",),
+        reload=Reload.RESTART,  # read while the node is discovered, once
+        chart=Chart.env(
+            "failOnInitError",
+            None,
+            "NVIDIA's: exit when NVML cannot start (true) or advertise no GPUs and stay up "
+            "(false). null: the config file's, else true.",
+        ),
+    )
+    driver_root: str = setting(
+        "flags.nvidiaDriverRoot",
+        Str(rule=_absolute),
+        DEFAULT_DRIVER_ROOT,
+        help="The NVIDIA driver's root on the host (/ or /run/nvidia/driver); the default "
+        "device-node root.",
+        flags=("nvidia-driver-root", "driver-root"),
+        env=("NVIDIA_DRIVER_ROOT",),
+        chart=Chart.env(
+            "nvidiaDriverRoot",
+            None,
+            "NVIDIA's: the host's driver root (`/` or `/run/nvidia/driver`), the host root of "
+            "DeviceSpecs, mounted read-only at `/driver-root`, where the plugin loads NVML from; "
+            "without `runtimeClassName` the container is then privileged (NVML needs the "
+            "`/dev/nvidia*` nodes). null: no mount; the NVIDIA container runtime provides the "
+            "library (`runtimeClassName: nvidia`).",
+            schema={"type": "string", "pattern": "^/"},
+        ),
+    )
+    nvidia_dev_root: str | None = setting(
+        "flags.nvidiaDevRoot",
+        Nullable(Str(rule=_absolute)),
+        None,
+        help="Where the host's /dev/nvidia* are (host path); default: nvidiaDriverRoot.",
+        flags=("nvidia-dev-root", "dev-root"),
+        env=("NVIDIA_DEV_ROOT",),
+    )
+    device_discovery_strategy: str = setting(
+        "flags.deviceDiscoveryStrategy",
+        Str(non_empty=True),
+        "auto",
+        help="How devices are found: auto or nvml (tegra and vfio are not supported).",
+        flags=("device-discovery-strategy",),
+        env=("DEVICE_DISCOVERY_STRATEGY",),
+        supported=DISCOVERY_STRATEGIES,
+        unsupported=_unsupported("device discovery other than NVML", "use auto or nvml"),
+        inert=True,
+        chart=Chart.env(
+            "deviceDiscoveryStrategy",
+            None,
+            "NVIDIA's: `auto` or `nvml` (nvplugin discovers GPUs through NVML); others fail "
+            "rendering.",
+            schema={"type": "string"},
+            refused="nvplugin does not support {value} yet (it discovers GPUs through NVML: "
+            "auto or nvml)",
+        ),
+    )
+    mps_root: str = setting(
+        "flags.mpsRoot",
+        Str(),
+        "",
+        help="MPS's host directory (MPS is not supported).",
+        flags=("mps-root",),
+        env=("MPS_ROOT",),
+        supported=("",),
+        unsupported=_unsupported("MPS sharing"),
+        inert=True,
+    )
+    gdrcopy_enabled: bool = setting(
+        "flags.gdrcopyEnabled",
+        Bool(),
+        False,
+        help="GDRCopy in containers (not supported).",
+        flags=("gdrcopy-enabled",),
+        env=("GDRCOPY_ENABLED",),
+        supported=(False,),
+        unsupported=_unsupported("GDRCopy"),
+        inert=True,
+        chart=Chart.check("gdrcopyEnabled", "NVIDIA's GDRCopy value; not supported."),
+    )
+    gds_enabled: bool = setting(
+        "flags.gdsEnabled",
+        Bool(),
+        False,
+        help="GPUDirect Storage in containers (not supported).",
+        flags=("gds-enabled",),
+        env=("GDS_ENABLED",),
+        supported=(False,),
+        unsupported=_unsupported("GPUDirect Storage"),
+        inert=True,
+        chart=Chart.check("gdsEnabled", "NVIDIA's GPUDirect Storage value; not supported."),
+    )
+    mofed_enabled: bool = setting(
+        "flags.mofedEnabled",
+        Bool(),
+        False,
+        help="MOFED in containers (not supported).",
+        flags=("mofed-enabled",),
+        env=("MOFED_ENABLED",),
+        supported=(False,),
+        unsupported=_unsupported("MOFED"),
+        inert=True,
+        chart=Chart.check("mofedEnabled", "NVIDIA's MOFED value; not supported."),
+    )
+    use_node_feature_api: bool | None = setting(
+        "flags.useNodeFeatureAPI",
+        Nullable(Bool()),
+        None,
+        help="GPU Feature Discovery's setting; not read by the plugin.",
+        note="flags.useNodeFeatureAPI is GPU Feature Discovery's setting; the plugin does not "
+        "read it",
+        inert=True,
+    )
+    pass_device_specs: bool = setting(
+        "flags.plugin.passDeviceSpecs",
+        Bool(),
+        False,
+        help="Also return the /dev/nvidia* device nodes (needed with the kubelet's static CPU "
+        "manager).",
+        flags=("pass-device-specs",),
+        env=("PASS_DEVICE_SPECS",),
+        chart=Chart.true(
+            "compatWithCPUManager",
+            "NVIDIA's: DeviceSpecs in Allocate responses (needed with the kubelet's static CPU "
+            "manager) and a privileged container.",
+        ),
+    )
+    device_list_strategy: tuple[str, ...] = setting(
+        "flags.plugin.deviceListStrategy",
+        List(Str(choices=DEVICE_LIST_STRATEGIES), comma=True, unique=True, min_items=1),
+        DEFAULT_DEVICE_LIST_STRATEGY,
+        help="How containers get their GPUs: envvar, volume-mounts, cdi-annotations, cdi-cri "
+        "(one, a list, or comma-separated).",
+        flags=("device-list-strategy",),
+        env=("DEVICE_LIST_STRATEGY",),
+        chart=Chart.env(
+            "deviceListStrategy",
+            None,
+            "NVIDIA's: `envvar`, `volume-mounts`, `cdi-annotations`, `cdi-cri`, as a list or "
+            "comma-separated; other names fail at install time. null: the config file's, else "
+            "envvar.",
+        ),
+    )
+    device_id_strategy: str = setting(
+        "flags.plugin.deviceIDStrategy",
+        Str(choices=DEVICE_ID_STRATEGIES),
+        DEVICE_ID_STRATEGIES[0],
+        help="IDs handed to containers: uuid or index.",
+        flags=("device-id-strategy",),
+        env=("DEVICE_ID_STRATEGY",),
+        chart=Chart.env(
+            "deviceIDStrategy",
+            None,
+            "NVIDIA's: the IDs containers get, `uuid` or `index`. null: the config file's, else "
+            "uuid.",
+        ),
+    )
+    cdi_annotation_prefix: str = setting(
+        "flags.plugin.cdiAnnotationPrefix",
+        Str(rule=cdi_annotation_prefix_problem),
+        DEFAULT_CDI_ANNOTATION_PREFIX,
+        help="Prefix of the cdi-annotations key (<DNS subdomain>/).",
+        flags=("cdi-annotation-prefix",),
+        env=("CDI_ANNOTATION_PREFIX",),
+    )
+    nvidia_ctk_path: str = setting(
+        "flags.plugin.nvidiaCTKPath",
+        Str(),
+        DEFAULT_NVIDIA_CTK_PATH,
+        help="nvidia-ctk for generated CDI specs (nvplugin generates none: use nvidia-ctk cdi "
+        "generate on the node).",
+        flags=("nvidia-cdi-hook-path", "nvidia-ctk-path"),
+        env=("NVIDIA_CDI_HOOK_PATH", "NVIDIA_CTK_PATH"),
+        supported=(DEFAULT_NVIDIA_CTK_PATH,),
+        unsupported=_unsupported(
+            "generating CDI specs", "generate the spec on the node with nvidia-ctk cdi generate"
+        ),
+        inert=True,
+    )
+    container_driver_root: str = setting(
+        "flags.plugin.containerDriverRoot",
+        Str(rule=_absolute),
+        DEFAULT_CONTAINER_DRIVER_ROOT,
+        help="Where the host's driver root is mounted in the plugin's container: "
+        "libnvidia-ml.so.1 is loaded from there when present.",
+        flags=("driver-root-ctr-path", "container-driver-root"),
+        env=("DRIVER_ROOT_CTR_PATH", "CONTAINER_DRIVER_ROOT"),
+        reload=Reload.RESTART,  # NVML is loaded once, when the node is discovered
+    )
+    shared_devices_allocation_policy: str = setting(
+        "flags.plugin.sharedDevicesAllocationPolicy",
+        Str(choices=ALLOCATIONS),
+        ALLOCATIONS[0],
+        help="Which replicas a pod gets: distributed (spread over the least used GPUs) or packed "
+        "(fill the busiest GPUs first).",
+        flags=("shared-devices-allocation-policy",),
+        env=("SHARED_DEVICES_ALLOCATION_POLICY",),
+    )
+    kubelet_socket: str | None = setting(
+        "flags.plugin.kubeletSocket",
+        Nullable(Str(non_empty=True)),
+        None,
+        help="The kubelet's Registration socket; default: <devicePluginDir>/kubelet.sock.",
+        flags=("kubelet-socket",),
+        env=("KUBELET_SOCKET",),
+    )
+    cdi_feature_flags: tuple[str, ...] = setting(
+        "flags.plugin.cdiFeatureFlags",
+        List(Str(non_empty=True), comma=True),
+        (),
+        help="Feature flags for generated CDI specs (nvplugin generates none).",
+        flags=("cdi-feature-flags",),
+        env=("CDI_FEATURE_FLAGS",),
+        supported=((),),
+        unsupported=_unsupported("generating CDI specs"),
+        inert=True,
+    )
+    gfd: Mapping[str, object] | None = setting(
+        "flags.gfd",
+        AnyMapping(),
+        None,
+        help="GPU Feature Discovery's settings; not read by the plugin.",
+        note="flags.gfd holds GPU Feature Discovery's settings; the plugin does not read them",
+        inert=True,
+    )
+    gpu_patterns: tuple[GpuPattern, ...] = setting(
+        "resources.gpus",
+        List(_PATTERN_ENTRY),
+        (),
+        help="GPUs whose model matches pattern (*, ?, [..], any case) are served as resource "
+        "name; the first match wins.",
+    )
+    mig_patterns: tuple[GpuPattern, ...] = setting(
+        "resources.mig",
+        List(_PATTERN_ENTRY),
+        (),
+        help="Under migStrategy mixed: MIG devices whose profile matches pattern (*, ?, [..], "
+        "any case) are served as resource name; the first match wins.",
+    )
+    exclude_uuids: tuple[str, ...] = setting(
+        "resources.exclude.uuids",
+        List(Str(non_empty=True)),
+        (),
+        help="GPUs no resource advertises.",
+    )
+    exclude_models: tuple[str, ...] = setting(
+        "resources.exclude.models",
+        List(Str(non_empty=True)),
+        (),
+        help="Model patterns no resource advertises.",
+    )
+    rename_by_default: bool = setting(
+        "sharing.timeSlicing.renameByDefault",
+        Bool(),
+        False,
+        help="Serve replicated resources as <name>.shared.",
+    )
+    fail_requests_greater_than_one: bool = setting(
+        "sharing.timeSlicing.failRequestsGreaterThanOne",
+        Bool(),
+        False,
+        help="Refuse containers asking for more than one replica.",
+    )
+    replicated_resources: tuple[ReplicatedResource, ...] = setting(
+        "sharing.timeSlicing.resources",
+        List(_REPLICATED_ENTRY),
+        (),
+        help="Resources advertised replicas times per GPU.",
+    )
+    mps: Mapping[str, object] | None = setting(
+        "sharing.mps",
+        AnyMapping(),
+        None,
+        help="MPS sharing (not supported).",
+        supported=(None, {}),
+        unsupported=_unsupported("MPS sharing", "use sharing.timeSlicing"),
+        inert=True,
+    )
+    imex_channel_ids: tuple[int, ...] = setting(
+        "imex.channelIDs",
+        List(Int(0, 2047), comma=True),
+        (),
+        help="IMEX channels given to containers (not supported).",
+        flags=("imex-channel-ids",),
+        env=("IMEX_CHANNEL_IDS",),
+        supported=((),),
+        unsupported=_unsupported("IMEX channels"),
+        inert=True,
+    )
+    imex_required: bool = setting(
+        "imex.required",
+        Bool(),
+        False,
+        help="Whether the IMEX channels must exist (no effect without channels).",
+        flags=("imex-required",),
+        env=("IMEX_REQUIRED",),
+        inert=True,
+    )
+    resource_name: str = setting(
+        "nvplugin.resourceName",
+        Str(rule=resource_name_error),
+        DEFAULT_RESOURCE_NAME,
+        help="The resource GPUs no resources.gpus pattern takes are served as.",
+        flags=("resource-name",),
+        env=("NVPLUGIN_RESOURCE_NAME",),
+        chart=Chart.env(
+            "resourceName",
+            DEFAULT_RESOURCE_NAME,
+            "Extended resource name advertised to the kubelet (vendor-domain/name); its part "
+            "after `/` names the plugin socket (`nvidia.com/gpu` -> `nvplugin-gpu.sock`). The "
+            "plugin checks the kubelet's full naming rule at start-up. Resources by model and "
+            "time-slicing (in `config`) add or rename resources.",
+            schema={"type": "string", "pattern": r"^[^/\s]+/[^/\s]+$"},
+        ),
+    )
+    allocation_policy: str = setting(
+        "nvplugin.allocationPolicy",
+        Str(choices=POLICY_NAMES),
+        POLICY_NAMES[0],
+        help="Preferred allocation: best-effort (best-connected GPUs) or simple.",
+        flags=("allocation-policy",),
+        env=("NVPLUGIN_ALLOCATION_POLICY",),
+        chart=Chart.env(
+            "allocationPolicy",
+            "",
+            "Preferred-allocation policy: `best-effort` or `simple`. Empty: the config file's, "
+            "else `best-effort`.",
+        ),
+    )
+    allocation_budget_s: float = setting(
+        "nvplugin.allocationBudget",
+        Duration(),
+        DEFAULT_BUDGET_S,
+        help="How long a best-effort answer may search on a node beyond 16 GPUs without a few "
+        "classes of interchangeable GPUs (others answer exactly).",
+        flags=("allocation-budget",),
+        env=("NVPLUGIN_ALLOCATION_BUDGET",),
+    )
+    device_plugin_dir: str = setting(
+        "nvplugin.devicePluginDir",
+        Str(rule=_absolute),
+        DEFAULT_DEVICE_PLUGIN_DIR,
+        help="The kubelet's device-plugin directory.",
+        flags=("device-plugin-dir",),
+        env=("NVPLUGIN_DEVICE_PLUGIN_DIR",),
+        chart=Chart.flag(
+            "devicePluginPath",
+            DEFAULT_DEVICE_PLUGIN_DIR,
+            "The kubelet's device-plugin directory on the host (hostPath, type Directory, "
+            "mounted at the same path). Change it only for kubelets with another root dir.",
+            schema={"type": "string", "pattern": "^/"},
+        ),
+    )
+    pre_start_required: bool = setting(
+        "nvplugin.preStartRequired",
+        Bool(),
+        False,
+        help="Ask the kubelet to call PreStartContainer.",
+        flags=("pre-start-required",),
+        env=("NVPLUGIN_PRE_START_REQUIRED",),
+    )
+    log: LogConfig = field(default_factory=LogConfig, metadata=GROUP)
+    health: HealthConfig = field(default_factory=HealthConfig, metadata=GROUP)
+    health_service: HealthServiceConfig = field(default_factory=HealthServiceConfig, metadata=GROUP)
+    metrics_address: str | None = setting(  # host:port of /metrics; None = no metrics endpoint
+        "nvplugin.metrics.address",
+        Nullable(Str(rule=address_problem)),
+        None,
+        help="host:port to serve Prometheus /metrics on; null: off.",
+        flags=("metrics-address",),
+        env=("NVPLUGIN_METRICS_ADDRESS",),
+        reload=Reload.IN_PLACE,
+        chart=Chart.address(
+            ChartValue(
+                "metrics.enabled",
+                False,
+                "Serve Prometheus metrics on `<pod IP>:<metrics.port>/metrics` (every interface "
+                "of the pod's network namespace), declare the container port `metrics` and add "
+                "the `prometheus.io/scrape`, `port` and `path` pod annotations. Off: nothing is "
+                "bound.",
+            ),
+            ChartValue("metrics.port", 9400, "The metrics port."),
+        ),
+    )
+    health_probe_address: str | None = setting(  # host:port of /livez and /readyz; None = none
+        "nvplugin.healthProbes.address",
+        Nullable(Str(rule=address_problem)),
+        None,
+        help="host:port to serve the kubelet's HTTP probes on (/livez: the plugin answers; "
+        "/readyz: a resource is SERVING); null: off.",
+        flags=("health-probe-address",),
+        env=("NVPLUGIN_HEALTH_PROBE_ADDRESS",),
+        reload=Reload.IN_PLACE,
+        chart=Chart.address(
+            ChartValue(
+                "probes.enabled",
+                True,
+                "Startup, liveness and readiness probes: the kubelet's `httpGet` on the plugin's "
+                "health endpoint on `<pod IP>:<probes.port>` (container port `health`). Startup "
+                "and liveness ask `/livez`: the plugin answers (a plugin whose GPUs fell off the "
+                "bus shows NotReady, it is not restarted in a loop); readiness asks `/readyz`: a "
+                "resource is SERVING (registered with the kubelet and a healthy GPU). Nothing is "
+                "started per probe. Off: no probes, nothing bound.",
+            ),
+            ChartValue(
+                "probes.port", 9401, "The health endpoint's port; must differ from `metrics.port`."
+            ),
+        ),
+    )
+
+    # Derived by the rules across keys (build), names resolved:
+    time_slicing: TimeSlicing = field(default_factory=TimeSlicing)
+    resources: ResourceRules = field(default_factory=ResourceRules)
     source: str | None = None
     notes: tuple[str, ...] = ()
-    values: Mapping[str, object] = field(default_factory=dict, compare=False, repr=False)
-    """Every setting's effective value by key path (for :meth:`as_dict`)."""
+
+    @property
+    def dev_root(self) -> str:
+        """Host root of the /dev/nvidia* nodes in DeviceSpecs: nvidiaDevRoot, else
+        nvidiaDriverRoot."""
+        return self.nvidia_dev_root or self.driver_root
 
     @property
     def kubelet_socket_path(self) -> str:
@@ -618,14 +730,18 @@ class Config:
             return self.kubelet_socket
         return os.path.join(self.device_plugin_dir, KUBELET_SOCKET)
 
+    @property
+    def values(self) -> dict[str, object]:
+        """Every setting's effective value by key path, in the file's order."""
+        return {path: value_at(self, attrs) for path, attrs in ATTRIBUTES.items()}
+
     def as_dict(self) -> dict[str, Any]:
         """The effective configuration in the file's shape (for the start-up log line), with the
         values the plugin derives: resolved resource names, the kubelet socket, the ignored
         Xids."""
         out: dict[str, Any] = {"source": self.source}
-        for path, setting in SETTINGS.items():
-            value = self.values.get(path, setting.default)
-            if isinstance(setting.kind, Duration):
+        for path, value in self.values.items():
+            if isinstance(SETTINGS[path].kind, Duration):
                 value = format_duration(float(value))  # type: ignore[arg-type]
             node = out
             *parents, leaf = path.split(".")
@@ -648,6 +764,27 @@ class Config:
             out["resources"][key] = [{"pattern": p.pattern, "name": p.name} for p in patterns]
         out["nvplugin"]["health"]["xids"]["ignoredEffective"] = sorted(self.health.ignored_xids)
         return out
+
+
+SECTION_HELP = {
+    "": "nvplugin config: NVIDIA's device plugin config (version v1) plus nvplugin's settings.",
+    "flags": "Command-line settings (NVIDIA's flags).",
+    "flags.plugin": "Settings of the device plugin only.",
+    "resources": "Resource names by GPU model.",
+    "resources.exclude": "nvplugin's: GPUs hidden from every resource.",
+    "sharing.timeSlicing": "One GPU advertised as several devices.",
+    "nvplugin": "nvplugin's own settings (NVIDIA's plugin has none of these).",
+}
+"""The sections' help, by key path ("" = the whole file)."""
+
+SCHEMA = tree(Config, SECTION_HELP)
+"""The config file's tree, from the declarations above."""
+
+SETTINGS: dict[str, Setting] = dict(SCHEMA.settings())
+"""Every setting by dotted key path, in declaration order."""
+
+ATTRIBUTES: dict[str, tuple[str, ...]] = {path: attrs for path, attrs, _ in declared(Config)}
+"""Every setting's attribute path in :class:`Config` (``("log", "level")``), by key path."""
 
 
 def _plain(value: object) -> object:
@@ -675,17 +812,16 @@ def _check_ports(metrics: str | None, probes: str | None) -> None:
 
 
 def build(values: Mapping[str, object], source: str | None, notes: tuple[str, ...]) -> Config:
-    """The effective config from every setting's value by key path (defaults filled in);
-    :class:`Invalid` (``at`` = the key path) for rules across keys."""
+    """The effective config from every setting's value by key path (defaults filled in): each
+    setting's field, then what the rules across keys derive; :class:`Invalid` (``at`` = the key
+    path) for those rules."""
 
     def get(path: str) -> Any:
         return values[path]
 
     _check_ports(get("nvplugin.metrics.address"), get("nvplugin.healthProbes.address"))
-    resource_name = get("nvplugin.resourceName")
-    mig_strategy = get("flags.migStrategy")
     resources, time_slicing = resolve_layout(
-        resource_name,
+        get("nvplugin.resourceName"),
         ResourceRules(
             get("resources.gpus"),
             Exclude(get("resources.exclude.uuids"), get("resources.exclude.models")),
@@ -697,42 +833,12 @@ def build(values: Mapping[str, object], source: str | None, notes: tuple[str, ..
             allocation=get("flags.plugin.sharedDevicesAllocationPolicy"),
             resources=get("sharing.timeSlicing.resources"),
         ),
-        mig_strategy,
+        get("flags.migStrategy"),
     )
-    driver_root = get("flags.nvidiaDriverRoot")
     return Config(
-        resource_name=resource_name,
-        allocation_policy=get("nvplugin.allocationPolicy"),
-        allocation_budget_s=get("nvplugin.allocationBudget"),
-        device_plugin_dir=get("nvplugin.devicePluginDir"),
-        kubelet_socket=get("flags.plugin.kubeletSocket"),
-        fail_on_init_error=get("flags.failOnInitError"),
-        pre_start_required=get("nvplugin.preStartRequired"),
-        log=LogConfig(format=get("nvplugin.log.format"), level=get("nvplugin.log.level")),
-        health=HealthConfig(
-            enabled=get("nvplugin.health.enabled"),
-            ignore_xids=get("nvplugin.health.xids.ignore"),
-            critical_xids=get("nvplugin.health.xids.critical"),
-            recovery_quiet_s=get("nvplugin.health.recovery.quietPeriod"),
-        ),
-        health_service=HealthServiceConfig(
-            not_serving_without_healthy_gpus=get(
-                "nvplugin.healthService.notServingWithoutHealthyGpus"
-            )
-        ),
-        metrics_address=get("nvplugin.metrics.address"),
-        health_probe_address=get("nvplugin.healthProbes.address"),
-        device_list_strategy=get("flags.plugin.deviceListStrategy"),
-        device_id_strategy=get("flags.plugin.deviceIDStrategy"),
-        pass_device_specs=get("flags.plugin.passDeviceSpecs"),
-        dev_root=get("flags.nvidiaDevRoot") or driver_root,
-        cdi_annotation_prefix=get("flags.plugin.cdiAnnotationPrefix"),
-        driver_root=driver_root,
-        container_driver_root=get("flags.plugin.containerDriverRoot"),
-        mig_strategy=mig_strategy,
+        **field_values(Config, values),
         time_slicing=time_slicing,
         resources=resources,
         source=source,
         notes=notes,
-        values=dict(values),
     )

@@ -1,11 +1,13 @@
-"""The building blocks of the config schema: value kinds, settings and sections.
+"""The building blocks of the config schema: value kinds, settings (with their reload mode and
+chart value) and sections.
 
-The config is declared once, as a tree (:mod:`nvplugin.config.model`): sections of settings, each
-setting with its kind, default, help text and the flag and environment names that also set it.
-Everything else is derived from that tree by the code here -- checking a file's values (strict:
-an unknown key is an error with its path), parsing flag and environment strings, and the JSON
-Schema the Helm chart checks values against -- so no key can be known to one of them and unknown
-to another.
+Each setting is declared once (:mod:`nvplugin.config.model`, as the typed field that holds its
+value; :mod:`nvplugin.config.declare` builds the tree of sections from those fields): its kind,
+default, help text, the flag and environment names that also set it, what a reload does with it
+and the Helm value that sets it. Everything else is derived from that tree by the code here --
+checking a file's values (strict: an unknown key is an error with its path), parsing flag and
+environment strings, and the JSON Schema the Helm chart checks values against -- so no key can be
+known to one of them and unknown to another.
 
 Checking never raises anything but :class:`Invalid`, whatever the value (a 5000-digit integer, a
 megabyte string, a mapping where a list belongs): messages show values through
@@ -15,6 +17,7 @@ megabyte string, a mapping where a list belongs): messages show values through
 from __future__ import annotations
 
 import difflib
+import enum
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -364,6 +367,88 @@ def _described(schema: JsonSchema, help_text: str) -> JsonSchema:
 # --- settings and sections -----------------------------------------------------------------------
 
 
+class Reload(enum.Enum):
+    """What a running plugin does when SIGHUP brings a new value of a setting."""
+
+    IN_PLACE = "in place"
+    """Applied while serving: the sockets, the kubelet's streams and the registrations stay."""
+    RESERVE = "re-serve"
+    """The resources are served again under the new config (new sockets, registered again)."""
+    RESTART = "restart"
+    """Read once, before the serve loop: the new value takes effect at the next start."""
+
+
+@dataclass(frozen=True)
+class ChartValue:
+    """One value of the Helm chart (``path`` in values.yaml, e.g. ``log.level``): its default in
+    values.yaml, its description, and its JSON Schema when the setting's kind cannot say it (a
+    rule such as "an absolute path" is a pattern for the chart); None: derived from the kind."""
+
+    path: str
+    default: object
+    help: str
+    schema: JsonSchema | None = None
+
+
+@dataclass(frozen=True)
+class Chart:
+    """The chart value(s) that set a setting, and how they reach the plugin (``to``):
+
+    - ``env``: the value, when set (not null, "" or []), as the setting's first environment
+      variable; a list joined with commas.
+    - ``true``: ``true`` sets the setting's first variable to ``true``; false or null: nothing
+      (``compatWithCPUManager`` -> ``PASS_DEVICE_SPECS=true``).
+    - ``address``: two values, ``<x>.enabled`` and ``<x>.port``; enabled: the variable is
+      ``0.0.0.0:<port>`` (every interface of the pod's network namespace).
+    - ``flag``: the value as the setting's first flag (``--device-plugin-dir <value>``).
+    - ``check``: not passed; only checked, for NVIDIA values nvplugin accepts at some values only.
+
+    A value outside the setting's ``supported`` values fails rendering with ``refused`` (default:
+    "nvplugin does not support <value> yet; leave it null or <supported>"; ``{value}`` in it is
+    replaced by the value given). ``charts/generate_schema.py`` writes what the chart needs from
+    this: the values' schema, the data its templates iterate over, values.yaml's entries and the
+    READMEs' tables.
+    """
+
+    to: str
+    values: tuple[ChartValue, ...]
+    refused: str = ""
+
+    TO = ("env", "true", "address", "flag", "check")
+
+    @classmethod
+    def env(
+        cls,
+        path: str,
+        default: object,
+        help: str,
+        *,
+        schema: JsonSchema | None = None,
+        refused: str = "",
+    ) -> Chart:
+        return cls("env", (ChartValue(path, default, help, schema),), refused)
+
+    @classmethod
+    def true(cls, path: str, help: str) -> Chart:
+        return cls("true", (ChartValue(path, None, help, {"type": "boolean"}),))
+
+    @classmethod
+    def address(cls, enabled: ChartValue, port: ChartValue) -> Chart:
+        return cls("address", (enabled, port))
+
+    @classmethod
+    def flag(
+        cls, path: str, default: object, help: str, *, schema: JsonSchema | None = None
+    ) -> Chart:
+        return cls("flag", (ChartValue(path, default, help, schema),))
+
+    @classmethod
+    def check(
+        cls, path: str, help: str, *, schema: JsonSchema | None = None, refused: str = ""
+    ) -> Chart:
+        return cls("check", (ChartValue(path, None, help, schema),), refused)
+
+
 @dataclass(frozen=True)
 class Setting:
     """One key of the config tree that holds a value.
@@ -374,6 +459,9 @@ class Setting:
     default, typically; None: every valid value); any other value is refused with
     ``unsupported`` as the reason. ``note``:
     logged once at start when the key is present (a block that is not for the plugin).
+    ``reload``: what SIGHUP does with a new value. ``chart``: the Helm value that sets it.
+    ``inert``: accepted (for NVIDIA's files) but not acted on: its value is no part of the
+    effective config's equality, and a reload has nothing to apply.
     """
 
     kind: Kind
@@ -384,6 +472,9 @@ class Setting:
     supported: tuple[object, ...] | None = None
     unsupported: str = ""
     note: str = ""
+    reload: Reload = Reload.RESERVE
+    chart: Chart | None = None
+    inert: bool = False
 
     def check(self, value: object) -> object:
         checked = self.kind.check(value)
