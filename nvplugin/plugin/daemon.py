@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import functools
 import os
 import threading
@@ -44,6 +43,7 @@ from dataclasses import dataclass
 from nvplugin.allocator import Policy, make_policy
 from nvplugin.allocator.mig import MigPolicy
 from nvplugin.config import Config
+from nvplugin.config.reload import reload_plan
 from nvplugin.errors import InputError, NvpluginError, reason
 from nvplugin.log import configure, get_logger
 from nvplugin.node import NodeSession, open_node
@@ -581,6 +581,10 @@ class Daemon:
         configure(config.log.format, config.log.level)
         self._log.info("config reloaded", config=config.as_dict())
         previous = self.config
+        plan = reload_plan(previous, config)
+        if plan.restart:
+            # Read once, before serving: re-serving would not apply them either.
+            self._log.warning("takes effect at the next start", keys=list(plan.restart))
         for kind in (PROBES, METRICS):
             address = _endpoint_address(config, kind)
             if address == _endpoint_address(previous, kind):
@@ -590,7 +594,7 @@ class Daemon:
                 await self._start_endpoint(kind, address)
             except NvpluginError as exc:
                 self._log.error(f"{kind} off: cannot serve the reloaded address", error=str(exc))
-        if self._resources and _same_sockets(previous, config):
+        if self._resources and not plan.reserve:
             try:
                 await self._reload_in_place(config)
             except Exception as exc:
@@ -679,22 +683,6 @@ class _NoGpus:
         self, available: Sequence[int], must_include: Sequence[int], size: int
     ) -> list[int]:
         return []
-
-
-def _same_sockets(old: Config, new: Config) -> bool:
-    """Whether ``new`` differs from ``old`` only in what can change while serving (log, health
-    rules, health service, metrics, probes): then a reload keeps the socket and the
-    registration."""
-    in_place = dataclasses.replace(
-        old,
-        log=new.log,
-        health=new.health,
-        health_service=new.health_service,
-        metrics_address=new.metrics_address,
-        health_probe_address=new.health_probe_address,
-        source=new.source,
-    )
-    return in_place == new
 
 
 class _Forward:
