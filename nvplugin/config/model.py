@@ -774,6 +774,8 @@ SECTION_HELP = {
     "resources.exclude": "nvplugin's: GPUs hidden from every resource.",
     "sharing.timeSlicing": "One GPU advertised as several devices.",
     "nvplugin": "nvplugin's own settings (NVIDIA's plugin has none of these).",
+    "nvplugin.health": "Also set by NVIDIA's DP_DISABLE_HEALTHCHECKS and DP_ENABLE_HEALTHCHECKS.",
+    "nvplugin.healthService": "grpc.health.v1 on the plugin socket (nvplugin probe).",
 }
 """The sections' help, by key path ("" = the whole file)."""
 

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,7 +19,7 @@ import yaml
 from nvplugin.allocator import POLICY_NAMES
 from nvplugin.config import LOG_FORMATS, LOG_LEVELS
 from nvplugin.config.rules import DEVICE_ID_STRATEGIES, DEVICE_LIST_STRATEGIES
-from tests.chart.rendering import CHART_DIR, render, render_error
+from tests.chart.rendering import CHART_DIR, REPO, render, render_error
 
 SCHEMA_ERROR = "values don't meet the specifications of the schema(s)"
 
@@ -261,8 +265,9 @@ def test_readme_table_lists_every_value_with_its_default() -> None:
 
 
 def test_committed_schemas_are_generated_from_the_config_model() -> None:
-    """charts/generate_schema.py writes config.schema.json and values.schema.json's config parts
-    from nvplugin/config/model.py; run it after changing a setting."""
+    """charts/generate_schema.py writes config.schema.json, values.schema.json's config and
+    settings parts, settings.json, values.yaml's settings and the READMEs' tables of settings and
+    values from nvplugin/config/model.py; run it after changing a setting."""
     done = subprocess.run(
         [sys.executable, str(CHART_DIR.parent / "generate_schema.py"), "--check"],
         capture_output=True,
@@ -270,3 +275,51 @@ def test_committed_schemas_are_generated_from_the_config_model() -> None:
         timeout=60,
     )
     assert done.returncode == 0, done.stderr
+
+
+# Every file the generator writes, and a line in it that only the generator writes.
+GENERATED = {
+    "charts/nvplugin/config.schema.json": '"title": "nvplugin config file',
+    "charts/nvplugin/values.schema.json": '"description": "NVIDIA\'s: exit when NVML',
+    "charts/nvplugin/settings.json": '"env": "MIG_STRATEGY"',
+    "charts/nvplugin/values.yaml": "migStrategy: null",
+    "charts/nvplugin/README.md": "| `failOnInitError` | bool or null |",
+    "README.md": "  failOnInitError: true ",
+}
+
+
+@pytest.fixture(scope="module")
+def repo_copy() -> Iterator[Path]:
+    """The generator and the files it writes, copied (it writes next to itself)."""
+    work = Path(tempfile.mkdtemp(prefix="nvp-generated-"))
+    try:
+        shutil.copytree(REPO / "charts", work / "charts")
+        shutil.copy2(REPO / "README.md", work / "README.md")
+        yield work
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _generate(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(root / "charts" / "generate_schema.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize("name", list(GENERATED))
+def test_a_stale_generated_file_fails_the_check_and_is_rewritten(
+    repo_copy: Path, name: str
+) -> None:
+    path = repo_copy / name
+    fresh = path.read_text()
+    assert GENERATED[name] in fresh
+    path.write_text(fresh.replace(GENERATED[name], GENERATED[name].replace(" ", "  ", 1), 1))
+    checked = _generate(repo_copy, "--check")
+    assert checked.returncode == 1
+    assert checked.stderr == f"{path} is stale: run python charts/generate_schema.py\n"
+    assert _generate(repo_copy).returncode == 0
+    assert path.read_text() == fresh
+    assert _generate(repo_copy, "--check").returncode == 0

@@ -250,6 +250,32 @@ cluster (lookup); offline it takes "default" for named.
 {{- end }}
 
 {{/*
+The chart values that set the plugin's settings, and how each reaches the plugin: settings.json,
+written from the settings' declarations (nvplugin/config/model.py) by charts/generate_schema.py.
+"args": values passed as a serve flag; "env": values passed as an environment variable ("to":
+env = the value, a list joined with commas; true = "true" when true; address = 0.0.0.0:<port>
+while <x>.enabled); "refused": NVIDIA values nvplugin accepts at some values only.
+*/}}
+{{- define "nvplugin.settings" -}}
+{{- .Files.Get "settings.json" }}
+{{- end }}
+
+{{/*
+A chart value by its path (["log", "level"]), as {"v": value}; "" when it is absent. args: Values,
+path.
+*/}}
+{{- define "nvplugin.value" -}}
+{{- $v := .Values }}
+{{- range .path }}{{ $v = get (ternary $v dict (kindIs "map" $v)) . }}{{ end }}
+{{- dict "v" $v | toJson }}
+{{- end }}
+
+{{/* Whether a value is set: not null, "" or []. args: the value. */}}
+{{- define "nvplugin.isSet" -}}
+{{- if not (has (toJson .) (list "null" "\"\"" "[]")) }}true{{ end }}
+{{- end }}
+
+{{/*
 NVIDIA values nvplugin cannot honour fail rendering, saying so.
 */}}
 {{- define "nvplugin.validate" -}}
@@ -265,14 +291,11 @@ NVIDIA values nvplugin cannot honour fail rendering, saying so.
 {{- fail (printf "values.%s: nvplugin's chart does not deploy %s; remove the %s values (GPU Feature Discovery, Node Feature Discovery and MPS are not part of nvplugin)" $name $name $name) }}
 {{- end }}
 {{- end }}
-{{- range $name := list "gdrcopyEnabled" "gdsEnabled" "mofedEnabled" }}
-{{- if get $.Values $name }}
-{{- fail (printf "values.%s: nvplugin does not support %s yet; leave it null or false" $name $name) }}
-{{- end }}
-{{- end }}
-{{- with .Values.deviceDiscoveryStrategy }}
-{{- if not (has . (list "auto" "nvml")) }}
-{{- fail (printf "values.deviceDiscoveryStrategy: nvplugin does not support %q yet (it discovers GPUs through NVML: auto or nvml)" .) }}
+{{- range (include "nvplugin.settings" . | fromJson).refused }}
+{{- $v := (include "nvplugin.value" (dict "Values" $.Values "path" .value) | fromJson).v }}
+{{- if and (include "nvplugin.isSet" $v) (not (has (toJson $v) .supported)) }}
+{{- $shown := ternary (printf "%q" $v) (toJson $v) (kindIs "string" $v) }}
+{{- fail (printf "values.%s: %s" (join "." .value) (replace "{value}" $shown .message)) }}
 {{- end }}
 {{- end }}
 {{- range .Values.config.fallbackStrategies }}
@@ -284,31 +307,36 @@ NVIDIA values nvplugin cannot honour fail rendering, saying so.
 
 {{/*
 Chart values that reach the plugin as environment variables (which win over the config file):
-[name, value], only the ones that are set. NVIDIA's values use NVIDIA's variable names.
+[name, value], only the ones that are set, in the settings' order (settings.json "env").
+NVIDIA's values use NVIDIA's variable names.
 */}}
 {{- define "nvplugin.env" -}}
 {{- $out := list }}
-{{- $out = append $out (list "NVPLUGIN_RESOURCE_NAME" .Values.resourceName) }}
-{{- with .Values.allocationPolicy }}{{ $out = append $out (list "NVPLUGIN_ALLOCATION_POLICY" .) }}{{ end }}
-{{- with .Values.log.format }}{{ $out = append $out (list "NVPLUGIN_LOG_FORMAT" .) }}{{ end }}
-{{- with .Values.log.level }}{{ $out = append $out (list "NVPLUGIN_LOG_LEVEL" .) }}{{ end }}
-{{- if .Values.metrics.enabled }}
-{{- $out = append $out (list "NVPLUGIN_METRICS_ADDRESS" (printf "0.0.0.0:%d" (int .Values.metrics.port))) }}
+{{- range (include "nvplugin.settings" . | fromJson).env }}
+{{- $v := (include "nvplugin.value" (dict "Values" $.Values "path" (index .values 0)) | fromJson).v }}
+{{- if eq .to "address" }}
+{{- if $v }}
+{{- $port := (include "nvplugin.value" (dict "Values" $.Values "path" (index .values 1)) | fromJson).v }}
+{{- $out = append $out (list .env (printf "0.0.0.0:%d" (int $port))) }}
 {{- end }}
-{{- if .Values.probes.enabled }}
-{{- $out = append $out (list "NVPLUGIN_HEALTH_PROBE_ADDRESS" (printf "0.0.0.0:%d" (int .Values.probes.port))) }}
+{{- else if eq .to "true" }}
+{{- if eq (toJson $v) "true" }}{{ $out = append $out (list .env "true") }}{{ end }}
+{{- else if include "nvplugin.isSet" $v }}
+{{- $out = append $out (list .env (ternary (join "," $v) $v (kindIs "slice" $v))) }}
 {{- end }}
-{{- with .Values.migStrategy }}{{ $out = append $out (list "MIG_STRATEGY" .) }}{{ end }}
-{{- if not (kindIs "invalid" .Values.failOnInitError) }}
-{{- $out = append $out (list "FAIL_ON_INIT_ERROR" (toString .Values.failOnInitError)) }}
 {{- end }}
-{{- if .Values.compatWithCPUManager }}{{ $out = append $out (list "PASS_DEVICE_SPECS" "true") }}{{ end }}
-{{- with .Values.deviceListStrategy }}
-{{- $out = append $out (list "DEVICE_LIST_STRATEGY" (ternary (join "," .) . (kindIs "slice" .))) }}
+{{- toJson $out }}
 {{- end }}
-{{- with .Values.deviceIDStrategy }}{{ $out = append $out (list "DEVICE_ID_STRATEGY" .) }}{{ end }}
-{{- with .Values.nvidiaDriverRoot }}{{ $out = append $out (list "NVIDIA_DRIVER_ROOT" .) }}{{ end }}
-{{- with .Values.deviceDiscoveryStrategy }}{{ $out = append $out (list "DEVICE_DISCOVERY_STRATEGY" .) }}{{ end }}
+
+{{/*
+Chart values that reach the plugin as serve flags: [flag, value], only the ones that are set.
+*/}}
+{{- define "nvplugin.args" -}}
+{{- $out := list }}
+{{- range (include "nvplugin.settings" . | fromJson).args }}
+{{- $v := (include "nvplugin.value" (dict "Values" $.Values "path" .value) | fromJson).v }}
+{{- if include "nvplugin.isSet" $v }}{{ $out = append $out (list .flag $v) }}{{ end }}
+{{- end }}
 {{- toJson $out }}
 {{- end }}
 
