@@ -117,6 +117,8 @@ def value_schema(v: Value) -> dict[str, Any]:
         return {"description": description, "anyOf": [base, {"type": "null"}]}
     if v.value.default == "" and "enum" in base:
         base["enum"] = ["", *base["enum"]]
+    elif v.value.default == "" and ("pattern" in base or "minLength" in base):
+        return {"description": description, "anyOf": [{"type": "string", "maxLength": 0}, base]}
     return {**base, "description": description}
 
 
@@ -243,7 +245,7 @@ def values_schema(current: dict[str, Any]) -> dict[str, Any]:
                 parent, {"type": "object", "additionalProperties": False, "properties": {}}
             )
             node = group["properties"]
-        node[leaf] = value_schema(v)
+        node[leaf] = value_schema(v)  # Helm checks values.yaml's default against it
     return {
         **{k: v for k, v in current.items() if k not in ("properties", "$defs")},
         "properties": properties,
