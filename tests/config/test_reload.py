@@ -121,5 +121,3 @@ def test_what_is_applied_in_place() -> None:
         "nvplugin.healthProbes.address",
     ]
     assert all(s.reload is Reload.IN_PLACE for s in SETTINGS.values() if s.inert)
-    restart = [path for path, setting in SETTINGS.items() if setting.reload is Reload.RESTART]
-    assert restart == ["flags.failOnInitError", "flags.plugin.containerDriverRoot"]
