@@ -375,6 +375,8 @@ def type_text(schema: dict[str, Any]) -> str:
     kind = schema.get("type")
     if kind == "string" and schema.get("pattern") == "^/":
         return "absolute path"
+    if kind == "string" and schema.get("maxLength") == 0:
+        return '""'
     return {"boolean": "bool", "array": "list"}.get(str(kind), str(kind))
 
 
