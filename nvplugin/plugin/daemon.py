@@ -41,8 +41,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from nvplugin.allocator import Policy, make_policy
-from nvplugin.allocator.mig import MigPolicy
+from nvplugin.allocator import Policy
 from nvplugin.config import Config
 from nvplugin.errors import InputError, NvpluginError, reason
 from nvplugin.log import configure, get_logger
@@ -53,11 +52,18 @@ from nvplugin.plugin.healthservice import PluginHealthService
 from nvplugin.plugin.httpendpoint import HttpEndpoint, Response
 from nvplugin.plugin.metrics import Metrics, metrics_endpoint
 from nvplugin.plugin.registration import SERVE_AGAIN_GIVE_UP_S, DirWatcher, Registrar
-from nvplugin.plugin.resources import ServedResource, plan_for
-from nvplugin.plugin.responses import Responder, check_caps, make_responder
 from nvplugin.plugin.server import DevicePluginService, PluginSocket
 from nvplugin.plugin.signals import HANDLED, PendingSignals
 from nvplugin.resourcenames import socket_name
+from nvplugin.rm import (
+    ResourceManager,
+    Responder,
+    ServedResource,
+    check_caps,
+    make_responder,
+    plan_for,
+    resource_policies,
+)
 
 DISCOVERY_RETRY_S = 30.0
 WAITING_CHECK_S = 1.0
@@ -133,7 +139,7 @@ class Daemon:
         self._node: NodeSession | None = None
         self._resources: list[_Served] = []  # one per served resource name, GPU index order
         self._registrars: list[asyncio.Task[None]] = []  # one per served resource
-        self._policy: asyncio.Future[Policy] | None = None  # shared by every served resource
+        self._policies: asyncio.Future[dict[str, Policy]] | None = None  # by resource name
         self._health: _Health | None = None  # one monitor for every served GPU
         self._watcher: DirWatcher | None = None
         self._watcher_task: asyncio.Task[None] | None = None
@@ -319,7 +325,7 @@ class Daemon:
         config = self.config
         name = config.resource_name
         _make_dir(config.device_plugin_dir)
-        service = DevicePluginService(name, (), _NoGpus())
+        service = DevicePluginService(ResourceManager(ServedResource(name, ())), _NoGpus())
         health_service = PluginHealthService(name, config.health_service)
         service.watch_health(health_service.set_health)
         self.metrics.set_serving(name, False)
@@ -377,17 +383,18 @@ class Daemon:
             )
         _make_dir(config.device_plugin_dir)
         watcher = await self._ensure_watcher(config.device_plugin_dir)
-        # One policy for the node: each resource asks it about its own GPUs' indices.
-        policy: asyncio.Future[Policy] = loop.run_in_executor(
+        # The policies' start-up work (best-effort's tables) off the loop, once for the node.
+        policies: asyncio.Future[dict[str, Policy]] = loop.run_in_executor(
             None,
             functools.partial(
-                make_policy,
+                resource_policies,
                 config.allocation_policy,
                 topology,
+                plan.resources,
                 budget_s=config.allocation_budget_s,
             ),
         )
-        policy.add_done_callback(self._policy_done)
+        policies.add_done_callback(functools.partial(self._policies_done, config))
         responder = make_responder(
             config.device_list_strategy,
             config.device_id_strategy,
@@ -398,15 +405,15 @@ class Daemon:
         parts: list[_Served] = []
         try:
             for served in plan.resources:
-                parts.append(await self._open_resource(config, served, policy, responder, health))
+                parts.append(await self._open_resource(config, served, policies, responder, health))
         except BaseException:
             for part in parts:
                 await part.close(STOP_GRACE_S)
-            policy.cancel()
+            policies.cancel()
             raise
         if not parts:
             self._log.warning("every GPU is excluded; serving no resource")
-            policy.cancel()
+            policies.cancel()
             if health is not None:
                 await asyncio.to_thread(health.stop)
             return
@@ -417,10 +424,10 @@ class Daemon:
             health.forward.retarget(services)
             for service in services:
                 service.set_health(health.monitor.health)  # a change may have raced the rewire
-        self._policy, self._health = policy, health
+        self._policies, self._health = policies, health
         # Registered means ready: the kubelet's first GetPreferredAllocation must not wait for
-        # the policy's start-up work (built off the loop while the sockets already serve).
-        await asyncio.wait({policy})
+        # the policies' start-up work (built off the loop while the sockets already serve).
+        await asyncio.wait({policies})
         for part in parts:
             self._register(config, part, watcher)
 
@@ -428,22 +435,17 @@ class Daemon:
         self,
         config: Config,
         served: ServedResource,
-        policy: asyncio.Future[Policy],
+        policies: asyncio.Future[dict[str, Policy]],
         responder: Responder,
         health: _Health | None,
     ) -> _Served:
-        """The service for one resource, serving on its socket (not registered yet). A MIG
-        resource gets its own policy over its MIG devices (cheap: made here)."""
-        assert self._node is not None
+        """The service for one resource, serving on its socket (not registered yet)."""
+        manager = ResourceManager(served, responder)
         service = DevicePluginService(
-            served.name,
-            served.gpus,
-            MigPolicy(self._node.topology, [m.mig for m in served.migs]) if served.migs else policy,
-            responder=responder,
+            manager,
+            _policy_of(policies, served.name),
             pre_start_required=config.pre_start_required,
             health=health.monitor.health if health is not None else None,
-            replicas=served.replicas,
-            migs=served.migs,
         )
         resource_name = served.name
         health_service = PluginHealthService(
@@ -453,7 +455,7 @@ class Daemon:
         )
         self.metrics.set_serving(resource_name, health_service.serving)
         service.watch_health(health_service.set_health)
-        per_gpu = Counter(device.gpu.index for device in service.devices)  # GPU -> devices
+        per_gpu = Counter(device.gpu.index for device in manager.devices)  # GPU -> devices
         service.watch_health(lambda h: self.metrics.observe_health(resource_name, h, per_gpu))
         path = os.path.join(config.device_plugin_dir, served.socket)
         return await self._serve_socket(path, service, health_service)
@@ -489,7 +491,7 @@ class Daemon:
             resource=resource_name,
             socket=sock.path,
             devices=service.uuids(),
-            replicas=service.replicas.count,
+            replicas=service.manager.replicas.count,
             unhealthy=service.unhealthy_uuids(),
         )
 
@@ -500,7 +502,7 @@ class Daemon:
         settings = config.health.settings()
         monitor = HealthMonitor(
             self._node.nvml,
-            sorted({gpu.index for service in services for gpu in service.gpus}),
+            sorted({gpu for service in services for gpu in service.manager.gpus}),
             settings,
             forward,
             on_xid=self.metrics.xid,
@@ -529,20 +531,20 @@ class Daemon:
         self._watcher_task = asyncio.create_task(self._watcher.run(), name="nvplugin-dirwatch")
         return self._watcher
 
-    def _policy_done(self, future: asyncio.Future[Policy]) -> None:
+    def _policies_done(self, config: Config, future: asyncio.Future[dict[str, Policy]]) -> None:
         if future.cancelled():
             return
         exc = future.exception()
         if exc is not None:
             self._log.error("allocation policy failed to build", error=str(exc))
         else:
-            self._log.info("allocation policy ready", policy=future.result().name)
+            self._log.info("allocation policy ready", policy=config.allocation_policy)
 
     async def _stop_resource(self, keep_health: bool) -> _Health | None:
         """Stop serving every resource; returns their health monitor if asked to keep it."""
         resources, self._resources = self._resources, []
         registrars, self._registrars = self._registrars, []
-        policy, self._policy = self._policy, None
+        policies, self._policies = self._policies, None
         health, self._health = self._health, None
         if not resources:
             return None
@@ -550,8 +552,8 @@ class Daemon:
         for resource in resources:
             await resource.close(STOP_GRACE_S)
             self.metrics.forget(resource.service.resource_name)
-        if policy is not None and not policy.done():
-            policy.cancel()
+        if policies is not None and not policies.done():
+            policies.cancel()
         assert health is not None  # set with the resources
         if keep_health:
             return health
@@ -667,6 +669,28 @@ def _make_dir(directory: str) -> None:
         raise NvpluginError(
             f"cannot create the device-plugin directory {directory}: {exc.strerror or exc}"
         ) from None
+
+
+def _policy_of(policies: asyncio.Future[dict[str, Policy]], name: str) -> asyncio.Future[Policy]:
+    """Resource ``name``'s policy, once ``policies`` are built (their failure, or
+    cancellation, too)."""
+    loop = asyncio.get_running_loop()
+    policy: asyncio.Future[Policy] = loop.create_future()
+
+    def settle(built: asyncio.Future[dict[str, Policy]]) -> None:
+        if policy.done():
+            return
+        if built.cancelled():
+            policy.cancel()
+        elif built.exception() is not None:
+            policy.set_exception(built.exception())  # type: ignore[arg-type]
+        else:
+            policy.set_result(built.result()[name])
+
+    policies.add_done_callback(settle)
+    # A failure is logged once, for all (Daemon._policies_done), not per resource at exit.
+    policy.add_done_callback(lambda done: done.cancelled() or done.exception())
+    return policy
 
 
 class _NoGpus:

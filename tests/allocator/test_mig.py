@@ -14,7 +14,7 @@ from nvplugin.allocator.base import AllocationError
 from nvplugin.allocator.mig import MigPolicy
 from nvplugin.node.model import Gpu, MigDevice, Topology
 from nvplugin.node.nodefile import load_node
-from nvplugin.plugin.migstrategy import apply_strategy
+from nvplugin.rm.migstrategy import apply_strategy
 
 MIXED = load_node("dgx-a100-mig").topology()
 
