@@ -252,7 +252,8 @@ def _write_output(text: str, output: str | None) -> None:
     "--resource",
     metavar="NAME",
     help="A MIG resource to ask about (nvidia.com/mig-1g.5gb under mixed, nvidia.com/gpu under "
-    "single); IDs are then MIG UUIDs or <gpu>:<mig index>, and the MIG policy answers.",
+    "single); IDs are then MIG UUIDs or <gpu>:<mig index>, and --policy is the plugin's "
+    "allocationPolicy for it (best-effort: the MIG policy; simple: the lowest first).",
 )
 @user_errors
 def preferred(

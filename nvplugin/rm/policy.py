@@ -1,9 +1,11 @@
-"""Each served resource's preferred-allocation policy, whatever its units.
+"""Each served resource's preferred-allocation policy, from the one factory
+(:func:`nvplugin.allocator.make_policy`) and the config's ``allocationPolicy``, whatever its units.
 
-- Whole GPUs: the config's ``allocationPolicy`` over the node's topology (GPU indices). It is the
-  same for every resource of whole GPUs (each asks it about its own GPUs), so it is made once per
-  node: best-effort's tables take a while on a 16-GPU node.
-- MIG devices: the MIG policy over the resource's MIG devices (their positions).
+- Whole GPUs: the policy over the node's topology (GPU indices). It is the same for every resource
+  of whole GPUs (each asks it about its own GPUs), so it is made once per node: best-effort's
+  tables take a while on a 16-GPU node.
+- MIG devices: the policy over the resource's MIG devices (their positions): ``best-effort`` is the
+  MIG policy, ``simple`` the lowest positions first.
 - Replicas (time-slicing): ``distributed`` or ``packed`` on top of their unit's policy
   (:meth:`nvplugin.rm.sharing.Replicas.prefer`, applied by the resource manager).
 """
@@ -13,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from nvplugin.allocator import Policy, make_policy
-from nvplugin.allocator.mig import MigPolicy
 from nvplugin.node.model import Topology
 from nvplugin.rm.devices import Kind
 from nvplugin.rm.plan import ServedResource
@@ -29,7 +30,9 @@ def resource_policies(
     for resource in resources:
         if resource.kind is Kind.MIG:
             migs = [device.mig for device in resource.bases if device.mig is not None]
-            policies[resource.name] = MigPolicy(topology, migs)
+            policies[resource.name] = make_policy(
+                name, topology, budget_s=budget_s, mig_devices=migs
+            )
             continue
         if node_policy is None:
             node_policy = make_policy(name, topology, budget_s=budget_s)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 
-from nvplugin.allocator import DEFAULT_BUDGET_S, POLICY_NAMES, explain_allocation, migreport
+from nvplugin.allocator import DEFAULT_BUDGET_S, explain_allocation, migreport
 from nvplugin.allocator import report as gpu_report
 from nvplugin.config.layout import ResourceRules, TimeSlicing
 from nvplugin.errors import InputError
@@ -59,10 +59,10 @@ def answer_preferred(
     """The answer as ``nvplugin preferred`` prints it (``output``: text or json). ``available``
     and ``must_include``: comma-separated IDs (None: every unit is available)."""
     mig = mig_strategy != "none" or resource is not None
-    if mig and (explain or policy != POLICY_NAMES[0]):
+    if mig and explain:
         raise InputError(
-            "--explain and --policy are about NVLink groups of GPUs; MIG devices have no "
-            "NVLink and one policy (mig: one parent GPU, then one NUMA node)"
+            "--explain is about NVLink groups of GPUs; MIG devices have no NVLink (their "
+            "answer shows each device's parent GPU and NUMA node)"
         )
     served = preferred_resource(topology, mig_strategy, resource)
     units = tuple(device.unit for device in served.bases)

@@ -5,6 +5,7 @@ replicas."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import tempfile
@@ -18,8 +19,11 @@ import pytest
 
 from nvplugin.allocator import DEFAULT_BUDGET_S
 from nvplugin.api.v1beta1 import api_pb2, api_pb2_grpc
+from nvplugin.config import load_config
 from nvplugin.errors import NvpluginError
+from nvplugin.kubelet.kubelet import FakeKubelet
 from nvplugin.node.mig import caps_minor
+from nvplugin.plugin.daemon import Daemon
 from nvplugin.plugin.server import DevicePluginService, PluginSocket
 from nvplugin.rm import (
     Replicas,
@@ -31,6 +35,7 @@ from nvplugin.rm import (
     replica_id,
     resource_policy,
 )
+from tests import WAIT_S
 from tests.rm.test_mig_plan import NODE, config_of, plan_of
 from tests.support.service import run
 
@@ -246,3 +251,42 @@ def test_time_sliced_mig_replicas_allocate_their_mig_device_once() -> None:
 
     run(body)
     assert [d.unit for d in resource.bases] == [0, 1, 2]
+
+
+@pytest.mark.parametrize(
+    ("policy", "chosen"), [("best-effort", ["2:2", "2:3"]), ("simple", ["0:0", "0:1"])]
+)
+def test_allocation_policy_applies_to_mig_resources(policy: str, chosen: list[str]) -> None:
+    """``nvplugin.allocationPolicy`` reaches a MIG resource served by the daemon: best-effort is
+    the MIG policy (GPU 2's two devices: a tight fit), simple the lowest MIG devices first."""
+    resource = resource_of("nvidia.com/mig-1g.5gb")
+    ids = [m.mig.uuid for m in resource.migs]
+    label = {m.mig.uuid: m.mig.label for m in resource.migs}
+
+    async def body() -> None:
+        directory = tempfile.mkdtemp()
+        flags = {
+            "nvplugin.devicePluginDir": directory,
+            "flags.migStrategy": "mixed",
+            "nvplugin.allocationPolicy": policy,
+        }
+        daemon = Daemon(load_config(None, flags=flags), simulate="dgx-a100-mig")
+        async with FakeKubelet(directory) as kubelet:
+            task = asyncio.create_task(daemon.run(handle_signals=False))
+            await kubelet.wait_registered(resource.name, timeout=WAIT_S)
+            path = os.path.join(directory, resource.socket)
+            async with grpc.aio.insecure_channel(f"unix:{path}") as channel:
+                reply = await api_pb2_grpc.DevicePluginStub(channel).GetPreferredAllocation(
+                    api_pb2.PreferredAllocationRequest(
+                        container_requests=[
+                            api_pb2.ContainerPreferredAllocationRequest(
+                                available_deviceIDs=ids, allocation_size=2
+                            )
+                        ]
+                    )
+                )
+            assert [label[i] for i in reply.container_responses[0].deviceIDs] == chosen
+            daemon.stop()
+            assert await task == 0
+
+    run(body)
