@@ -109,7 +109,7 @@ def _allocation(topology: Any, devices: Any, label: str, work: list[Query]) -> N
 def run() -> None:
     from bench.bench_allocator import queries
     from nvplugin.node.nodefile import load_node
-    from nvplugin.plugin.migstrategy import apply_strategy
+    from nvplugin.rm.migstrategy import apply_strategy
 
     spec = _mig_spec()
     mig_times, mig_calls, topology = _discovery(spec, 50)

@@ -1,5 +1,5 @@
 """Preferred allocation over time-slicing replicas, in-process (no gRPC): how long
-:meth:`nvplugin.plugin.sharing.Replicas.prefer` takes on dgx-2 (16 GPUs, 8 replicas each = 128
+:meth:`nvplugin.rm.sharing.Replicas.prefer` takes on dgx-2 (16 GPUs, 8 replicas each = 128
 devices) with the best-effort policy choosing among tied GPUs, for distributed and packed, with
 every replica free and with half of them in use (a spread of loads, so fewer ties).
 
@@ -12,8 +12,10 @@ import random
 import time
 
 from nvplugin.allocator import make_policy
+from nvplugin.config.layout import ALLOCATIONS
 from nvplugin.node import load_topology
-from nvplugin.plugin.sharing import ALLOCATIONS, Replicas
+from nvplugin.rm.devices import base_devices
+from nvplugin.rm.sharing import Replicas
 
 NODE = "dgx-2"
 REPLICAS = 8
@@ -27,7 +29,7 @@ def run() -> None:
     rng = random.Random(6)
     for allocation in ALLOCATIONS:
         replicas = Replicas(REPLICAS, allocation=allocation)
-        devices = replicas.devices(topology.gpus)
+        devices = replicas.devices(base_devices(topology.gpus))
         half = sorted(rng.sample(range(len(devices)), len(devices) // 2))
         cases = {"all free": list(devices), "half in use": [devices[i] for i in half]}
         for label, available in cases.items():

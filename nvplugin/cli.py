@@ -102,7 +102,7 @@ def devices(
     labels = mig_labels = plan_dict = None
     if config_path is not None or mig_strategy is not None:
         from nvplugin.config import load_config
-        from nvplugin.plugin.resources import plan_for
+        from nvplugin.rm.plan import plan_for
 
         flags = {} if mig_strategy is None else {"flags.migStrategy": mig_strategy}
         config = load_config(config_path, flags=flags)
@@ -252,7 +252,8 @@ def _write_output(text: str, output: str | None) -> None:
     "--resource",
     metavar="NAME",
     help="A MIG resource to ask about (nvidia.com/mig-1g.5gb under mixed, nvidia.com/gpu under "
-    "single); IDs are then MIG UUIDs or <gpu>:<mig index>, and the MIG policy answers.",
+    "single); IDs are then MIG UUIDs or <gpu>:<mig index>, and --policy is the plugin's "
+    "allocationPolicy for it (best-effort: the MIG policy; simple: the lowest first).",
 )
 @user_errors
 def preferred(
@@ -271,49 +272,21 @@ def preferred(
     Impossible requests (size 0, more than available, more must-include than size) print an
     empty answer and exit 0, as the kubelet would see it.
     """
-    import json
-
-    from nvplugin.allocator import explain_allocation
-    from nvplugin.allocator import report as allocator_report
     from nvplugin.node import load_topology
+    from nvplugin.rm.query import answer_preferred
 
-    topology = load_topology(simulate)
-    if mig_strategy != "none" or resource is not None:
-        from nvplugin.allocator import migreport
-        from nvplugin.errors import InputError
-        from nvplugin.plugin.migstrategy import mig_resource
-
-        if explain or policy != POLICY_NAMES[0]:
-            raise InputError(
-                "--explain and --policy are about NVLink groups of GPUs; MIG devices have no "
-                "NVLink and one policy (mig: one parent GPU, then one NUMA node)"
-            )
-        name, devices = mig_resource(topology.gpus, mig_strategy, resource)
-        free = (
-            tuple(range(len(devices)))
-            if available is None
-            else migreport.resolve_mig_ids(devices, available, "--available", name)
-        )
-        must = migreport.resolve_mig_ids(devices, must_include, "--must-include", name)
-        picked = migreport.prefer_mig(topology, devices, free, must, size)
-        if output == "json":
-            doc = migreport.mig_to_json(topology, devices, picked, name)
-            click.echo(json.dumps(doc, indent=2))
-        else:
-            click.echo(migreport.mig_to_text(topology, devices, picked, name, size))
-        return
-    free = (
-        tuple(range(len(topology)))
-        if available is None
-        else allocator_report.resolve_ids(topology, available, "--available")
+    answer = answer_preferred(
+        load_topology(simulate),
+        mig_strategy=mig_strategy,
+        resource=resource,
+        policy=policy,
+        available=available,
+        must_include=must_include,
+        size=size,
+        explain=explain,
+        output=output,
     )
-    required = allocator_report.resolve_ids(topology, must_include, "--must-include")
-    allocator_report.check_must_include(free, required)
-    answer = explain_allocation(policy, topology, free, required, size)
-    if output == "json":
-        click.echo(json.dumps(allocator_report.to_json(topology, answer, explain), indent=2))
-    else:
-        click.echo(allocator_report.to_text(topology, answer, size, required, explain))
+    click.echo(answer)
 
 
 # --- plugin: serve ---

@@ -1,9 +1,10 @@
 """Preferred allocation: which of the available GPUs a pod should get.
 
 Pure functions over a :class:`~nvplugin.node.model.Topology`: no I/O, no NVML, no gRPC. One small
-interface (:class:`Policy`), one module per policy (``simple.py``, ``besteffort.py``), made by
-name with :func:`make_policy`, which does all precomputation once so requests never pay for it.
-The objective, tie-breaks, empty answers and errors are those of ../shared/docs/allocation.md.
+interface (:class:`Policy`), one module per policy (``simple.py``, ``besteffort.py``, ``mig.py``),
+made by name with :func:`make_policy` -- the one factory, for whole GPUs and MIG devices alike --
+which does all precomputation once so requests never pay for it. The objective, tie-breaks,
+empty answers and errors are those of ../shared/docs/allocation.md.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import Sequence
 
 from nvplugin.allocator.base import Allocation, AllocationError, Policy, check_request
 from nvplugin.errors import InputError
-from nvplugin.node.model import Topology
+from nvplugin.node.model import MigDevice, Topology
 
 POLICY_NAMES: tuple[str, ...] = ("best-effort", "simple")
 """Policy names as config files and ``--policy`` spell them; the first is the default."""
@@ -31,17 +32,35 @@ DEFAULT_BUDGET_S = 0.1
 group found (config ``nvplugin.allocationBudget``)."""
 
 
-def make_policy(name: str, topology: Topology, *, budget_s: float = DEFAULT_BUDGET_S) -> Policy:
-    """The named policy over ``topology``, with its start-up precomputation done."""
+def make_policy(
+    name: str,
+    topology: Topology,
+    *,
+    budget_s: float = DEFAULT_BUDGET_S,
+    mig_devices: Sequence[MigDevice] | None = None,
+) -> Policy:
+    """The named policy over ``topology``'s GPUs (GPU indices), or -- ``mig_devices`` given --
+    over those MIG devices (positions in the list), with its start-up precomputation done.
+
+    MIG devices have no NVLink, so the names mean there what they can: ``best-effort`` is the
+    MIG policy (:mod:`nvplugin.allocator.mig`: one parent, one NUMA node, partly used parents
+    first, the tightest fit), ``simple`` the lowest positions first.
+    """
     check_policy_name(name)
+    from nvplugin.allocator.simple import Simple
+
+    if mig_devices is not None:
+        if name == "best-effort":
+            from nvplugin.allocator.mig import MigPolicy
+
+            return MigPolicy(topology, mig_devices)
+        return Simple(len(mig_devices))
     if name == "best-effort":
         from nvplugin.allocator.besteffort import BestEffort
 
         return BestEffort(topology, budget_s=budget_s)
     if name == "simple":
-        from nvplugin.allocator.simple import Simple
-
-        return Simple(topology)
+        return Simple(len(topology))
     raise AssertionError(f"policy {name!r} is listed in POLICY_NAMES but not made here")
 
 

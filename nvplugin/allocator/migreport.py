@@ -1,6 +1,6 @@
 """What ``nvplugin preferred`` reads and prints for a MIG resource: MIG device IDs in (MIG UUIDs
-or NVIDIA's ``<gpu>:<mig index>``), the MIG policy's answer out, with each device's parent GPU
-and NUMA node -- what the plugin answers the kubelet for that resource.
+or NVIDIA's ``<gpu>:<mig index>``), the resource policy's answer out, with each device's parent
+GPU and NUMA node -- what the plugin answers the kubelet for that resource.
 
 The GPU policies' report (:mod:`nvplugin.allocator.report`) scores NVLink groups; MIG devices
 have no NVLink, so this one says where the answer sits instead.
@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from nvplugin.allocator.mig import MigPolicy
 from nvplugin.errors import InputError
 from nvplugin.node.model import MigDevice, Topology
 
@@ -43,20 +42,14 @@ def resolve_mig_ids(
     return tuple(seen)
 
 
-def prefer_mig(
-    topology: Topology,
-    devices: Sequence[MigDevice],
-    available: Sequence[int],
-    must_include: Sequence[int],
-    size: int,
-) -> list[int]:
-    """The MIG policy's answer: positions in ``devices``, ascending ([] when impossible)."""
+def check_mig_must_include(
+    devices: Sequence[MigDevice], available: Sequence[int], must_include: Sequence[int]
+) -> None:
     for position in must_include:
         if position not in available:
             raise InputError(
                 f"--must-include: MIG device {devices[position].label} is not in --available"
             )
-    return MigPolicy(topology, devices).allocate(available, must_include, size)
 
 
 def _rows(
@@ -78,10 +71,14 @@ def _rows(
 
 
 def mig_to_json(
-    topology: Topology, devices: Sequence[MigDevice], answer: Sequence[int], resource: str
+    topology: Topology,
+    devices: Sequence[MigDevice],
+    answer: Sequence[int],
+    resource: str,
+    policy: str,
 ) -> dict[str, Any]:
     """``{"resource", "devices": [uuids], "mig_devices": [labels], "gpus", "numa_nodes",
-    "policy": "mig"}``."""
+    "policy"}`` (the MIG policy is ``mig``)."""
     rows = _rows(topology, devices, answer)
     return {
         "resource": resource,
@@ -89,7 +86,7 @@ def mig_to_json(
         "mig_devices": [row["mig_device"] for row in rows],
         "gpus": sorted({row["gpu"] for row in rows}),
         "numa_nodes": sorted({row["numa_node"] for row in rows if row["numa_node"] is not None}),
-        "policy": MigPolicy.name,
+        "policy": policy,
     }
 
 
@@ -99,6 +96,7 @@ def mig_to_text(
     answer: Sequence[int],
     resource: str,
     size: int,
+    policy: str,
 ) -> str:
     """One line with the answer, then one line per MIG device."""
     if not answer:
@@ -111,7 +109,7 @@ def mig_to_text(
     where = f"GPU {gpus[0]}" if len(gpus) == 1 else f"GPUs {', '.join(map(str, gpus))}"
     lines = [
         f"{resource}: {', '.join(row['mig_device'] for row in rows)} "
-        f"({len(rows)} MIG device(s) on {where}; policy {MigPolicy.name})"
+        f"({len(rows)} MIG device(s) on {where}; policy {policy})"
     ]
     for row in rows:
         numa = "N/A" if row["numa_node"] is None else row["numa_node"]

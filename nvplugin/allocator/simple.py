@@ -2,7 +2,8 @@
 
 It ignores how GPUs are wired. It exists for nodes where that does not matter (or is not
 trusted), and as the baseline best-effort is measured against (``nvplugin preferred --policy
-simple --explain`` shows what the partition would score).
+simple --explain`` shows what the partition would score). Over a resource's MIG devices it is the
+same rule on their positions (parent index, then MIG index): the lowest first.
 """
 
 from __future__ import annotations
@@ -10,16 +11,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from nvplugin.allocator.base import check_request
-from nvplugin.node.model import Topology
 
 
 class Simple:
-    """Must-include GPUs, then the lowest-indexed other available ones, until ``size``."""
+    """Must-include units, then the lowest other available ones, until ``size``; over ``units``
+    units (a node's GPUs, or a resource's MIG devices)."""
 
     name = "simple"
 
-    def __init__(self, topology: Topology) -> None:
-        self._gpus = len(topology)
+    def __init__(self, units: int) -> None:
+        self._gpus = units
 
     def allocate(
         self, available: Sequence[int], must_include: Sequence[int], size: int

@@ -6,7 +6,7 @@ model (``resources.gpus``), hidden GPUs (``resources.exclude``) and time-slicing
 rule across keys is checked (each resulting name valid for the kubelet, time-slicing entries
 naming a served resource once, no two resources under one name or one socket), so a collision is
 an exit-2 error naming the key. Applying the layout to a node's GPUs is the plugin's part
-(:func:`nvplugin.plugin.resources.plan_resources`).
+(:func:`nvplugin.rm.plan.plan_resources`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ first is the default."""
 MIN_REPLICAS = 2
 MAX_REPLICAS = 1_000_000
 """A bound for the config check only; what a node can advertise is bounded by the kubelet's
-message size (:mod:`nvplugin.plugin.resources`)."""
+message size (:mod:`nvplugin.rm.listing`)."""
 SHARED_SUFFIX = ".shared"
 """``renameByDefault`` renames a replicated resource ``<name>.shared`` (NVIDIA's convention)."""
 
@@ -114,7 +114,7 @@ def resolve_layout(
 
     Under ``mig_strategy`` mixed the names of ``resources.mig`` are served resources too, and a
     time-slicing entry may name any MIG resource (``<domain>/mig-<profile>``): which profiles
-    exist is the node's to say, so :func:`nvplugin.plugin.resources.plan_resources` checks the
+    exist is the node's to say, so :func:`nvplugin.rm.plan.plan_resources` checks the
     rest once the node is known (with :func:`check_served`, the same rule).
     """
     patterns = [

@@ -14,7 +14,7 @@ DEVICE_LIST_STRATEGIES = ("envvar", "volume-mounts", "cdi-annotations", "cdi-cri
 DEVICE_ID_STRATEGIES = ("uuid", "index")
 MIG_STRATEGIES = ("none", "single", "mixed")
 """``flags.migStrategy`` values, NVIDIA's names; the first is the default
-(:mod:`nvplugin.plugin.migstrategy` applies them)."""
+(:mod:`nvplugin.rm.migstrategy` applies them)."""
 DEFAULT_CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
 CDI_ANNOTATION_NAME = "nvplugin"
 """Annotation keys are ``<prefix>nvplugin_<hash of the device IDs>``."""

@@ -54,8 +54,7 @@ from nvplugin.kubelet.topologymanager import (
 )
 from nvplugin.kubelet.topologymanager.options import POLICY_NONE
 from nvplugin.node.model import Topology, format_cpu_list
-from nvplugin.plugin.resources import plan_for
-from nvplugin.plugin.sharing import REPLICA_SEPARATOR
+from nvplugin.rm import REPLICA_SEPARATOR, plan_for
 
 RESOURCE = "nvidia.com/gpu"
 REGISTER_TIMEOUT_S = 30.0

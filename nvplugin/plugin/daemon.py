@@ -1,5 +1,9 @@
 """``nvplugin serve``: the daemon's life from discovery to the last socket removed.
 
+This module is the lifecycle -- start, signals, discovery retry, stop; what is served for a config
+is :mod:`.assembly`'s (resources, sockets, health wiring, registrars) and how a SIGHUP applies a
+new config is :mod:`.reload`'s.
+
 Start: log the effective config once, open the node (NVML, real or simulated; discovery happens
 once, here), then per resource start the service and its socket, the health monitor and the
 registrar. The allocation policy's tables are computed on a worker thread while the plugin
@@ -35,71 +39,30 @@ import asyncio
 import contextlib
 import functools
 import os
-import threading
-from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
-from nvplugin.allocator import Policy, make_policy
-from nvplugin.allocator.mig import MigPolicy
 from nvplugin.config import Config
-from nvplugin.config.reload import reload_plan
-from nvplugin.errors import InputError, NvpluginError, reason
+from nvplugin.errors import InputError, NvpluginError
 from nvplugin.log import configure, get_logger
 from nvplugin.node import NodeSession, open_node
-from nvplugin.node.health import HealthMonitor
-from nvplugin.plugin import healthservice
+from nvplugin.plugin import healthservice, reload
+from nvplugin.plugin.assembly import Resources, Served, make_dir, serve_socket
+from nvplugin.plugin.endpoints import METRICS, PROBES, Endpoints
 from nvplugin.plugin.healthservice import PluginHealthService
-from nvplugin.plugin.httpendpoint import HttpEndpoint, Response
-from nvplugin.plugin.metrics import Metrics, metrics_endpoint
-from nvplugin.plugin.registration import SERVE_AGAIN_GIVE_UP_S, DirWatcher, Registrar
-from nvplugin.plugin.resources import ServedResource, plan_for
-from nvplugin.plugin.responses import Responder, check_caps, make_responder
-from nvplugin.plugin.server import DevicePluginService, PluginSocket
+from nvplugin.plugin.httpendpoint import Response
+from nvplugin.plugin.metrics import Metrics
+from nvplugin.plugin.registration import SERVE_AGAIN_GIVE_UP_S
+from nvplugin.plugin.server import DevicePluginService
 from nvplugin.plugin.signals import HANDLED, PendingSignals
 from nvplugin.resourcenames import socket_name
+from nvplugin.rm import ResourceManager, ServedResource
 
 DISCOVERY_RETRY_S = 30.0
 WAITING_CHECK_S = 1.0
 """While waiting for GPUs, how often the daemon checks that its socket is still there (a kubelet
 restart removes it; the liveness probe needs it)."""
-STOP_GRACE_S = 0.3
-"""How long in-flight unary RPCs get at shutdown; streams are ended at once."""
 
 NodeOpener = Callable[[str | None], NodeSession]
-
-ENVVAR_COLLISION = (
-    "a container that requests two of these resources gets one NVIDIA_VISIBLE_DEVICES per "
-    "resource and the kubelet keeps only one of them, so it silently loses GPUs; use "
-    "deviceListStrategy volume-mounts, cdi-annotations or cdi-cri (with or without envvar), "
-    "which the kubelet merges"
-)
-
-
-@dataclass
-class _Served:
-    """One socket being served: the DevicePlugin service and the health service on it."""
-
-    service: DevicePluginService
-    health_service: PluginHealthService
-    socket: PluginSocket
-
-    async def close(self, grace: float) -> None:
-        """End the streams and stop serving (the socket file goes)."""
-        self.service.close()
-        self.health_service.close()
-        await self.socket.stop(grace)
-
-
-@dataclass
-class _Health:
-    """A health monitor and where it sends its changes."""
-
-    monitor: HealthMonitor
-    forward: _Forward
-
-    def stop(self) -> None:
-        self.monitor.stop()
 
 
 class Daemon:
@@ -117,8 +80,7 @@ class Daemon:
     ) -> None:
         self.config = config
         self.metrics = Metrics()
-        # The HTTP endpoints, by what they serve (METRICS, PROBES); absent when not configured.
-        self._endpoints: dict[str, HttpEndpoint] = {}
+        self._endpoints = Endpoints(self.metrics, self._livez, self._readyz)
         self._serve_give_up_s = serve_give_up_s
         self._fatal: NvpluginError | None = None
         self._reload = reload
@@ -131,14 +93,9 @@ class Daemon:
         self._stop = asyncio.Event()
         self._hup = asyncio.Event()
         self._node: NodeSession | None = None
-        self._resources: list[_Served] = []  # one per served resource name, GPU index order
-        self._registrars: list[asyncio.Task[None]] = []  # one per served resource
-        self._policy: asyncio.Future[Policy] | None = None  # shared by every served resource
-        self._health: _Health | None = None  # one monitor for every served GPU
-        self._watcher: DirWatcher | None = None
-        self._watcher_task: asyncio.Task[None] | None = None
+        self._resources: Resources | None = None  # once the node is discovered
         # While no GPU is discovered: the health service alone on the plugin socket.
-        self._waiting: _Served | None = None
+        self._waiting: Served | None = None
 
     @property
     def node(self) -> NodeSession | None:
@@ -147,28 +104,27 @@ class Daemon:
     @property
     def service(self) -> DevicePluginService | None:
         """The first served resource's service (the only one unless resources are split)."""
-        return self._resources[0].service if self._resources else None
+        return self.services[0] if self.services else None
 
     @property
     def services(self) -> tuple[DevicePluginService, ...]:
         """Every served resource's service, in the order of their lowest GPU index."""
-        return tuple(resource.service for resource in self._resources)
+        return self._resources.services if self._resources is not None else ()
 
     @property
     def health_service(self) -> PluginHealthService | None:
-        return self._resources[0].health_service if self._resources else None
+        served = self._resources.served if self._resources is not None else []
+        return served[0].health_service if served else None
 
     @property
     def metrics_port(self) -> int | None:
         """The port /metrics is served on (None: metrics off)."""
-        endpoint = self._endpoints.get(METRICS)
-        return endpoint.port if endpoint is not None else None
+        return self._endpoints.port(METRICS)
 
     @property
     def probe_port(self) -> int | None:
         """The port /livez and /readyz are served on (None: off)."""
-        endpoint = self._endpoints.get(PROBES)
-        return endpoint.port if endpoint is not None else None
+        return self._endpoints.port(PROBES)
 
     def stop(self) -> None:
         """Ask the daemon to shut down (what SIGTERM does)."""
@@ -198,8 +154,7 @@ class Daemon:
             self._log.info("config note", note=note)
         try:
             # The probes first: the startup probe passes as soon as the process answers.
-            for kind in (PROBES, METRICS):
-                await self._start_endpoint(kind, _endpoint_address(self.config, kind))
+            await self._endpoints.start(self.config)
             await self._serve()
         finally:
             await self._shutdown()
@@ -216,28 +171,11 @@ class Daemon:
         self._log.info("stopped")
         return 0
 
-    async def _start_endpoint(self, kind: str, address: str | None) -> None:
-        """Serve ``kind`` (METRICS, PROBES) on ``address`` (None: not at all); NvpluginError
-        when it cannot bind."""
-        if address is None:
-            return
-        endpoint = (
-            metrics_endpoint(address, self.metrics)
-            if kind == METRICS
-            else HttpEndpoint(kind, address, {"/livez": self._livez, "/readyz": self._readyz})
-        )
-        await endpoint.start()
-        self._endpoints[kind] = endpoint
-
-    async def _stop_endpoint(self, kind: str) -> None:
-        endpoint = self._endpoints.pop(kind, None)
-        if endpoint is not None:
-            await endpoint.stop()
-
     def _health_services(self) -> list[PluginHealthService]:
         if self._waiting is not None:
             return [self._waiting.health_service]
-        return [resource.health_service for resource in self._resources]
+        served = self._resources.served if self._resources is not None else []
+        return [part.health_service for part in served]
 
     def _livez(self) -> Response:
         return healthservice.probe_response(self._health_services(), live=True)
@@ -254,16 +192,34 @@ class Daemon:
             self._stop.set()
         self._log.info("signal", signal=name, before_serving=before_serving)
 
+    def _on_fatal(self, error: NvpluginError) -> None:
+        self._fatal = error
+        self._stop.set()
+
     async def _serve(self) -> None:
         self._node = await self._discover()
         if self._node is None:
             return  # stopped while waiting for GPUs
-        await self._start_resource(self.config)
+        self._resources = Resources(
+            self._node,
+            self.metrics,
+            serve_give_up_s=self._serve_give_up_s,
+            on_fatal=self._on_fatal,
+        )
+        await self._resources.start(self.config)
         while not self._stop.is_set():
             await _first(self._stop, self._hup)
             if self._hup.is_set() and not self._stop.is_set():
                 self._hup.clear()
                 await self._reload_config()
+
+    async def _reload_config(self) -> None:
+        if self._reload is None:
+            self._log.info("SIGHUP: nothing to reload")
+            return
+        self.config = await reload.reload(
+            self.config, self._reload, self._node, self._resources, self._endpoints
+        )
 
     # --- discovery ---
 
@@ -318,13 +274,13 @@ class Daemon:
         await self._stop_waiting()
         config = self.config
         name = config.resource_name
-        _make_dir(config.device_plugin_dir)
-        service = DevicePluginService(name, (), _NoGpus())
+        make_dir(config.device_plugin_dir)
+        service = DevicePluginService(ResourceManager(ServedResource(name, ())), _NoGpus())
         health_service = PluginHealthService(name, config.health_service)
         service.watch_health(health_service.set_health)
         self.metrics.set_serving(name, False)
         path = os.path.join(config.device_plugin_dir, socket_name(name))
-        self._waiting = await self._serve_socket(path, service, health_service)
+        self._waiting = await serve_socket(path, service, health_service, self.metrics)
         self._log.info(
             "serving the health service only (unregistered) until GPUs appear", socket=path
         )
@@ -334,343 +290,14 @@ class Daemon:
         if waiting is not None:
             await waiting.close(0)
 
-    async def _serve_socket(
-        self, path: str, service: DevicePluginService, health_service: PluginHealthService
-    ) -> _Served:
-        """Serve ``service`` and ``health_service`` on ``path`` (RPCs counted in the metrics);
-        NvpluginError when another process serves the path. Both are closed if it fails."""
-        sock = PluginSocket(
-            path,
-            service,
-            extra_services=[lambda server: healthservice.add_to_server(health_service, server)],
-            interceptors=[self.metrics.interceptor(service.resource_name)],
-        )
-        try:
-            await sock.start()
-        except BaseException:
-            service.close()
-            health_service.close()
-            raise
-        return _Served(service, health_service, sock)
-
-    # --- resources ---
-
-    async def _start_resource(self, config: Config, health: _Health | None = None) -> None:
-        """Serve every resource ``config`` makes of the node's GPUs (resources by model, time-
-        slicing): one service, socket and registrar each; a resource with no GPU is not served.
-        ``health`` is a running monitor to keep (SIGHUP)."""
-        assert self._node is not None
-        loop = asyncio.get_running_loop()
-        topology = self._node.topology
-        plan = plan_for(config, topology.gpus)
-        if config.pass_device_specs:  # MIG devices need their nvidia-caps nodes: known now
-            check_caps([device for served in plan.resources for device in served.bases])
-        for warning in plan.warnings:  # once per start (and per reload): config doing nothing
-            self._log.warning("config has no effect on this node", reason=warning)
-        if plan.empty:
-            self._log.info("not serving resources without GPUs", resources=list(plan.empty))
-        if len(plan.resources) > 1 and tuple(config.device_list_strategy) == ("envvar",):
-            self._log.warning(
-                "several resources served with deviceListStrategy envvar alone",
-                resources=[served.name for served in plan.resources],
-                reason=ENVVAR_COLLISION,
-            )
-        _make_dir(config.device_plugin_dir)
-        watcher = await self._ensure_watcher(config.device_plugin_dir)
-        # One policy for the node: each resource asks it about its own GPUs' indices.
-        policy: asyncio.Future[Policy] = loop.run_in_executor(
-            None,
-            functools.partial(
-                make_policy,
-                config.allocation_policy,
-                topology,
-                budget_s=config.allocation_budget_s,
-            ),
-        )
-        policy.add_done_callback(self._policy_done)
-        responder = make_responder(
-            config.device_list_strategy,
-            config.device_id_strategy,
-            pass_device_specs=config.pass_device_specs,
-            dev_root=config.dev_root,
-            cdi_annotation_prefix=config.cdi_annotation_prefix,
-        )
-        parts: list[_Served] = []
-        try:
-            for served in plan.resources:
-                parts.append(await self._open_resource(config, served, policy, responder, health))
-        except BaseException:
-            for part in parts:
-                await part.close(STOP_GRACE_S)
-            policy.cancel()
-            raise
-        if not parts:
-            self._log.warning("every GPU is excluded; serving no resource")
-            policy.cancel()
-            if health is not None:
-                await asyncio.to_thread(health.stop)
-            return
-        services = [part.service for part in parts]
-        if health is None:
-            health = self._new_health(config, services)
-        else:
-            health.forward.retarget(services)
-            for service in services:
-                service.set_health(health.monitor.health)  # a change may have raced the rewire
-        self._policy, self._health = policy, health
-        # Registered means ready: the kubelet's first GetPreferredAllocation must not wait for
-        # the policy's start-up work (built off the loop while the sockets already serve).
-        await asyncio.wait({policy})
-        for part in parts:
-            self._register(config, part, watcher)
-
-    async def _open_resource(
-        self,
-        config: Config,
-        served: ServedResource,
-        policy: asyncio.Future[Policy],
-        responder: Responder,
-        health: _Health | None,
-    ) -> _Served:
-        """The service for one resource, serving on its socket (not registered yet). A MIG
-        resource gets its own policy over its MIG devices (cheap: made here)."""
-        assert self._node is not None
-        service = DevicePluginService(
-            served.name,
-            served.gpus,
-            MigPolicy(self._node.topology, [m.mig for m in served.migs]) if served.migs else policy,
-            responder=responder,
-            pre_start_required=config.pre_start_required,
-            health=health.monitor.health if health is not None else None,
-            replicas=served.replicas,
-            migs=served.migs,
-        )
-        resource_name = served.name
-        health_service = PluginHealthService(
-            resource_name,
-            config.health_service,
-            on_status=lambda serving: self.metrics.set_serving(resource_name, serving),
-        )
-        self.metrics.set_serving(resource_name, health_service.serving)
-        service.watch_health(health_service.set_health)
-        per_gpu = Counter(device.gpu.index for device in service.devices)  # GPU -> devices
-        service.watch_health(lambda h: self.metrics.observe_health(resource_name, h, per_gpu))
-        path = os.path.join(config.device_plugin_dir, served.socket)
-        return await self._serve_socket(path, service, health_service)
-
-    def _register(self, config: Config, served: _Served, watcher: DirWatcher) -> None:
-        """Start registering one served resource, and keep re-registering it."""
-        service, health_service, sock = served.service, served.health_service, served.socket
-        resource_name = service.resource_name
-
-        def registered() -> None:
-            self.metrics.registered(resource_name)
-            health_service.set_registered(True)
-
-        def unregistered() -> None:
-            self.metrics.kubelet_restarted(resource_name)
-            health_service.set_registered(False)
-
-        registrar = Registrar(
-            sock,
-            service,
-            config.kubelet_socket_path,
-            watcher,
-            on_registered=registered,
-            on_unregistered=unregistered,
-            serve_give_up_s=self._serve_give_up_s,
-        )
-        task = asyncio.create_task(registrar.run(), name="nvplugin-registrar")
-        task.add_done_callback(self._registrar_done)
-        self._registrars.append(task)
-        self._resources.append(served)
-        self._log.info(
-            "serving",
-            resource=resource_name,
-            socket=sock.path,
-            devices=service.uuids(),
-            replicas=service.replicas.count,
-            unhealthy=service.unhealthy_uuids(),
-        )
-
-    def _new_health(self, config: Config, services: list[DevicePluginService]) -> _Health:
-        """One started health monitor for every served GPU, under ``config``'s health rules."""
-        assert self._node is not None
-        forward = _Forward(asyncio.get_running_loop(), services)
-        settings = config.health.settings()
-        monitor = HealthMonitor(
-            self._node.nvml,
-            sorted({gpu.index for service in services for gpu in service.gpus}),
-            settings,
-            forward,
-            on_xid=self.metrics.xid,
-        )
-        monitor.start()
-        return _Health(monitor, forward)
-
-    def _registrar_done(self, task: asyncio.Task[None]) -> None:
-        """A registrar only ends by cancellation; if it failed, the plugin must not stay up
-        unregistered: stop, and exit non-zero."""
-        if task.cancelled() or task.exception() is None:
-            return
-        exc = task.exception()
-        self._fatal = (
-            exc
-            if isinstance(exc, NvpluginError)
-            else NvpluginError(f"registration failed: {exc!r}")
-        )
-        self._stop.set()
-
-    async def _ensure_watcher(self, directory: str) -> DirWatcher:
-        if self._watcher is not None and self._watcher.directory == directory:
-            return self._watcher
-        await self._stop_watcher()
-        self._watcher = DirWatcher(directory)
-        self._watcher_task = asyncio.create_task(self._watcher.run(), name="nvplugin-dirwatch")
-        return self._watcher
-
-    def _policy_done(self, future: asyncio.Future[Policy]) -> None:
-        if future.cancelled():
-            return
-        exc = future.exception()
-        if exc is not None:
-            self._log.error("allocation policy failed to build", error=str(exc))
-        else:
-            self._log.info("allocation policy ready", policy=future.result().name)
-
-    async def _stop_resource(self, keep_health: bool) -> _Health | None:
-        """Stop serving every resource; returns their health monitor if asked to keep it."""
-        resources, self._resources = self._resources, []
-        registrars, self._registrars = self._registrars, []
-        policy, self._policy = self._policy, None
-        health, self._health = self._health, None
-        if not resources:
-            return None
-        await _cancel(registrars)
-        for resource in resources:
-            await resource.close(STOP_GRACE_S)
-            self.metrics.forget(resource.service.resource_name)
-        if policy is not None and not policy.done():
-            policy.cancel()
-        assert health is not None  # set with the resources
-        if keep_health:
-            return health
-        await asyncio.to_thread(health.stop)
-        return None
-
-    async def _stop_watcher(self) -> None:
-        task, self._watcher_task = self._watcher_task, None
-        self._watcher = None
-        if task is not None:
-            await _cancel([task])
-
-    async def _reload_config(self) -> None:
-        """SIGHUP. Whatever goes wrong -- a config that fails to load in any way, even one
-        nobody foresaw, or one that cannot be served -- is logged and the running config kept:
-        a reload never ends the plugin (every GPU would be lost to the kubelet)."""
-        if self._reload is None:
-            self._log.info("SIGHUP: nothing to reload")
-            return
-        try:
-            config = self._reload()
-            if self._node is not None:  # what only the node can tell (MIG, the kubelet's limit)
-                plan_for(config, self._node.topology.gpus)
-        except Exception as exc:
-            self._log.error("config reload failed; keeping the running config", error=reason(exc))
-            return
-        configure(config.log.format, config.log.level)
-        self._log.info("config reloaded", config=config.as_dict())
-        previous = self.config
-        plan = reload_plan(previous, config)
-        if plan.restart:
-            # Read once, before serving: re-serving would not apply them either.
-            self._log.warning("takes effect at the next start", keys=list(plan.restart))
-        for kind in (PROBES, METRICS):
-            address = _endpoint_address(config, kind)
-            if address == _endpoint_address(previous, kind):
-                continue
-            await self._stop_endpoint(kind)
-            try:
-                await self._start_endpoint(kind, address)
-            except NvpluginError as exc:
-                self._log.error(f"{kind} off: cannot serve the reloaded address", error=str(exc))
-        if self._resources and not plan.reserve:
-            try:
-                await self._reload_in_place(config)
-            except Exception as exc:
-                configure(previous.log.format, previous.log.level)
-                self._log.error(
-                    "cannot apply the reloaded config; keeping the running one", error=reason(exc)
-                )
-            return
-        # Same health settings: keep the monitor and what it has seen. New ones: a fresh monitor,
-        # as the old verdicts were made by rules no longer configured.
-        health = await self._stop_resource(keep_health=previous.health == config.health)
-        try:
-            await self._start_resource(config, health)
-            self.config = config
-        except Exception as exc:
-            self._log.error(
-                "cannot serve with the reloaded config; going back to the previous one",
-                error=reason(exc),
-            )
-            configure(previous.log.format, previous.log.level)
-            try:
-                await self._start_resource(previous, health)
-            except Exception as again:
-                # What served a moment ago cannot be served again (the directory went away):
-                # exit 1 with the reason, so that Kubernetes restarts the plugin.
-                raise NvpluginError(
-                    f"cannot serve the previous config again after a failed reload: {reason(again)}"
-                ) from None
-
-    async def _reload_in_place(self, config: Config) -> None:
-        """Apply a config that changes nothing the kubelet sees (log, health rules, health
-        service, metrics) without touching the socket: no request fails, no stream ends, no
-        re-registration. Changed health rules get a fresh monitor, as the old verdicts were made
-        by rules no longer configured."""
-        resources = self._resources
-        assert resources and self._health is not None
-        if config.health != self.config.health:
-            await asyncio.to_thread(self._health.stop)  # one monitor for all
-            self._health = self._new_health(config, [resource.service for resource in resources])
-            for resource in resources:
-                resource.service.set_health(self._health.monitor.health)
-        for resource in resources:
-            resource.health_service.set_settings(config.health_service)
-        self.config = config
-        self._log.info(
-            "config applied in place; still registered",
-            resources=[resource.service.resource_name for resource in resources],
-        )
-
     async def _shutdown(self) -> None:
         await self._stop_waiting()
-        await self._stop_resource(keep_health=False)
-        for kind in (METRICS, PROBES):
-            await self._stop_endpoint(kind)
-        await self._stop_watcher()
+        if self._resources is not None:
+            await self._resources.close()
+        await self._endpoints.stop()
         if self._node is not None:
             node, self._node = self._node, None
             await asyncio.to_thread(node.close)
-
-
-METRICS = "metrics"
-PROBES = "health probes"
-
-
-def _endpoint_address(config: Config, kind: str) -> str | None:
-    return config.metrics_address if kind == METRICS else config.health_probe_address
-
-
-def _make_dir(directory: str) -> None:
-    """Create the device-plugin directory (0750, as the kubelet does) if it is missing."""
-    try:
-        os.makedirs(directory, mode=0o750, exist_ok=True)
-    except OSError as exc:  # a message and exit 1 (or, on SIGHUP, the previous config)
-        raise NvpluginError(
-            f"cannot create the device-plugin directory {directory}: {exc.strerror or exc}"
-        ) from None
 
 
 class _NoGpus:
@@ -683,61 +310,6 @@ class _NoGpus:
         self, available: Sequence[int], must_include: Sequence[int], size: int
     ) -> list[int]:
         return []
-
-
-class _Forward:
-    """The health monitor's ``on_change``: hands each map to the services on the event loop
-    (each takes the GPUs it serves; replicas follow their GPU).
-
-    Called on the monitor's thread. Maps are coalesced on their way to the loop: at most one
-    hand-over is queued at a time and it carries the latest map, so a storm of changes while the
-    loop is busy queues one callback, not one per change. The targets can change on SIGHUP
-    while the monitor (and the health it has seen) lives on.
-    """
-
-    def __init__(
-        self, loop: asyncio.AbstractEventLoop, services: list[DevicePluginService]
-    ) -> None:
-        self._loop = loop
-        self._services = list(services)
-        self._lock = threading.Lock()
-        self._latest: dict[int, bool] | None = None  # set while a hand-over is queued
-
-    def retarget(self, services: list[DevicePluginService]) -> None:
-        self._services = list(services)
-
-    def __call__(self, health: dict[int, bool]) -> None:
-        with self._lock:
-            queued = self._latest is not None
-            self._latest = dict(health)
-        if not queued:
-            with contextlib.suppress(RuntimeError):  # the loop closed while shutting down
-                self._loop.call_soon_threadsafe(self._deliver)
-
-    def _deliver(self) -> None:
-        with self._lock:
-            health, self._latest = self._latest, None
-        if health is None:
-            return
-        for service in self._services:
-            service.set_health(health)
-
-
-async def _cancel(tasks: list[asyncio.Task[None]], timeout: float = 1.0) -> None:
-    """Cancel ``tasks`` and wait for them, but never longer than ``timeout`` (shutdown has a
-    2 s budget; a task that ignores cancellation is left behind and logged)."""
-    for task in tasks:
-        task.cancel()
-    if not tasks:
-        return
-    done, pending = await asyncio.wait(tasks, timeout=timeout)
-    for task in done:
-        if not task.cancelled() and task.exception() is not None:
-            get_logger("nvplugin.daemon").error(
-                "task failed", task=task.get_name(), error=repr(task.exception())
-            )
-    for task in pending:
-        get_logger("nvplugin.daemon").error("task did not stop", task=task.get_name())
 
 
 async def _first(*events: asyncio.Event) -> None:

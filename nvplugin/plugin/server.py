@@ -1,9 +1,13 @@
 """The v1beta1 DevicePlugin service for one resource, and the unix socket it is served on.
 
-:class:`DevicePluginService` answers the kubelet from values fixed at start (the GPUs, the
-precomputed allocation policy, the options) plus the current health map, which the health monitor
-updates through :meth:`DevicePluginService.set_health`. Nothing here touches NVML: a
-GetPreferredAllocation asks the policy on a worker thread, whatever health is doing.
+:class:`DevicePluginService` translates between gRPC and the resource manager
+(:class:`nvplugin.rm.ResourceManager`: the devices, request checks, preferred allocation, Allocate
+responses, the listing): it knows nothing about devices. Its own part is serving -- the options,
+the current health map (which the health monitor updates through
+:meth:`DevicePluginService.set_health`), the ListAndWatch streams, running preferred allocation
+off the event loop -- and the manager's request errors become INVALID_ARGUMENT. Nothing here
+touches NVML: a GetPreferredAllocation asks the policy on a worker thread, whatever health is
+doing.
 
 Health changes are coalesced: the first change after a quiet spell is sent at once, later ones
 at most once per interval, with the latest map. A storm of changes (many GPUs failing and
@@ -25,27 +29,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import itertools
 import math
 import os
 import socket
 import stat
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 import grpc
 
-from nvplugin.allocator import AllocationError, Policy
+from nvplugin.allocator import Policy
 from nvplugin.api.v1beta1 import api_pb2, api_pb2_grpc
-from nvplugin.errors import NvpluginError, shortened
+from nvplugin.errors import NvpluginError
 from nvplugin.log import get_logger
-from nvplugin.node.model import Gpu
-from nvplugin.plugin.listing import device_message
-from nvplugin.plugin.migstrategy import ServedMig
-from nvplugin.plugin.responses import Responder
-from nvplugin.plugin.sharing import NOT_SHARED, Device, Replicas, sorted_replicas
+from nvplugin.rm import ContainerRequest, RequestError, ResourceManager
 
 PUBLISH_S_PER_DEVICE = 50e-6
 """Seconds between two device lists, per advertised device. A list costs the loop ~0.5 us per
@@ -61,57 +59,41 @@ def publish_interval(devices: int) -> float:
     return min(MAX_PUBLISH_INTERVAL_S, devices * PUBLISH_S_PER_DEVICE)
 
 
-class BadRequest(Exception):
-    """A request the kubelet should not have sent; becomes INVALID_ARGUMENT with this message."""
-
-
 class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
-    """DevicePlugin for one resource over a fixed set of GPUs, or of MIG devices (``migs``;
-    ``gpus`` are then their parents, whose health they take, and ``policy`` allocates positions
-    in ``migs``).
+    """DevicePlugin for one resource: the gRPC face of ``manager``.
 
-    ``policy`` may still be computing when the service starts (the daemon serves the socket, and
-    so health checks, while it builds, and registers once it is ready): GetPreferredAllocation
-    awaits it; nothing else needs it.
+    ``policy`` (the resource's, :mod:`nvplugin.rm.policy`) may still be computing when the service
+    starts (the daemon serves the socket, and so health checks, while it builds, and registers
+    once it is ready): GetPreferredAllocation awaits it; nothing else needs it.
     """
 
     def __init__(
         self,
-        resource_name: str,
-        gpus: Sequence[Gpu],
+        manager: ResourceManager,
         policy: Policy | asyncio.Future[Policy],
         *,
-        responder: Responder | None = None,
         pre_start_required: bool = False,
         health: Mapping[int, bool] | None = None,
-        replicas: Replicas = NOT_SHARED,
-        migs: Sequence[ServedMig] = (),
         publish_interval_s: float | None = None,
     ) -> None:
-        """``publish_interval_s``: the least time between two lists (None: by the number of
-        devices, :func:`publish_interval`)."""
-        self.resource_name = resource_name
-        self._gpus = tuple(sorted(gpus, key=lambda gpu: gpu.index))
-        # What is advertised: each GPU (MIG device) once (ID = UUID), or ``replicas.count``
-        # times (time-slicing).
-        self._replicas = replicas
-        self._devices_list = replicas.devices(self._gpus, migs)
-        self._by_id = {device.id: device for device in self._devices_list}
-        self._runs = _device_runs(self._devices_list)
+        """``health``: the health map to start from (GPU index -> healthy; default: all
+        healthy); ``publish_interval_s``: the least time between two lists (None: by the
+        number of devices, :func:`publish_interval`)."""
+        self.manager = manager
+        self.resource_name = manager.name
         self._policy = policy
-        self._responder = responder if responder is not None else Responder()
         self._options = api_pb2.DevicePluginOptions(
             pre_start_required=pre_start_required, get_preferred_allocation_available=True
         )
-        self._health = {gpu.index: True for gpu in self._gpus}
+        self._health = {gpu: True for gpu in manager.gpus}
         if health is not None:
             self._health.update({i: h for i, h in health.items() if i in self._health})
         # What the streams were last sent (``_health`` may be newer while a publish is due).
         self._published = dict(self._health)
         self._version = 0
-        self._snapshot = self._build_snapshot()
+        self._snapshot = manager.listing(self._published)
         self._interval = (
-            publish_interval(len(self._devices_list))
+            publish_interval(len(manager.devices))
             if publish_interval_s is None
             else publish_interval_s
         )
@@ -121,23 +103,10 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         self._changed = asyncio.Event()
         self._closing = False
         self._streams = 0
-        self._log = get_logger("nvplugin.plugin", resource=resource_name)
+        self._log = get_logger("nvplugin.plugin", resource=self.resource_name)
         self._health_watchers: list[Callable[[dict[int, bool]], None]] = []
 
     # --- state ---
-
-    @property
-    def gpus(self) -> tuple[Gpu, ...]:
-        return self._gpus
-
-    @property
-    def devices(self) -> tuple[Device, ...]:
-        """What ListAndWatch advertises: the GPUs, or their replicas (index, then replica order)."""
-        return self._devices_list
-
-    @property
-    def replicas(self) -> Replicas:
-        return self._replicas
 
     @property
     def health(self) -> dict[int, bool]:
@@ -203,16 +172,12 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
 
     def uuids(self) -> list[str]:
         """UUIDs of what this resource serves (its GPUs, or its MIG devices), in index order."""
-        return [device.uuid for device in self._devices_list if not device.replica]
+        return self.manager.uuids()
 
     def unhealthy_uuids(self) -> list[str]:
         """UUIDs of this resource's Unhealthy GPUs (MIG devices: all of an Unhealthy parent's),
         in index order (as last sent)."""
-        return [
-            device.uuid
-            for device in self._devices_list
-            if not device.replica and not self._published[device.gpu.index]
-        ]
+        return self.manager.unhealthy_uuids(self._published)
 
     def _publish(self) -> None:
         """Send the latest map to every stream (one list for all of them) and the watchers."""
@@ -232,20 +197,13 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
             coalesced=coalesced,
         )
         self._version += 1
-        self._snapshot = self._build_snapshot()
+        self._snapshot = self.manager.listing(self._published)
         self._wake()
         self._tell_watchers()
 
     def _wake(self) -> None:
         event, self._changed = self._changed, asyncio.Event()
         event.set()
-
-    def _build_snapshot(self) -> api_pb2.ListAndWatchResponse:
-        """The list for the published map, from each GPU's devices serialized once per state
-        (a serialized message is the concatenation of its devices): parsing 8000 devices takes
-        a few milliseconds, building them field by field several times that."""
-        data = b"".join(run.encoded[self._published[run.gpu]] for run in self._runs)
-        return api_pb2.ListAndWatchResponse.FromString(data)
 
     # --- RPCs ---
 
@@ -276,51 +234,44 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         self, request: api_pb2.PreferredAllocationRequest, context: Any
     ) -> api_pb2.PreferredAllocationResponse:
         started = time.perf_counter()
+        containers = [
+            ContainerRequest(
+                list(c.available_deviceIDs), list(c.must_include_deviceIDs), c.allocation_size
+            )
+            for c in request.container_requests
+        ]
         try:
             policy = await self._current_policy()
             # On a worker thread: a search may take the policy's whole time budget, and health
             # checks, ListAndWatch and other RPCs must keep answering meanwhile.
-            response = await asyncio.to_thread(self._preferred, policy, request)
-        except BadRequest as exc:
+            answers = await asyncio.to_thread(self.manager.preferred, policy, containers)
+        except RequestError as exc:
             self._log.debug("rpc", method="GetPreferredAllocation", error=str(exc))
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             raise  # unreachable: abort raises
+        response = api_pb2.PreferredAllocationResponse()
+        for ids in answers:
+            response.container_responses.add(deviceIDs=ids)
         self._log.debug(
             "rpc",
             method="GetPreferredAllocation",
             ms=round((time.perf_counter() - started) * 1000, 3),
-            answers=[list(r.deviceIDs) for r in response.container_responses],
+            answers=answers,
         )
         return response
 
     async def Allocate(
         self, request: api_pb2.AllocateRequest, context: Any
     ) -> api_pb2.AllocateResponse:
+        containers = [list(c.devices_ids) for c in request.container_requests]
         try:
-            # Check every container request before building anything: nothing is applied when
-            # one ID is bad.
-            total = len(request.container_requests)
-            chosen = [
-                self._devices(c.devices_ids, _where("devices_ids", n, total))
-                for n, c in enumerate(request.container_requests)
-            ]
-            for n, devices in enumerate(chosen):
-                too_many = self._replicas.too_many(len(devices))
-                if too_many is not None:
-                    raise BadRequest(f"{_where('devices_ids', n, total)}: {too_many}")
-        except BadRequest as exc:
+            responses = self.manager.allocate(containers)
+        except RequestError as exc:
             self._log.debug("rpc", method="Allocate", error=str(exc))
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             raise
-        # Replicas back to their GPUs (MIG devices): the responder lists each once, in index
-        # order (the container sees devices, not replicas).
-        response = api_pb2.AllocateResponse(
-            container_responses=[self._responder.container_response(devices) for devices in chosen]
-        )
-        self._log.debug(
-            "rpc", method="Allocate", devices=[[d.id for d in devices] for devices in chosen]
-        )
-        return response
+        self._log.debug("rpc", method="Allocate", devices=containers)
+        return api_pb2.AllocateResponse(container_responses=responses)
 
     async def PreStartContainer(
         self, request: api_pb2.PreStartContainerRequest, context: Any
@@ -328,114 +279,12 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         self._log.debug("rpc", method="PreStartContainer", devices=list(request.devices_ids))
         return api_pb2.PreStartContainerResponse()
 
-    # --- request checks ---
+    # --- policy ---
 
     async def _current_policy(self) -> Policy:
         if isinstance(self._policy, asyncio.Future):
             return await asyncio.shield(self._policy)
         return self._policy
-
-    def _devices(self, ids: Iterable[str], where: str) -> list[Device]:
-        """The devices named by ``ids``, in index (then replica) order; BadRequest for unknown
-        or repeated IDs."""
-        seen: dict[str, Device] = {}
-        for device_id in ids:
-            device = self._by_id.get(device_id)
-            if device is None:
-                raise BadRequest(f"{where}: unknown device {_shown_id(device_id)}")
-            if device_id in seen:
-                raise BadRequest(f"{where}: device {_shown_id(device_id)} listed twice")
-            seen[device_id] = device
-        return sorted_replicas(list(seen.values()))
-
-    def _preferred(
-        self, policy: Policy, request: api_pb2.PreferredAllocationRequest
-    ) -> api_pb2.PreferredAllocationResponse:
-        """The answer for every container request (runs off the event loop: it only reads
-        values fixed at start)."""
-        response = api_pb2.PreferredAllocationResponse()
-        total = len(request.container_requests)
-        for number, container in enumerate(request.container_requests):
-            response.container_responses.add(
-                deviceIDs=self._prefer(policy, container, number, total)
-            )
-        return response
-
-    def _prefer(
-        self,
-        policy: Policy,
-        container: api_pb2.ContainerPreferredAllocationRequest,
-        number: int,
-        total: int,
-    ) -> list[str]:
-        available = self._devices(
-            container.available_deviceIDs, _where("available_deviceIDs", number, total)
-        )
-        must_include = self._devices(
-            container.must_include_deviceIDs, _where("must_include_deviceIDs", number, total)
-        )
-        offered = {device.id for device in available}
-        for device in must_include:
-            if device.id not in offered:
-                where = _where("must_include_deviceIDs", number, total)
-                raise BadRequest(f"{where}: device {device.id} is not in available_deviceIDs")
-        size = container.allocation_size
-        if size < 0:
-            raise BadRequest(f"{_where('allocation_size', number, total)}: {size} is negative")
-        try:
-            if self._replicas.shared:  # replicas: counts per GPU, then the policy among GPUs
-                picked = self._replicas.prefer(policy.allocate, available, must_include, size)
-                return [device.id for device in picked]
-            units = policy.allocate(
-                [d.unit for d in available], [d.unit for d in must_include], size
-            )
-        except AllocationError as exc:  # the checks above should make this unreachable
-            raise BadRequest(f"{_where('request', number, total)}: {exc}") from None
-        by_unit = {device.unit: device for device in available}
-        return [by_unit[u].id for u in sorted(units)]
-
-
-@dataclass(frozen=True)
-class _Run:
-    """Consecutive advertised devices of one GPU (a GPU and its replicas), serialized as a
-    ListAndWatchResponse fragment for either state: ``encoded[healthy]``."""
-
-    gpu: int
-    encoded: tuple[bytes, bytes]  # [False] Unhealthy, [True] Healthy
-
-
-def _device_runs(devices: Sequence[Device]) -> tuple[_Run, ...]:
-    """The advertised devices in their order, grouped in runs of one GPU each."""
-    runs = []
-    for index, group in itertools.groupby(devices, key=lambda device: device.gpu.index):
-        members = list(group)
-        runs.append(
-            _Run(
-                index,
-                (_encoded(members, healthy=False), _encoded(members, healthy=True)),
-            )
-        )
-    return tuple(runs)
-
-
-def _encoded(devices: Sequence[Device], *, healthy: bool) -> bytes:
-    listed = [device_message(device, healthy) for device in devices]
-    return api_pb2.ListAndWatchResponse(devices=listed).SerializeToString()
-
-
-MAX_SHOWN_ID = 128
-"""Longest device ID quoted whole in an error. The message travels in the gRPC status trailer,
-which clients cap (8 KiB by default): a 1 MB ID quoted whole would turn INVALID_ARGUMENT into a
-transport error on the kubelet's side."""
-
-
-def _shown_id(device_id: str) -> str:
-    return shortened(device_id, MAX_SHOWN_ID)
-
-
-def _where(field: str, number: int, total: int) -> str:
-    """Where a bad value is: the field, and which container when there are several."""
-    return field if total <= 1 else f"container request {number}: {field}"
 
 
 class PluginSocket:

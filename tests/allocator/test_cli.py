@@ -91,3 +91,23 @@ def test_impossible_request_prints_empty_answer() -> None:
     }
     text = _run("--simulate", "workstation-4gpu", "--size", "0")
     assert text.returncode == 0 and "no preferred allocation" in text.stdout
+
+
+@pytest.mark.parametrize(
+    ("policy", "chosen", "shown"),
+    [("best-effort", ["2:2", "2:3"], "mig"), ("simple", ["0:0", "0:1"], "simple")],
+)
+def test_policy_applies_to_a_mig_resource(policy: str, chosen: list[str], shown: str) -> None:
+    """--policy is the plugin's allocationPolicy for MIG resources too: best-effort is the MIG
+    policy (a tight fit on one parent), simple the lowest MIG devices first."""
+    mig = ("--simulate", "dgx-a100-mig", "--mig-strategy", "mixed")
+    done = _run(*mig, "--resource", "nvidia.com/mig-1g.5gb", "--size", "2", "--policy", policy,
+                "--output", "json")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    assert answer["mig_devices"] == chosen and answer["policy"] == shown
+    explained = _run(*mig, "--resource", "nvidia.com/mig-1g.5gb", "--size", "2", "--explain")
+    assert explained.returncode == 2
+    assert "--explain is about NVLink groups of GPUs; MIG devices have no NVLink" in (
+        explained.stderr
+    )

@@ -9,12 +9,14 @@ from collections.abc import Sequence
 
 import pytest
 
+from nvplugin.allocator import make_policy
 from nvplugin.allocator import mig as mig_policy
 from nvplugin.allocator.base import AllocationError
 from nvplugin.allocator.mig import MigPolicy
+from nvplugin.errors import InputError
 from nvplugin.node.model import Gpu, MigDevice, Topology
 from nvplugin.node.nodefile import load_node
-from nvplugin.plugin.migstrategy import apply_strategy
+from nvplugin.rm.migstrategy import apply_strategy
 
 MIXED = load_node("dgx-a100-mig").topology()
 
@@ -81,6 +83,30 @@ def test_impossible_and_malformed_requests() -> None:
         policy.allocate([0, 0], [], 1)
     with pytest.raises(AllocationError, match="is not available"):
         policy.allocate([0], [1], 1)
+
+
+# --- allocationPolicy names for MIG devices --------------------------------------------------
+
+
+def test_the_policy_factory_makes_each_policy_name_for_mig_devices() -> None:
+    """best-effort is the MIG policy; simple is the lowest positions (parent, then MIG index)
+    first, must-include first -- the GPU rule on positions."""
+    devices = [d.mig for d in apply_strategy(MIXED.gpus, "mixed").resource("nvidia.com/mig-1g.5gb")]
+    labels = [d.label for d in devices]
+    best = make_policy("best-effort", MIXED, mig_devices=devices)
+    simple = make_policy("simple", MIXED, mig_devices=devices)
+    assert (best.name, simple.name) == ("mig", "simple")
+    everything = range(len(devices))
+    assert [labels[p] for p in best.allocate(everything, [], 2)] == ["2:2", "2:3"]
+    assert [labels[p] for p in simple.allocate(everything, [], 2)] == ["0:0", "0:1"]
+    must = [labels.index("1:3")]
+    assert [labels[p] for p in simple.allocate(everything, must, 3)] == ["0:0", "0:1", "1:3"]
+    assert [labels[p] for p in simple.allocate([15, 2, 9], [], 2)] == ["0:2", "1:2"]
+    assert simple.allocate([0, 1], [], 3) == []  # impossible: empty, as for GPUs
+    with pytest.raises(AllocationError, match="out of range"):
+        simple.allocate([16], [], 1)
+    with pytest.raises(InputError, match="unknown allocation policy 'packed'"):
+        make_policy("packed", MIXED, mig_devices=devices)
 
 
 # --- against brute force -----------------------------------------------------------------------

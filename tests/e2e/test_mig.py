@@ -17,7 +17,7 @@ from pathlib import Path
 
 from nvplugin.node import load_topology
 from nvplugin.node.mig import caps_device
-from tests.plugin.test_mig_serving import HOMOGENEOUS
+from tests.rm.test_mig_plan import HOMOGENEOUS
 from tests.support.serve import (
     admit_json,
     kubelet_with,

@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from nvplugin.node import load_topology
-from nvplugin.plugin.sharing import replica_id
+from nvplugin.rm import replica_id
 from tests import WAIT_S
 from tests.support.serve import kubelet_with, new_dir, run_serve
 

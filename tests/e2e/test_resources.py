@@ -20,7 +20,7 @@ from nvplugin.kubelet.devicemanager import DevicePluginError
 from nvplugin.kubelet.kubelet import FakeKubelet
 from nvplugin.kubelet.pods import load_pods
 from nvplugin.node import load_topology
-from nvplugin.plugin.sharing import replica_id
+from nvplugin.rm import replica_id
 from tests import WAIT_S
 from tests.support.serve import (
     Serve,

@@ -25,6 +25,7 @@ from nvplugin.plugin.metrics import Metrics, metrics_endpoint
 from nvplugin.plugin.server import DevicePluginService, PluginSocket
 from tests import WAIT_S, until
 from tests.support.serve import Serve, kubelet_with, new_dir, node_file
+from tests.support.service import gpus_manager
 
 GPU = "nvidia.com/gpu"
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -98,7 +99,9 @@ def test_off_by_default() -> None:
 def test_rpcs_are_counted_by_method_and_code_and_unary_ones_timed() -> None:
     async def body() -> None:
         topology = load_topology("workstation-4gpu")
-        service = DevicePluginService(GPU, topology.gpus, make_policy("simple", topology))
+        service = DevicePluginService(
+            gpus_manager(GPU, topology.gpus), make_policy("simple", topology)
+        )
         metrics = Metrics()
         path = os.path.join(tempfile.mkdtemp(), "nvplugin-gpu.sock")
         sock = PluginSocket(path, service, interceptors=[metrics.interceptor(GPU)])

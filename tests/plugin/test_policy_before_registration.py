@@ -15,8 +15,8 @@ import pytest
 from nvplugin.allocator import make_policy
 from nvplugin.config import load_config
 from nvplugin.kubelet.kubelet import FakeKubelet
-from nvplugin.plugin import daemon as daemon_module
 from nvplugin.plugin.daemon import Daemon
+from nvplugin.rm import policy as policy_module
 from tests import WAIT_S, until
 from tests.plugin.test_daemon import health_check
 
@@ -33,7 +33,7 @@ def test_registration_waits_for_the_policy(monkeypatch: pytest.MonkeyPatch) -> N
         assert go.wait(WAIT_S), "the test never let the policy build finish"
         return make_policy(name, topology, budget_s=budget_s)
 
-    monkeypatch.setattr(daemon_module, "make_policy", slow_policy)
+    monkeypatch.setattr(policy_module, "make_policy", slow_policy)
 
     async def body() -> None:
         directory = tempfile.mkdtemp()

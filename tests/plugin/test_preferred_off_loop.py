@@ -21,7 +21,7 @@ from nvplugin.node import load_topology
 from nvplugin.plugin.healthservice import PluginHealthService, add_to_server
 from nvplugin.plugin.server import DevicePluginService, PluginSocket
 from tests import WAIT_S
-from tests.support.service import run
+from tests.support.service import gpus_manager, run
 
 
 class _Waiting:
@@ -45,7 +45,7 @@ def test_other_rpcs_answer_while_a_preferred_allocation_is_in_progress() -> None
     async def body() -> None:
         topology = load_topology("dgx-h100")
         policy = _Waiting()
-        service = DevicePluginService("nvidia.com/gpu", topology.gpus, policy)
+        service = DevicePluginService(gpus_manager("nvidia.com/gpu", topology.gpus), policy)
         health = PluginHealthService("nvidia.com/gpu")
         service.watch_health(health.set_health)
         path = os.path.join(tempfile.mkdtemp(), "nvplugin-gpu.sock")

@@ -16,6 +16,7 @@ from nvplugin.node import load_topology
 from nvplugin.plugin.registration import Backoff, DirWatcher, Registrar, RegistrationError, register
 from nvplugin.plugin.server import DevicePluginService, PluginSocket
 from tests import WAIT_S, until
+from tests.support.service import gpus_manager
 
 RESOURCE = "nvidia.com/gpu"
 
@@ -24,7 +25,9 @@ async def start_plugin(
     directory: str, *, inotify: bool = True
 ) -> tuple[Registrar, PluginSocket, DirWatcher, list[asyncio.Task[None]]]:
     topology = load_topology("workstation-4gpu")
-    service = DevicePluginService(RESOURCE, topology.gpus, make_policy("simple", topology))
+    service = DevicePluginService(
+        gpus_manager(RESOURCE, topology.gpus), make_policy("simple", topology)
+    )
     sock = PluginSocket(os.path.join(directory, "nvplugin-gpu.sock"), service)
     await sock.start()
     watcher = DirWatcher(directory)

@@ -17,8 +17,8 @@ from nvplugin.api.v1beta1 import api_pb2
 from nvplugin.config import Config, load_config
 from nvplugin.errors import InputError
 from nvplugin.node import load_topology
-from nvplugin.plugin.responses import Responder, make_responder
-from nvplugin.plugin.sharing import base_devices
+from nvplugin.rm import Responder, make_responder
+from nvplugin.rm.devices import base_devices
 from tests.support.service import run, serving
 
 STRATEGIES = ("envvar", "volume-mounts", "cdi-annotations", "cdi-cri")

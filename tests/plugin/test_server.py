@@ -18,7 +18,7 @@ from nvplugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from nvplugin.errors import NvpluginError
 from nvplugin.node import NodeSession, load_topology, open_node
 from nvplugin.plugin.server import DevicePluginService, PluginSocket, claim_socket_path
-from tests.support.service import run, serving
+from tests.support.service import gpus_manager, run, serving
 
 BUILT_IN = ["workstation-4gpu", "dgx-1", "dgx-a100", "dgx-h100", "dgx-2", "pcie-8gpu", "no-numa"]
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
@@ -308,7 +308,8 @@ def test_preferred_allocation_waits_for_a_policy_still_computing() -> None:
         loop = asyncio.get_running_loop()
         pending: asyncio.Future[object] = loop.create_future()
         directory = tempfile.mkdtemp()
-        service = DevicePluginService("nvidia.com/gpu", topology.gpus, pending)  # type: ignore[arg-type]
+        manager = gpus_manager("nvidia.com/gpu", topology.gpus)
+        service = DevicePluginService(manager, pending)  # type: ignore[arg-type]
         sock = PluginSocket(os.path.join(directory, "p.sock"), service)
         await sock.start()
         async with grpc.aio.insecure_channel(f"unix:{sock.path}") as channel:
@@ -336,7 +337,7 @@ def test_stale_socket_is_replaced_and_a_live_one_refused() -> None:
         stale.close()
         topology = load_topology("workstation-4gpu")
         service = DevicePluginService(
-            "nvidia.com/gpu", topology.gpus, make_policy("simple", topology)
+            gpus_manager("nvidia.com/gpu", topology.gpus), make_policy("simple", topology)
         )
         first = PluginSocket(path, service)
         await first.start()
@@ -378,7 +379,7 @@ def test_socket_deleted_between_bind_and_chmod_is_an_error_to_retry(
         path = os.path.join(directory, "nvplugin-gpu.sock")
         topology = load_topology("workstation-4gpu")
         service = DevicePluginService(
-            "nvidia.com/gpu", topology.gpus, make_policy("simple", topology)
+            gpus_manager("nvidia.com/gpu", topology.gpus), make_policy("simple", topology)
         )
         sock = PluginSocket(path, service)
         real_chmod = os.chmod

@@ -10,7 +10,7 @@ import pytest
 from nvplugin.api.v1beta1 import api_pb2
 from nvplugin.config import TimeSlicing, load_config
 from nvplugin.errors import InputError
-from nvplugin.plugin.sharing import Replicas, replica_id
+from nvplugin.rm import Replicas, replica_id
 from tests.plugin.test_responses import ENV, TOPOLOGY, allocate_request, write_config
 from tests.support.service import Served, run, serving
 

@@ -15,14 +15,14 @@ from nvplugin.api.v1beta1 import api_pb2
 from nvplugin.config import ReplicatedResource, ResourceRules, TimeSlicing
 from nvplugin.errors import InputError
 from nvplugin.node import load_topology
-from nvplugin.plugin.listing import (
+from nvplugin.rm import Replicas, plan_resources
+from nvplugin.rm.devices import base_devices
+from nvplugin.rm.listing import (
     KUBELET_MAX_RECEIVE_BYTES,
     device_message,
     listing_size,
     max_replicas,
 )
-from nvplugin.plugin.resources import plan_resources
-from nvplugin.plugin.sharing import Replicas
 from tests import WAIT_S
 from tests.support.serve import kubelet_with, new_dir, run_serve
 
@@ -38,7 +38,7 @@ def slicing(replicas: int) -> str:
 
 @pytest.mark.parametrize("replicas", [1, 2, 9, 10, 11, 99, 100, 1234])
 def test_the_size_is_the_encoded_message(replicas: int) -> None:
-    devices = Replicas(replicas).devices(DGX2.gpus)
+    devices = Replicas(replicas).devices(base_devices(DGX2.gpus))
     message = api_pb2.ListAndWatchResponse(
         devices=[device_message(device, healthy=False) for device in devices]
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -14,8 +14,12 @@ import grpc
 
 from nvplugin.allocator import make_policy
 from nvplugin.api.v1beta1 import api_pb2_grpc
-from nvplugin.node.model import Topology
+from nvplugin.node.model import Gpu, Topology
 from nvplugin.plugin.server import DevicePluginService, PluginSocket
+from nvplugin.rm import Replicas, ResourceManager, Responder
+from nvplugin.rm.devices import base_devices
+from nvplugin.rm.plan import served_resource
+from nvplugin.rm.sharing import NOT_SHARED
 
 
 @dataclass
@@ -29,19 +33,32 @@ class Served:
         return self.topology.gpus[index].uuid
 
 
+def gpus_manager(
+    resource: str,
+    gpus: Sequence[Gpu],
+    *,
+    replicas: Replicas = NOT_SHARED,
+    responder: Responder | None = None,
+) -> ResourceManager:
+    """The resource manager of ``resource`` serving ``gpus`` whole (or their ``replicas``)."""
+    return ResourceManager(served_resource(resource, base_devices(gpus), replicas), responder)
+
+
 @asynccontextmanager
 async def serving(
     topology: Topology,
     policy: str = "best-effort",
     resource: str = "nvidia.com/gpu",
+    *,
+    replicas: Replicas = NOT_SHARED,
+    responder: Responder | None = None,
     **service_options: Any,
 ) -> AsyncIterator[Served]:
-    """The service for ``resource`` over ``topology``'s GPUs (``service_options``: responder,
-    replicas, pre_start_required, ...), served until the block ends."""
+    """The service for ``resource`` over ``topology``'s GPUs (``replicas``, ``responder``: the
+    resource's; ``service_options``: pre_start_required, ...), served until the block ends."""
     directory = tempfile.mkdtemp()
-    service = DevicePluginService(
-        resource, topology.gpus, make_policy(policy, topology), **service_options
-    )
+    manager = gpus_manager(resource, topology.gpus, replicas=replicas, responder=responder)
+    service = DevicePluginService(manager, make_policy(policy, topology), **service_options)
     sock = PluginSocket(os.path.join(directory, "nvplugin-gpu.sock"), service)
     await sock.start()
     channel = grpc.aio.insecure_channel(f"unix:{sock.path}")

@@ -12,16 +12,15 @@ from nvplugin.node import load_topology
 from nvplugin.node.mig import MIG_MODELS
 from nvplugin.node.model import Gpu, Topology
 from nvplugin.node.nodefile import load_node, parse_node
-from nvplugin.plugin.migstrategy import (
+from nvplugin.resourcenames import resource_name_problem
+from nvplugin.rm.devices import Device
+from nvplugin.rm.migstrategy import (
     MIG_STRATEGIES,
-    ServedMig,
     apply_strategy,
     check_strategy,
     mixed_resource_name,
 )
-from nvplugin.plugin.responses import device_id
-from nvplugin.plugin.sharing import base_devices
-from nvplugin.resourcenames import resource_name_problem
+from nvplugin.rm.responses import device_id
 
 MIXED = load_node("dgx-a100-mig").topology()
 
@@ -158,10 +157,10 @@ def test_single_message_stays_short_on_a_large_node() -> None:
 
 def test_device_ids_are_mig_uuids_or_nvidias_index_form() -> None:
     served = apply_strategy(MIXED.gpus, "mixed").resource("nvidia.com/mig-3g.20gb")
-    devices = base_devices((), served)
+    devices = served
     assert [device_id(d, "index") for d in devices] == ["2:0", "3:0", "3:1"]
     assert [device_id(d, "uuid") for d in devices] == [d.mig.uuid for d in served]
-    assert all(isinstance(d, ServedMig) and d.mig.uuid.startswith("MIG-") for d in served)
+    assert all(isinstance(d, Device) and d.mig.uuid.startswith("MIG-") for d in served)
     assert [d.numa_node for d in served] == [1, 1, 1]
 
 

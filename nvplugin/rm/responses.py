@@ -40,7 +40,7 @@ from nvplugin.config.rules import (
 )
 from nvplugin.errors import NvpluginError
 from nvplugin.node.mig import MIG_MINORS_PATH, caps_device
-from nvplugin.plugin.sharing import Device
+from nvplugin.rm.devices import Device
 
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
 NO_DEVICES = "void"
@@ -203,7 +203,7 @@ def check_caps(devices: Sequence[Device]) -> None:
     """NvpluginError naming the MIG devices whose ``nvidia-caps`` minors are unknown: with
     ``passDeviceSpecs`` their Allocate responses cannot be built, so the daemon refuses to start
     rather than fail every pod that gets one."""
-    unknown = sorted({_order(d): d.mig.label for d in devices if d.mig and not d.mig.caps}.items())
+    unknown = sorted({d.order: d.mig.label for d in devices if d.mig and not d.mig.caps}.items())
     if unknown:
         shown = ", ".join(label for _, label in unknown[:8])
         more = f" and {len(unknown) - 8} more" if len(unknown) > 8 else ""
@@ -213,13 +213,7 @@ def check_caps(devices: Sequence[Device]) -> None:
 def device_id(device: Device, id_strategy: str) -> str:
     """The ID a container is told for ``device``: its (MIG) UUID, or its NVML index (a MIG
     device: ``<gpu index>:<mig index>``)."""
-    if id_strategy != "index":
-        return device.uuid
-    return str(device.gpu.index) if device.mig is None else device.mig.label
-
-
-def _order(device: Device) -> tuple[int, int]:
-    return device.gpu.index, -1 if device.mig is None else device.mig.index
+    return device.label if id_strategy == "index" else device.uuid
 
 
 @dataclass(frozen=True)
@@ -233,7 +227,7 @@ class Responder:
         """The response for a container given ``devices`` (replicas of one GPU or MIG device
         count once: the container sees the device, not its replicas)."""
         unique = {device.uuid: replace(device, id=device.uuid, replica=None) for device in devices}
-        ordered = sorted(unique.values(), key=_order)
+        ordered = sorted(unique.values(), key=lambda device: device.order)
         ids = [device_id(device, self.id_strategy) for device in ordered]
         response = api_pb2.ContainerAllocateResponse()
         for strategy in self.strategies:

@@ -18,7 +18,11 @@ line). Pure functions over the discovered node: the config and the servers use t
 
 A MIG device is advertised under its MIG UUID, with its parent's NUMA node and health; a container
 is told its MIG UUID or, with ``deviceIDStrategy: index``, ``<gpu index>:<mig index>`` as NVIDIA
-writes it (:func:`nvplugin.plugin.responses.device_id`).
+writes it (:func:`nvplugin.rm.responses.device_id`).
+
+A strategy's result is one list of units in node order -- whole GPUs and MIG devices alike, each
+with the resource it is served as by default -- which the plan (:mod:`nvplugin.rm.plan`) names,
+excludes and replicates in one loop.
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ from nvplugin.config.layout import MIG_RESOURCE_PREFIX
 from nvplugin.config.rules import MIG_STRATEGIES
 from nvplugin.errors import InputError
 from nvplugin.node.mig import mig_state
-from nvplugin.node.model import Gpu, MigDevice
+from nvplugin.node.model import Gpu
+from nvplugin.rm.devices import Device, mig_device, whole_gpu
 
 
 def mixed_resource_name(profile: str, domain: str = "nvidia.com") -> str:
@@ -37,34 +42,33 @@ def mixed_resource_name(profile: str, domain: str = "nvidia.com") -> str:
     return f"{domain}/{MIG_RESOURCE_PREFIX}{profile.replace('+', '.')}"
 
 
-@dataclass(frozen=True, slots=True)
-class ServedMig:
-    """One MIG device with its parent GPU, as a resource serves it."""
-
-    gpu: Gpu
-    mig: MigDevice
-
-    @property
-    def numa_node(self) -> int | None:
-        return self.gpu.numa_node
-
-
 @dataclass(frozen=True)
 class MigLayout:
-    """What a strategy makes of a node. ``gpus``: served whole (the GPU resources and their
-    rules take them from here); ``mig``: (resource name, its MIG devices) in order of each
-    resource's first device (parent index, then MIG index); ``warnings``: logged once at start."""
+    """What a strategy makes of a node. ``units``: every GPU served whole and every MIG device
+    served, in node order (GPU index, then MIG index), each with the resource it is served as by
+    default (``resources.*`` and time-slicing may rename it); ``warnings``: logged once at start."""
 
     strategy: str
-    gpus: tuple[Gpu, ...]
-    mig: tuple[tuple[str, tuple[ServedMig, ...]], ...]
+    units: tuple[tuple[Device, str], ...]
     warnings: tuple[str, ...] = ()
 
-    def resource(self, name: str) -> tuple[ServedMig, ...]:
-        for resource, devices in self.mig:
-            if resource == name:
-                return devices
-        return ()
+    @property
+    def gpus(self) -> tuple[Gpu, ...]:
+        """The GPUs served whole."""
+        return tuple(device.gpu for device, _ in self.units if device.mig is None)
+
+    @property
+    def mig(self) -> tuple[tuple[str, tuple[Device, ...]], ...]:
+        """(default resource, its MIG devices), in order of each resource's first device."""
+        by_resource: dict[str, list[Device]] = {}
+        for device, name in self.units:
+            if device.mig is not None:
+                by_resource.setdefault(name, []).append(device)
+        return tuple((name, tuple(devices)) for name, devices in by_resource.items())
+
+    def resource(self, name: str) -> tuple[Device, ...]:
+        """The MIG devices served as ``name`` by default."""
+        return tuple(d for d, served in self.units if served == name and d.mig is not None)
 
 
 def check_strategy(strategy: str) -> None:
@@ -93,30 +97,30 @@ def apply_strategy(
             "single or mixed, or disable MIG on it)"
             for gpu in enabled
         )
-        return MigLayout(strategy, ordered, (), warnings)
+        return MigLayout(strategy, _whole(ordered, resource_name), warnings)
     if strategy == "single":
         return _single(ordered, enabled, resource_name)
     domain = resource_name.split("/", 1)[0]
-    by_resource: dict[str, list[ServedMig]] = {}
+    units: list[tuple[Device, str]] = []
     warnings_list = []
-    for gpu in enabled:
+    for gpu in ordered:
+        if not gpu.mig_enabled:
+            units.append((whole_gpu(gpu), resource_name))
+            continue
         if not gpu.mig_devices:
             warnings_list.append(
                 f"GPU {gpu.index} ({gpu.name}) has MIG enabled but no MIG devices: it serves "
                 "nothing until MIG devices are created on it"
             )
-        for device in gpu.mig_devices:
-            name = mixed_resource_name(device.profile, domain)
-            by_resource.setdefault(name, []).append(ServedMig(gpu, device))
-    whole = tuple(gpu for gpu in ordered if not gpu.mig_enabled)
-    mig = tuple((name, tuple(devices)) for name, devices in by_resource.items())
-    return MigLayout(strategy, whole, mig, tuple(warnings_list))
+        for mig in gpu.mig_devices:
+            units.append((mig_device(gpu, mig), mixed_resource_name(mig.profile, domain)))
+    return MigLayout(strategy, tuple(units), tuple(warnings_list))
 
 
 def _single(ordered: tuple[Gpu, ...], enabled: list[Gpu], resource_name: str) -> MigLayout:
     if not enabled:
         warning = "migStrategy is single but no GPU has MIG enabled: whole GPUs are served"
-        return MigLayout("single", ordered, (), (warning,))
+        return MigLayout("single", _whole(ordered, resource_name), (warning,))
     profiles = {device.profile for gpu in enabled for device in gpu.mig_devices}
     off = [gpu for gpu in ordered if not gpu.mig_enabled]
     empty = [gpu for gpu in enabled if not gpu.mig_devices]
@@ -133,8 +137,14 @@ def _single(ordered: tuple[Gpu, ...], enabled: list[Gpu], resource_name: str) ->
             f"profile, but this node has {' and '.join(problems)}: {_describe(ordered)}. Use "
             "migStrategy mixed, or partition every GPU alike (e.g. with nvidia-mig-parted)"
         )
-    devices = tuple(ServedMig(gpu, device) for gpu in enabled for device in gpu.mig_devices)
-    return MigLayout("single", (), ((resource_name, devices),))
+    units = tuple(
+        (mig_device(gpu, mig), resource_name) for gpu in enabled for mig in gpu.mig_devices
+    )
+    return MigLayout("single", units)
+
+
+def _whole(gpus: tuple[Gpu, ...], resource_name: str) -> tuple[tuple[Device, str], ...]:
+    return tuple((whole_gpu(gpu), resource_name) for gpu in gpus)
 
 
 def _count(gpus: list[Gpu]) -> str:
@@ -154,26 +164,3 @@ def _describe(gpus: tuple[Gpu, ...]) -> str:
     return "; ".join(
         f"GPU {a}: {state}" if a == b else f"GPU {a}-{b}: {state}" for a, b, state in groups
     )
-
-
-def mig_resource(
-    gpus: tuple[Gpu, ...] | list[Gpu],
-    strategy: str,
-    resource: str | None,
-    *,
-    resource_name: str = "nvidia.com/gpu",
-) -> tuple[str, tuple[MigDevice, ...]]:
-    """The MIG devices ``strategy`` serves as ``resource`` (None: the only MIG resource, or
-    tell which there are), for ``nvplugin preferred``; InputError naming the resources this node
-    has when ``resource`` is none of them."""
-    layout = apply_strategy(gpus, strategy, resource_name=resource_name)
-    names = [name for name, _ in layout.mig]
-    if resource is None and len(names) == 1:
-        resource = names[0]
-    devices = layout.resource(resource) if resource is not None else ()
-    if not devices:
-        have = ", ".join(names) or f"none under migStrategy {strategy}"
-        asked = "--resource is required" if resource is None else f"{resource} is no MIG resource"
-        raise InputError(f"{asked} on this node (MIG resources: {have})")
-    assert resource is not None
-    return resource, tuple(served.mig for served in devices)

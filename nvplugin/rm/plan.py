@@ -1,14 +1,18 @@
-"""Which GPU (or MIG device) is served under which resource name on this node.
+"""Which units of a node -- whole GPUs and MIG devices -- are served under which resource name.
 
 Resources by model (``resources.gpus``: first matching pattern wins, the rest stay the default
-resource; ``resources.exclude`` hides GPUs from all), the MIG strategy (``flags.migStrategy``:
-MIG devices as the GPU resource, or one resource per profile, renamed by ``resources.mig``) and
-time-slicing renames make several resource names out of one node. The config checks what it
-can when it loads (:func:`nvplugin.config.layout.resolve_layout`: a collision or a bad name is
-exit 2 naming the key); :func:`plan_resources` applies them to the discovered GPUs (one server,
-socket and registration per non-empty resource), checks what only the node can tell (the MIG
-resources' names, the kubelet's message size) and says which parts of the config do nothing on
-this node (warnings, logged once at start).
+resource; ``resources.exclude`` hides GPUs and MIG devices from all), the MIG strategy
+(``flags.migStrategy``: MIG devices as the GPU resource, or one resource per profile, renamed by
+``resources.mig``) and time-slicing renames make several resource names out of one node. The
+config checks what it can when it loads (:func:`nvplugin.config.layout.resolve_layout`: a
+collision or a bad name is exit 2 naming the key); :func:`plan_resources` applies them to the
+discovered GPUs (one server, socket and registration per non-empty resource), checks what only the
+node can tell (the MIG resources' names, the kubelet's message size) and says which parts of the
+config do nothing on this node (warnings, logged once at start).
+
+Whole GPUs and MIG devices go through the same loop: the strategy lists the units in node order
+with their default resource, a naming rule per kind renames them (``resources.gpus`` on the GPU's
+model, ``resources.mig`` on the MIG device's profile), time-slicing replicates them.
 """
 
 from __future__ import annotations
@@ -27,10 +31,11 @@ from nvplugin.config.layout import (
 from nvplugin.config.schema import Invalid
 from nvplugin.errors import InputError
 from nvplugin.node.model import Gpu
-from nvplugin.plugin.listing import check_listing
-from nvplugin.plugin.migstrategy import ServedMig, apply_strategy
-from nvplugin.plugin.sharing import NOT_SHARED, Device, Replicas, base_devices
 from nvplugin.resourcenames import socket_name
+from nvplugin.rm.devices import Device, Kind, health_gpus
+from nvplugin.rm.listing import check_listing
+from nvplugin.rm.migstrategy import apply_strategy
+from nvplugin.rm.sharing import NOT_SHARED, Replicas
 
 if TYPE_CHECKING:
     from nvplugin.config.model import Config
@@ -42,24 +47,37 @@ EXCLUDED_LABEL = "(excluded)"
 class ServedResource:
     """One resource the daemon serves: one server, one socket, one registration.
 
-    ``gpus``: the GPUs served whole, or -- a MIG resource -- the parents of its MIG devices
-    (``migs``, parent then MIG index order), whose health its devices follow."""
+    ``bases``: the units it serves before replication, all of one kind -- whole GPUs in index
+    order, or MIG devices in node order (parent, then MIG index), each with its ``position``."""
 
     name: str
-    gpus: tuple[Gpu, ...]
+    bases: tuple[Device, ...]
     replicas: Replicas = NOT_SHARED
     base: str = ""
     """The resource before time-slicing renamed it ("" = same as ``name``)."""
-    migs: tuple[ServedMig, ...] = ()
 
     @property
     def socket(self) -> str:
         return socket_name(self.name)
 
     @property
-    def bases(self) -> tuple[Device, ...]:
-        """What it serves before replication: its GPUs, or its MIG devices."""
-        return base_devices(self.gpus, self.migs)
+    def kind(self) -> Kind:
+        return self.bases[0].kind if self.bases else Kind.GPU
+
+    @property
+    def gpus(self) -> tuple[Gpu, ...]:
+        """The GPUs whose health its devices follow: its GPUs, or its MIG devices' parents."""
+        return health_gpus(self.bases)
+
+    @property
+    def migs(self) -> tuple[Device, ...]:
+        """Its MIG devices (none for a resource of whole GPUs)."""
+        return tuple(device for device in self.bases if device.mig is not None)
+
+    @property
+    def devices(self) -> tuple[Device, ...]:
+        """What it advertises: its units, or their replicas (unit order, then replica order)."""
+        return self.replicas.devices(self.bases)
 
     @property
     def device_count(self) -> int:
@@ -74,22 +92,37 @@ class ServedResource:
         return f"{self.name} x{count} (<uuid>::0..{count - 1})"
 
 
+def served_resource(
+    name: str, units: Sequence[Device], replicas: Replicas = NOT_SHARED, base: str = ""
+) -> ServedResource:
+    """A resource over ``units`` (whole GPUs, or MIG devices) in node order, each MIG device
+    placed at its position (what the resource's policy allocates)."""
+    ordered = sorted(units, key=lambda device: device.order)
+    bases = tuple(
+        device if device.mig is None else _placed(device, position)
+        for position, device in enumerate(ordered)
+    )
+    return ServedResource(name, bases, replicas, "" if base == name else base)
+
+
+def _placed(device: Device, position: int) -> Device:
+    return Device(device.id, device.gpu, device.replica, device.mig, position)
+
+
 @dataclass(frozen=True)
 class ResourcePlan:
     """What a node's GPUs become under a config. ``resources`` holds only non-empty resources,
-    ordered by their lowest GPU index (then MIG index); ``assignment`` maps every GPU served
-    whole or excluded to its resource name (None: excluded); ``mig_assignment`` does the same
-    for MIG devices (by ``<gpu>:<mig index>``); ``mig_gpus`` lists the GPUs served as their MIG
-    devices, with how many they have; ``warnings`` are the config parts that do nothing on
-    this node."""
+    ordered by their first unit (GPU index, then MIG index); ``served_as`` maps every unit of the
+    node -- each GPU served whole or excluded, each MIG device -- by its label (``3``, ``3:1``) to
+    its resource name (None: excluded); ``gpus`` are the node's GPUs; ``warnings`` are the config
+    parts that do nothing on this node."""
 
     resources: tuple[ServedResource, ...]
-    assignment: dict[int, str | None]
+    served_as: dict[str, str | None]
     empty: tuple[str, ...]
     warnings: tuple[str, ...]
     mig_strategy: str = "none"
-    mig_assignment: dict[str, str | None] | None = None
-    mig_gpus: dict[int, int] | None = None
+    gpus: tuple[Gpu, ...] = ()
 
     def resource(self, name: str) -> ServedResource | None:
         for served in self.resources:
@@ -97,24 +130,27 @@ class ResourcePlan:
                 return served
         return None
 
+    @property
+    def assignment(self) -> dict[int, str | None]:
+        """GPU index -> resource, for the GPUs served whole or excluded."""
+        return {gpu.index: self.served_as[str(gpu.index)] for gpu in self._whole()}
+
     def labels(self) -> dict[int, str]:
         """GPU index -> what ``nvplugin devices`` shows: the resource, its replica IDs,
         ``(excluded)``, or that the GPU is served as its MIG devices."""
         out: dict[int, str] = {}
-        for index, name in self.assignment.items():
-            served = None if name is None else self.resource(name)
-            out[index] = EXCLUDED_LABEL if served is None else served.label()
-        for index, count in (self.mig_gpus or {}).items():
-            out[index] = f"(as {count} MIG devices)" if count else "(MIG, no MIG devices)"
-        return dict(sorted(out.items()))
+        for gpu in self.gpus:
+            if str(gpu.index) in self.served_as:
+                out[gpu.index] = self._shown(str(gpu.index))
+            elif gpu.mig_devices:
+                out[gpu.index] = f"(as {len(gpu.mig_devices)} MIG devices)"
+            else:
+                out[gpu.index] = "(MIG, no MIG devices)"
+        return out
 
     def mig_labels(self) -> dict[str, str]:
         """``<gpu>:<mig index>`` -> what ``nvplugin devices`` shows for that MIG device."""
-        out: dict[str, str] = {}
-        for label, name in (self.mig_assignment or {}).items():
-            served = None if name is None else self.resource(name)
-            out[label] = EXCLUDED_LABEL if served is None else served.label()
-        return out
+        return {label: self._shown(label) for label in self._mig_labels()}
 
     def as_dict(self) -> dict[str, object]:
         """The plan for ``devices --output json``: each served resource with its socket, GPU
@@ -128,8 +164,8 @@ class ResourcePlan:
                 "socket": served.socket,
                 "gpus": [gpu.index for gpu in served.gpus],
             }
-            if served.migs:
-                entry["mig_devices"] = [m.mig.label for m in served.migs]
+            if served.kind is Kind.MIG:
+                entry["mig_devices"] = [device.label for device in served.bases]
             entry.update(
                 replicas=served.replicas.count,
                 devices=served.device_count,
@@ -139,13 +175,24 @@ class ResourcePlan:
         return {
             "mig_strategy": self.mig_strategy,
             "resources": resources,
-            "excluded": sorted(i for i, name in self.assignment.items() if name is None),
+            "excluded": [gpu.index for gpu in self._whole() if self.assignment[gpu.index] is None],
             "excluded_mig_devices": [
-                label for label, name in (self.mig_assignment or {}).items() if name is None
+                label for label in self._mig_labels() if self.served_as[label] is None
             ],
             "empty": list(self.empty),
             "warnings": list(self.warnings),
         }
+
+    def _whole(self) -> list[Gpu]:
+        return [gpu for gpu in self.gpus if str(gpu.index) in self.served_as]
+
+    def _mig_labels(self) -> list[str]:
+        return [m.label for gpu in self.gpus for m in gpu.mig_devices if m.label in self.served_as]
+
+    def _shown(self, label: str) -> str:
+        name = self.served_as[label]
+        served = None if name is None else self.resource(name)
+        return EXCLUDED_LABEL if served is None else served.label()
 
 
 def plan_for(config: Config, gpus: Sequence[Gpu]) -> ResourcePlan:
@@ -165,76 +212,49 @@ def plan_resources(
 ) -> ResourcePlan:
     """Split ``gpus`` into served resources (names already resolved by :func:`resolve_layout`).
 
-    Excluded GPUs go nowhere (nor do their MIG devices); ``mig_strategy`` then splits the rest
-    into GPUs served whole and MIG devices (:func:`apply_strategy`; InputError when ``single``
-    does not fit the node). Whole GPUs: first matching ``resources.gpus`` pattern wins, unmatched
-    GPUs stay ``resource_name``. MIG devices: under ``mixed`` the first matching
-    ``resources.mig`` pattern (on the profile) names the resource, else ``<domain>/mig-<profile>``;
-    under ``single`` they are ``resource_name``. InputError when two resources would share a name
-    or a socket, or when a time-sliced resource would list more devices than the kubelet can
-    receive (:mod:`nvplugin.plugin.listing`).
+    Excluded GPUs go nowhere (nor do their MIG devices); ``mig_strategy`` then lists the units
+    of the rest (:func:`apply_strategy`; InputError when ``single`` does not fit the node): GPUs
+    served whole and MIG devices. Each unit is named by the rule of its kind
+    (:func:`_resource_of`), excluded MIG devices go nowhere. InputError when two resources would
+    share a name or a socket, or when a time-sliced resource would list more devices than the
+    kubelet can receive (:mod:`nvplugin.rm.listing`).
     """
-    ordered = sorted(gpus, key=lambda gpu: gpu.index)
+    ordered = tuple(sorted(gpus, key=lambda gpu: gpu.index))
     visible = [gpu for gpu in ordered if not rules.exclude.hides(gpu.uuid, gpu.name)]
     layout = apply_strategy(visible, mig_strategy, resource_name=resource_name)
     warnings = list(layout.warnings)
     warnings += _pattern_warnings(rules, ordered, layout.gpus)
-    mig_devices = [served for _, devices in layout.mig for served in devices]
-    warnings += _mig_warnings(rules, mig_strategy, mig_devices)
+    warnings += _mig_warnings(rules, mig_strategy, [d for d, _ in layout.units if d.mig])
 
-    members: dict[str, list[Gpu]] = {}
-    mig_members: dict[str, list[ServedMig]] = {}
+    members: dict[str, list[Device]] = {}
     base_of: dict[str, str] = {}  # served name -> the resource before time-slicing
-    origins: dict[tuple[str, str], None] = {}  # (base resource, the key path that made it)
-    assignment: dict[int, str | None] = {gpu.index: None for gpu in ordered}
-    for gpu in layout.gpus:
-        matched = _first_match(rules.gpus, gpu.name)
-        base, at = (
-            (resource_name, "nvplugin.resourceName")
-            if matched is None
-            else (rules.gpus[matched].name, f"resources.gpus[{matched}].name")
-        )
+    # (base resource, the key path that made it) -> the kind of unit it serves
+    origins: dict[tuple[str, str], Kind] = {}
+    served_as: dict[str, str | None] = {
+        str(gpu.index): None for gpu in ordered if gpu not in visible
+    }
+    for device, default in layout.units:
+        if device.mig is not None and device.mig.uuid in rules.exclude.uuids:
+            served_as[device.label] = None
+            continue
+        base, at = _resource_of(device, default, rules, mig_strategy)
         name = _served_name(time_slicing, base)
-        assignment[gpu.index] = name
-        members.setdefault(name, []).append(gpu)
+        served_as[device.label] = name
+        members.setdefault(name, []).append(device)
         base_of[name] = base
-        origins[(base, at)] = None
-    mig_assignment: dict[str, str | None] = {}
-    mig_gpus: dict[int, int] = {}
-    for gpu in visible:
-        if gpu.mig_enabled and gpu not in layout.gpus:
-            del assignment[gpu.index]
-            mig_gpus[gpu.index] = len(gpu.mig_devices)
-    for default, devices in layout.mig:
-        for served in devices:
-            if served.mig.uuid in rules.exclude.uuids:
-                mig_assignment[served.mig.label] = None
-                continue
-            base, at = default, f"MIG profile {served.mig.profile} (migStrategy mixed)"
-            if mig_strategy == "single":
-                at = "nvplugin.resourceName"
-            else:
-                matched = _first_match(rules.mig, served.mig.profile)
-                if matched is not None:
-                    base, at = rules.mig[matched].name, f"resources.mig[{matched}].name"
-            name = _served_name(time_slicing, base)
-            mig_assignment[served.mig.label] = name
-            mig_members.setdefault(name, []).append(served)
-            base_of[name] = base
-            origins[(base, at)] = None
+        origins.setdefault((base, at), device.kind)
     try:  # a MIG resource under a name already served (whole GPUs, another base) is refused
-        check_served(list(origins), time_slicing)
+        check_served(sorted(origins, key=lambda origin: origins[origin] is Kind.MIG), time_slicing)
     except Invalid as exc:
         raise InputError(f'config key "{exc.at}": {exc.message}') from None
 
-    resources = []
-    for name, group in members.items():
-        resources.append(_served(name, base_of[name], time_slicing, tuple(group)))
-    for name, migs in mig_members.items():
-        ordered_migs = tuple(sorted(migs, key=lambda m: (m.gpu.index, m.mig.index)))
-        parents = tuple({m.gpu.index: m.gpu for m in ordered_migs}.values())
-        resources.append(_served(name, base_of[name], time_slicing, parents, ordered_migs))
-    resources.sort(key=_first_unit)
+    resources = sorted(
+        (
+            served_resource(name, units, _replicas(time_slicing, base_of[name]), base_of[name])
+            for name, units in members.items()
+        ),
+        key=lambda served: served.bases[0].order,
+    )
     for resource in resources:  # what the kubelet can receive bounds the replicas
         if resource.replicas.shared:
             entry = time_slicing.entry(resource.base or resource.name)
@@ -249,7 +269,7 @@ def plan_resources(
     empty = [
         name
         for name in dict.fromkeys(_served_name(time_slicing, base) for base in configured)
-        if name not in members and name not in mig_members
+        if name not in members
     ]
     served_bases = set(base_of.values())
     for number, entry in enumerate(time_slicing.resources):
@@ -259,14 +279,29 @@ def plan_resources(
                 "this node (no MIG device is served as it)"
             )
     return ResourcePlan(
-        tuple(resources),
-        assignment,
-        tuple(empty),
-        tuple(warnings),
-        mig_strategy,
-        mig_assignment,
-        mig_gpus,
+        tuple(resources), served_as, tuple(empty), tuple(warnings), mig_strategy, ordered
     )
+
+
+def _resource_of(
+    device: Device, default: str, rules: ResourceRules, mig_strategy: str
+) -> tuple[str, str]:
+    """The resource a unit is served as before time-slicing, and the key path that says so:
+    a whole GPU by the first ``resources.gpus`` pattern matching its model; a MIG device under
+    ``mixed`` by the first ``resources.mig`` pattern matching its profile; else the strategy's
+    default."""
+    if device.mig is None:
+        patterns, matched_on, key = rules.gpus, device.gpu.name, "resources.gpus"
+        at = "nvplugin.resourceName"
+    elif mig_strategy == "mixed":
+        patterns, matched_on, key = rules.mig, device.mig.profile, "resources.mig"
+        at = f"MIG profile {device.mig.profile} (migStrategy mixed)"
+    else:  # single: every MIG device is the GPU resource
+        return default, "nvplugin.resourceName"
+    matched = _first_match(patterns, matched_on)
+    if matched is None:
+        return default, at
+    return patterns[matched].name, f"{key}[{matched}].name"
 
 
 def _served_name(time_slicing: TimeSlicing, base: str) -> str:
@@ -274,29 +309,13 @@ def _served_name(time_slicing: TimeSlicing, base: str) -> str:
     return base if entry is None else time_slicing.served_name(entry)
 
 
-def _served(
-    name: str,
-    base: str,
-    time_slicing: TimeSlicing,
-    gpus: tuple[Gpu, ...],
-    migs: tuple[ServedMig, ...] = (),
-) -> ServedResource:
+def _replicas(time_slicing: TimeSlicing, base: str) -> Replicas:
     entry = time_slicing.entry(base)
-    replicas = (
-        NOT_SHARED
-        if entry is None
-        else Replicas(
-            entry.replicas, time_slicing.fail_requests_greater_than_one, time_slicing.allocation
-        )
+    if entry is None:
+        return NOT_SHARED
+    return Replicas(
+        entry.replicas, time_slicing.fail_requests_greater_than_one, time_slicing.allocation
     )
-    return ServedResource(name, gpus, replicas, "" if base == name else base, migs)
-
-
-def _first_unit(served: ServedResource) -> tuple[int, int]:
-    """Resources in order of their lowest GPU index; a MIG resource by its first MIG device."""
-    if served.migs:
-        return served.migs[0].gpu.index, served.migs[0].mig.index
-    return served.gpus[0].index, -1
 
 
 def _pattern_warnings(
@@ -330,9 +349,7 @@ def _pattern_warnings(
     return warnings
 
 
-def _mig_warnings(
-    rules: ResourceRules, mig_strategy: str, devices: Sequence[ServedMig]
-) -> list[str]:
+def _mig_warnings(rules: ResourceRules, mig_strategy: str, devices: Sequence[Device]) -> list[str]:
     """``resources.mig`` under a strategy that does not use it, or matching no MIG device."""
     if not rules.mig:
         return []
@@ -340,7 +357,7 @@ def _mig_warnings(
         return [
             f"resources.mig applies under migStrategy mixed only; migStrategy is {mig_strategy}"
         ]
-    profiles = sorted({served.mig.profile for served in devices})
+    profiles = sorted({device.mig.profile for device in devices if device.mig is not None})
     warnings = []
     for number, pattern in enumerate(rules.mig):
         at = f"resources.mig[{number}].pattern {pattern.pattern!r}"

@@ -15,8 +15,9 @@ counts leave a choice, the GPUs are chosen by the node's allocation policy (best
 linked set), so a multi-replica pod still gets well-connected GPUs.
 
 MIG devices are time-sliced the same way (NVIDIA's config allows it): ``MIG-abc::0`` ..
-``MIG-abc::3`` share the MIG device ``MIG-abc``, and "GPU" above reads "MIG device" (the resource's
-MIG policy then chooses among MIG devices).
+``MIG-abc::3`` share the MIG device ``MIG-abc``, and "GPU" above reads "MIG device" (the
+resource's allocation policy for MIG devices then chooses among them). Either way the replica
+policy works on top of the resource's unit policy (:mod:`nvplugin.rm.policy`).
 
 The config block is NVIDIA's ``sharing.timeSlicing`` (:mod:`nvplugin.config.layout` holds its
 values), and the policy NVIDIA's ``flags.plugin.sharedDevicesAllocationPolicy``.
@@ -28,57 +29,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from nvplugin.config.layout import ALLOCATIONS
-from nvplugin.node.model import Gpu, MigDevice
-from nvplugin.plugin.migstrategy import ServedMig
-
-REPLICA_SEPARATOR = "::"
-"""Replica IDs are ``<uuid>::<n>``, as in NVIDIA's plugin (tools that parse them keep working)."""
-
-# --- the devices one resource advertises ----------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Device:
-    """One advertised device: a whole GPU (ID = its UUID), a MIG device (``mig``, ID = its MIG
-    UUID, ``gpu`` = its parent, whose health and NUMA node it shares), or one replica of either
-    (``replica``; ID ``<uuid>::<n>``). ``position`` is a MIG device's place in its resource's
-    MIG device list, what that resource's policy allocates (see :attr:`unit`)."""
-
-    id: str
-    gpu: Gpu
-    replica: int | None = None
-    mig: MigDevice | None = None
-    position: int | None = None
-
-    @property
-    def unit(self) -> int:
-        """What the resource's preferred-allocation policy counts in: the GPU's index, or the
-        MIG device's position."""
-        return self.gpu.index if self.position is None else self.position
-
-    @property
-    def uuid(self) -> str:
-        """The UUID of the device a container gets: the MIG device's, else the GPU's."""
-        return self.gpu.uuid if self.mig is None else self.mig.uuid
-
-
-def replica_id(uuid: str, replica: int) -> str:
-    return f"{uuid}{REPLICA_SEPARATOR}{replica}"
-
-
-def base_devices(gpus: Sequence[Gpu], migs: Sequence[ServedMig] = ()) -> tuple[Device, ...]:
-    """The devices a resource serves before any replication: its GPUs in index order, or (a MIG
-    resource) its MIG devices in their order, each with its position."""
-    if migs:
-        return tuple(
-            Device(served.mig.uuid, served.gpu, None, served.mig, position)
-            for position, served in enumerate(migs)
-        )
-    return tuple(Device(gpu.uuid, gpu) for gpu in sorted(gpus, key=lambda gpu: gpu.index))
-
+from nvplugin.rm.devices import Device, replica_id, sorted_replicas
 
 Prefer = Callable[[Sequence[int], Sequence[int], int], list[int]]
-"""A GPU-level preferred allocation (``Policy.allocate``): available, must-include, size."""
+"""The resource's unit policy (``Policy.allocate`` over GPU indices or MIG positions): available,
+must-include, size."""
 
 
 @dataclass(frozen=True)
@@ -93,12 +48,11 @@ class Replicas:
     def shared(self) -> bool:
         return self.count > 1
 
-    def devices(self, gpus: Sequence[Gpu], migs: Sequence[ServedMig] = ()) -> tuple[Device, ...]:
-        """Every device, in GPU index order then replica number; with ``migs`` (a MIG resource:
-        ``gpus`` is ignored) its MIG devices in their order, then replica number."""
-        bases = base_devices(gpus, migs)
+    def devices(self, bases: Sequence[Device]) -> tuple[Device, ...]:
+        """Every device advertised for ``bases`` (a resource's GPUs or MIG devices, in their
+        order): the bases themselves, or each one's replicas in replica order."""
         if not self.shared:
-            return bases
+            return tuple(bases)
         return tuple(
             replace(base, id=replica_id(base.id, n), replica=n)
             for base in bases
@@ -215,11 +169,6 @@ class _Plan:
 
     def answer(self) -> list[Device]:
         return [device for gpu in sorted(self.taken) for device in sorted_replicas(self.taken[gpu])]
-
-
-def sorted_replicas(devices: Sequence[Device]) -> list[Device]:
-    """Devices in GPU index (MIG: position) order, then replica order."""
-    return sorted(devices, key=lambda d: (d.unit, d.replica or 0))
 
 
 NOT_SHARED = Replicas()

@@ -1,0 +1,437 @@
+"""What the daemon serves of a node under one config: for each resource of the plan
+(:func:`nvplugin.rm.plan_for`) its resource manager, DevicePlugin service, gRPC health service,
+socket and registrar; one health monitor for every served GPU, wired to every service; the
+resources' allocation policies, built off the event loop while the sockets already serve.
+
+:class:`Resources` starts all of that for a config, stops it (keeping the health monitor and what
+it has seen when asked: a reload with the same health rules), and applies in place what can
+change while serving (health rules, the health service's settings).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import os
+import threading
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from nvplugin.allocator import Policy
+from nvplugin.config import Config
+from nvplugin.errors import NvpluginError
+from nvplugin.log import get_logger
+from nvplugin.node import NodeSession
+from nvplugin.node.health import HealthMonitor
+from nvplugin.plugin import healthservice
+from nvplugin.plugin.healthservice import PluginHealthService
+from nvplugin.plugin.metrics import Metrics
+from nvplugin.plugin.registration import DirWatcher, Registrar
+from nvplugin.plugin.server import DevicePluginService, PluginSocket
+from nvplugin.rm import (
+    ResourceManager,
+    Responder,
+    ServedResource,
+    check_caps,
+    make_responder,
+    plan_for,
+    resource_policies,
+)
+
+STOP_GRACE_S = 0.3
+"""How long in-flight unary RPCs get at shutdown; streams are ended at once."""
+
+ENVVAR_COLLISION = (
+    "a container that requests two of these resources gets one NVIDIA_VISIBLE_DEVICES per "
+    "resource and the kubelet keeps only one of them, so it silently loses GPUs; use "
+    "deviceListStrategy volume-mounts, cdi-annotations or cdi-cri (with or without envvar), "
+    "which the kubelet merges"
+)
+
+
+@dataclass
+class Served:
+    """One socket being served: the DevicePlugin service and the health service on it."""
+
+    service: DevicePluginService
+    health_service: PluginHealthService
+    socket: PluginSocket
+
+    async def close(self, grace: float) -> None:
+        """End the streams and stop serving (the socket file goes)."""
+        self.service.close()
+        self.health_service.close()
+        await self.socket.stop(grace)
+
+
+async def serve_socket(
+    path: str, service: DevicePluginService, health_service: PluginHealthService, metrics: Metrics
+) -> Served:
+    """Serve ``service`` and ``health_service`` on ``path`` (RPCs counted in ``metrics``);
+    NvpluginError when another process serves the path. Both are closed if it fails."""
+    sock = PluginSocket(
+        path,
+        service,
+        extra_services=[lambda server: healthservice.add_to_server(health_service, server)],
+        interceptors=[metrics.interceptor(service.resource_name)],
+    )
+    try:
+        await sock.start()
+    except BaseException:
+        service.close()
+        health_service.close()
+        raise
+    return Served(service, health_service, sock)
+
+
+def make_dir(directory: str) -> None:
+    """Create the device-plugin directory (0750, as the kubelet does) if it is missing."""
+    try:
+        os.makedirs(directory, mode=0o750, exist_ok=True)
+    except OSError as exc:  # a message and exit 1 (or, on SIGHUP, the previous config)
+        raise NvpluginError(
+            f"cannot create the device-plugin directory {directory}: {exc.strerror or exc}"
+        ) from None
+
+
+@dataclass
+class Health:
+    """A health monitor and where it sends its changes."""
+
+    monitor: HealthMonitor
+    forward: Forward
+
+    def stop(self) -> None:
+        self.monitor.stop()
+
+
+class Resources:
+    """The resources served for the current config (see the module docstring).
+
+    ``on_fatal`` is told when a registrar fails (a socket the kubelet removed that cannot be
+    served again): the daemon must then stop and exit non-zero.
+    """
+
+    def __init__(
+        self,
+        node: NodeSession,
+        metrics: Metrics,
+        *,
+        serve_give_up_s: float,
+        on_fatal: Callable[[NvpluginError], None],
+    ) -> None:
+        self._node = node
+        self._metrics = metrics
+        self._serve_give_up_s = serve_give_up_s
+        self._on_fatal = on_fatal
+        self._log = get_logger("nvplugin.daemon")
+        self.served: list[Served] = []  # one per served resource name, in plan order
+        self._registrars: list[asyncio.Task[None]] = []  # one per served resource
+        self._policies: asyncio.Future[dict[str, Policy]] | None = None
+        self._health: Health | None = None  # one monitor for every served GPU
+        self._watcher: DirWatcher | None = None
+        self._watcher_task: asyncio.Task[None] | None = None
+
+    @property
+    def services(self) -> tuple[DevicePluginService, ...]:
+        """Every served resource's service, in the order of their first unit."""
+        return tuple(part.service for part in self.served)
+
+    async def start(self, config: Config, health: Health | None = None) -> None:
+        """Serve every resource ``config`` makes of the node's GPUs: one service, socket and
+        registrar each; a resource with no GPU is not served. ``health`` is a running monitor
+        to keep (SIGHUP)."""
+        topology = self._node.topology
+        plan = plan_for(config, topology.gpus)
+        if config.pass_device_specs:  # MIG devices need their nvidia-caps nodes: known now
+            check_caps([device for served in plan.resources for device in served.bases])
+        for warning in plan.warnings:  # once per start (and per reload): config doing nothing
+            self._log.warning("config has no effect on this node", reason=warning)
+        if plan.empty:
+            self._log.info("not serving resources without GPUs", resources=list(plan.empty))
+        if len(plan.resources) > 1 and tuple(config.device_list_strategy) == ("envvar",):
+            self._log.warning(
+                "several resources served with deviceListStrategy envvar alone",
+                resources=[served.name for served in plan.resources],
+                reason=ENVVAR_COLLISION,
+            )
+        make_dir(config.device_plugin_dir)
+        watcher = await self._ensure_watcher(config.device_plugin_dir)
+        # The policies' start-up work (best-effort's tables) off the loop, once for the node.
+        policies: asyncio.Future[dict[str, Policy]] = asyncio.get_running_loop().run_in_executor(
+            None,
+            functools.partial(
+                resource_policies,
+                config.allocation_policy,
+                topology,
+                plan.resources,
+                budget_s=config.allocation_budget_s,
+            ),
+        )
+        policies.add_done_callback(functools.partial(self._policies_done, config))
+        responder = make_responder(
+            config.device_list_strategy,
+            config.device_id_strategy,
+            pass_device_specs=config.pass_device_specs,
+            dev_root=config.dev_root,
+            cdi_annotation_prefix=config.cdi_annotation_prefix,
+        )
+        parts: list[Served] = []
+        try:
+            for served in plan.resources:
+                parts.append(await self._open(config, served, policies, responder, health))
+        except BaseException:
+            for part in parts:
+                await part.close(STOP_GRACE_S)
+            policies.cancel()
+            raise
+        if not parts:
+            self._log.warning("every GPU is excluded; serving no resource")
+            policies.cancel()
+            if health is not None:
+                await asyncio.to_thread(health.stop)
+            return
+        services = [part.service for part in parts]
+        if health is None:
+            health = self._new_health(config, services)
+        else:
+            health.forward.retarget(services)
+            for service in services:
+                service.set_health(health.monitor.health)  # a change may have raced the rewire
+        self._policies, self._health = policies, health
+        # Registered means ready: the kubelet's first GetPreferredAllocation must not wait for
+        # the policies' start-up work (built off the loop while the sockets already serve).
+        await asyncio.wait({policies})
+        for part in parts:
+            self._register(config, part, watcher)
+
+    async def stop(self, *, keep_health: bool) -> Health | None:
+        """Stop serving every resource; returns their health monitor if asked to keep it."""
+        served, self.served = self.served, []
+        registrars, self._registrars = self._registrars, []
+        policies, self._policies = self._policies, None
+        health, self._health = self._health, None
+        if not served:
+            return None
+        await cancel(registrars)
+        for part in served:
+            await part.close(STOP_GRACE_S)
+            self._metrics.forget(part.service.resource_name)
+        if policies is not None and not policies.done():
+            policies.cancel()
+        assert health is not None  # set with the resources
+        if keep_health:
+            return health
+        await asyncio.to_thread(health.stop)
+        return None
+
+    async def close(self) -> None:
+        """Stop serving, the health monitor and the directory watch (shutdown)."""
+        await self.stop(keep_health=False)
+        task, self._watcher_task = self._watcher_task, None
+        self._watcher = None
+        if task is not None:
+            await cancel([task])
+
+    async def apply_in_place(self, config: Config, previous: Config) -> None:
+        """Apply what changes nothing the kubelet sees (health rules, health service) without
+        touching the sockets: no request fails, no stream ends, no re-registration. Changed
+        health rules get a fresh monitor, as the old verdicts were made by rules no longer
+        configured."""
+        assert self.served and self._health is not None
+        if config.health != previous.health:
+            await asyncio.to_thread(self._health.stop)  # one monitor for all
+            self._health = self._new_health(config, list(self.services))
+            for service in self.services:
+                service.set_health(self._health.monitor.health)
+        for part in self.served:
+            part.health_service.set_settings(config.health_service)
+
+    # --- one resource ---
+
+    async def _open(
+        self,
+        config: Config,
+        served: ServedResource,
+        policies: asyncio.Future[dict[str, Policy]],
+        responder: Responder,
+        health: Health | None,
+    ) -> Served:
+        """The service for one resource, serving on its socket (not registered yet)."""
+        manager = ResourceManager(served, responder)
+        service = DevicePluginService(
+            manager,
+            _policy_of(policies, served.name),
+            pre_start_required=config.pre_start_required,
+            health=health.monitor.health if health is not None else None,
+        )
+        name = served.name
+        health_service = PluginHealthService(
+            name,
+            config.health_service,
+            on_status=lambda serving: self._metrics.set_serving(name, serving),
+        )
+        self._metrics.set_serving(name, health_service.serving)
+        service.watch_health(health_service.set_health)
+        per_gpu = Counter(device.gpu.index for device in manager.devices)  # GPU -> devices
+        service.watch_health(lambda h: self._metrics.observe_health(name, h, per_gpu))
+        path = os.path.join(config.device_plugin_dir, served.socket)
+        return await serve_socket(path, service, health_service, self._metrics)
+
+    def _register(self, config: Config, served: Served, watcher: DirWatcher) -> None:
+        """Start registering one served resource, and keep re-registering it."""
+        service, health_service, sock = served.service, served.health_service, served.socket
+        name = service.resource_name
+
+        def registered() -> None:
+            self._metrics.registered(name)
+            health_service.set_registered(True)
+
+        def unregistered() -> None:
+            self._metrics.kubelet_restarted(name)
+            health_service.set_registered(False)
+
+        registrar = Registrar(
+            sock,
+            service,
+            config.kubelet_socket_path,
+            watcher,
+            on_registered=registered,
+            on_unregistered=unregistered,
+            serve_give_up_s=self._serve_give_up_s,
+        )
+        task = asyncio.create_task(registrar.run(), name="nvplugin-registrar")
+        task.add_done_callback(self._registrar_done)
+        self._registrars.append(task)
+        self.served.append(served)
+        self._log.info(
+            "serving",
+            resource=name,
+            socket=sock.path,
+            devices=service.uuids(),
+            replicas=service.manager.replicas.count,
+            unhealthy=service.unhealthy_uuids(),
+        )
+
+    def _new_health(self, config: Config, services: Sequence[DevicePluginService]) -> Health:
+        """One started health monitor for every served GPU, under ``config``'s health rules."""
+        forward = Forward(asyncio.get_running_loop(), services)
+        monitor = HealthMonitor(
+            self._node.nvml,
+            sorted({gpu for service in services for gpu in service.manager.gpus}),
+            config.health.settings(),
+            forward,
+            on_xid=self._metrics.xid,
+        )
+        monitor.start()
+        return Health(monitor, forward)
+
+    def _registrar_done(self, task: asyncio.Task[None]) -> None:
+        """A registrar only ends by cancellation; if it failed, the plugin must not stay up
+        unregistered: stop, and exit non-zero."""
+        if task.cancelled() or task.exception() is None:
+            return
+        exc = task.exception()
+        self._on_fatal(
+            exc
+            if isinstance(exc, NvpluginError)
+            else NvpluginError(f"registration failed: {exc!r}")
+        )
+
+    async def _ensure_watcher(self, directory: str) -> DirWatcher:
+        if self._watcher is not None and self._watcher.directory == directory:
+            return self._watcher
+        task, self._watcher_task = self._watcher_task, None
+        if task is not None:
+            await cancel([task])
+        self._watcher = DirWatcher(directory)
+        self._watcher_task = asyncio.create_task(self._watcher.run(), name="nvplugin-dirwatch")
+        return self._watcher
+
+    def _policies_done(self, config: Config, future: asyncio.Future[dict[str, Policy]]) -> None:
+        if future.cancelled():
+            return
+        exc = future.exception()
+        if exc is not None:
+            self._log.error("allocation policy failed to build", error=str(exc))
+        else:
+            self._log.info("allocation policy ready", policy=config.allocation_policy)
+
+
+def _policy_of(policies: asyncio.Future[dict[str, Policy]], name: str) -> asyncio.Future[Policy]:
+    """Resource ``name``'s policy, once ``policies`` are built (their failure, or
+    cancellation, too)."""
+    loop = asyncio.get_running_loop()
+    policy: asyncio.Future[Policy] = loop.create_future()
+
+    def settle(built: asyncio.Future[dict[str, Policy]]) -> None:
+        if policy.done():
+            return
+        if built.cancelled():
+            policy.cancel()
+        elif built.exception() is not None:
+            policy.set_exception(built.exception())  # type: ignore[arg-type]
+        else:
+            policy.set_result(built.result()[name])
+
+    policies.add_done_callback(settle)
+    # A failure is logged once, for all (Resources._policies_done), not per resource at exit.
+    policy.add_done_callback(lambda done: done.cancelled() or done.exception())
+    return policy
+
+
+class Forward:
+    """The health monitor's ``on_change``: hands each map to the services on the event loop
+    (each takes the GPUs it serves; replicas follow their GPU).
+
+    Called on the monitor's thread. Maps are coalesced on their way to the loop: at most one
+    hand-over is queued at a time and it carries the latest map, so a storm of changes while the
+    loop is busy queues one callback, not one per change. The targets can change on SIGHUP
+    while the monitor (and the health it has seen) lives on.
+    """
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, services: Sequence[DevicePluginService]
+    ) -> None:
+        self._loop = loop
+        self._services = list(services)
+        self._lock = threading.Lock()
+        self._latest: dict[int, bool] | None = None  # set while a hand-over is queued
+
+    def retarget(self, services: Sequence[DevicePluginService]) -> None:
+        self._services = list(services)
+
+    def __call__(self, health: dict[int, bool]) -> None:
+        with self._lock:
+            queued = self._latest is not None
+            self._latest = dict(health)
+        if not queued:
+            with contextlib.suppress(RuntimeError):  # the loop closed while shutting down
+                self._loop.call_soon_threadsafe(self._deliver)
+
+    def _deliver(self) -> None:
+        with self._lock:
+            health, self._latest = self._latest, None
+        if health is None:
+            return
+        for service in self._services:
+            service.set_health(health)
+
+
+async def cancel(tasks: list[asyncio.Task[None]], timeout: float = 1.0) -> None:
+    """Cancel ``tasks`` and wait for them, but never longer than ``timeout`` (shutdown has a
+    2 s budget; a task that ignores cancellation is left behind and logged)."""
+    for task in tasks:
+        task.cancel()
+    if not tasks:
+        return
+    done, pending = await asyncio.wait(tasks, timeout=timeout)
+    for task in done:
+        if not task.cancelled() and task.exception() is not None:
+            get_logger("nvplugin.daemon").error(
+                "task failed", task=task.get_name(), error=repr(task.exception())
+            )
+    for task in pending:
+        get_logger("nvplugin.daemon").error("task did not stop", task=task.get_name())
