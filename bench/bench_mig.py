@@ -168,7 +168,7 @@ async def _serve(directory: str) -> tuple[float, list[float]]:
             stderr=subprocess.DEVNULL,
         )
         try:
-            await kubelet.devices.wait_for(
+            await kubelet.observer.wait_for(
                 lambda m: len(m.devices("nvidia.com/gpu")) == 56, 60, "56 MIG devices"
             )
             start_s = time.perf_counter() - started

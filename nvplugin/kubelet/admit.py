@@ -40,7 +40,7 @@ from nvplugin.config import Config, load_config
 from nvplugin.errors import InputError, NvpluginError
 from nvplugin.kubelet.cpumanager import POLICIES as CPU_POLICIES
 from nvplugin.kubelet.cpumanager import CpuManager, parse_cpu_list, reserved_cpus
-from nvplugin.kubelet.devicemanager import DeviceManager
+from nvplugin.kubelet.devicemanager.manager import DeviceManager
 from nvplugin.kubelet.kubelet import FakeKubelet
 from nvplugin.kubelet.pods import Pod
 from nvplugin.kubelet.topologymanager import (
@@ -302,6 +302,7 @@ class Admission:
         self._current: str | None = None
         self.devices.active_pods = self._active_pods
         self.kubelet = FakeKubelet(self.directory, devices=self.devices)
+        self.observer = self.kubelet.observer
         self.plugin: PluginProcess | None = None
         self.plugin_failure: str | None = None
         self.notes: list[str] = settings_notes(settings)
@@ -319,7 +320,7 @@ class Admission:
         expected = self.expected
         wanted = ", ".join(f"{name} with {count} devices" for name, count in expected.items())
         wait = asyncio.ensure_future(
-            self.devices.wait_for(
+            self.observer.wait_for(
                 lambda m: all(
                     m.is_registered(name) and len(m.devices(name)) == count
                     for name, count in expected.items()
@@ -370,7 +371,7 @@ class Admission:
         if self.plugin is None or self.plugin.alive or self.plugin_failure is not None:
             return
         with contextlib.suppress(TimeoutError):
-            await self.devices.wait_for(
+            await self.observer.wait_for(
                 lambda m: not any(m.is_registered(name) for name in self.expected),
                 DISCONNECT_TIMEOUT_S,
                 "the kubelet to notice the plugin exit",

@@ -122,7 +122,8 @@ async def env(
             await plugin.serve(os.path.join(directory, "p.sock"))
             try:
                 await register(kubelet, "p.sock")
-                await dm.wait_for(lambda m: bool(m.snapshots(RESOURCE)), WAIT, "a snapshot")
+                obs = kubelet.observer
+                await obs.wait_for(lambda _: bool(obs.snapshots(RESOURCE)), WAIT, "a snapshot")
                 yield Env(kubelet, plugin, dm, hints)
             finally:
                 await plugin.stop()
@@ -564,7 +565,9 @@ def test_disconnected_plugin_means_no_healthy_devices() -> None:
             pod = pod_of(gpus(1))
             assert await take(e, pod, "c", None) == ["A"]
             await e.plugin.stop()
-            await e.dm.wait_for(lambda m: not m.is_registered(RESOURCE), WAIT, "disconnect")
+            await e.kubelet.observer.wait_for(
+                lambda m: not m.is_registered(RESOURCE), WAIT, "disconnect"
+            )
             later = pod_of(gpus(1), name="later")
             hints = e.dm.container_hints(later, later.containers[0])
             assert hints == {RESOURCE: []}

@@ -235,7 +235,7 @@ def test_a_real_plugin_counts_registrations_restarts_xids_and_devices() -> None:
             await kubelet.wait_registered(GPU, WAIT_S)
             port = int((await serve.wait_log("serving metrics"))["port"])
             assert _listening_tcp(serve.pid) == [("0100007F", port)]  # 127.0.0.1 only
-            await kubelet.devices.wait_for(
+            await kubelet.observer.wait_for(
                 lambda m: len(m.unhealthy_devices(GPU)) == 1, WAIT_S, "GPU 1 unhealthy"
             )
             await kubelet.restart()

@@ -84,14 +84,14 @@ def test_ready_only_while_registered_with_a_healthy_gpu_and_live_throughout() ->
             status, text = await http_get(port, "/readyz")
             assert status == 503, text
             async with FakeKubelet(directory) as kubelet:
-                dm = kubelet.devices
+                obs = kubelet.observer
                 await kubelet.wait_registered(GPU, timeout=20)
-                await dm.wait_for(lambda m: len(m.healthy_devices(GPU)) == 4, 10, "4 healthy")
+                await obs.wait_for(lambda m: len(m.healthy_devices(GPU)) == 4, 10, "4 healthy")
                 status, text = await http_get(port, "/readyz")
                 assert status == 200, text
                 assert "nvidia.com/gpu: SERVING: registered with the kubelet, 4 of 4" in text
                 # Every GPU lost: the kubelet's view and the probes change together.
-                await dm.wait_for(lambda m: len(m.unhealthy_devices(GPU)) == 4, 20, "all lost")
+                await obs.wait_for(lambda m: len(m.unhealthy_devices(GPU)) == 4, 20, "all lost")
                 status, text = await http_get(port, "/readyz")
                 assert status == 503 and "no healthy GPU (0 of 4 GPUs healthy)" in text, text
                 status, text = await http_get(port, "/livez")
