@@ -1,4 +1,4 @@
-"""The admission pipeline (``nvplugin.kubelet.admit``) in-process against the real plugin process:
+"""The admission pipeline (``nvplugin.admit.admission``) in-process against the real plugin process:
 health events, a plugin killed and restarted, a kubelet restart read back from the checkpoint."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ import os
 from collections.abc import Coroutine
 from typing import Any
 
-from nvplugin.kubelet.admit import Admission, AdmitSettings, PluginProcess
+from nvplugin.admit.admission import Admission, AdmitSettings
+from nvplugin.admit.process import PluginProcess
 from nvplugin.kubelet.devicemanager import checkpoint as ckpt
 from nvplugin.kubelet.pods import Container, Pod
 from nvplugin.node import load_topology
@@ -78,7 +79,7 @@ def test_plugin_killed_and_restarted_registers_again_and_allocation_continues() 
             await obs.wait_for(lambda m: not m.is_registered(RESOURCE), WAIT, "the disconnect")
             assert dm.healthy_devices(RESOURCE) == set()
 
-            admission.plugin = PluginProcess(admission.directory, "dgx-1")
+            admission.plugin = PluginProcess(admission.directory, "--simulate", "dgx-1")
             await obs.wait_for(
                 lambda m: len(m.healthy_devices(RESOURCE)) == 8, WAIT, "re-registration"
             )

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from nvplugin.kubelet.admit import AdmitSettings, build_managers
+from nvplugin.admit.admission import AdmitSettings, build_managers
 from nvplugin.kubelet.devicemanager import DevicePluginError
 from nvplugin.kubelet.kubelet import FakeKubelet
 from nvplugin.kubelet.pods import load_pods
