@@ -123,6 +123,7 @@ def _queries(draw: st.DrawFn) -> tuple[Topology, list[int], list[int], int]:
     return from_scores("random", scores), available, must, size
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(_queries())
 def test_random_topologies_against_brute_force(

@@ -121,6 +121,7 @@ def _structured(draw: st.DrawFn) -> tuple[Topology, list[int], list[int], int]:
     return topology, available, must, size
 
 
+@pytest.mark.slow
 @settings(max_examples=250, deadline=None)
 @given(_structured())
 def test_against_brute_force_on_random_structured_nodes(

@@ -30,6 +30,8 @@ from nvplugin.kubelet.kubelet import FakeKubelet
 from tests import until
 from tests.chart.rendering import Rendered, render
 
+pytestmark = pytest.mark.process  # runs nvplugin commands as processes
+
 POD_DIR = "/var/lib/kubelet/device-plugins"
 POD_CONFIG = "/etc/nvplugin/config.yaml"
 RESOURCE = "example.com/a100"

@@ -151,6 +151,7 @@ def _reference(topology: Topology) -> BruteForce | MemoSearch:
     return BruteForce(topology) if len(topology) <= 8 else MemoSearch(topology)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", INPUTS, ids=IDS)
 def test_preferred_is_optimal_at_every_size(path: Path) -> None:
     topology = _import(path).topology()
@@ -281,6 +282,7 @@ def _cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[st
     )
 
 
+@pytest.mark.process
 def test_command_reads_a_file_or_stdin_and_takes_the_csv(tmp_path: Path) -> None:
     topo = SHAPES / "h100-nvl-bridged-pairs.txt"
     csv = tmp_path / "gpus.csv"
@@ -309,6 +311,7 @@ def test_command_reads_a_file_or_stdin_and_takes_the_csv(tmp_path: Path) -> None
     assert '"indices": [\n    0,\n    1\n  ]' in preferred.stdout
 
 
+@pytest.mark.process
 def test_command_error_is_one_short_line(tmp_path: Path) -> None:
     bad = tmp_path / "topo.txt"
     bad.write_text(_bad("NV6     NV6 ", "NVX     NV6 ", "dgx2-16gpu-nv6-mlx5.txt"))

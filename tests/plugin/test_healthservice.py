@@ -153,6 +153,7 @@ def _probe(socket_path: str, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.process
 def test_probe_a_real_plugin_unregistered_registered_and_without_healthy_gpus() -> None:
     """Readiness says NOT_SERVING before the kubelet is there and once every GPU is lost; the
     liveness form (--live) passes throughout; the plugin answers all along.
@@ -204,6 +205,7 @@ def test_probe_a_real_plugin_unregistered_registered_and_without_healthy_gpus() 
     run(body, 4 * WAIT_S)
 
 
+@pytest.mark.process
 def test_serving_without_healthy_gpus_when_configured() -> None:
     async def body() -> None:
         directory = new_dir()

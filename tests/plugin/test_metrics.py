@@ -222,6 +222,7 @@ def _listening_tcp(pid: int) -> list[tuple[str, int]]:
     return found
 
 
+@pytest.mark.process
 def test_a_real_plugin_counts_registrations_restarts_xids_and_devices() -> None:
     async def body() -> None:
         directory = new_dir()
@@ -255,6 +256,7 @@ def test_a_real_plugin_counts_registrations_restarts_xids_and_devices() -> None:
     run(body)
 
 
+@pytest.mark.process
 def test_no_listening_socket_without_metrics_address() -> None:
     async def body() -> None:
         directory = new_dir()
@@ -266,6 +268,7 @@ def test_no_listening_socket_without_metrics_address() -> None:
     run(body)
 
 
+@pytest.mark.process
 def test_metrics_port_in_use_is_a_fatal_start_up_error() -> None:
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))
