@@ -3,7 +3,7 @@
 Pure functions over a :class:`~nvplugin.node.model.Topology`: no I/O, no NVML, no gRPC. One small
 interface (:class:`Policy`), one module per policy (``simple.py``, ``besteffort.py``), made by
 name with :func:`make_policy`, which does all precomputation once so requests never pay for it.
-The objective, tie-breaks, empty answers and errors are those of ../shared/docs/allocation.md.
+The objective, tie-breaks, empty answers and errors are those of docs/allocation.md.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""The device manager as the kubelet's hint provider and allocator (kubelet-behaviour.md §3, §5):
+"""The device manager as the kubelet's hint provider and allocator (docs/kubelet-behaviour.md):
 topology hints, ``devicesToAllocate`` step by step, Allocate, PreStartContainer and init-container
-reuse -- restating kubelet-behaviour.md §7 examples 8-12 and the upstream device manager test
-scenarios as data. A scripted in-test plugin answers over a real unix socket."""
+reuse -- restating docs/kubelet-behaviour.md#worked-examples 8-12 and the upstream device manager
+test scenarios as data. A scripted in-test plugin answers over a real unix socket."""
 
 from __future__ import annotations
 
@@ -158,7 +158,7 @@ async def take(e: Env, pod: Pod, container: str, nodes: Sequence[int] | None) ->
     return sorted(e.dm.container_devices(pod.uid, container, RESOURCE) or ())
 
 
-# --- hints: §7 examples 8-10 and the upstream GetTopologyHints cases ---------------------------
+# --- hints: worked examples 8-10 and the upstream GetTopologyHints cases -------------------------
 
 HINT_CASES = [
     # (name, devices, request, held by another pod first (with its hint), expected hints)

@@ -50,7 +50,7 @@ def test_good_file_loads() -> None:
 
 
 def test_documented_example_parses() -> None:
-    """The node file of the issue, with the nvidia-smi style indented header."""
+    """The README's node file, with the nvidia-smi style indented header."""
     text = """version: v1
 name: my-node
 numa_distances: [[10, 21], [21, 10]]     # optional; one row per NUMA node

@@ -1,7 +1,7 @@
 """One registered plugin instance as the kubelet holds it (the kubelet's ``endpoint.go`` with its
 v1beta1 client): a gRPC channel to ``<dir>/<endpoint>``, the options the plugin answered at
 registration, and the task that consumes its ``ListAndWatch`` stream -- no deadline, never
-re-dialled (docs/kubelet-behaviour.md, "Registration" and "ListAndWatch").
+re-dialled (docs/kubelet-behaviour.md#registration, docs/kubelet-behaviour.md#listandwatch).
 
 Its calls are the kubelet's: only what the plugin's options offer, one container request each,
 and failures as :class:`DevicePluginError` with the kubelet's texts (gRPC errors written as

@@ -1,5 +1,5 @@
 """The fake kubelet's device manager, the kubelet's ``ManagerImpl`` (``manager.go``;
-docs/kubelet-behaviour.md#registration, #listandwatch and #device-allocation).
+docs/kubelet-behaviour.md#listandwatch, docs/kubelet-behaviour.md#device-allocation).
 
 All device state lives in :class:`DeviceManager`, keyed by resource: endpoints (newest last =
 primary), healthy/unhealthy device sets, every device's NUMA nodes, the devices containers hold

@@ -1,6 +1,6 @@
 """The device manager's topology hints, and how a stored hint splits free devices (the kubelet's
-``topology_hints.go`` and ``filterByAffinity``; docs/kubelet-behaviour.md#topology-hints and
-#device-allocation).
+``topology_hints.go`` and ``filterByAffinity``; docs/kubelet-behaviour.md#topology-hints,
+docs/kubelet-behaviour.md#device-allocation).
 
 Pure functions of what the device manager knows about one resource: each device's NUMA nodes
 (from the plugin's last ListAndWatch message), what is free, held or reusable. The same rules
