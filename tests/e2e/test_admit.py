@@ -3,13 +3,15 @@ drives it with the fake kubelet over real sockets; results checked against the k
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
 import pytest
 
 from nvplugin.node import load_topology
-from tests.support.serve import admit, admit_json, pods_file
+from tests import WAIT_S
+from tests.support.serve import admit, admit_json, kubelet_with, new_dir, pods_file
 
 SAMPLES = Path(__file__).resolve().parents[2] / "nvplugin" / "kubelet" / "samples"
 AFFINITY = ("TopologyAffinityError", "Resources cannot be allocated with Topology locality")
@@ -393,3 +395,24 @@ def test_a_config_the_plugin_refuses_exits_2_with_its_message(tmp_path: Path) ->
         f'error: config file {config}: unknown key "nvplugin.helth"; '
         'did you mean "nvplugin.health"?\n'
     )
+
+
+def test_the_plugin_serves_every_socket_before_it_registers_any(tmp_path: Path) -> None:
+    """What ``nvplugin admit`` relies on to know that the plugin serves everything
+    (nvplugin/admit/admission.py): by the first registration, every socket is there."""
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "version: v1\nresources:\n  gpus: [{pattern: '*A100*', name: a100}]\n"
+        "sharing:\n  timeSlicing:\n    resources: [{name: gpu, replicas: 2, rename: t4}]\n"
+    )
+    args = ("--simulate", "mixed-a100-t4", "--config", str(config))
+
+    async def body() -> None:
+        async with kubelet_with(new_dir(), *args) as (kubelet, serve):
+            for resource in ("nvidia.com/a100", "nvidia.com/t4"):
+                await kubelet.wait_registered(resource, WAIT_S)
+            events = [line["event"] for line in serve.lines()]
+            first = events.index("registered with kubelet")
+            assert events[:first].count("serving") == 2, events
+
+    asyncio.run(asyncio.wait_for(body(), 4 * WAIT_S))
