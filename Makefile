@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 PYTEST_FLAGS ?=
 
-.PHONY: install run test lint format bench soak proto clean
+.PHONY: install run test test-fast lint format bench soak proto clean
 
 install: $(STAMP)
 
@@ -18,8 +18,14 @@ $(STAMP): pyproject.toml
 run: install
 	$(BIN)/nvplugin demo
 
+# Everything, lint first: what CI runs (.ci/run).
 test: install lint
 	$(BIN)/python -m pytest $(PYTEST_FLAGS)
+
+# While working: the unit and in-process tests, about a minute. Leaves out the tests marked
+# process (they start nvplugin or another Python program) or slow (tests/conftest.py).
+test-fast: install
+	$(BIN)/python -m pytest -m "not process and not slow" --durations=5 $(PYTEST_FLAGS)
 
 lint: install
 	$(BIN)/ruff check nvplugin tests bench proto

@@ -79,7 +79,7 @@ def _time_admit(n: int, repeat: int = 3) -> float:
 async def _time_admissions(path: str, rounds: int = 3) -> tuple[list[float], list[float]]:
     """Seconds per admitted and per rejected pod, each admission timed on its own, over
     ``rounds`` fresh kubelets (a new plugin each: every round starts with 16 free GPUs)."""
-    from nvplugin.kubelet.admit import Admission, AdmitSettings
+    from nvplugin.admit.admission import Admission, AdmitSettings
     from nvplugin.kubelet.pods import load_pod_file
     from nvplugin.log import configure
     from nvplugin.node import load_topology

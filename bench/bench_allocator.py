@@ -1,4 +1,4 @@
-"""Preferred allocation speed (issues 3 and 14): best-effort on every built-in node and on the
+"""Preferred allocation speed: best-effort on every built-in node and on the
 generated nodes beyond 16 GPUs (tests/support/bignodes.py: PCIe-switch and NVSwitch nodes of 20, 24,
 32, 64 and 128 GPUs, and a 20-GPU node without structure).
 

@@ -1,4 +1,4 @@
-"""MIG (issue 13): discovery of 8 GPUs x 7 MIG devices, and GetPreferredAllocation among them.
+"""MIG: discovery of 8 GPUs x 7 MIG devices, and GetPreferredAllocation among them.
 
 Discovery: the DGX A100 with every GPU cut into seven 1g.5gb (56 MIG devices), in process through
 the simulated NVML, beside the same node with MIG off; NVML calls counted. Allocation: the MIG
@@ -168,7 +168,7 @@ async def _serve(directory: str) -> tuple[float, list[float]]:
             stderr=subprocess.DEVNULL,
         )
         try:
-            await kubelet.devices.wait_for(
+            await kubelet.observer.wait_for(
                 lambda m: len(m.devices("nvidia.com/gpu")) == 56, 60, "56 MIG devices"
             )
             start_s = time.perf_counter() - started

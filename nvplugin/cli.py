@@ -499,7 +499,7 @@ def admit(
     (else the kubelet's reason and message) and which GPUs, CPUs and NUMA nodes it gets.
     Exits 0 when every pod was decided, 1 when the plugin died during the run.
     """
-    from nvplugin.kubelet import admit as admission
+    from nvplugin.admit import admission, report
     from nvplugin.kubelet.topologymanager import parse_policy_options_flag
     from nvplugin.log import configure
 
@@ -515,15 +515,15 @@ def admit(
         mig_strategy=mig_strategy,
         kill_plugin_after=kill_plugin_after,
     )
-    report = admission.run_admit(settings, pods_file)
-    for warning in report.warnings:
+    outcome = admission.run_admit(settings, pods_file)
+    for warning in outcome.warnings:
         click.echo(f"warning: {warning}", err=True)
     if output == "json":
-        click.echo(admission.to_json(report))
+        click.echo(report.to_json(outcome))
     else:
-        click.echo(admission.to_table(report), nl=False)
-    if report.plugin_failure is not None:
-        click.echo(f"error: {report.plugin_failure}", err=True)
+        click.echo(report.to_table(outcome), nl=False)
+    if outcome.plugin_failure is not None:
+        click.echo(f"error: {outcome.plugin_failure}", err=True)
         sys.exit(1)
 
 
@@ -535,7 +535,7 @@ def demo() -> None:
     Runs the real plugin and the fake kubelet (single-numa-node) and admits the sample pods
     shipped with nvplugin; takes a few seconds, needs no GPU.
     """
-    from nvplugin.kubelet.demo import run_demo
+    from nvplugin.admit.demo import run_demo
     from nvplugin.log import configure
 
     configure(None, "warning")

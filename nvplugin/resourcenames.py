@@ -2,7 +2,7 @@
 
 This is the only copy of the rule in the package. The config checks it when it loads (so a bad
 name is an exit-2 error naming the key, not a silent registration failure), and the fake kubelet
-checks it in ``Register`` exactly as the real kubelet does (kubelet-behaviour.md §1).
+checks it in ``Register`` exactly as the real kubelet does (docs/kubelet-behaviour.md#registration).
 
 The rule (upstream ``v1helper.IsExtendedResourceName``): the name contains ``/``; it is not in the
 ``kubernetes.io/`` namespace; it does not start with ``requests.``; and ``requests.<name>`` is a

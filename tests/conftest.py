@@ -12,13 +12,22 @@ The guard: an audit hook records every temporary file or directory made in this 
 the run directory (``tempfile.mkdtemp(dir="/tmp")``, say), with the test that made it; at the end
 of the session any of them still there fails the run, named. So do child processes still running
 (a plugin a test forgot to stop).
+
+The tiers: ``make test`` runs every test, ``make test-fast`` leaves out those marked ``process``
+(they start ``nvplugin`` or another Python program as a child process: ``serve`` beside the fake
+kubelet, the CLI, ``admit``) and ``slow`` (long in-process checks: reference searches, many
+generated examples). Every test under ``tests/e2e/`` and ``tests/reliability/`` is marked
+``process`` here; elsewhere a test says so itself. The same audit hook keeps the marks honest: a
+test that starts such a child without the ``process`` mark fails, naming what it started.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -26,15 +35,46 @@ from tests.support.rundir import RunDirectory
 
 RUN_PREFIX = "nvpt-"
 
+MARKERS = {
+    "process": "starts nvplugin or another Python program as a child process (not in make "
+    "test-fast)",
+    "slow": "a long in-process check, e.g. against a reference search (not in make test-fast)",
+}
+PROCESS_DIRECTORIES = ("e2e", "reliability")
+"""Directories of process-level tests (real ``nvplugin serve``, real signals): all ``process``."""
+
+
+SHELLS = ("sh", "bash")
+
+
+def starts_a_program(executable: object, argv: object) -> bool:
+    """Whether a child process is what the ``process`` mark is about: a Python interpreter
+    (``nvplugin`` commands, pytest, pip) or ``nvplugin``, directly or as a shell's command."""
+    command = [str(a) for a in argv] if isinstance(argv, (list, tuple)) else str(argv).split()
+    program = str(executable) if executable else (command[0] if command else "")
+    if os.path.basename(program) in SHELLS and "-c" in command[:-1]:
+        script = command[command.index("-c") + 1].split()
+        program = script[0] if script else ""
+    name = os.path.basename(program)
+    return name.startswith("python") or name == "nvplugin" or program == sys.executable
+
 
 @dataclass
 class _Scratch:
-    """The run directory, what was there before it, and what was made outside it."""
+    """The run directory, what was there before it, what was made outside it, and the
+    programs each test started."""
 
     run: RunDirectory
     outside: dict[str, str] = field(default_factory=dict)  # path -> test that made it
+    started: dict[str, list[str]] = field(default_factory=dict)  # test id -> commands
 
     def audit(self, event: str, args: tuple[object, ...]) -> None:
+        if event == "subprocess.Popen" and len(args) >= 2:
+            if starts_a_program(args[0], args[1]):
+                test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0]
+                command = args[1] if isinstance(args[1], (list, tuple)) else [args[1]]
+                self.started.setdefault(test, []).append(" ".join(map(str, command))[:200])
+            return
         if event not in ("tempfile.mkdtemp", "tempfile.mkstemp") or not args:
             return
         path = os.path.abspath(str(args[0]))
@@ -48,11 +88,36 @@ _STASH = pytest.StashKey[_Scratch]()
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
+    for name, meaning in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {meaning}")
     scratch = _Scratch(RunDirectory.enter(RUN_PREFIX))
     config.stash[_STASH] = scratch
     if config.option.basetemp is None:
         config.option.basetemp = os.path.join(scratch.run.root, "pytest")
     sys.addaudithook(scratch.audit)  # hooks cannot be removed: it stays, harmless, after the run
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        parts = item.path.relative_to(here).parts if item.path.is_relative_to(here) else ()
+        if parts and parts[0] in PROCESS_DIRECTORIES:
+            item.add_marker(pytest.mark.process)
+
+
+@pytest.fixture(autouse=True)
+def _starts_programs_only_when_marked(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fails a test that started a program (:func:`starts_a_program`) without the ``process``
+    mark, which would put a slow test into ``make test-fast``."""
+    yield
+    scratch = request.config.stash.get(_STASH, None)
+    started = scratch.started.get(request.node.nodeid) if scratch is not None else None
+    if started and request.node.get_closest_marker("process") is None:
+        pytest.fail(
+            f"starts {started[0]!r} but is not marked process: add @pytest.mark.process (or "
+            "pytestmark = pytest.mark.process for a module) so that make test-fast leaves it out",
+            pytrace=False,
+        )
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -1,5 +1,5 @@
-"""The run's scratch directory and the leak guard (tests/conftest.py), in a pytest run of its
-own."""
+"""The run's scratch directory, the leak guard and the ``process`` mark's guard
+(tests/conftest.py), in a pytest run of its own."""
 
 from __future__ import annotations
 
@@ -10,20 +10,36 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
+
 from tests import WAIT_S
 
 LEAKY = """
 import subprocess, sys, tempfile
 
+import pytest
+
+@pytest.mark.process
 def test_leaks(tmp_path):
     assert str(tmp_path).startswith(tempfile.gettempdir() + "/")
     print("RUN", tempfile.gettempdir())
     tempfile.mkdtemp()  # in the run's directory: removed at the end
     print("LEAKED", tempfile.mkdtemp(dir="{outside}", prefix="leak-"))
     subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3)"])
+
+def test_starts_python_unmarked():
+    subprocess.run([sys.executable, "-c", "pass"], check=True)
+
+@pytest.mark.process
+def test_starts_python_marked():
+    subprocess.run(["bash", "-c", "python3 -c pass"], check=True)
+
+def test_starts_another_program_unmarked():
+    subprocess.run(["true"], check=True)
 """
 
 
+@pytest.mark.process
 def test_a_leaking_test_fails_the_run_and_the_run_directory_goes() -> None:
     work = Path(tempfile.mkdtemp())
     outside = tempfile.mkdtemp(dir="/tmp", prefix="nvpt-guard-")  # stands for /tmp itself
@@ -40,7 +56,10 @@ def test_a_leaking_test_fails_the_run_and_the_run_directory_goes() -> None:
             env=env,
         )
         assert done.returncode == 1, done.stdout + done.stderr
-        assert "1 passed" in done.stdout
+        assert "4 passed, 1 error" in done.stdout
+        # A test that starts a Python program must say so (make test-fast leaves it out).
+        assert "ERROR at teardown of test_starts_python_unmarked" in done.stdout
+        assert "-c pass' but is not marked process" in done.stdout
         leaked = done.stdout.split("LEAKED ", 1)[1].split()[0]
         run_dir = done.stdout.split("RUN ", 1)[1].split()[0]
         assert run_dir.startswith("/tmp/nvpt-") and not os.path.exists(run_dir)

@@ -4,7 +4,7 @@ Pure functions over a :class:`~nvplugin.node.model.Topology`: no I/O, no NVML, n
 interface (:class:`Policy`), one module per policy (``simple.py``, ``besteffort.py``, ``mig.py``),
 made by name with :func:`make_policy` -- the one factory, for whole GPUs and MIG devices alike --
 which does all precomputation once so requests never pay for it. The objective, tie-breaks,
-empty answers and errors are those of ../shared/docs/allocation.md.
+empty answers and errors are those of docs/allocation.md.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ a bug in the caller and gets an :class:`AllocationError` naming the offending va
 *impossible* (size 0, size above the available count, more must-include GPUs than the size),
 which is a legitimate question with no answer: the policy returns an empty list and the kubelet
 falls back to its own choice. Failing those would fail the pod's admission
-(../shared/docs/allocation.md). Both checks live here once, so every policy agrees on them.
+(docs/allocation.md). Both checks live here once, so every policy agrees on them.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The best-effort policy: the objective of ../shared/docs/allocation.md, on any node.
+"""The best-effort policy: the objective of docs/allocation.md, on any node.
 
 NVIDIA's allocator enumerates every partition of the free GPUs (22 million for 16 GPUs at size
 3). We never enumerate. The topology is fixed for the life of the process, so the policy picks,

@@ -2,7 +2,7 @@
 
 On such a node (:mod:`nvplugin.allocator.classes`) a group is a count vector x (GPUs per class)
 and its score ``f(x)`` depends on nothing else. With A the available GPUs (a per class), R the
-must-include ones (r per class) and s the size, allocation.md's objective reads:
+must-include ones (r per class) and s the size, the objective of docs/allocation.md reads:
 
 - OPT = max over x (``|x| = s``, ``r <= x <= a``) of ``f(x) + rest(a - x)``, rest being the best
   partition score of what is left (:mod:`nvplugin.allocator.forests`);

@@ -62,7 +62,8 @@ def _set(group: tuple[int, ...]) -> str:
 
 
 def to_json(topology: Topology, answer: Allocation, explain: bool) -> dict[str, Any]:
-    """The ``--output json`` document (the five keys of issue 3, plus ``explain`` on request)."""
+    """The ``--output json`` document (the five keys README.md documents, plus ``explain`` on
+    request)."""
     doc: dict[str, Any] = {
         "devices": [topology.gpus[i].uuid for i in answer.indices],
         "indices": list(answer.indices),

@@ -1,7 +1,7 @@
 """Subset tables that make the exact best-effort objective a handful of array operations.
 
 A set of GPUs is a bitmask (bit i = GPU i) of a node's n GPUs. For the objective in
-../shared/docs/allocation.md two numbers per subset are enough:
+docs/allocation.md two numbers per subset are enough:
 
 - ``setscore[m]``: the sum of pair scores inside m.
 - ``rest[s][m]``: the best score of a partition of m into groups of exactly s plus one leftover

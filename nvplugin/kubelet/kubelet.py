@@ -1,6 +1,6 @@
 """``FakeKubelet``: the kubelet side of the device-plugin API, in-process, on real unix sockets.
 
-It behaves as the real kubelet does towards a device plugin (kubelet-behaviour.md §1-2, §5): it owns
+It behaves as the real kubelet does towards a device plugin (docs/kubelet-behaviour.md): it owns
 the device-plugin directory (created mode 0750), deletes every socket file in it when it starts
 (other files stay), serves ``v1beta1.Registration`` on ``<dir>/kubelet.sock``, dials each
 registering plugin back, consumes its ListAndWatch stream and calls it for allocations.
@@ -10,12 +10,13 @@ Use (on an asyncio loop; tests wrap a coroutine in ``asyncio.run``)::
     async with FakeKubelet(directory) as kubelet:            # start() ... stop()
         ep = await kubelet.wait_registered("nvidia.com/gpu", timeout=5)   # -> Endpoint
         dm = kubelet.devices                                  # the DeviceManager: all state
-        await dm.wait_for(lambda m: len(m.healthy_devices("nvidia.com/gpu")) == 8, 5, "8 GPUs")
+        seen = kubelet.observer                               # what it saw, and waiting
+        await seen.wait_for(lambda m: len(m.healthy_devices("nvidia.com/gpu")) == 8, 5, "8 GPUs")
         dm.options("nvidia.com/gpu")                          # PluginOptions of the primary
         dm.healthy_devices(r), dm.unhealthy_devices(r)        # frozenset[str] of device IDs
         dm.device_numa(r)                                     # {device ID: (NUMA node, ...)}
-        dm.snapshots(r)                                       # every ListAndWatch message
-        dm.registrations                                      # every Register request + answer
+        seen.snapshots(r)                                     # every ListAndWatch message
+        seen.registrations                                    # every Register request + answer
         await dm.get_preferred_allocation(r, available, must_include, size)  # list[str] | None
         await dm.allocate(r, ids)                             # ContainerAllocateResponse
         await kubelet.restart()      # stop, delete every socket in the dir, serve again
@@ -35,7 +36,9 @@ from types import TracebackType
 import structlog
 
 from nvplugin.api import DEFAULT_DEVICE_PLUGIN_DIR, KUBELET_SOCKET
-from nvplugin.kubelet.devicemanager import DIAL_TIMEOUT_S, DeviceManager, Endpoint
+from nvplugin.kubelet.devicemanager.endpoint import DIAL_TIMEOUT_S, Endpoint
+from nvplugin.kubelet.devicemanager.manager import DeviceManager
+from nvplugin.kubelet.observer import Observer
 from nvplugin.kubelet.registration import RegistrationServer
 
 _log = structlog.get_logger("nvplugin.kubelet")
@@ -76,8 +79,13 @@ class FakeKubelet:
         # Like the kubelet, keep the checkpoint (kubelet_internal_checkpoint) in the
         # device-plugin directory, so a restarted fake kubelet reads its allocations back.
         self.devices = devices if devices is not None else DeviceManager(checkpoint_dir=directory)
+        self.observer = Observer(self.devices)
         self._registration = RegistrationServer(
-            directory, self.devices, socket_name=socket_name, dial_timeout_s=dial_timeout_s
+            directory,
+            self.devices,
+            socket_name=socket_name,
+            dial_timeout_s=dial_timeout_s,
+            on_register=self.observer.registered,
         )
         self.socket_path = self._registration.socket_path
         self._running = False
@@ -115,7 +123,7 @@ class FakeKubelet:
 
     async def wait_registered(self, resource: str, timeout: float) -> Endpoint:
         """Wait until ``resource`` has a registered plugin with a live stream; its primary."""
-        return await self.devices.wait_registered(resource, timeout)
+        return await self.observer.wait_registered(resource, timeout)
 
     async def __aenter__(self) -> FakeKubelet:
         await self.start()

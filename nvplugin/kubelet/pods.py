@@ -183,7 +183,8 @@ def qos_class(containers: Iterable[Container]) -> str:
 
 
 def pod_requests(pod: Pod) -> dict[str, Decimal]:
-    """Effective pod requests per resource (kubelet-behaviour.md §3, the kubelet's PodRequests).
+    """Effective pod requests per resource (docs/kubelet-behaviour.md#topology-hints, the kubelet's
+    PodRequests).
 
     ``max(sum(app) + sum(restartable init), max over regular init i of (request_i + sum of
     restartable init containers declared before i))``, per resource.

@@ -1,11 +1,13 @@
-"""The fake kubelet's Registration service on ``<dir>/kubelet.sock`` (kubelet-behaviour.md §1).
+"""The fake kubelet's Registration service on ``<dir>/kubelet.sock``
+(docs/kubelet-behaviour.md#registration).
 
 ``Register`` checks, in the kubelet's order and with its error texts: the API version, the
-resource name (the one copy of the rule, :mod:`nvplugin.plugin.resources`), then -- without
+resource name (the one copy of the rule, :mod:`nvplugin.resourcenames`), then -- without
 validating ``endpoint`` -- dials ``<dir>/<endpoint>`` (blocking, 10 s), reads the plugin's options
-and hands the connection to the :class:`~nvplugin.kubelet.devicemanager.DeviceManager`, which
-rejects a second live registration of the same (resource, socket) and starts ListAndWatch.
+and hands the connection to the :class:`~nvplugin.kubelet.devicemanager.manager.DeviceManager`,
+which rejects a second live registration of the same (resource, socket) and starts ListAndWatch.
 Errors travel as plain gRPC errors (status UNKNOWN carrying the message), as the Go kubelet's do.
+Every request, with its answer, is reported to ``on_register`` (a :class:`RegistrationRecord`).
 """
 
 from __future__ import annotations
@@ -13,24 +15,41 @@ from __future__ import annotations
 import os
 import posixpath
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import grpc
 import structlog
 
 from nvplugin.api import KUBELET_SOCKET, SUPPORTED_VERSIONS
 from nvplugin.api.v1beta1 import api_pb2, api_pb2_grpc
-from nvplugin.kubelet.devicemanager import (
+from nvplugin.kubelet.devicemanager.endpoint import (
     DIAL_TIMEOUT_S,
-    DeviceManager,
     DevicePluginError,
     Endpoint,
     PluginOptions,
-    RegistrationRecord,
 )
+from nvplugin.kubelet.devicemanager.manager import DeviceManager
 from nvplugin.kubelet.topologymanager.options import go_quote
 from nvplugin.resourcenames import is_extended_resource_name
 
 _log = structlog.get_logger("nvplugin.kubelet.registration")
+
+
+@dataclass(frozen=True)
+class RegistrationRecord:
+    """One Register request the kubelet received, and how it was answered (error None = OK)."""
+
+    version: str
+    endpoint: str
+    resource_name: str
+    options: PluginOptions | None  # req.options as sent (the kubelet ignores them)
+    socket_path: str
+    error: str | None
+    received_at: float  # time.monotonic()
+
+
+OnRegister = Callable[[RegistrationRecord], None]
 
 
 def check_request(version: str, resource_name: str) -> str | None:
@@ -52,10 +71,17 @@ def plugin_socket_path(directory: str, endpoint: str) -> str:
 
 
 class _RegistrationServicer(api_pb2_grpc.RegistrationServicer):
-    def __init__(self, directory: str, manager: DeviceManager, dial_timeout_s: float) -> None:
+    def __init__(
+        self,
+        directory: str,
+        manager: DeviceManager,
+        dial_timeout_s: float,
+        on_register: OnRegister | None,
+    ) -> None:
         self._directory = directory
         self._manager = manager
         self._dial_timeout_s = dial_timeout_s
+        self._on_register = on_register
 
     async def Register(
         self, request: api_pb2.RegisterRequest, context: grpc.aio.ServicerContext[object, object]
@@ -66,17 +92,18 @@ class _RegistrationServicer(api_pb2_grpc.RegistrationServicer):
         requested = (
             PluginOptions.from_proto(request.options) if request.HasField("options") else None
         )
-        self._manager.record_registration(
-            RegistrationRecord(
-                version=request.version,
-                endpoint=request.endpoint,
-                resource_name=request.resource_name,
-                options=requested,
-                socket_path=socket_path,
-                error=error,
-                received_at=time.monotonic(),
+        if self._on_register is not None:
+            self._on_register(
+                RegistrationRecord(
+                    version=request.version,
+                    endpoint=request.endpoint,
+                    resource_name=request.resource_name,
+                    options=requested,
+                    socket_path=socket_path,
+                    error=error,
+                    received_at=time.monotonic(),
+                )
             )
-        )
         if error is not None:
             _log.warning(
                 "registration rejected",
@@ -106,7 +133,8 @@ class _RegistrationServicer(api_pb2_grpc.RegistrationServicer):
 
 
 class RegistrationServer:
-    """Serves Registration for ``manager`` on ``<directory>/kubelet.sock``."""
+    """Serves Registration for ``manager`` on ``<directory>/kubelet.sock``; each request, with
+    its answer, goes to ``on_register``."""
 
     def __init__(
         self,
@@ -115,11 +143,13 @@ class RegistrationServer:
         *,
         socket_name: str = KUBELET_SOCKET,
         dial_timeout_s: float = DIAL_TIMEOUT_S,
+        on_register: OnRegister | None = None,
     ) -> None:
         self.directory = directory
         self.socket_path = os.path.join(directory, socket_name)
         self._manager = manager
         self._dial_timeout_s = dial_timeout_s
+        self._on_register = on_register
         self._server: grpc.aio.Server | None = None
 
     async def start(self) -> None:
@@ -127,7 +157,10 @@ class RegistrationServer:
             return
         server = grpc.aio.server()
         api_pb2_grpc.add_RegistrationServicer_to_server(
-            _RegistrationServicer(self.directory, self._manager, self._dial_timeout_s), server
+            _RegistrationServicer(
+                self.directory, self._manager, self._dial_timeout_s, self._on_register
+            ),
+            server,
         )
         server.add_insecure_port(f"unix://{self.socket_path}")
         await server.start()

@@ -21,8 +21,9 @@ from typing import TextIO
 
 from nvplugin.api import KUBELET_SOCKET
 from nvplugin.errors import NvpluginError
-from nvplugin.kubelet.devicemanager import DeviceManager
+from nvplugin.kubelet.devicemanager.manager import DeviceManager
 from nvplugin.kubelet.kubelet import FakeKubelet
+from nvplugin.kubelet.observer import Observer
 
 WAKE_S = 3600.0
 """How long one wait for a change lasts before it is simply started again."""
@@ -78,7 +79,7 @@ async def watch(
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.add_signal_handler(signum, stop.set)
     async with FakeKubelet(directory) as kubelet:
-        devices = kubelet.devices
+        devices, seen = kubelet.devices, kubelet.observer
         say(
             f"fake kubelet serving {kubelet.socket_path}; waiting for device plugins "
             "(Ctrl-C to stop)"
@@ -86,33 +87,33 @@ async def watch(
         registrations = 0
         lines: dict[str, str] = {}
         while not stop.is_set():
-            for record in devices.registrations[registrations:]:
+            for record in seen.registrations[registrations:]:
                 outcome = f"refused: {record.error}" if record.error else "accepted"
                 say(f"register {record.resource_name} from {record.endpoint}: {outcome}")
-            registrations = len(devices.registrations)
+            registrations = len(seen.registrations)
             for resource in devices.resources():
-                if devices.is_registered(resource) and not devices.snapshots(resource):
+                if devices.is_registered(resource) and not seen.snapshots(resource):
                     continue  # registered: its device list follows at once
                 line = describe_resource(devices, resource)
                 if lines.get(resource) != line:
                     lines[resource] = line
                     say(line)
-            await _changed_or_stopped(devices, stop, registrations, lines)
+            await _changed_or_stopped(seen, stop, registrations, lines)
     say("fake kubelet stopped")
 
 
 async def _changed_or_stopped(
-    devices: DeviceManager, stop: asyncio.Event, registrations: int, lines: dict[str, str]
+    seen: Observer, stop: asyncio.Event, registrations: int, lines: dict[str, str]
 ) -> None:
     def changed(manager: DeviceManager) -> bool:
         return (
             stop.is_set()
-            or len(manager.registrations) != registrations
+            or len(seen.registrations) != registrations
             or any(lines.get(r) != describe_resource(manager, r) for r in manager.resources())
         )
 
     stopped = asyncio.ensure_future(stop.wait())
-    waiting = asyncio.ensure_future(devices.wait_for(changed, WAKE_S, "a change"))
+    waiting = asyncio.ensure_future(seen.wait_for(changed, WAKE_S, "a change"))
     try:
         await asyncio.wait({stopped, waiting}, return_when=asyncio.FIRST_COMPLETED)
     finally:

@@ -1,6 +1,6 @@
 """GPU health: NVML events in, a map of GPU index -> healthy out.
 
-The rules (issue 4, item 4), kept here and nowhere else:
+The rules, kept here and nowhere else:
 
 - A critical Xid marks that GPU Unhealthy. Xids in :data:`DEFAULT_IGNORED_XIDS` (plus whatever the
   config adds, minus what it forces critical) are application errors, not GPU faults: ignored.
@@ -18,7 +18,7 @@ The rules (issue 4, item 4), kept here and nowhere else:
   GPU and a MIG device is exactly as healthy as its parent (:func:`mig_health`): an Xid on the
   parent, or its loss, makes every one of its MIG devices Unhealthy, and its recovery brings them
   all back. (NVIDIA's plugin kept one device per parent UUID and so marked at most one MIG
-  device: its issue #1929.)
+  device: NVIDIA/k8s-device-plugin#1929.)
 
 NVML calls block, so the loop runs on its own thread with short waits (a wait returns as soon as an
 event arrives, so a change reaches ``on_change`` within milliseconds; the short timeout bounds how

@@ -4,7 +4,7 @@ Everything here is an immutable value. A :class:`Topology` is built once per pro
 discovery through NVML, real or simulated) and then only read: the allocator, the plugin and
 the fake kubelet all work from the same object, so nothing on a request path touches NVML.
 
-The pair-score weights live here and nowhere else (see ../shared/docs/allocation.md).
+The pair-score weights live here and nowhere else (see docs/allocation.md#pair-scores).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class Link:
 
     @property
     def score(self) -> int:
-        """Pair score: PCIe weight + 100 per NVLink (allocation.md)."""
+        """Pair score: PCIe weight + 100 per NVLink (docs/allocation.md#pair-scores)."""
         return self.pcie.weight + NVLINK_WEIGHT * self.nvlinks
 
     @property
@@ -380,7 +380,7 @@ class Topology:
         return link
 
     def score(self, a: int, b: int) -> int:
-        """Pair score of two distinct GPUs (allocation.md)."""
+        """Pair score of two distinct GPUs (docs/allocation.md#pair-scores)."""
         return self.scores[a][b]
 
     def group_score(self, indices: Sequence[int]) -> int:

@@ -3,7 +3,8 @@
 The kubelet never dials a plugin on its own: a plugin serves its socket, calls ``Register`` on
 ``kubelet.sock``, and the kubelet dials back. When the kubelet restarts it deletes every socket in
 the device-plugin directory (ours included) and serves ``kubelet.sock`` anew; the old registration
-is gone, and nothing tells the plugin except the directory itself (kubelet-behaviour.md §1).
+is gone, and nothing tells the plugin except the directory itself
+(docs/kubelet-behaviour.md#registration).
 
 So :class:`DirWatcher` watches the directory (inotify through asyncinotify; where inotify is not
 available, the registrar's own periodic check is the fallback), and a :class:`Registrar` per

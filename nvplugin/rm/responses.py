@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
+from nvplugin.api.nvidia import CDI_KIND, NO_DEVICES, VISIBLE_DEVICES_ENV, VOLUME_MOUNTS_ROOT
 from nvplugin.api.v1beta1 import api_pb2
 from nvplugin.config.model import DEFAULT_DEVICE_LIST_STRATEGY, DEFAULT_DRIVER_ROOT
 from nvplugin.config.rules import (
@@ -42,16 +43,9 @@ from nvplugin.errors import NvpluginError
 from nvplugin.node.mig import MIG_MINORS_PATH, caps_device
 from nvplugin.rm.devices import Device
 
-VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
-NO_DEVICES = "void"
-"""The NVIDIA runtime's value for "no GPU" (an empty value would mean "not set" to some
-runtimes, which then expose every GPU)."""
-
 DEFAULT_DEV_ROOT = DEFAULT_DRIVER_ROOT
 
-VOLUME_MOUNTS_ROOT = "/var/run/nvidia-container-devices"
 VOLUME_MOUNTS_HOST_PATH = "/dev/null"
-CDI_KIND = "nvidia.com/gpu"
 CONTROL_DEVICES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
 """Device nodes every CUDA container needs besides its GPUs', when they exist on the host."""
 DEVICE_PERMISSIONS = "rw"

@@ -1,4 +1,4 @@
-"""Best-effort equals the objective of allocation.md exactly: worked examples, exhaustive
+"""Best-effort equals the objective of docs/allocation.md exactly: worked examples, exhaustive
 comparison with brute force on every <= 8-GPU node, random topologies up to 10 GPUs, and the
 16-GPU node against an independent memoised search."""
 
@@ -32,7 +32,7 @@ LARGE = {"switched-16": SWITCHED_16} | {name: t for name, t in BUILTIN.items() i
 
 
 def test_builtin_nodes_are_covered() -> None:
-    """The node files the issue names are all here, the 16-GPU one among the large."""
+    """The built-in nodes are all here, the 16-GPU one among the large."""
     for name in ("workstation-4gpu", "dgx-1", "dgx-a100", "dgx-h100", "pcie-8gpu", "no-numa"):
         assert name in SMALL
     assert "dgx-2" in LARGE and len(LARGE["dgx-2"]) == 16
@@ -123,6 +123,7 @@ def _queries(draw: st.DrawFn) -> tuple[Topology, list[int], list[int], int]:
     return from_scores("random", scores), available, must, size
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(_queries())
 def test_random_topologies_against_brute_force(

@@ -10,6 +10,8 @@ import pytest
 
 from nvplugin.node.nodefile import load_node
 
+pytestmark = pytest.mark.process  # runs nvplugin commands as processes
+
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(

@@ -1,5 +1,5 @@
 """The count search (nodes of a few classes of interchangeable GPUs) answers exactly what the
-objective of allocation.md asks: against brute force, against the subset tables on every
+objective of docs/allocation.md asks: against brute force, against the subset tables on every
 <= 16-GPU node it applies to, and against a plain count-vector recursion on larger nodes."""
 
 from __future__ import annotations
@@ -121,6 +121,7 @@ def _structured(draw: st.DrawFn) -> tuple[Topology, list[int], list[int], int]:
     return topology, available, must, size
 
 
+@pytest.mark.slow
 @settings(max_examples=250, deadline=None)
 @given(_structured())
 def test_against_brute_force_on_random_structured_nodes(

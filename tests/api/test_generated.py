@@ -5,12 +5,15 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
+
 from nvplugin.api.v1beta1 import api_pb2
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = Path("nvplugin/api/v1beta1")
 
 
+@pytest.mark.process
 def test_committed_code_is_not_stale() -> None:
     with tempfile.TemporaryDirectory() as out:
         subprocess.run(

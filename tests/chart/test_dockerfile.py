@@ -199,6 +199,7 @@ def _run_installed(site: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.process
 def test_installed_package_is_complete_and_runs(image_site: Path) -> None:
     where = _run_installed(image_site, "-c", "import nvplugin; print(nvplugin.__file__)")
     assert where.stdout.strip() == str(image_site / "nvplugin" / "__init__.py")

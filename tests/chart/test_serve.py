@@ -30,6 +30,8 @@ from nvplugin.kubelet.kubelet import FakeKubelet
 from tests import until
 from tests.chart.rendering import Rendered, render
 
+pytestmark = pytest.mark.process  # runs nvplugin commands as processes
+
 POD_DIR = "/var/lib/kubelet/device-plugins"
 POD_CONFIG = "/etc/nvplugin/config.yaml"
 RESOURCE = "example.com/a100"
@@ -132,13 +134,13 @@ async def _scenario(
         async with _plugin(args, env, log_path):
             try:
                 await kubelet.wait_registered(RESOURCE, timeout=60)
-                await kubelet.devices.wait_for(
+                await kubelet.observer.wait_for(
                     lambda m: len(m.healthy_devices(RESOURCE)) == 8, 30, "8 healthy GPUs"
                 )
             except TimeoutError as exc:
                 raise AssertionError(f"{exc}\nplugin output:\n{log_path.read_text()}") from None
             await _plugin_registered(log_path, 1)
-            record = kubelet.devices.registrations[-1]
+            record = kubelet.observer.registrations[-1]
             assert record.error is None
             assert record.endpoint == "nvplugin-a100.sock"
             # preStartRequired came from values.config.map, through the ConfigMap file.
@@ -336,7 +338,7 @@ def test_the_charts_mig_strategy_reaches_the_plugin(dirs: tuple[str, Path]) -> N
     async def scenario() -> None:
         async with FakeKubelet(plugin_dir) as kubelet, _plugin(args, env, log_path):
             try:
-                await kubelet.devices.wait_for(
+                await kubelet.observer.wait_for(
                     lambda m: all(
                         m.is_registered(name) and len(m.devices(name)) == count
                         for name, count in counts.items()

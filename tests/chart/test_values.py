@@ -264,6 +264,7 @@ def test_readme_table_lists_every_value_with_its_default() -> None:
     assert checked >= 30
 
 
+@pytest.mark.process
 def test_committed_schemas_are_generated_from_the_config_model() -> None:
     """charts/generate_schema.py writes config.schema.json, values.schema.json's config and
     settings parts, settings.json, values.yaml's settings and the READMEs' tables of settings and

@@ -3,13 +3,15 @@ drives it with the fake kubelet over real sockets; results checked against the k
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
 import pytest
 
 from nvplugin.node import load_topology
-from tests.support.serve import admit, admit_json, pods_file
+from tests import WAIT_S
+from tests.support.serve import admit, admit_json, kubelet_with, new_dir, pods_file
 
 SAMPLES = Path(__file__).resolve().parents[2] / "nvplugin" / "kubelet" / "samples"
 AFFINITY = ("TopologyAffinityError", "Resources cannot be allocated with Topology locality")
@@ -354,3 +356,63 @@ def test_a_gpu_without_numa_node_gets_a_warning_and_is_never_given(
         assert "never allocated" in warnings[0] and "TopologyAffinityError" in warnings[0]
     else:
         assert admitted == [True] * 4
+
+
+INDEX_IDS = "\n    deviceIDStrategy: index"
+STRATEGIES = {
+    "index IDs, volume mounts": "deviceListStrategy: [volume-mounts]" + INDEX_IDS,
+    "index IDs, CDI annotations": "deviceListStrategy: cdi-annotations" + INDEX_IDS,
+    "UUIDs, CDI devices": "deviceListStrategy: [cdi-cri]",
+}
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_what_containers_see_is_read_whatever_the_plugins_strategies(
+    strategy: str, tmp_path: Path
+) -> None:
+    """admit learns a container's GPUs and MIG devices from its Allocate responses: the same
+    answer whichever NVIDIA form the plugin writes them in (time-sliced MIG devices here)."""
+    config = tmp_path / "config.yaml"
+    sharing = "sharing:\n  timeSlicing:\n    resources: [{name: mig-1g.5gb, replicas: 2}]\n"
+    config.write_text(f"version: v1\nflags:\n  plugin:\n    {STRATEGIES[strategy]}\n{sharing}")
+    flags = ("--simulate", "dgx-a100-mig", "--mig-strategy", "mixed")
+    samples = str(SAMPLES / "dgx-a100-mig.yaml")
+    default = tmp_path / "default.yaml"
+    default.write_text(f"version: v1\n{sharing}")
+    expected = admit_json(*flags, "--config", str(default), samples)
+    assert admit_json(*flags, "--config", str(config), samples) == expected
+    pair = next(r for r in expected if r["pod"] == "pair")["containers"][0]
+    assert len(pair["mig_devices"]) == 2 and len(pair["gpu_indices"]) == 1
+
+
+def test_a_config_the_plugin_refuses_exits_2_with_its_message(tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("version: v1\nnvplugin: {helth: {}}\n")
+    done = admit("--simulate", "dgx-1", "--config", str(config), pods(gpu_pod("ok", 1)))
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert done.stdout == ""
+    assert done.stderr == (
+        f'error: config file {config}: unknown key "nvplugin.helth"; '
+        'did you mean "nvplugin.health"?\n'
+    )
+
+
+def test_the_plugin_serves_every_socket_before_it_registers_any(tmp_path: Path) -> None:
+    """What ``nvplugin admit`` relies on to know that the plugin serves everything
+    (nvplugin/admit/admission.py): by the first registration, every socket is there."""
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "version: v1\nresources:\n  gpus: [{pattern: '*A100*', name: a100}]\n"
+        "sharing:\n  timeSlicing:\n    resources: [{name: gpu, replicas: 2, rename: t4}]\n"
+    )
+    args = ("--simulate", "mixed-a100-t4", "--config", str(config))
+
+    async def body() -> None:
+        async with kubelet_with(new_dir(), *args) as (kubelet, serve):
+            for resource in ("nvidia.com/a100", "nvidia.com/t4"):
+                await kubelet.wait_registered(resource, WAIT_S)
+            events = [line["event"] for line in serve.lines()]
+            first = events.index("registered with kubelet")
+            assert events[:first].count("serving") == 2, events
+
+    asyncio.run(asyncio.wait_for(body(), 4 * WAIT_S))

@@ -1,4 +1,4 @@
-"""The admission pipeline (``nvplugin.kubelet.admit``) in-process against the real plugin process:
+"""The admission pipeline (``nvplugin.admit.admission``) in-process against the real plugin process:
 health events, a plugin killed and restarted, a kubelet restart read back from the checkpoint."""
 
 from __future__ import annotations
@@ -8,12 +8,15 @@ import os
 from collections.abc import Coroutine
 from typing import Any
 
-from nvplugin.kubelet import checkpoint as ckpt
-from nvplugin.kubelet.admit import RESOURCE, Admission, AdmitSettings, PluginProcess
+from nvplugin.admit.admission import Admission, AdmitSettings
+from nvplugin.admit.process import PluginProcess
+from nvplugin.kubelet.devicemanager import checkpoint as ckpt
 from nvplugin.kubelet.pods import Container, Pod
 from nvplugin.node import load_topology
 from tests import WAIT_S as WAIT
 from tests.support.serve import new_dir, node_file, remove_dir
+
+RESOURCE = "nvidia.com/gpu"
 
 
 def run(coro: Coroutine[Any, Any, None]) -> None:
@@ -35,7 +38,8 @@ def test_a_gpu_made_unhealthy_by_an_xid_is_never_allocated() -> None:
         async def main() -> None:
             async with Admission(settings, topology) as admission:
                 dm = admission.devices
-                await dm.wait_for(
+                obs = admission.observer
+                await obs.wait_for(
                     lambda m: sick in m.unhealthy_devices(RESOURCE), WAIT, "GPU1 unhealthy"
                 )
                 everything = await admission.admit(gpu_pod("all-four", 4))
@@ -66,19 +70,20 @@ def test_plugin_killed_and_restarted_registers_again_and_allocation_continues() 
     async def main() -> None:
         async with Admission(settings, topology) as admission:
             dm = admission.devices
+            obs = admission.observer
             first = await admission.admit(gpu_pod("first", 2))
             assert first.admitted and first.containers[0].gpu_indices == (0, 3)
             old = admission.plugin
             assert old is not None
             old.kill()
-            await dm.wait_for(lambda m: not m.is_registered(RESOURCE), WAIT, "the disconnect")
+            await obs.wait_for(lambda m: not m.is_registered(RESOURCE), WAIT, "the disconnect")
             assert dm.healthy_devices(RESOURCE) == set()
 
-            admission.plugin = PluginProcess(admission.directory, "dgx-1")
-            await dm.wait_for(
+            admission.plugin = PluginProcess(admission.directory, "--simulate", "dgx-1")
+            await obs.wait_for(
                 lambda m: len(m.healthy_devices(RESOURCE)) == 8, WAIT, "re-registration"
             )
-            assert len([r for r in dm.registrations if r.error is None]) == 2
+            assert len([r for r in obs.registrations if r.error is None]) == 2
             second = await admission.admit(gpu_pod("second", 2))
             assert second.admitted and second.containers[0].gpu_indices == (1, 2)
             # The first pod still holds its GPUs.
@@ -101,6 +106,7 @@ def test_checkpoint_survives_a_fake_kubelet_restart_with_the_real_plugin() -> No
     async def main() -> None:
         async with Admission(settings, topology) as admission:
             dm = admission.devices
+            obs = admission.observer
             quad = await admission.admit(gpu_pod("quad", 4))
             assert quad.admitted
             held = {uuids[i] for i in quad.containers[0].gpu_indices}
@@ -111,7 +117,7 @@ def test_checkpoint_survives_a_fake_kubelet_restart_with_the_real_plugin() -> No
             await admission.kubelet.restart()
             assert dm.capacity()[RESOURCE].capacity == 0
             # The plugin sees kubelet.sock re-created, serves again and re-registers.
-            await dm.wait_for(
+            await obs.wait_for(
                 lambda m: len(m.healthy_devices(RESOURCE)) == 8, WAIT, "re-registration"
             )
             assert dm.allocated_devices(RESOURCE) == held

@@ -60,7 +60,8 @@ def test_mixed_registers_each_profile_allocates_prefers_and_follows_the_parents_
                 *("--pass-device-specs", "--nvidia-dev-root", str(dev_root)),
             ) as (kubelet, serve):
                 devices = kubelet.devices
-                await devices.wait_for(
+                obs = kubelet.observer
+                await obs.wait_for(
                     lambda m: all(
                         m.is_registered(name) and len(m.devices(name)) == count
                         for name, (count, _) in MIXED.items()
@@ -107,7 +108,7 @@ def test_mixed_registers_each_profile_allocates_prefers_and_follows_the_parents_
 
                 # The scripted Xid 48 on GPU 2: its four MIG devices, in three resources,
                 # turn Unhealthy on each resource's stream; nothing else does.
-                await devices.wait_for(
+                await obs.wait_for(
                     lambda m: {d for name in MIXED for d in m.unhealthy_devices(name)} == GPU2,
                     20,
                     "GPU 2's MIG devices Unhealthy",
@@ -137,7 +138,7 @@ def test_single_serves_a_homogeneous_node_and_refuses_a_mixed_one_none_serves_wh
         try:
             single = ("--simulate", node, "--mig-strategy", "single")
             async with kubelet_with(directory, *single) as (kubelet, _):
-                await kubelet.devices.wait_for(
+                await kubelet.observer.wait_for(
                     lambda m: len(m.healthy_devices("nvidia.com/gpu")) == 4,
                     30,
                     "four 3g.20gb MIG devices as nvidia.com/gpu",
@@ -148,7 +149,7 @@ def test_single_serves_a_homogeneous_node_and_refuses_a_mixed_one_none_serves_wh
                 assert sorted(nodes[0] for nodes in numa.values()) == [0, 0, 1, 1]
             none = ("--simulate", NODE, "--mig-strategy", "none")
             async with kubelet_with(directory, *none) as (kubelet, serve):
-                await kubelet.devices.wait_for(
+                await kubelet.observer.wait_for(
                     lambda m: len(m.healthy_devices("nvidia.com/gpu")) == 8,
                     30,
                     "eight whole GPUs",

@@ -62,7 +62,8 @@ def test_nvidia_environment_gives_containers_what_nvidia_would() -> None:
                 shared = f"{GPU}.shared"
                 await kubelet.wait_registered(shared, WAIT_S)
                 devices = kubelet.devices
-                await devices.wait_for(
+                obs = kubelet.observer
+                await obs.wait_for(
                     lambda m: len(m.healthy_devices(shared)) == 2 * len(TOPOLOGY.gpus),
                     WAIT_S,
                     "two replicas per GPU",

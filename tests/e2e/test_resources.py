@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from nvplugin.kubelet.admit import AdmitSettings, build_managers
+from nvplugin.admit.admission import AdmitSettings, build_managers
 from nvplugin.kubelet.devicemanager import DevicePluginError
 from nvplugin.kubelet.kubelet import FakeKubelet
 from nvplugin.kubelet.pods import load_pods
@@ -83,17 +83,18 @@ def test_two_models_two_resources_two_sockets_two_registrations() -> None:
                 t4 = await kubelet.wait_registered("nvidia.com/t4", WAIT_S)
                 assert a100 is not t4
                 records = sorted(
-                    (r.resource_name, r.endpoint) for r in kubelet.devices.registrations
+                    (r.resource_name, r.endpoint) for r in kubelet.observer.registrations
                 )
                 assert records == [
                     ("nvidia.com/a100", "nvplugin-a100.sock"),
                     ("nvidia.com/t4", "nvplugin-t4.sock"),
                 ]
-                assert all(r.error is None for r in kubelet.devices.registrations)
+                assert all(r.error is None for r in kubelet.observer.registrations)
                 sockets = sorted(n for n in os.listdir(directory) if n.startswith("nvplugin-"))
                 assert sockets == ["nvplugin-a100.sock", "nvplugin-t4.sock"]
                 devices = kubelet.devices
-                await devices.wait_for(
+                obs = kubelet.observer
+                await obs.wait_for(
                     lambda m: (
                         len(m.healthy_devices("nvidia.com/t4")) == 4
                         and len(m.healthy_devices("nvidia.com/a100")) == 4
@@ -149,8 +150,9 @@ def test_time_sliced_replicas_go_unhealthy_together_on_an_xid() -> None:
             await kubelet.wait_registered("nvidia.com/t4-shared", WAIT_S)
             await kubelet.wait_registered("nvidia.com/a100", WAIT_S)
             devices = kubelet.devices
+            obs = kubelet.observer
             replicas = [replica_id(u, n) for u in T4 for n in range(4)]
-            await devices.wait_for(
+            await obs.wait_for(
                 lambda m: len(m.devices("nvidia.com/t4-shared")) == 16, WAIT_S, "16 replicas"
             )
             assert sorted(devices.devices("nvidia.com/t4-shared")) == sorted(replicas)
@@ -158,7 +160,7 @@ def test_time_sliced_replicas_go_unhealthy_together_on_an_xid() -> None:
             assert numa[replica_id(T4[2], 3)] == (1,) and numa[replica_id(T4[0], 0)] == (0,)
             # GPU 6 is the third T4: its four replicas, and nothing else, go Unhealthy.
             gpu6 = TOPOLOGY.gpus[6].uuid
-            await devices.wait_for(
+            await obs.wait_for(
                 lambda m: len(m.unhealthy_devices("nvidia.com/t4-shared")) == 4,
                 WAIT_S,
                 "the Xid on GPU 6",
@@ -248,7 +250,7 @@ def test_kubelet_admission_places_an_a100_pod_on_a100s_only() -> None:
             try:
                 await kubelet.wait_registered("nvidia.com/a100", WAIT_S)
                 await kubelet.wait_registered("nvidia.com/t4", WAIT_S)
-                await devices.wait_for(
+                await kubelet.observer.wait_for(
                     lambda m: (
                         len(m.healthy_devices("nvidia.com/t4")) == 4
                         and len(m.healthy_devices("nvidia.com/a100")) == 4
@@ -289,7 +291,7 @@ def test_sighup_splits_and_joins_resources() -> None:
             await kubelet.wait_registered("nvidia.com/gpu", WAIT_S)
             Path(config).write_text(T4_SHARED)
             serve.send(signal.SIGHUP)
-            await kubelet.devices.wait_for(
+            await kubelet.observer.wait_for(
                 lambda m: (
                     len(m.healthy_devices("nvidia.com/a100")) == 4
                     and len(m.healthy_devices("nvidia.com/t4-shared")) == 16
@@ -301,7 +303,7 @@ def test_sighup_splits_and_joins_resources() -> None:
             assert sockets == ["nvplugin-a100.sock", "nvplugin-t4-shared.sock"]
             Path(config).write_text("version: v1\n")
             serve.send(signal.SIGHUP)
-            await kubelet.devices.wait_for(
+            await kubelet.observer.wait_for(
                 lambda m: (
                     m.healthy_devices("nvidia.com/gpu") == frozenset(A100 + T4)
                     and not os.path.exists(os.path.join(directory, "nvplugin-a100.sock"))

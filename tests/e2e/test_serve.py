@@ -75,7 +75,7 @@ def test_register_fields_options_and_list() -> None:
         plugin_args = ("--simulate", "dgx-1", "--pre-start-required")
         async with kubelet_with(directory, *plugin_args) as (kubelet, serve):
             await kubelet.wait_registered(GPU, WAIT_S)
-            record = kubelet.devices.registrations[-1]
+            record = kubelet.observer.registrations[-1]
             assert record.version == "v1beta1"
             assert record.endpoint == SOCKET
             assert record.resource_name == GPU
@@ -86,10 +86,10 @@ def test_register_fields_options_and_list() -> None:
             assert options is not None
             assert options.pre_start_required and options.get_preferred_allocation_available
             topology = load_topology("dgx-1")
-            await kubelet.devices.wait_for(
+            await kubelet.observer.wait_for(
                 lambda m: len(m.healthy_devices(GPU)) == 8, WAIT_S, "8 healthy GPUs"
             )
-            snapshot = kubelet.devices.snapshots(GPU)[-1]
+            snapshot = kubelet.observer.snapshots(GPU)[-1]
             assert [d.id for d in snapshot.devices] == [g.uuid for g in topology.gpus]
             path = os.path.join(directory, SOCKET)
             assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
@@ -120,7 +120,7 @@ def test_numa_topology_of_every_built_in_node() -> None:
                     await kubelet.wait_registered(resource, WAIT_S)
                     topology = load_topology(node)
                     count = len(topology.gpus)
-                    await kubelet.devices.wait_for(
+                    await kubelet.observer.wait_for(
                         lambda m, r=resource, n=count: len(m.devices(r)) == n,
                         WAIT_S,
                         f"{node}'s devices",
@@ -132,7 +132,7 @@ def test_numa_topology_of_every_built_in_node() -> None:
                     assert kubelet.devices.device_numa(resource) == expected
                     has_numa = any(g.numa_node is not None for g in topology.gpus)
                     assert kubelet.devices.has_topology_alignment(resource) == has_numa
-                    ids = [d.id for d in kubelet.devices.snapshots(resource)[-1].devices]
+                    ids = [d.id for d in kubelet.observer.snapshots(resource)[-1].devices]
                     assert ids == [g.uuid for g in topology.gpus]
                     socket = os.path.join(directory, f"nvplugin-{node}.sock")
                     assert os.path.exists(socket)
@@ -160,14 +160,17 @@ async def health_states(
     async with kubelet_with(directory, "--simulate", node, *args) as (kubelet, serve):
         await kubelet.wait_registered(GPU, WAIT_S)
         extra = Streams(os.path.join(directory, SOCKET), streams)
-        await kubelet.devices.wait_for(
-            lambda m: len(distinct([s.unhealthy for s in m.snapshots(GPU)])) >= expected_count,
+        await kubelet.observer.wait_for(
+            lambda _: (
+                len(distinct([s.unhealthy for s in kubelet.observer.snapshots(GPU)]))
+                >= expected_count
+            ),
             WAIT_S,
             f"{expected_count} health states",
         )
         await asyncio.sleep(0.3)  # anything more would be a wrong extra state
         await extra.close()
-        seen = distinct([s.unhealthy for s in kubelet.devices.snapshots(GPU)])
+        seen = distinct([s.unhealthy for s in kubelet.observer.snapshots(GPU)])
         assert serve.events("device health changed")
     return uuids, seen, [distinct(states) for states in extra.states]
 
@@ -241,12 +244,14 @@ def test_recovery_and_configured_xids() -> None:
         plugin_args = ("--simulate", node, "--config", str(config))
         async with kubelet_with(directory, *plugin_args) as (kubelet, _):
             await kubelet.wait_registered(GPU, WAIT_S)
-            await kubelet.devices.wait_for(
-                lambda m: len(distinct([s.unhealthy for s in m.snapshots(GPU)])) >= 5,
+            await kubelet.observer.wait_for(
+                lambda _: (
+                    len(distinct([s.unhealthy for s in kubelet.observer.snapshots(GPU)])) >= 5
+                ),
                 WAIT_S,
                 "GPUs 3 and 1 unhealthy, then recovered",
             )
-            seen = distinct([s.unhealthy for s in kubelet.devices.snapshots(GPU)])
+            seen = distinct([s.unhealthy for s in kubelet.observer.snapshots(GPU)])
             assert seen == [
                 (),
                 (uuids[3],),
@@ -267,7 +272,7 @@ def test_health_disabled_ignores_every_event() -> None:
         plugin_args = ("--simulate", node, "--config", str(config))
         async with kubelet_with(directory, *plugin_args) as (kubelet, _):
             await kubelet.wait_registered(GPU, WAIT_S)
-            await kubelet.devices.wait_for(
+            await kubelet.observer.wait_for(
                 lambda m: len(m.healthy_devices(GPU)) == 4, WAIT_S, "4 healthy GPUs"
             )
             await asyncio.sleep(1.0)  # the Xid (0.1 s after start) must change nothing
@@ -289,14 +294,14 @@ def test_kubelet_restarts_twenty_times() -> None:
             for n in range(20):
                 await kubelet.restart()
                 await kubelet.wait_registered(GPU, WAIT_S)
-                await kubelet.devices.wait_for(
+                await kubelet.observer.wait_for(
                     lambda m: len(m.healthy_devices(GPU)) == 8, WAIT_S, "8 healthy GPUs"
                 )
                 await serve.wait_log(
                     "registered with kubelet", where=lambda e, n=n: e["registrations"] == n + 2
                 )
                 fds.append(await serve.settled_fds())
-            records = kubelet.devices.registrations
+            records = kubelet.observer.registrations
             assert len(records) == 21
             assert all(r.error is None for r in records)
             tasks = [e["tasks"] for e in serve.events("registered with kubelet")]
@@ -478,7 +483,7 @@ def test_signal_stops_cleanly(sig: int) -> None:
             assert await asyncio.to_thread(serve.wait, 5) == 0
             assert not os.path.exists(path)
             assert os.path.exists(kubelet.socket_path)  # the kubelet's socket is not ours
-            await kubelet.devices.wait_for(
+            await kubelet.observer.wait_for(
                 lambda m: not m.is_registered(GPU), WAIT_S, "the stream to end"
             )
             assert "Traceback" not in serve.text()
@@ -505,7 +510,7 @@ def test_second_serve_on_the_same_socket_exits_1() -> None:
                 stub = api_pb2_grpc.DevicePluginStub(channel)
                 await stub.GetDevicePluginOptions(api_pb2.Empty(), timeout=WAIT_S)
             assert kubelet.devices.is_registered(GPU)
-            assert len(kubelet.devices.registrations) == 1
+            assert len(kubelet.observer.registrations) == 1
 
     run(body)
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from nvplugin.api.v1beta1 import api_pb2
-from nvplugin.kubelet import checkpoint as ckpt
 from nvplugin.kubelet.devicemanager import DeviceManager, ResourceCapacity
+from nvplugin.kubelet.devicemanager import checkpoint as ckpt
 from nvplugin.kubelet.kubelet import FakeKubelet
 from nvplugin.kubelet.pods import Container, Pod
 from tests.kubelet.test_devicemanager_alloc import Hints, ScriptedPlugin, devs
@@ -85,10 +85,11 @@ def test_checkpoint_survives_kubelet_restarts(directory: str) -> None:
     async def main() -> None:
         dm = DeviceManager(numa_nodes=(0, 1), store=hints, checkpoint_dir=directory)
         async with FakeKubelet(directory, devices=dm) as kubelet:
+            obs = kubelet.observer
             await plugin.serve(sock)
             try:
                 await register(kubelet, "p.sock")
-                await dm.wait_for(lambda m: len(m.healthy_devices(RESOURCE)) == 4, WAIT, "GPUs")
+                await obs.wait_for(lambda m: len(m.healthy_devices(RESOURCE)) == 4, WAIT, "GPUs")
                 writes = dm.checkpoint_writes
                 assert writes >= 1  # after the first snapshot
                 await dm.allocate_container(pod, pod.containers[0])
@@ -102,7 +103,7 @@ def test_checkpoint_survives_kubelet_restarts(directory: str) -> None:
 
                 # A health change is an update: RegisteredDevices follows the healthy set.
                 plugin.set_devices(devs("A:0 B:0! C:1 N:-"))
-                await dm.wait_for(lambda m: len(m.healthy_devices(RESOURCE)) == 3, WAIT, "B sick")
+                await obs.wait_for(lambda m: len(m.healthy_devices(RESOURCE)) == 3, WAIT, "B sick")
                 data = ckpt.read_checkpoint(directory)
                 assert data is not None
                 assert set(data.registered_devices[RESOURCE]) == {"A", "C", "N"}
@@ -117,7 +118,7 @@ def test_checkpoint_survives_kubelet_restarts(directory: str) -> None:
                 plugin.set_devices(devs("A:0 B:0 C:1 N:-"))
                 await plugin.serve(sock)
                 await register(kubelet, "p.sock")
-                await dm.wait_for(lambda m: len(m.healthy_devices(RESOURCE)) == 4, WAIT, "back")
+                await obs.wait_for(lambda m: len(m.healthy_devices(RESOURCE)) == 4, WAIT, "back")
                 assert dm.available_devices(RESOURCE) == {"B", "C"}
             finally:
                 await plugin.stop()
@@ -159,7 +160,8 @@ def test_default_fake_kubelet_keeps_its_checkpoint_in_the_plugin_dir(directory: 
             try:
                 await register(kubelet, "p.sock")
                 dm = kubelet.devices
-                await dm.wait_for(lambda m: len(m.healthy_devices(RESOURCE)) == 2, WAIT, "GPUs")
+                obs = kubelet.observer
+                await obs.wait_for(lambda m: len(m.healthy_devices(RESOURCE)) == 2, WAIT, "GPUs")
                 await dm.allocate_container(pod, pod.containers[0])
             finally:
                 await plugin.stop()

@@ -1,7 +1,7 @@
-"""The device manager as the kubelet's hint provider and allocator (kubelet-behaviour.md §3, §5):
+"""The device manager as the kubelet's hint provider and allocator (docs/kubelet-behaviour.md):
 topology hints, ``devicesToAllocate`` step by step, Allocate, PreStartContainer and init-container
-reuse -- restating kubelet-behaviour.md §7 examples 8-12 and the upstream device manager test
-scenarios as data. A scripted in-test plugin answers over a real unix socket."""
+reuse -- restating docs/kubelet-behaviour.md#worked-examples 8-12 and the upstream device manager
+test scenarios as data. A scripted in-test plugin answers over a real unix socket."""
 
 from __future__ import annotations
 
@@ -122,7 +122,8 @@ async def env(
             await plugin.serve(os.path.join(directory, "p.sock"))
             try:
                 await register(kubelet, "p.sock")
-                await dm.wait_for(lambda m: bool(m.snapshots(RESOURCE)), WAIT, "a snapshot")
+                obs = kubelet.observer
+                await obs.wait_for(lambda _: bool(obs.snapshots(RESOURCE)), WAIT, "a snapshot")
                 yield Env(kubelet, plugin, dm, hints)
             finally:
                 await plugin.stop()
@@ -157,7 +158,7 @@ async def take(e: Env, pod: Pod, container: str, nodes: Sequence[int] | None) ->
     return sorted(e.dm.container_devices(pod.uid, container, RESOURCE) or ())
 
 
-# --- hints: §7 examples 8-10 and the upstream GetTopologyHints cases ---------------------------
+# --- hints: worked examples 8-10 and the upstream GetTopologyHints cases -------------------------
 
 HINT_CASES = [
     # (name, devices, request, held by another pod first (with its hint), expected hints)
@@ -564,7 +565,9 @@ def test_disconnected_plugin_means_no_healthy_devices() -> None:
             pod = pod_of(gpus(1))
             assert await take(e, pod, "c", None) == ["A"]
             await e.plugin.stop()
-            await e.dm.wait_for(lambda m: not m.is_registered(RESOURCE), WAIT, "disconnect")
+            await e.kubelet.observer.wait_for(
+                lambda m: not m.is_registered(RESOURCE), WAIT, "disconnect"
+            )
             later = pod_of(gpus(1), name="later")
             hints = e.dm.container_hints(later, later.containers[0])
             assert hints == {RESOURCE: []}

@@ -47,8 +47,8 @@ def with_plugin(
             try:
                 await register(kubelet, "p.sock")
                 await kubelet.wait_registered(RESOURCE, WAIT)
-                await kubelet.devices.wait_for(
-                    lambda m: bool(m.snapshots(RESOURCE)), WAIT, "the first snapshot"
+                await kubelet.observer.wait_for(
+                    lambda _: bool(kubelet.observer.snapshots(RESOURCE)), WAIT, "the first snapshot"
                 )
                 await body(kubelet, plugin)
             finally:
@@ -60,6 +60,7 @@ def with_plugin(
 def test_snapshots_rebuild_the_device_sets(plugin_dir: str) -> None:
     async def body(kubelet: FakeKubelet, plugin: TinyPlugin) -> None:
         dm = kubelet.devices
+        obs = kubelet.observer
         assert dm.healthy_devices(RESOURCE) == {"a", "c"}
         # Only the exact string "Healthy" counts.
         assert dm.unhealthy_devices(RESOURCE) == {"b", "d", "e"}
@@ -75,21 +76,21 @@ def test_snapshots_rebuild_the_device_sets(plugin_dir: str) -> None:
 
         # A full snapshot replaces the last: missing devices disappear, health flips.
         plugin.set_devices([device("b", numa=[1]), device("a", "Unhealthy", numa=[0])])
-        await dm.wait_for(lambda m: len(m.snapshots(RESOURCE)) == 2, WAIT, "snapshot 2")
+        await obs.wait_for(lambda _: len(obs.snapshots(RESOURCE)) == 2, WAIT, "snapshot 2")
         assert dm.healthy_devices(RESOURCE) == {"b"}
         assert dm.unhealthy_devices(RESOURCE) == {"a"}
         assert list(dm.devices(RESOURCE)) == ["b", "a"]  # the plugin's order
         assert dm.devices(RESOURCE)["a"] == DeviceInfo("a", "Unhealthy", (0,))
         assert dm.capacity()[RESOURCE] == ResourceCapacity(capacity=2, allocatable=1)
 
-        first, second = dm.snapshots(RESOURCE)
+        first, second = obs.snapshots(RESOURCE)
         assert [d.id for d in first.devices] == ["a", "b", "c", "d", "e"]
         assert first.healthy == ("a", "c")
         assert second.unhealthy == ("a",)
         assert second.socket_path == os.path.join(kubelet.directory, "p.sock")
 
         plugin.set_devices([])
-        await dm.wait_for(lambda m: len(m.snapshots(RESOURCE)) == 3, WAIT, "snapshot 3")
+        await obs.wait_for(lambda _: len(obs.snapshots(RESOURCE)) == 3, WAIT, "snapshot 3")
         assert dm.devices(RESOURCE) == {}
         assert dm.capacity()[RESOURCE] == ResourceCapacity(capacity=0, allocatable=0)
         assert dm.is_registered(RESOURCE)
@@ -120,9 +121,10 @@ def test_no_numa_anywhere_means_no_topology_alignment(plugin_dir: str) -> None:
 def test_disconnect_makes_every_device_unhealthy_and_nothing_redials(plugin_dir: str) -> None:
     async def body(kubelet: FakeKubelet, plugin: TinyPlugin) -> None:
         dm = kubelet.devices
+        obs = kubelet.observer
         assert dm.healthy_devices(RESOURCE) == {"a", "b"}
         await plugin.stop()
-        await dm.wait_for(lambda m: not m.is_registered(RESOURCE), WAIT, "the disconnect")
+        await obs.wait_for(lambda m: not m.is_registered(RESOURCE), WAIT, "the disconnect")
         assert dm.healthy_devices(RESOURCE) == set()
         assert dm.unhealthy_devices(RESOURCE) == {"a", "b", "c"}
         assert dm.capacity() == {RESOURCE: ResourceCapacity(capacity=3, allocatable=0)}
@@ -138,7 +140,7 @@ def test_disconnect_makes_every_device_unhealthy_and_nothing_redials(plugin_dir:
         assert not dm.is_registered(RESOURCE)
 
         await register(kubelet, "p.sock")
-        await dm.wait_for(lambda m: len(m.healthy_devices(RESOURCE)) == 2, WAIT, "re-register")
+        await obs.wait_for(lambda m: len(m.healthy_devices(RESOURCE)) == 2, WAIT, "re-register")
         assert dm.unhealthy_devices(RESOURCE) == {"c"}
 
     with_plugin(plugin_dir, TinyPlugin([device("a"), device("b"), device("c", "Unhealthy")]), body)
@@ -157,10 +159,11 @@ def test_resource_dropped_five_minutes_after_its_plugin_stopped(plugin_dir: str)
 
     async def body(kubelet: FakeKubelet, plugin: TinyPlugin) -> None:
         dm = kubelet.devices
+        obs = kubelet.observer
         clock.now = 1000.0  # registered long ago: only the time since stopping counts
         assert dm.capacity() == {RESOURCE: ResourceCapacity(capacity=1, allocatable=1)}
         await plugin.stop()
-        await dm.wait_for(lambda m: not m.is_registered(RESOURCE), WAIT, "the disconnect")
+        await obs.wait_for(lambda m: not m.is_registered(RESOURCE), WAIT, "the disconnect")
         clock.now += 300
         assert dm.capacity() == {RESOURCE: ResourceCapacity(capacity=1, allocatable=0)}
         clock.now += 1
@@ -225,7 +228,7 @@ def test_pre_start_skipped_unless_required(plugin_dir: str) -> None:
 def test_wait_for_times_out_with_the_state(plugin_dir: str) -> None:
     async def body(kubelet: FakeKubelet, plugin: TinyPlugin) -> None:
         with pytest.raises(TimeoutError) as info:
-            await kubelet.devices.wait_for(lambda m: False, 0.05, "the impossible")
+            await kubelet.observer.wait_for(lambda m: False, 0.05, "the impossible")
         message = str(info.value)
         assert "waiting for the impossible" in message
         assert "healthy=['a']" in message

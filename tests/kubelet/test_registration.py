@@ -173,12 +173,13 @@ def test_register_dials_back_reads_options_and_watches(plugin_dir: str) -> None:
             endpoint = await kubelet.wait_registered(RESOURCE, WAIT)
             assert endpoint.socket_path == os.path.join(plugin_dir, "p.sock")
             dm = kubelet.devices
+            obs = kubelet.observer
             # The kubelet asks for the options; what the request carried is ignored.
             assert dm.options(RESOURCE) == PluginOptions(get_preferred_allocation_available=True)
-            await dm.wait_for(lambda m: bool(m.snapshots(RESOURCE)), WAIT, "a snapshot")
+            await obs.wait_for(lambda _: bool(obs.snapshots(RESOURCE)), WAIT, "a snapshot")
             assert dm.healthy_devices(RESOURCE) == {"GPU-a", "GPU-b"}
             assert dm.device_numa(RESOURCE) == {"GPU-a": (0,), "GPU-b": (1,)}
-            [record] = dm.registrations
+            [record] = obs.registrations
             assert (record.version, record.endpoint, record.resource_name, record.error) == (
                 "v1beta1",
                 "p.sock",
@@ -210,7 +211,7 @@ def test_register_rejects_other_versions(plugin_dir: str, version: str, message:
                 kubelet, "missing.sock", version=version, resource="not a name"
             )
             assert error == message
-            assert kubelet.devices.registrations[0].error == message
+            assert kubelet.observer.registrations[0].error == message
 
     run(main())
 
@@ -314,12 +315,12 @@ def test_same_socket_while_connected_is_rejected(plugin_dir: str) -> None:
             assert kubelet.devices.endpoints(RESOURCE) == (first,)
             assert first.alive
             plugin.set_devices([device("d0")])
-            await kubelet.devices.wait_for(
+            await kubelet.observer.wait_for(
                 lambda m: m.healthy_devices(RESOURCE) == {"d0"}, WAIT, "the update"
             )
             # Once that stream has ended, the same socket may register again.
             await plugin.stop()
-            await kubelet.devices.wait_for(
+            await kubelet.observer.wait_for(
                 lambda m: not m.is_registered(RESOURCE), WAIT, "disconnect"
             )
             await plugin.serve(path)
@@ -338,10 +339,11 @@ def test_other_socket_coexists_and_newest_is_primary(plugin_dir: str) -> None:
             await old.serve(os.path.join(plugin_dir, "old.sock"))
             await new.serve(os.path.join(plugin_dir, "new.sock"))
             dm = kubelet.devices
+            obs = kubelet.observer
             await register(kubelet, "old.sock")
             await kubelet.wait_registered(RESOURCE, WAIT)
             await register(kubelet, "new.sock")
-            await dm.wait_for(lambda m: len(m.endpoints(RESOURCE)) == 2, WAIT, "2 endpoints")
+            await obs.wait_for(lambda m: len(m.endpoints(RESOURCE)) == 2, WAIT, "2 endpoints")
             primary = dm.primary(RESOURCE)
             assert primary is not None
             assert primary.socket_path.endswith("new.sock")
@@ -350,7 +352,7 @@ def test_other_socket_coexists_and_newest_is_primary(plugin_dir: str) -> None:
             assert old.calls == []
             # The primary goes away: the older one takes over, devices stay healthy.
             await new.stop()
-            await dm.wait_for(lambda m: len(m.endpoints(RESOURCE)) == 1, WAIT, "1 endpoint")
+            await obs.wait_for(lambda m: len(m.endpoints(RESOURCE)) == 1, WAIT, "1 endpoint")
             primary = dm.primary(RESOURCE)
             assert primary is not None
             assert primary.socket_path.endswith("old.sock")
@@ -414,8 +416,9 @@ def test_restart_deletes_sockets_keeps_files_and_drops_plugins(plugin_dir: str) 
         async with FakeKubelet(plugin_dir) as kubelet:
             await plugin.serve(path)
             dm = kubelet.devices
+            obs = kubelet.observer
             await register(kubelet, "p.sock")
-            await dm.wait_for(lambda m: len(m.healthy_devices(RESOURCE)) == 2, WAIT, "devices")
+            await obs.wait_for(lambda m: len(m.healthy_devices(RESOURCE)) == 2, WAIT, "devices")
             # A hard link elsewhere keeps the old inode alive, so a new socket gets a new one.
             os.mkdir(os.path.join(plugin_dir, "keep"))
             os.link(kubelet.socket_path, os.path.join(plugin_dir, "keep", "old-kubelet.sock"))
@@ -435,8 +438,8 @@ def test_restart_deletes_sockets_keeps_files_and_drops_plugins(plugin_dir: str) 
             await plugin.serve(path)
             await register(kubelet, "p.sock")
             await kubelet.wait_registered(RESOURCE, WAIT)
-            await dm.wait_for(lambda m: len(m.healthy_devices(RESOURCE)) == 2, WAIT, "devices")
-            assert [r.error for r in dm.registrations] == [None, None]
+            await obs.wait_for(lambda m: len(m.healthy_devices(RESOURCE)) == 2, WAIT, "devices")
+            assert [r.error for r in obs.registrations] == [None, None]
         await plugin.stop()
 
     run(main())
@@ -453,7 +456,7 @@ def test_repeated_restarts_leak_no_fds_or_tasks(plugin_dir: str) -> None:
                 await plugin.stop()
                 await plugin.serve(path)
                 await register(kubelet, "p.sock")
-                await kubelet.devices.wait_for(
+                await kubelet.observer.wait_for(
                     lambda m: bool(m.healthy_devices(RESOURCE)), WAIT, "devices"
                 )
 

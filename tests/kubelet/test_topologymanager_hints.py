@@ -1,4 +1,5 @@
-"""The shared hint generator: kubelet-behaviour.md §7 examples 8-10, and the rules of §3."""
+"""The shared hint generator: docs/kubelet-behaviour.md#worked-examples 8-10, and the rules of
+docs/kubelet-behaviour.md#topology-hints."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Merging and policies: the worked examples of kubelet-behaviour.md §7 (1-7) and the scenarios of
+"""Merging and policies: docs/kubelet-behaviour.md#worked-examples (1-7) and the scenarios of
 the upstream kubelet's policy tests, restated as data in the hint notation of hint_notation.py.
 
 Every case runs through both the fast merge and the kubelet's naive iteration."""
@@ -64,7 +64,7 @@ def merge(
     return show(fast), admit
 
 
-# --- kubelet-behaviour.md §7, merge examples 1-7 ---
+# --- docs/kubelet-behaviour.md#worked-examples, merge examples 1-7 ---
 
 
 def test_example_1_same_single_node() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -76,6 +77,7 @@ def cases(draw: st.DrawFn) -> tuple[NumaInfo, list[ProviderHints], str, PolicyOp
     return numa, answers, policy, options
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(cases())
 def test_fast_merge_equals_naive_merge(

@@ -143,6 +143,7 @@ def test_threads_numbered_unlike_x86_become_one_thread_cores_with_a_note() -> No
     assert note is not None and "threads_per_core: 1" in note
 
 
+@pytest.mark.process
 def test_capture_command(tmp_path: Path) -> None:
     out = tmp_path / "captured.yaml"
 

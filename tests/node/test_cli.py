@@ -12,6 +12,8 @@ import pytest
 from nvplugin.node.nodefile import builtin_names, load_node
 from nvplugin.node.report import mig_dict
 
+pytestmark = pytest.mark.process  # runs nvplugin commands as processes
+
 BUILTINS = builtin_names()
 
 

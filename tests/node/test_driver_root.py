@@ -34,6 +34,7 @@ def test_the_library_is_found_under_the_driver_root(root: Path, directory: str) 
     assert driver_library(str(root)) == str(target)
 
 
+@pytest.mark.process
 def test_serve_loads_nvml_from_the_driver_root(root: Path) -> None:
     """A real ``nvplugin serve`` without --simulate, pointed at a driver root whose
     libnvidia-ml.so.1 is some other library: it loads that file (so NVML itself then fails to

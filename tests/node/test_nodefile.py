@@ -50,7 +50,7 @@ def test_good_file_loads() -> None:
 
 
 def test_documented_example_parses() -> None:
-    """The node file of the issue, with the nvidia-smi style indented header."""
+    """The README's node file, with the nvidia-smi style indented header."""
     text = """version: v1
 name: my-node
 numa_distances: [[10, 21], [21, 10]]     # optional; one row per NUMA node
@@ -285,6 +285,7 @@ def test_bad_node_file_in_process(text: str, fragments: list[str]) -> None:
         assert fragment in message, message
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(("text", "fragments"), [b[1:] for b in BAD], ids=[b[0] for b in BAD])
 def test_bad_node_file_exits_2_with_one_message(text: str, fragments: list[str]) -> None:
     path = _file(text)
@@ -298,6 +299,7 @@ def test_bad_node_file_exits_2_with_one_message(text: str, fragments: list[str])
         assert fragment in lines[0]
 
 
+@pytest.mark.process
 def test_unknown_builtin_lists_builtins() -> None:
     result = _cli("devices", "--simulate", "dgx-9")
     assert result.returncode == 2
@@ -305,6 +307,7 @@ def test_unknown_builtin_lists_builtins() -> None:
     assert ", ".join(builtin_names()) in result.stderr
 
 
+@pytest.mark.process
 def test_missing_node_file() -> None:
     result = _cli("devices", "--simulate", "/nonexistent/node.yaml")
     assert result.returncode == 2
@@ -373,6 +376,7 @@ def node_files(draw: st.DrawFn) -> tuple[str, dict[str, object]]:
     return "\n".join(lines) + "\n", expected
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(node_files())
 def test_generated_node_files_round_trip(case: tuple[str, dict[str, object]]) -> None:

@@ -1,5 +1,4 @@
-"""``nvplugin node import`` on real-world shapes of ``nvidia-smi topo -m`` (tests/node/topo/, and
-the published outputs in ../shared/data/nvidia-smi-topo/ where the checkout has them): one
+"""``nvplugin node import`` on real-world shapes of ``nvidia-smi topo -m`` (tests/node/topo/): one
 command, no edits; NVLinks and NUMA nodes as the text says; the best-effort answer optimal at
 every size; the same text pasted whole into a node file's ``links`` loads the same node."""
 
@@ -26,17 +25,6 @@ from tests.support.reference import BruteForce, MemoSearch
 SHAPES = Path(__file__).parent / "topo"
 
 
-def _shared() -> Path | None:
-    """../shared/data/nvidia-smi-topo/ above this checkout (held beside the repository)."""
-    for folder in Path(__file__).resolve().parents:
-        candidate = folder / "shared" / "data" / "nvidia-smi-topo"
-        if candidate.is_dir():
-            return candidate
-    return None
-
-
-SHARED = _shared()
-
 # file -> (NUMA node of each GPU, NUMA nodes, nvswitch_links of each GPU, cpus: (sockets, cores,
 # threads) or "lists")
 EXPECTED: dict[str, tuple[list[int | None], int, int, tuple[int, int, int] | str]] = {
@@ -58,22 +46,14 @@ EXPECTED: dict[str, tuple[list[int | None], int, int, tuple[int, int, int] | str
     "interleaved-cpu-numbering.txt": ([0, 0, 1, 1], 2, 0, "lists"),
     "h100-nvl-bridged-pairs.txt": ([0] * 4 + [1] * 4, 2, 0, (2, 32, 2)),
     "hgx-a100-4gpu-nv4-direct.txt": ([0, 0, 1, 1], 2, 0, (2, 32, 2)),
-    # ../shared/data/nvidia-smi-topo/
-    "01-dgx1-v100-oneflow.txt": ([0] * 4 + [1] * 4, 2, 0, (2, 12, 2)),
-    "03-hgx-a100-17nic.txt": ([0] * 8, 1, 12, (1, 52, 2)),
-    "04-4x-a10-pcie.txt": ([0] * 4, 1, 0, (1, 64, 2)),
-    "05-2x-1080ti-desktop.txt": ([None] * 2, 1, 0, (1, 6, 2)),
+    "dgx1-v100-mlx5-cpu-lists.txt": ([0] * 4 + [1] * 4, 2, 0, (2, 12, 2)),
+    "hgx-a100-17nic-numa0.txt": ([0] * 8, 1, 12, (1, 52, 2)),
+    "4x-a10-all-sys.txt": ([0] * 4, 1, 0, (1, 64, 2)),
+    "2x-desktop-phb-numa-na.txt": ([None] * 2, 1, 0, (1, 6, 2)),
 }
 
 
-def _inputs() -> list[Path]:
-    paths = sorted(SHAPES.glob("*.txt"))
-    if SHARED is not None:
-        paths += sorted(SHARED.glob("*.txt"))
-    return paths
-
-
-INPUTS = _inputs()
+INPUTS = sorted(SHAPES.glob("*.txt"))
 IDS = [p.name for p in INPUTS]
 
 
@@ -151,6 +131,7 @@ def _reference(topology: Topology) -> BruteForce | MemoSearch:
     return BruteForce(topology) if len(topology) <= 8 else MemoSearch(topology)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", INPUTS, ids=IDS)
 def test_preferred_is_optimal_at_every_size(path: Path) -> None:
     topology = _import(path).topology()
@@ -281,6 +262,7 @@ def _cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[st
     )
 
 
+@pytest.mark.process
 def test_command_reads_a_file_or_stdin_and_takes_the_csv(tmp_path: Path) -> None:
     topo = SHAPES / "h100-nvl-bridged-pairs.txt"
     csv = tmp_path / "gpus.csv"
@@ -309,6 +291,7 @@ def test_command_reads_a_file_or_stdin_and_takes_the_csv(tmp_path: Path) -> None
     assert '"indices": [\n    0,\n    1\n  ]' in preferred.stdout
 
 
+@pytest.mark.process
 def test_command_error_is_one_short_line(tmp_path: Path) -> None:
     bad = tmp_path / "topo.txt"
     bad.write_text(_bad("NV6     NV6 ", "NVX     NV6 ", "dgx2-16gpu-nv6-mlx5.txt"))

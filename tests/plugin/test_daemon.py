@@ -46,7 +46,7 @@ def test_without_fail_on_init_error_it_retries_and_registers_once_gpus_appear() 
             task = asyncio.create_task(daemon.run(handle_signals=False))
             await kubelet.wait_registered(GPU, WAIT_S)
             assert opener.calls == 4
-            await kubelet.devices.wait_for(lambda m: len(m.devices(GPU)) == 4, WAIT_S, "4 GPUs")
+            await kubelet.observer.wait_for(lambda m: len(m.devices(GPU)) == 4, WAIT_S, "4 GPUs")
             daemon.stop()
             assert await task == 0
         assert not os.path.exists(os.path.join(directory, "nvplugin-gpu.sock"))

@@ -153,6 +153,7 @@ def _probe(socket_path: str, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.process
 def test_probe_a_real_plugin_unregistered_registered_and_without_healthy_gpus() -> None:
     """Readiness says NOT_SERVING before the kubelet is there and once every GPU is lost; the
     liveness form (--live) passes throughout; the plugin answers all along.
@@ -193,7 +194,7 @@ def test_probe_a_real_plugin_unregistered_registered_and_without_healthy_gpus() 
         async with kubelet_with(directory, "--simulate", node) as (kubelet, serve):
             await serve.wait_log("registered with kubelet")  # the health service knows
             # The plugin updates its health service before it sends the device list.
-            await kubelet.devices.wait_for(
+            await kubelet.observer.wait_for(
                 lambda m: len(m.unhealthy_devices(GPU)) == 4, WAIT_S, "every GPU lost"
             )
             lost = await asyncio.to_thread(_probe, socket_path)
@@ -204,6 +205,7 @@ def test_probe_a_real_plugin_unregistered_registered_and_without_healthy_gpus() 
     run(body, 4 * WAIT_S)
 
 
+@pytest.mark.process
 def test_serving_without_healthy_gpus_when_configured() -> None:
     async def body() -> None:
         directory = new_dir()
@@ -215,7 +217,7 @@ def test_serving_without_healthy_gpus_when_configured() -> None:
         plugin_args = ("--simulate", node, "--config", str(config))
         async with kubelet_with(directory, *plugin_args) as (kubelet, serve):
             await serve.wait_log("registered with kubelet")  # the health service knows
-            await kubelet.devices.wait_for(
+            await kubelet.observer.wait_for(
                 lambda m: len(m.unhealthy_devices(GPU)) == 4, WAIT_S, "every GPU unhealthy"
             )
             done = await asyncio.to_thread(_probe, os.path.join(directory, "nvplugin-gpu.sock"))

@@ -225,6 +225,7 @@ def _listening_tcp(pid: int) -> list[tuple[str, int]]:
     return found
 
 
+@pytest.mark.process
 def test_a_real_plugin_counts_registrations_restarts_xids_and_devices() -> None:
     async def body() -> None:
         directory = new_dir()
@@ -238,7 +239,7 @@ def test_a_real_plugin_counts_registrations_restarts_xids_and_devices() -> None:
             await kubelet.wait_registered(GPU, WAIT_S)
             port = int((await serve.wait_log("serving metrics"))["port"])
             assert _listening_tcp(serve.pid) == [("0100007F", port)]  # 127.0.0.1 only
-            await kubelet.devices.wait_for(
+            await kubelet.observer.wait_for(
                 lambda m: len(m.unhealthy_devices(GPU)) == 1, WAIT_S, "GPU 1 unhealthy"
             )
             await kubelet.restart()
@@ -258,6 +259,7 @@ def test_a_real_plugin_counts_registrations_restarts_xids_and_devices() -> None:
     run(body)
 
 
+@pytest.mark.process
 def test_no_listening_socket_without_metrics_address() -> None:
     async def body() -> None:
         directory = new_dir()
@@ -269,6 +271,7 @@ def test_no_listening_socket_without_metrics_address() -> None:
     run(body)
 
 
+@pytest.mark.process
 def test_metrics_port_in_use_is_a_fatal_start_up_error() -> None:
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))

@@ -100,6 +100,7 @@ def _probe(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.process
 def test_serving_plugin_exits_0_and_reports_its_status(served: _Served) -> None:
     done = _probe("--socket", served.socket, "--timeout", "5")
     assert done.returncode == 0, done.stderr
@@ -115,6 +116,7 @@ def test_library_call_returns_the_status(served: _Served) -> None:
     assert result.serving and result.service == "nvidia.com/gpu"
 
 
+@pytest.mark.process
 def test_not_serving_exits_1_with_the_plugins_reason(served: _Served) -> None:
     served.plugin.serving = False
     done = _probe("--socket", served.socket)
@@ -124,6 +126,7 @@ def test_not_serving_exits_1_with_the_plugins_reason(served: _Served) -> None:
     )
 
 
+@pytest.mark.process
 def test_live_accepts_any_answer(served: _Served) -> None:
     served.plugin.serving = False
     done = _probe("--socket", served.socket, "--live")
@@ -136,12 +139,14 @@ def test_live_accepts_any_answer(served: _Served) -> None:
     assert "did not answer the health check within 0.5s" in done.stderr
 
 
+@pytest.mark.process
 def test_unknown_service_is_reported(served: _Served) -> None:
     done = _probe("--socket", served.socket, "--service", "example.com/other")
     assert done.returncode == 1
     assert "failed the health check: NOT_FOUND: unknown service" in done.stderr
 
 
+@pytest.mark.process
 def test_socket_without_a_health_service_says_so(sock_dir: str) -> None:
     path = os.path.join(sock_dir, "other.sock")
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
@@ -156,6 +161,7 @@ def test_socket_without_a_health_service_says_so(sock_dir: str) -> None:
     assert "UNIMPLEMENTED" in done.stderr and "no gRPC health service" in done.stderr
 
 
+@pytest.mark.process
 def test_missing_socket_exits_1_naming_it(sock_dir: str) -> None:
     path = os.path.join(sock_dir, "nvplugin-gpu.sock")
     done = _probe("--socket", path)
@@ -164,6 +170,7 @@ def test_missing_socket_exits_1_naming_it(sock_dir: str) -> None:
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.process
 def test_regular_file_is_not_a_socket(sock_dir: str) -> None:
     path = Path(sock_dir) / "nvplugin-gpu.sock"
     path.write_text("")
@@ -172,6 +179,7 @@ def test_regular_file_is_not_a_socket(sock_dir: str) -> None:
     assert done.stderr == f"error: {path} is not a unix socket\n"
 
 
+@pytest.mark.process
 def test_stale_socket_without_a_listener_exits_1_at_once(sock_dir: str) -> None:
     # What a killed plugin leaves behind: the socket file, nobody listening.
     path = os.path.join(sock_dir, "nvplugin-gpu.sock")
@@ -183,6 +191,7 @@ def test_stale_socket_without_a_listener_exits_1_at_once(sock_dir: str) -> None:
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.process
 def test_listener_that_never_speaks_grpc_times_out(sock_dir: str) -> None:
     # The connection is accepted by the kernel (backlog) but no HTTP/2 answer ever comes.
     path = os.path.join(sock_dir, "nvplugin-gpu.sock")
@@ -196,6 +205,7 @@ def test_listener_that_never_speaks_grpc_times_out(sock_dir: str) -> None:
     )
 
 
+@pytest.mark.process
 def test_wedged_plugin_times_out(served: _Served) -> None:
     served.plugin.hang.set()
     done = _probe("--socket", served.socket, "--timeout", "0.5")
@@ -211,6 +221,7 @@ def test_plugin_error_is_reported_with_its_code(served: _Served) -> None:
         probe_socket(served.socket, 5)
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("timeout", ["0", "-1", "soon"])
 def test_bad_timeout_is_a_usage_error(served: _Served, timeout: str) -> None:
     done = _probe("--socket", served.socket, "--timeout", timeout)

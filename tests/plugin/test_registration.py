@@ -60,7 +60,7 @@ def test_registers_and_follows_kubelet_restarts(inotify: bool) -> None:
         try:
             async with FakeKubelet(directory) as kubelet:
                 await kubelet.wait_registered(RESOURCE, WAIT_S)
-                record = kubelet.devices.registrations[-1]
+                record = kubelet.observer.registrations[-1]
                 assert (record.version, record.endpoint, record.resource_name) == (
                     "v1beta1",
                     "nvplugin-gpu.sock",
@@ -74,7 +74,7 @@ def test_registers_and_follows_kubelet_restarts(inotify: bool) -> None:
                     await kubelet.wait_registered(RESOURCE, WAIT_S)
                     await until(lambda n=n: registrar.registrations == n + 2)
                     assert sock.intact()
-                assert [r.error for r in kubelet.devices.registrations] == [None] * 4
+                assert [r.error for r in kubelet.observer.registrations] == [None] * 4
         finally:
             await stop_plugin(sock, tasks)
 

@@ -1,4 +1,5 @@
-"""The kubelet's extended-resource-name rule (kubelet-behaviour.md §1), table-driven."""
+"""The kubelet's extended-resource-name rule (docs/kubelet-behaviour.md#registration),
+table-driven."""
 
 from __future__ import annotations
 

@@ -26,6 +26,7 @@ from nvplugin.allocator import make_policy
 from nvplugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from nvplugin.kubelet.devicemanager import DeviceManager, DevicePluginError
 from nvplugin.kubelet.kubelet import FakeKubelet
+from nvplugin.kubelet.observer import Observer
 from nvplugin.node import load_topology
 from nvplugin.plugin.httpendpoint import MAX_CONNECTIONS, REQUEST_TIMEOUT_S
 from nvplugin.plugin.server import publish_interval
@@ -114,14 +115,15 @@ async def kubelet_restarts(scale: Scale) -> Outcome:
     every = set(uuids("dgx-a100"))
     async with running("--simulate", "dgx-a100") as (kubelet, plugin):
         dm = kubelet.devices
-        await dm.wait_for(lambda m: m.healthy_devices(GPU) == every, WAIT_S, "8 healthy GPUs")
+        obs = kubelet.observer
+        await obs.wait_for(lambda m: m.healthy_devices(GPU) == every, WAIT_S, "8 healthy GPUs")
         out.rss_start_kib = plugin.rss()
         fds_start = await settled_fds(plugin.pid)
         for n in range(scale.kubelet_restarts):
             started = time.perf_counter()
             await kubelet.restart()
             try:
-                await dm.wait_for(
+                await obs.wait_for(
                     lambda m: m.is_registered(GPU) and m.healthy_devices(GPU) == every,
                     WAIT_S,
                     "registered again with 8 healthy GPUs",
@@ -136,7 +138,7 @@ async def kubelet_restarts(scale: Scale) -> Outcome:
             "registered with kubelet",
             where=lambda e: e["registrations"] == scale.kubelet_restarts + 1,
         )
-        records = dm.registrations
+        records = obs.registrations
         out.check(
             len(records) == scale.kubelet_restarts + 1,
             f"{len(records)} registrations for {scale.kubelet_restarts} restarts",
@@ -172,13 +174,13 @@ async def plugin_kills(scale: Scale) -> Outcome:
     every = set(uuids("workstation-4gpu"))
     killed: list[int] = []
     async with FakeKubelet(directory) as kubelet:
-        dm = kubelet.devices
+        obs = kubelet.observer
         for n in range(scale.plugin_kills + 1):
             started = time.perf_counter()
             plugin = Plugin(directory, "--simulate", "workstation-4gpu")
             try:
-                await dm.wait_for(
-                    _registered_times(n + 1, every),
+                await obs.wait_for(
+                    _registered_times(obs, n + 1, every),
                     WAIT_S,
                     f"registration {n + 1} with 4 healthy GPUs",
                 )
@@ -202,7 +204,7 @@ async def plugin_kills(scale: Scale) -> Outcome:
                 os.path.exists(os.path.join(directory, SOCKET)), "SIGKILL left no stale socket"
             )
             try:
-                await dm.wait_for(lambda m: not m.is_registered(GPU), WAIT_S, "the stream to end")
+                await obs.wait_for(lambda m: not m.is_registered(GPU), WAIT_S, "the stream to end")
             except TimeoutError as exc:
                 out.fail(f"kill {n}: {exc}")
     left = sorted(name for pid in killed for name in sysfs_trees(pid))
@@ -210,12 +212,14 @@ async def plugin_kills(scale: Scale) -> Outcome:
     return out
 
 
-def _registered_times(count: int, devices: set[str]) -> Callable[[DeviceManager], bool]:
+def _registered_times(
+    obs: Observer, count: int, devices: set[str]
+) -> Callable[[DeviceManager], bool]:
     """Registered ``count`` times so far, now registered, ``devices`` all healthy."""
 
     def check(m: DeviceManager) -> bool:
         return (
-            len(m.registrations) == count
+            len(obs.registrations) == count
             and m.is_registered(GPU)
             and m.healthy_devices(GPU) == devices
         )
@@ -232,7 +236,7 @@ async def kubelet_down(scale: Scale) -> Outcome:
     node = node_file(new_dir(), "workstation-4gpu", [{"after_s": lost_at, "gpu": 3, "lost": True}])
     launched = time.monotonic()
     async with running("--simulate", node) as (kubelet, plugin):
-        dm = kubelet.devices
+        obs = kubelet.observer
         out.rss_start_kib = plugin.rss()
         await asyncio.sleep(max(0.0, launched + 2.0 - time.monotonic()))
         await kubelet.stop()
@@ -244,7 +248,7 @@ async def kubelet_down(scale: Scale) -> Outcome:
         back = time.perf_counter()
         await kubelet.start()
         try:
-            await dm.wait_for(
+            await obs.wait_for(
                 lambda m: (
                     m.is_registered(GPU)
                     and m.unhealthy_devices(GPU) == {all_ids[3]}
@@ -274,6 +278,7 @@ async def gpu_lost_during_watch(scale: Scale) -> Outcome:
     lost = (ids[5],)
     async with running("--simulate", node) as (kubelet, plugin):
         dm = kubelet.devices
+        obs = kubelet.observer
         out.rss_start_kib = plugin.rss()
         watchers = Watchers(plugin.socket, scale.streams)
         try:
@@ -290,11 +295,11 @@ async def gpu_lost_during_watch(scale: Scale) -> Outcome:
                     at - noticed < 1.0, f"stream {number} saw the loss {at - noticed:.3f}s late"
                 )
                 out.check(seen.distinct() == [(), lost], f"stream {number}: {seen.distinct()}")
-            await dm.wait_for(
+            await obs.wait_for(
                 lambda m: m.unhealthy_devices(GPU) == set(lost), WAIT_S, "kubelet view"
             )
             out.check(
-                distinct([s.unhealthy for s in dm.snapshots(GPU)]) == [(), lost],
+                distinct([s.unhealthy for s in obs.snapshots(GPU)]) == [(), lost],
                 "the kubelet's states differ from the plugin's",
             )
         finally:
@@ -340,7 +345,7 @@ async def event_wait_failures(scale: Scale) -> Outcome:
     every = tuple(uuids("workstation-4gpu"))
     expected = [(), every, (), every, ()]
     async with running("--simulate", node) as (kubelet, plugin):
-        dm = kubelet.devices
+        obs = kubelet.observer
         out.rss_start_kib = plugin.rss()
         watchers = Watchers(plugin.socket, max(2, scale.streams // 4))
         health = HealthWatch(plugin.socket)
@@ -354,8 +359,8 @@ async def event_wait_failures(scale: Scale) -> Outcome:
                 for k in range(1, len(states)):
                     if states[k - 1] == every and states[k] == ():
                         out.latencies.append(times[k] - times[k - 1])
-            await dm.wait_for(
-                lambda m: distinct([s.unhealthy for s in m.snapshots(GPU)]) == expected,
+            await obs.wait_for(
+                lambda _: distinct([s.unhealthy for s in obs.snapshots(GPU)]) == expected,
                 WAIT_S,
                 "the kubelet's states",
             )
@@ -380,6 +385,7 @@ async def sighup_during_traffic(scale: Scale) -> Outcome:
     ids = uuids("dgx-a100")
     async with running("--simulate", "dgx-a100", "--config", str(config)) as (kubelet, plugin):
         dm = kubelet.devices
+        obs = kubelet.observer
         endpoint = dm.primary(GPU)
         out.rss_start_kib = plugin.rss()
         stop = asyncio.Event()
@@ -424,7 +430,7 @@ async def sighup_during_traffic(scale: Scale) -> Outcome:
             await task
         out.check(calls > 0, "no traffic ran")
         out.check(not errors, f"{len(errors)} of {calls} requests failed: {errors[:3]}")
-        out.check(len(dm.registrations) == 1, f"{len(dm.registrations)} registrations")
+        out.check(len(obs.registrations) == 1, f"{len(obs.registrations)} registrations")
         out.check(dm.primary(GPU) is endpoint, "the kubelet's endpoint changed (stream ended)")
         out.notes.append(f"{calls} requests during {scale.reloads} reloads")
         out.rss_end_kib = plugin.rss()
@@ -541,7 +547,7 @@ async def load(scale: Scale) -> Outcome:
             answers[(offered, size)] = answer_for(offered, size)
 
     async with running("--simulate", node, "--config", str(config)) as (kubelet, plugin):
-        dm = kubelet.devices
+        obs = kubelet.observer
         latencies: list[float] = []
         failures: list[str] = []
         # Warm-up: a few hundred RPCs and a round of streams, so that RSS "before" is measured
@@ -569,7 +575,7 @@ async def load(scale: Scale) -> Outcome:
             for number, seen in enumerate(watchers.seen):
                 out.check(seen.distinct() == expected, f"stream {number}: {seen.distinct()}")
                 out.check(seen.ended is None, f"stream {number} ended: {seen.ended}")
-            kubelet_states = distinct([s.unhealthy for s in dm.snapshots(GPU)])
+            kubelet_states = distinct([s.unhealthy for s in obs.snapshots(GPU)])
             out.check(kubelet_states == expected, f"the kubelet saw {kubelet_states}")
         finally:
             for thread in threads:
@@ -624,8 +630,8 @@ async def health_storm(scale: Scale) -> Outcome:
         f"[{{name: nvidia.com/gpu, replicas: {scale.storm_replicas}}}]}}}}\n"
     )
     async with running("--simulate", node, "--config", str(config)) as (kubelet, plugin):
-        dm = kubelet.devices
-        await dm.wait_for(lambda m: len(m.devices(GPU)) == devices, 20, f"{devices} devices")
+        obs = kubelet.observer
+        await obs.wait_for(lambda m: len(m.devices(GPU)) == devices, 20, f"{devices} devices")
         await out.before(plugin.pid)
         watchers = CountingWatchers(plugin.socket, scale.storm_streams)
         stop = asyncio.Event()
@@ -659,7 +665,7 @@ async def health_storm(scale: Scale) -> Outcome:
                     await asyncio.sleep(0.2)
             if not await watchers.wait_all(lambda s: s.unhealthy == 0, 20):
                 out.fail("not every stream ended with every device healthy")
-            await dm.wait_for(
+            await obs.wait_for(
                 lambda m: len(m.healthy_devices(GPU)) == devices, 20, "the kubelet: all healthy"
             )
         except TimeoutError as exc:
@@ -708,7 +714,7 @@ async def idle_connections(scale: Scale) -> Outcome:
     async with running("--simulate", "workstation-4gpu") as (kubelet, plugin):
         ports = [await plugin.metrics_port(), await plugin.probe_port()]
         await plugin.metrics()  # the first scrape's allocations are not a leak
-        await kubelet.devices.wait_for(lambda m: m.is_registered(GPU), 10, "registered")
+        await kubelet.observer.wait_for(lambda m: m.is_registered(GPU), 10, "registered")
         await out.before(plugin.pid)
         held: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
         try:

@@ -17,8 +17,8 @@ from tests.support.harness import GPU, http_get, rss_kib, running, thread_count
 from tests.support.serve import new_dir, node_file, remove_dir
 
 PROBES = 200
-MAX_CPU_S = 0.1  # per probe (issue 11): an exec probe took ~0.6 s
-MAX_RSS_KIB = 30 * 1024  # per probe (issue 11): an exec probe took ~52 MB
+MAX_CPU_S = 0.1  # per probe: an exec probe took ~0.6 s
+MAX_RSS_KIB = 30 * 1024  # per probe: an exec probe took ~52 MB
 
 
 class NoNvml:
@@ -84,14 +84,14 @@ def test_ready_only_while_registered_with_a_healthy_gpu_and_live_throughout() ->
             status, text = await http_get(port, "/readyz")
             assert status == 503, text
             async with FakeKubelet(directory) as kubelet:
-                dm = kubelet.devices
+                obs = kubelet.observer
                 await kubelet.wait_registered(GPU, timeout=20)
-                await dm.wait_for(lambda m: len(m.healthy_devices(GPU)) == 4, 10, "4 healthy")
+                await obs.wait_for(lambda m: len(m.healthy_devices(GPU)) == 4, 10, "4 healthy")
                 status, text = await http_get(port, "/readyz")
                 assert status == 200, text
                 assert "nvidia.com/gpu: SERVING: registered with the kubelet, 4 of 4" in text
                 # Every GPU lost: the kubelet's view and the probes change together.
-                await dm.wait_for(lambda m: len(m.unhealthy_devices(GPU)) == 4, 20, "all lost")
+                await obs.wait_for(lambda m: len(m.unhealthy_devices(GPU)) == 4, 20, "all lost")
                 status, text = await http_get(port, "/readyz")
                 assert status == 503 and "no healthy GPU (0 of 4 GPUs healthy)" in text, text
                 status, text = await http_get(port, "/livez")
@@ -114,7 +114,7 @@ def _cpu_s(pid: int) -> float:
 
 def test_one_probe_costs_the_plugin_next_to_nothing() -> None:
     """CPU and memory of the plugin process over many probes, per probe; no thread per probe.
-    (The bounds are the issue's, ~100 times what a probe costs: no flake under load.)"""
+    (The bounds are ~100 times what a probe costs: no flake under load.)"""
 
     async def body() -> None:
         async with running("--simulate", "workstation-4gpu") as (_kubelet, plugin):

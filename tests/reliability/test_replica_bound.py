@@ -91,7 +91,7 @@ def test_reload_keeps_the_running_config() -> None:
             async with kubelet_with(directory, *args) as (kubelet, serve):
                 await kubelet.wait_registered("nvidia.com/gpu", WAIT_S)
                 # The registration is recorded before the stream brings the devices.
-                await kubelet.devices.wait_for(
+                await kubelet.observer.wait_for(
                     lambda m: len(m.healthy_devices("nvidia.com/gpu")) == 4 * 16,
                     WAIT_S,
                     "64 replicas",

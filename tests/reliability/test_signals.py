@@ -97,8 +97,9 @@ def test_a_sighup_whose_config_fails_in_any_way_keeps_the_plugin_serving() -> No
             plugin_args = ("--simulate", NODE, "--config", str(config))
             async with kubelet_with(directory, *plugin_args) as (kubelet, serve):
                 dm = kubelet.devices
+                obs = kubelet.observer
                 await kubelet.wait_registered(GPU, timeout=20)
-                await dm.wait_for(lambda m: _still_serving(m, every), 10, "4 healthy GPUs")
+                await obs.wait_for(lambda m: _still_serving(m, every), 10, "4 healthy GPUs")
                 endpoint = dm.primary(GPU)
                 failed = "config reload failed; keeping the running config"
                 for number, (name, (breaks, fragment)) in enumerate(BROKEN.items()):
@@ -124,7 +125,7 @@ def test_a_sighup_whose_config_fails_in_any_way_keeps_the_plugin_serving() -> No
                 config.write_text("version: v1\nnvplugin: {log: {level: debug}}\n")
                 serve.send(signal.SIGHUP)
                 await serve.wait_log("config applied in place; still registered", 20)
-                assert len(dm.registrations) == 1 and dm.primary(GPU) is endpoint
+                assert len(obs.registrations) == 1 and dm.primary(GPU) is endpoint
                 assert "Traceback" not in serve.text()
         finally:
             remove_dir(directory)
@@ -171,9 +172,10 @@ def test_a_reload_raising_what_nobody_expected_keeps_the_plugin_serving() -> Non
             every = frozenset(uuids(NODE))
             async with FakeKubelet(directory) as kubelet:
                 dm = kubelet.devices
+                obs = kubelet.observer
                 task = asyncio.create_task(daemon.run(handle_signals=False))
                 await kubelet.wait_registered(GPU, timeout=20)
-                await dm.wait_for(lambda m: _still_serving(m, every), 10, "4 healthy GPUs")
+                await obs.wait_for(lambda m: _still_serving(m, every), 10, "4 healthy GPUs")
                 endpoint = dm.primary(GPU)
                 for _ in range(len(failures) + 1):
                     calls = reloads.calls
@@ -186,7 +188,7 @@ def test_a_reload_raising_what_nobody_expected_keeps_the_plugin_serving() -> Non
                     assert not task.done(), task
                     await asyncio.sleep(0.01)
                 assert _still_serving(dm, every)
-                assert dm.primary(GPU) is endpoint and len(dm.registrations) == 1
+                assert dm.primary(GPU) is endpoint and len(obs.registrations) == 1
                 daemon.stop()
                 assert await task == 0
         finally:
@@ -314,6 +316,7 @@ def test_with_its_log_pipe_broken_the_plugin_serves_reloads_and_stops_on_sigterm
         try:
             async with FakeKubelet(directory) as kubelet:
                 dm = kubelet.devices
+                obs = kubelet.observer
                 process = subprocess.Popen(
                     command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
                 )
@@ -323,7 +326,7 @@ def test_with_its_log_pipe_broken_the_plugin_serves_reloads_and_stops_on_sigterm
                     process.stdout.close()
                     process.stderr.close()  # no reader left: every log write fails with EPIPE
                     await kubelet.restart()
-                    await dm.wait_for(lambda m: len(m.registrations) == 2, 20, "re-registered")
+                    await obs.wait_for(lambda _: len(obs.registrations) == 2, 20, "re-registered")
                     chosen = await dm.get_preferred_allocation(GPU, sorted(uuids(NODE)), [], 2)
                     assert chosen is not None and len(chosen) == 2
                     config.write_text("version: v1\nnvplugin: {resourceName: example.com/gpu}\n")

@@ -198,6 +198,7 @@ sharing:
 """
 
 
+@pytest.mark.process
 def test_devices_table_shows_each_gpus_resource() -> None:
     result = devices("--config", write_config(CLI_CONFIG))
     assert result.returncode == 0, result.stderr
@@ -216,6 +217,7 @@ def test_devices_table_shows_each_gpus_resource() -> None:
     )
 
 
+@pytest.mark.process
 def test_devices_json_has_the_plan() -> None:
     result = devices("--config", write_config(CLI_CONFIG), "--output", "json")
     assert result.returncode == 0, result.stderr
@@ -253,6 +255,7 @@ def test_devices_json_has_the_plan() -> None:
     assert plan["empty"] == ["nvidia.com/h100"]
 
 
+@pytest.mark.process
 def test_devices_without_config_is_unchanged_and_bad_config_exits_2() -> None:
     plain = devices()
     assert plain.returncode == 0
@@ -279,6 +282,7 @@ def readme_example() -> tuple[str, list[str]]:
     return config.group(1), console.group(1).splitlines()
 
 
+@pytest.mark.process
 def test_readme_example_config_and_devices_output() -> None:
     config_text, shown = readme_example()
     result = devices("--config", write_config(config_text))

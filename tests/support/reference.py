@@ -1,6 +1,6 @@
 """Slow references the fast best-effort policy is checked against.
 
-:class:`BruteForce` follows allocation.md word for word: it lists every partition of the
+:class:`BruteForce` follows docs/allocation.md word for word: it lists every partition of the
 available GPUs and reads OPT and the answer off that list. It is only feasible up to ~10 GPUs.
 :class:`MemoSearch` is for the 16-GPU node: a plain memoised recursion over sets (highest GPU
 first, Python integers, no tables), written independently of ``nvplugin.allocator.tables``.
@@ -17,7 +17,7 @@ Group = tuple[int, ...]
 
 
 def impossible(available: Sequence[int], must_include: Sequence[int], size: int) -> bool:
-    """allocation.md's well-formed requests without an answer (the policy answers [])."""
+    """docs/allocation.md's well-formed requests without an answer (the policy answers [])."""
     return size == 0 or size > len(available) or len(must_include) > size
 
 
@@ -45,7 +45,8 @@ def _groupings(items: Group, s: int) -> Iterator[tuple[Group, ...]]:
 
 
 class BruteForce:
-    """allocation.md's objective by listing partitions (memoised per available set and size)."""
+    """docs/allocation.md's objective by listing partitions (memoised per available set and
+    size)."""
 
     def __init__(self, topology: Topology) -> None:
         self.topology = topology

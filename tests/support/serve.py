@@ -1,4 +1,5 @@
-"""Run ``nvplugin serve`` as a real subprocess and read its JSON log lines."""
+"""Run ``nvplugin serve`` as a real subprocess (:mod:`nvplugin.admit.process`, the helper
+``nvplugin admit`` uses too) and read its JSON log lines; run other ``nvplugin`` commands."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from nvplugin.admit.process import PluginProcess, plugin_environment
 from nvplugin.kubelet.kubelet import FakeKubelet
 from tests import WAIT_S
 
@@ -35,27 +37,12 @@ def node_file(directory: str, base: str, events: list[dict[str, Any]]) -> str:
     return path
 
 
-class Serve:
-    """One ``nvplugin serve`` process with its stderr (the log) in a file."""
+class Serve(PluginProcess):
+    """One ``nvplugin serve`` process with its stderr (the log) in a file, and its JSON log
+    lines. ``env`` adds to (or overrides) the environment it inherits without ``NVPLUGIN_*``."""
 
     def __init__(self, directory: str, *args: str, env: dict[str, str] | None = None) -> None:
-        self.directory = directory
-        self.log_path = os.path.join(tempfile.mkdtemp(), "serve.log")
-        command = [sys.executable, "-m", "nvplugin", "serve", "--device-plugin-dir", directory]
-        command += ["--log-format", "json", *args]
-        full_env = {k: v for k, v in os.environ.items() if not k.startswith("NVPLUGIN_")}
-        full_env.update(env or {})
-        self._log_file = open(self.log_path, "wb")  # noqa: SIM115 (closed in wait())
-        self.process = subprocess.Popen(
-            command, stdout=self._log_file, stderr=subprocess.STDOUT, env=full_env
-        )
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def text(self) -> str:
-        return Path(self.log_path).read_text(errors="replace")
+        super().__init__(directory, *args, env=plugin_environment(env))
 
     def lines(self) -> list[dict[str, Any]]:
         """The JSON log lines so far (other lines, e.g. an ``error:`` line, are skipped)."""
@@ -95,24 +82,11 @@ class Serve:
             await asyncio.sleep(interval)
         return min(counts)
 
-    def send(self, sig: int) -> None:
-        self.process.send_signal(sig)
-
     def wait(self, timeout: float = WAIT_S) -> int:
-        try:
-            return self.process.wait(timeout)
-        finally:
-            self._log_file.close()
+        return super().wait(timeout)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = WAIT_S) -> int:
-        if self.process.poll() is None:
-            self.send(sig)
-        return self.wait(timeout)
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-        self.wait()
+        return super().stop(sig, timeout)
 
 
 @contextlib.asynccontextmanager
@@ -133,13 +107,12 @@ async def kubelet_with(
 
 def run_nvplugin(command: str, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
     """``nvplugin COMMAND ARGS`` to completion, without the caller's NVPLUGIN_* settings."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NVPLUGIN_")}
     return subprocess.run(
         [sys.executable, "-m", "nvplugin", command, *args],
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=env,
+        env=plugin_environment(),
     )
 
 

@@ -1,4 +1,5 @@
-"""Topologies for allocator tests: hand-built ones from allocation.md, and the built-in nodes."""
+"""Topologies for allocator tests: hand-built ones from docs/allocation.md, and the built-in
+nodes."""
 
 from __future__ import annotations
 
@@ -53,7 +54,7 @@ def from_scores(name: str, scores: Sequence[Sequence[int]]) -> Topology:
     )
 
 
-# allocation.md, first worked example.
+# docs/allocation.md#worked-examples, the first.
 EXAMPLE_4GPU = topology(
     "example-4gpu",
     [
@@ -64,7 +65,7 @@ EXAMPLE_4GPU = topology(
     ],
 )
 
-# DGX-1 Volta hybrid cube-mesh (allocation.md, second worked example).
+# DGX-1 Volta hybrid cube-mesh (docs/allocation.md#worked-examples, the second).
 DGX1_VOLTA = topology(
     "dgx1-volta",
     [

@@ -51,7 +51,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 
 {{/*
 The plugin socket: <devicePluginPath>/nvplugin-<part of resourceName after "/">.sock, the name
-`nvplugin serve` gives its socket (nvplugin/plugin/resources.py: socket_name).
+`nvplugin serve` gives its socket (nvplugin/resourcenames.py: socket_name).
 */}}
 {{- define "nvplugin.socketPath" -}}
 {{- printf "%s/nvplugin-%s.sock" (trimSuffix "/" .Values.devicePluginPath) (last (splitList "/" .Values.resourceName)) }}

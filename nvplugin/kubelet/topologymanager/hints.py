@@ -1,6 +1,6 @@
-"""The one hint generator shared by the device manager and the CPU manager (kubelet-behaviour.md
-§3; the kubelet's ``generateDeviceTopologyHints`` and the static CPU policy's
-``generateCPUTopologyHints``, which are the same algorithm).
+"""The one hint generator shared by the device manager and the CPU manager
+(docs/kubelet-behaviour.md#topology-hints; the kubelet's ``generateDeviceTopologyHints`` and the
+static CPU policy's ``generateCPUTopologyHints``, which are the same algorithm).
 
 For every non-empty subset of the machine's NUMA nodes (smallest first, kubelet order) a
 non-preferred hint is emitted when the subset can hold the request from the reusable items (all

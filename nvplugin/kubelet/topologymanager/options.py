@@ -1,6 +1,7 @@
 """Topology manager policy options and the kubelet's start-up checks, with its exact error texts.
 
-Options (``--topology-manager-policy-options k=v,...``, kubelet-behaviour.md §4):
+Options (``--topology-manager-policy-options k=v,...``,
+docs/kubelet-behaviour.md#merge-and-policies):
 
 - ``prefer-closest-numa-nodes=<bool>``: among equally narrow hints prefer the lowest average
   NUMA distance (never under ``single-numa-node``). Go ``strconv.ParseBool`` syntax.

@@ -1,5 +1,5 @@
-"""Hints, their merge, and the four policies (kubelet-behaviour.md §4; the kubelet's
-``policy*.go`` and ``numa_info.go``).
+"""Hints, their merge, and the four policies (docs/kubelet-behaviour.md#merge-and-policies; the
+kubelet's ``policy*.go`` and ``numa_info.go``).
 
 A hint provider answers, per resource, a list of :class:`TopologyHint` (``None`` = "don't care",
 ``[]`` = "impossible"). The policy filters those answers into one list per resource, merges every

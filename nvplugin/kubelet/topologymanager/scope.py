@@ -10,7 +10,7 @@ manager). A resource manager is a :class:`HintProvider`:
   :class:`AllocationError` (shown as ``UnexpectedAdmissionError``) or an :class:`AdmissionError`
   subclass that carries its own reason.
 
-Scopes (kubelet-behaviour.md §4):
+Scopes (docs/kubelet-behaviour.md#merge-and-policies):
 
 - ``container``: for each init container, then each app container: merge that container's hints;
   a refusal rejects the whole pod (resources already taken by earlier containers stay taken, as

@@ -32,11 +32,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import structlog
+
 from nvplugin.errors import NvpluginError
 
 CHECKPOINT_FILE = "kubelet_internal_checkpoint"
 NO_NUMA = -1
 """The NUMA key for devices without NUMA information (the kubelet's ``nodeWithoutTopology``)."""
+
+
+_log = structlog.get_logger("nvplugin.kubelet.devicemanager")
 
 
 class CheckpointError(NvpluginError):
@@ -164,3 +169,37 @@ def read_checkpoint(directory: str) -> CheckpointData | None:
     except OSError as exc:
         raise CheckpointError(f"{path}: cannot read: {exc.strerror or exc}") from None
     return decode(blob, path)
+
+
+class CheckpointFile:
+    """The device manager's checkpoint in ``directory`` (None: it keeps none), read and written
+    with the kubelet's manners: a write follows every device update and every allocation and
+    never fails them (an error is logged); on start, a missing file means a fresh node and an
+    unusable one is logged and ignored."""
+
+    def __init__(self, directory: str | None) -> None:
+        self.directory = directory
+        self.writes = 0
+        """Checkpoints written so far."""
+
+    def write(self, data: CheckpointData) -> None:
+        if self.directory is None:
+            return
+        try:
+            write_checkpoint(self.directory, data)
+        except OSError as exc:
+            _log.error("failed to write checkpoint file", error=str(exc))
+            return
+        self.writes += 1
+
+    def read(self) -> CheckpointData | None:
+        """The data on start: empty for a fresh node; None when there is nothing to go by (no
+        directory, or a file that cannot be used: logged), so the manager keeps what it has."""
+        if self.directory is None:
+            return None
+        try:
+            data = read_checkpoint(self.directory)
+        except CheckpointError as exc:
+            _log.error("continue after failing to read checkpoint file", error=str(exc))
+            return None
+        return data if data is not None else CheckpointData()

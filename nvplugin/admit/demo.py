@@ -28,12 +28,14 @@ from dataclasses import dataclass
 from importlib import resources
 from itertools import combinations
 
-from nvplugin.kubelet.admit import AdmitReport, AdmitSettings, admit_pods, to_table
+from nvplugin.admit.admission import AdmitReport, AdmitSettings, admit_pods
+from nvplugin.admit.report import to_table
 from nvplugin.kubelet.pods import Pod, load_pods
 from nvplugin.node import load_topology
 from nvplugin.node.model import Topology
 
 SAMPLES = "samples"
+"""The sample pod files' folder in :mod:`nvplugin.kubelet` (``nvplugin admit --help`` names it)."""
 
 
 @dataclass(frozen=True)

@@ -1,17 +1,28 @@
-"""The admission pipeline behind ``nvplugin admit``: "if I deploy these pods on this node, with
-this kubelet configuration, which are admitted, and which GPUs and CPUs do they get?"
+"""The admission run behind ``nvplugin admit``: "if I deploy these pods on this node, with this
+kubelet configuration, which are admitted, and which GPUs and CPUs do they get?"
 
-It runs the real plugin -- ``nvplugin serve --simulate NODE`` as a subprocess on a temporary
-device-plugin directory -- and the fake kubelet in this process against it, over real unix
-sockets: registration, ListAndWatch, GetPreferredAllocation and Allocate are the calls a real
-kubelet would make. The kubelet side is the topology manager with the device manager and the CPU
-manager as hint providers, in the kubelet's order. Pods are admitted one after the other in file
-order; admitted pods keep their devices and CPUs, a rejected pod gives back whatever its earlier
-containers took (the kubelet reclaims devices of pods that are not active).
+It runs the real plugin -- ``nvplugin serve --simulate NODE`` as a child process
+(:mod:`.process`) on a private device-plugin directory -- and the fake kubelet in this process
+against it, over real unix sockets: registration, ListAndWatch, GetPreferredAllocation and
+Allocate are the calls a real kubelet would make. The kubelet side is the topology manager with
+the device manager and the CPU manager as hint providers, in the kubelet's order. Pods are
+admitted one after the other in file order; admitted pods keep their devices and CPUs, a rejected
+pod gives back whatever its earlier containers took (the kubelet reclaims devices of pods that are
+not active).
 
-The NUMA layout and CPUs come from the same node the plugin simulates: this process discovers it
-too (:func:`nvplugin.node.load_topology`), which also maps the plugin's device IDs (UUIDs) back
-to GPU indices for the report.
+What the plugin serves is learned as a kubelet learns it, through the device-plugin API, never
+from the plugin's config or code: its resources from its registrations, their devices and NUMA
+nodes from ListAndWatch, and which GPUs a container sees from its Allocate response
+(:mod:`.visible`). The NUMA layout and the CPUs come from the node the plugin simulates, which
+this process opens too (:func:`nvplugin.node.load_topology`).
+
+When is the plugin ready? When every socket in the private directory has registered and sent its
+first device list (:func:`serving_everything`). The directory is the device-plugin API's meeting
+place and only this plugin serves in it; a plugin must serve its socket before it registers (the
+kubelet dials it back during Register), and ``nvplugin serve`` opens every resource's socket
+before it registers any. So once the first registration has arrived no socket is missing, and
+the condition depends on the order of events only, never on how fast they come: it holds on a
+loaded machine as on an idle one. A plugin that exits first is reported with its own error.
 
 When the plugin dies mid-run the kubelet sees its ListAndWatch stream end and marks every GPU
 unhealthy; later pods are then rejected with the kubelet's own message, and the report says what
@@ -22,27 +33,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import shutil
-import signal
-import subprocess
-import sys
+import stat
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 import structlog
 
-from nvplugin.config import Config, load_config
+from nvplugin.admit.process import PluginProcess, plugin_environment
+from nvplugin.admit.visible import visible_devices
+from nvplugin.api import KUBELET_SOCKET
 from nvplugin.errors import InputError, NvpluginError
 from nvplugin.kubelet.cpumanager import POLICIES as CPU_POLICIES
 from nvplugin.kubelet.cpumanager import CpuManager, parse_cpu_list, reserved_cpus
-from nvplugin.kubelet.devicemanager import DeviceManager
+from nvplugin.kubelet.devicemanager.manager import DeviceManager
 from nvplugin.kubelet.kubelet import FakeKubelet
-from nvplugin.kubelet.pods import Pod
+from nvplugin.kubelet.observer import Observer
+from nvplugin.kubelet.pods import Pod, load_pod_file
 from nvplugin.kubelet.topologymanager import (
     Manager,
     NumaInfo,
@@ -53,16 +63,20 @@ from nvplugin.kubelet.topologymanager import (
     validate_config,
 )
 from nvplugin.kubelet.topologymanager.options import POLICY_NONE
-from nvplugin.node.model import Topology, format_cpu_list
-from nvplugin.rm import REPLICA_SEPARATOR, plan_for
+from nvplugin.node import load_topology
+from nvplugin.node.model import Topology
 
-RESOURCE = "nvidia.com/gpu"
 REGISTER_TIMEOUT_S = 30.0
-"""How long the plugin may take to start, register and list its GPUs."""
+"""How long the plugin may take to start, register and list its devices."""
 DISCONNECT_TIMEOUT_S = 5.0
 """How long the kubelet side may take to notice a dead plugin's stream ending."""
+STOP_TIMEOUT_S = 5.0
+"""How long the plugin may take to exit on SIGTERM before it is killed."""
+INHERITED_NOT = ("MIG_STRATEGY",)
+"""Settings of the environment the private plugin does not inherit besides ``NVPLUGIN_*``: its
+MIG strategy is ``--mig-strategy``, else the config file's."""
 
-_log = structlog.get_logger("nvplugin.kubelet.admit")
+_log = structlog.get_logger("nvplugin.admit")
 
 
 @dataclass(frozen=True)
@@ -82,14 +96,26 @@ class AdmitSettings:
     kill_plugin_after: str | None = None
     """Testing aid: SIGKILL the plugin right after this pod is admitted (or rejected)."""
 
+    def plugin_args(self) -> list[str]:
+        """What ``nvplugin serve`` is told besides its directory."""
+        args = []
+        for flag, value in (
+            ("--simulate", self.simulate),
+            ("--config", self.config),
+            ("--mig-strategy", self.mig_strategy),
+        ):
+            if value is not None:
+                args += [flag, value]
+        return args
+
 
 @dataclass(frozen=True)
 class ContainerResult:
     """What one container got."""
 
     name: str
-    devices: Mapping[str, tuple[str, ...]]  # resource -> device IDs (GPUs in index order)
-    gpu_indices: tuple[int, ...]  # every GPU it uses: whole, or as a MIG device's parent
+    devices: Mapping[str, tuple[str, ...]]  # resource -> device IDs (the plugin's order)
+    gpu_indices: tuple[int, ...]  # every GPU it sees: whole, or as a MIG device's parent
     cpus: tuple[int, ...]  # exclusive CPUs; empty = the shared pool
     numa_nodes: tuple[int, ...] | None  # stored topology hint; None = none stored / don't care
     mig_devices: tuple[str, ...] = ()  # its MIG devices, ``<gpu>:<mig index>``, in index order
@@ -210,70 +236,24 @@ def build_managers(
     return manager, devices, cpus
 
 
-# --- the plugin process ------------------------------------------------------------------------
+def plugin_sockets(directory: str) -> list[str]:
+    """The sockets plugins serve in ``directory``: every socket file but the kubelet's."""
+    found = []
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            with contextlib.suppress(OSError):  # gone meanwhile
+                if entry.name != KUBELET_SOCKET and stat.S_ISSOCK(entry.stat().st_mode):
+                    found.append(entry.path)
+    return sorted(found)
 
 
-class PluginProcess:
-    """``nvplugin serve --simulate NODE`` on ``directory``; its log goes to a file there."""
-
-    def __init__(
-        self,
-        directory: str,
-        simulate: str | None,
-        config: str | None = None,
-        mig_strategy: str | None = None,
-    ) -> None:
-        self.directory = directory
-        self.log_path = os.path.join(directory, "serve.log")
-        command = [sys.executable, "-m", "nvplugin", "serve", "--device-plugin-dir", directory]
-        command += ["--log-format", "json"]
-        if simulate is not None:
-            command += ["--simulate", simulate]
-        if config is not None:
-            command += ["--config", config]
-        if mig_strategy is not None:
-            command += ["--mig-strategy", mig_strategy]
-        # The user's NVPLUGIN_* settings must not redirect this private plugin elsewhere.
-        env = {k: v for k, v in os.environ.items() if not k.startswith("NVPLUGIN_")}
-        with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen(
-                command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env
-            )
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    @property
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
-    def log_tail(self, lines: int = 5) -> str:
-        try:
-            text = Path(self.log_path).read_text(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
-
-    def kill(self) -> None:
-        if self.alive:
-            self.process.kill()
-        self.process.wait()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        """SIGTERM (the plugin exits 0 within 2 s), SIGKILL if it does not."""
-        if self.alive:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-        self.process.wait()
-
-    def describe_exit(self) -> str:
-        code = self.process.returncode
-        how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited {code}"
-        return f"the device plugin (nvplugin serve, pid {self.pid}) {how}"
+def serving_everything(directory: str, devices: DeviceManager, seen: Observer) -> bool:
+    """Every plugin socket in ``directory`` is registered and has sent its device list (at
+    least one socket: a plugin registers only what it serves)."""
+    sockets = plugin_sockets(directory)
+    registered = {ep.socket_path for r in devices.resources() for ep in devices.endpoints(r)}
+    listed = {s.socket_path for r in devices.resources() for s in seen.snapshots(r)}
+    return bool(sockets) and all(s in registered and s in listed for s in sockets)
 
 
 # --- the admission run -------------------------------------------------------------------------
@@ -286,6 +266,7 @@ class Admission:
         check_settings(settings)
         self.settings = settings
         self.topology = topology
+        # Not under $TMPDIR: socket paths must stay short (about 107 bytes at most).
         self.directory = tempfile.mkdtemp(dir="/tmp", prefix="nvplugin-admit-")
         try:
             self.manager, self.devices, self.cpus = build_managers(
@@ -294,13 +275,11 @@ class Admission:
         except BaseException:
             shutil.rmtree(self.directory, ignore_errors=True)
             raise
-        config = plugin_config(settings)
-        self.mig_strategy = config.mig_strategy
-        self.expected = expected_resources(config, topology)
         self._active: set[str] = set()
         self._current: str | None = None
         self.devices.active_pods = self._active_pods
         self.kubelet = FakeKubelet(self.directory, devices=self.devices)
+        self.observer = self.kubelet.observer
         self.plugin: PluginProcess | None = None
         self.plugin_failure: str | None = None
         self.notes: list[str] = settings_notes(settings)
@@ -310,31 +289,30 @@ class Admission:
             return self._active | {self._current}
         return self._active
 
+    def start_plugin(self) -> PluginProcess:
+        """``nvplugin serve`` on this run's directory, as the settings say."""
+        return PluginProcess(
+            self.directory,
+            *self.settings.plugin_args(),
+            env=plugin_environment(drop=INHERITED_NOT),
+            log_path=os.path.join(self.directory, "serve.log"),
+        )
+
     async def start(self) -> None:
         await self.kubelet.start()
-        self.plugin = PluginProcess(
-            self.directory, self.settings.simulate, self.settings.config, self.mig_strategy
-        )
-        expected = self.expected
-        wanted = ", ".join(f"{name} with {count} devices" for name, count in expected.items())
+        self.plugin = plugin = self.start_plugin()
         wait = asyncio.ensure_future(
-            self.devices.wait_for(
-                lambda m: all(
-                    m.is_registered(name) and len(m.devices(name)) == count
-                    for name, count in expected.items()
-                ),
+            self.observer.wait_for(
+                lambda m: serving_everything(self.directory, m, self.observer),
                 REGISTER_TIMEOUT_S,
-                f"the plugin to register {wanted}",
+                "the plugin to register every socket it serves",
             )
         )
         try:
             while not wait.done():
-                if not self.plugin.alive:
+                if not plugin.alive:
                     wait.cancel()
-                    raise NvpluginError(
-                        f"{self.plugin.describe_exit()} before registering:\n"
-                        f"{self.plugin.log_tail()}"
-                    )
+                    raise self._start_failure(plugin)
                 await asyncio.wait({wait}, timeout=0.05)
             wait.result()
         except TimeoutError as exc:
@@ -345,10 +323,19 @@ class Admission:
                 with contextlib.suppress(BaseException):
                     await wait
 
+    @staticmethod
+    def _start_failure(plugin: PluginProcess) -> NvpluginError:
+        """A plugin that exited before it served: bad input (its config, the node's MIG layout
+        for the strategy) as its own message, anything else with the end of its log."""
+        error = plugin.error()
+        if error is not None and plugin.process.returncode == InputError.exit_code:
+            return InputError(error)
+        return NvpluginError(f"{plugin.describe_exit()} before registering:\n{plugin.log_tail()}")
+
     async def stop(self) -> None:
         try:
             if self.plugin is not None:
-                await asyncio.to_thread(self.plugin.stop)
+                await asyncio.to_thread(self.plugin.terminate, STOP_TIMEOUT_S)
             await self.kubelet.stop()
         finally:
             shutil.rmtree(self.directory, ignore_errors=True)
@@ -369,8 +356,8 @@ class Admission:
         if self.plugin is None or self.plugin.alive or self.plugin_failure is not None:
             return
         with contextlib.suppress(TimeoutError):
-            await self.devices.wait_for(
-                lambda m: not any(m.is_registered(name) for name in self.expected),
+            await self.observer.wait_for(
+                lambda m: not any(m.is_registered(r) for r in m.resources()),
                 DISCONNECT_TIMEOUT_S,
                 "the kubelet to notice the plugin exit",
             )
@@ -408,27 +395,15 @@ class Admission:
         return PodResult(pod.name, result.admit, result.reason, result.message, containers)
 
     def _container_result(self, pod: Pod, name: str) -> ContainerResult:
+        """The container's devices per resource, and the GPUs and MIG devices its Allocate
+        responses make visible."""
         devices: dict[str, tuple[str, ...]] = {}
-        indices: list[int] = []
-        migs: dict[tuple[int, int], str] = {}
+        visible = set()
         for entry in self.devices.allocations():
             if entry.pod_uid != pod.uid or entry.container != name:
                 continue
-            # Device IDs are GPU or MIG UUIDs, or ``<uuid>::<n>`` replicas under time-slicing:
-            # list them in GPU (then MIG) index order; IDs of nothing known (none expected) go
-            # last. A MIG device counts its parent among the GPUs the container uses.
-            ids = sorted(entry.device_ids)
-            order: dict[str, tuple[int, int]] = {}
-            for device_id in ids:
-                found = self.topology.owner(device_id.split(REPLICA_SEPARATOR)[0])
-                if found is not None:
-                    gpu, mig = found
-                    order[device_id] = (gpu.index, -1 if mig is None else mig.index)
-                    if mig is not None:
-                        migs[order[device_id]] = mig.label
-            ids.sort(key=lambda i: (i not in order, order.get(i, (0, 0)), i))
-            indices.extend(gpu for gpu, _ in order.values())
-            devices[entry.resource] = tuple(ids)
+            devices[entry.resource] = tuple(self.devices.ordered(entry.resource, entry.device_ids))
+            visible.update(visible_devices(self.topology, entry.response))
         hint = self.manager.stored_affinity(pod.uid, name)
         numa = None
         if hint is not None and hint.numa_affinity is not None:
@@ -436,27 +411,11 @@ class Admission:
         return ContainerResult(
             name,
             devices,
-            tuple(sorted(set(indices))),
+            tuple(sorted({v.gpu for v in visible})),
             self.cpus.cpus(pod.uid, name),
             numa,
-            tuple(label for _, label in sorted(migs.items())),
+            tuple(v.label for v in sorted(visible, key=lambda v: v.index) if v.mig is not None),
         )
-
-
-def plugin_config(settings: AdmitSettings) -> Config:
-    """The config of the private plugin ``admit`` starts: the file alone (the plugin ignores the
-    user's ``NVPLUGIN_*`` environment) and the MIG strategy, which ``admit`` passes as a flag
-    so that an inherited ``MIG_STRATEGY`` cannot change it behind the report's back."""
-    flags = {} if settings.mig_strategy is None else {"flags.migStrategy": settings.mig_strategy}
-    return load_config(settings.config, env={}, flags=flags)
-
-
-def expected_resources(config: Config, topology: Topology) -> dict[str, int]:
-    """The resources the plugin will register on this node under ``config``, with their device
-    counts: the plugin's own resource plan (MIG strategy, resources by model, exclusions,
-    time-slicing replicas)."""
-    plan = plan_for(config, topology.gpus)
-    return {served.name: served.device_count for served in plan.resources}
 
 
 async def admit_pods(
@@ -475,9 +434,6 @@ async def admit_pods(
 
 def run_admit(settings: AdmitSettings, pods_path: str) -> AdmitReport:
     """Everything ``nvplugin admit`` does but printing: checks, node, pods, admission."""
-    from nvplugin.kubelet.pods import load_pod_file
-    from nvplugin.node import load_topology
-
     check_settings(settings)
     pods = load_pod_file(pods_path)
     topology = load_topology(settings.simulate)
@@ -489,9 +445,10 @@ def numa_warnings(settings: AdmitSettings, topology: Topology) -> tuple[str, ...
     """What GPUs without a NUMA node do to admission under a topology-manager policy.
 
     The kubelet counts only devices with a NUMA node when it makes topology hints
-    (kubelet-behaviour.md §3). When some GPUs have one and some do not, the others can never
-    satisfy a hint: under single-numa-node and restricted they are never allocated, and a pod
-    needing them is rejected. When no GPU has one, the resource has no topology at all.
+    (docs/kubelet-behaviour.md#topology-hints). When some GPUs have one and some do not, the
+    others can never satisfy a hint: under single-numa-node and restricted they are never
+    allocated, and a pod needing them is rejected. When no GPU has one, the resource has no
+    topology at all.
     """
     policy = settings.topology_manager_policy
     if policy == "none":
@@ -521,92 +478,3 @@ def numa_warnings(settings: AdmitSettings, topology: Topology) -> tuple[str, ...
         f"{effect}. Give {it} a numa_node in the node file (on a real node: fix the firmware's "
         "ACPI SRAT so that sysfs reports one)",
     )
-
-
-# --- output ------------------------------------------------------------------------------------
-
-
-def to_json(report: AdmitReport) -> str:
-    return json.dumps(report.as_json(), indent=2)
-
-
-def format_gpus(topology: Topology, indices: Sequence[int], mig: Sequence[str] = ()) -> str:
-    """GPU indices grouped by NUMA node: ``0,1 (NUMA 3)``, ``2 (NUMA 1), 4 (NUMA 7)``; then MIG
-    devices (``<gpu>:<mig index>``) likewise: ``MIG 2:2,2:3 (NUMA 1)``. Parents of ``mig`` are
-    not listed as GPUs of their own."""
-    parents = {int(label.split(":")[0]) for label in mig}
-    whole = _by_numa(topology, [(str(i), i) for i in sorted(indices) if i not in parents])
-    devices = _by_numa(topology, [(label, int(label.split(":")[0])) for label in mig])
-    if devices:
-        devices[0] = f"MIG {devices[0]}"
-    return ", ".join(whole + devices) or "-"
-
-
-def _by_numa(topology: Topology, items: Sequence[tuple[str, int]]) -> list[str]:
-    """Labels (each with its GPU) grouped by consecutive NUMA node: ``0,1 (NUMA 3)``."""
-    groups: list[tuple[int | None, list[str]]] = []
-    for label, gpu in items:
-        node = topology.gpus[gpu].numa_node
-        if groups and groups[-1][0] == node:
-            groups[-1][1].append(label)
-        else:
-            groups.append((node, [label]))
-    return [
-        ",".join(labels) + (f" (NUMA {node})" if node is not None else " (no NUMA)")
-        for node, labels in groups
-    ]
-
-
-def summary_line(report: AdmitReport) -> str:
-    s = report.settings
-    topo = report.topology
-    node = s.simulate or topo.name
-    cpu = s.cpu_manager_policy
-    if s.reserved_cpus:
-        cpu += f" (reserved {format_cpu_list(parse_cpu_list(s.reserved_cpus))})"
-    return (
-        f"node {node}: {len(topo.gpus)} GPUs, {len(topo.numa_nodes)} NUMA nodes, "
-        f"{len(topo.cpus.cpus)} CPUs; topology manager {s.topology_manager_policy} "
-        f"(scope {s.topology_manager_scope}); CPU manager {cpu}"
-    )
-
-
-def to_table(report: AdmitReport) -> str:
-    """For people: one row per container; a rejected pod's reason under its row."""
-    header = ("POD", "CONTAINER", "RESULT", "GPUS", "CPUS", "NUMA")
-    rows: list[tuple[str, ...]] = []
-    reasons: dict[int, str] = {}
-    for result in report.results:
-        if not result.admitted:
-            names = ",".join(c.name for c in result.containers) or "-"
-            rows.append((result.pod, names, "rejected", "-", "-", "-"))
-            reasons[len(rows) - 1] = f"{result.reason}: {result.message}"
-            continue
-        for i, c in enumerate(result.containers):
-            numa = "-" if c.numa_nodes is None else ",".join(map(str, c.numa_nodes))
-            rows.append(
-                (
-                    result.pod if i == 0 else "",
-                    c.name,
-                    "admitted" if i == 0 else "",
-                    format_gpus(report.topology, c.gpu_indices, c.mig_devices),
-                    format_cpu_list(c.cpus) or "shared",
-                    numa,
-                )
-            )
-    widths = [max(len(r[k]) for r in [header, *rows]) for k in range(len(header))]
-
-    def line(cells: tuple[str, ...]) -> str:
-        return "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
-
-    out = [summary_line(report), "", line(header)]
-    for n, row in enumerate(rows):
-        out.append(line(row))
-        if n in reasons:
-            out.append(f"  -> {reasons[n]}")
-    admitted = sum(r.admitted for r in report.results)
-    out.append("")
-    out.append(f"{admitted} of {len(report.results)} pods admitted")
-    for note in report.notes:
-        out.append(f"note: {note}")
-    return "\n".join(out) + "\n"
