@@ -40,7 +40,6 @@ import os
 import re
 import uuid as uuidlib
 from collections.abc import Mapping
-from dataclasses import dataclass
 from importlib import resources
 from typing import Any, NoReturn
 
@@ -50,19 +49,17 @@ from nvplugin.errors import show as show_value
 from nvplugin.node.builtin import builtin_names
 from nvplugin.node.cpuspec import CpuForm, CpuLists, CpuSpec, layout_of
 from nvplugin.node.mig import MIG_MODELS, MigInstance, MigLayoutError, lay_out, mig_model
-from nvplugin.node.mig import simulated_devices as simulated_mig_devices
 from nvplugin.node.model import (
     MAX_CPUS,
     MAX_GPUS,
     MAX_NUMA_NODES,
     MAX_NVLINKS,
     CpuLayout,
-    Gpu,
     Link,
     Pcie,
-    Topology,
     parse_cpu_list,
 )
+from nvplugin.node.nodespec import EventSpec, GpuSpec, NodeSpec
 from nvplugin.node.topotext import (
     TopoTable,
     TopoTextError,
@@ -83,86 +80,6 @@ _CPU_KEYS = ("sockets", "cores_per_socket", "threads_per_core", "numa_cpus", "so
 _EVENT_KEYS = ("after_s", "gpu", "xid", "lost", "recover", "wait_error", "for_s")
 _PCI_RE = re.compile(r"^([0-9a-fA-F]{1,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$")
 _UUID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-
-
-@dataclass(frozen=True, slots=True)
-class GpuSpec:
-    """One simulated GPU. ``nvswitch_links`` = NVLinks into an NVSwitch fabric (0 = none);
-    ``mig`` its MIG instances (None: MIG mode off)."""
-
-    index: int
-    name: str
-    uuid: str
-    memory_mib: int
-    pci_bus_id: str
-    numa_node: int | None
-    nvswitch_links: int = 0
-    mig: tuple[MigInstance, ...] | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class EventSpec:
-    """A scripted health event; ``after_s`` counts from the simulated ``nvmlInit``.
-
-    Exactly one kind: ``xid`` (an Xid critical error of ``gpu``), ``lost`` (``gpu`` falls off the
-    bus), ``recover`` (``gpu`` answers again), ``wait_error`` (the event wait fails for
-    ``for_s`` seconds).
-    """
-
-    after_s: float
-    gpu: int | None = None
-    xid: int | None = None
-    lost: bool = False
-    recover: bool = False
-    wait_error: bool = False
-    for_s: float = 0.0
-
-
-@dataclass(frozen=True)
-class NodeSpec:
-    """A validated node file: what the simulated NVML and sysfs present.
-
-    ``links[i][j]`` holds the link as discovery must find it (NVSwitch pairs included).
-    """
-
-    name: str
-    source: str
-    gpus: tuple[GpuSpec, ...]
-    links: tuple[tuple[Link | None, ...], ...]
-    numa_distances: tuple[tuple[int, ...], ...]
-    cpus: CpuForm
-    cpu_layout: CpuLayout
-    events: tuple[EventSpec, ...] = ()
-
-    def direct_nvlinks(self, a: int, b: int) -> int:
-        """NVLinks the fake NVML reports as direct GPU-GPU links between ``a`` and ``b``.
-
-        Between two fabric GPUs the links go to the switches instead, so none are direct.
-        """
-        link = self.links[a][b]
-        if link is None:
-            return 0
-        if self.gpus[a].nvswitch_links and self.gpus[b].nvswitch_links:
-            return 0
-        return link.nvlinks
-
-    def topology(self) -> Topology:
-        """The topology discovery is expected to find on this node."""
-        gpus = tuple(
-            Gpu(
-                g.index,
-                g.uuid,
-                g.name,
-                g.memory_mib,
-                g.pci_bus_id,
-                g.index,
-                g.numa_node,
-                g.mig is not None,
-                simulated_mig_devices(g.index, g.index, g.uuid, g.mig or ()),
-            )
-            for g in self.gpus
-        )
-        return Topology(self.name, gpus, self.links, self.numa_distances, self.cpu_layout)
 
 
 def load_node(name_or_path: str) -> NodeSpec:

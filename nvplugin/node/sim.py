@@ -43,7 +43,7 @@ from typing import Any
 
 from nvplugin.node import mig, nvml
 from nvplugin.node.model import MAX_NVLINKS, format_cpu_list
-from nvplugin.node.nodefile import NodeSpec
+from nvplugin.node.nodespec import NodeSpec
 
 _HANDLE_BASE = 0x7E5A0000
 _SET_BASE = 0x7E5B0000

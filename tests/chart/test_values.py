@@ -310,6 +310,7 @@ def _generate(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("name", list(GENERATED))
 def test_a_stale_generated_file_fails_the_check_and_is_rewritten(
     repo_copy: Path, name: str

@@ -1,0 +1,92 @@
+"""A node file once validated (:mod:`nvplugin.node.nodefile` reads and checks it): the GPUs, links,
+NUMA layout, CPUs and scripted health events the simulated NVML and sysfs present, and the
+topology discovery is expected to find on such a node."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from nvplugin.node.cpuspec import CpuForm
+from nvplugin.node.mig import MigInstance
+from nvplugin.node.mig import simulated_devices as simulated_mig_devices
+from nvplugin.node.model import CpuLayout, Gpu, Link, Topology
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSpec:
+    """One simulated GPU. ``nvswitch_links`` = NVLinks into an NVSwitch fabric (0 = none);
+    ``mig`` its MIG instances (None: MIG mode off)."""
+
+    index: int
+    name: str
+    uuid: str
+    memory_mib: int
+    pci_bus_id: str
+    numa_node: int | None
+    nvswitch_links: int = 0
+    mig: tuple[MigInstance, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EventSpec:
+    """A scripted health event; ``after_s`` counts from the simulated ``nvmlInit``.
+
+    Exactly one kind: ``xid`` (an Xid critical error of ``gpu``), ``lost`` (``gpu`` falls off the
+    bus), ``recover`` (``gpu`` answers again), ``wait_error`` (the event wait fails for
+    ``for_s`` seconds).
+    """
+
+    after_s: float
+    gpu: int | None = None
+    xid: int | None = None
+    lost: bool = False
+    recover: bool = False
+    wait_error: bool = False
+    for_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """A validated node file: what the simulated NVML and sysfs present.
+
+    ``links[i][j]`` holds the link as discovery must find it (NVSwitch pairs included).
+    """
+
+    name: str
+    source: str
+    gpus: tuple[GpuSpec, ...]
+    links: tuple[tuple[Link | None, ...], ...]
+    numa_distances: tuple[tuple[int, ...], ...]
+    cpus: CpuForm
+    cpu_layout: CpuLayout
+    events: tuple[EventSpec, ...] = ()
+
+    def direct_nvlinks(self, a: int, b: int) -> int:
+        """NVLinks the fake NVML reports as direct GPU-GPU links between ``a`` and ``b``.
+
+        Between two fabric GPUs the links go to the switches instead, so none are direct.
+        """
+        link = self.links[a][b]
+        if link is None:
+            return 0
+        if self.gpus[a].nvswitch_links and self.gpus[b].nvswitch_links:
+            return 0
+        return link.nvlinks
+
+    def topology(self) -> Topology:
+        """The topology discovery is expected to find on this node."""
+        gpus = tuple(
+            Gpu(
+                g.index,
+                g.uuid,
+                g.name,
+                g.memory_mib,
+                g.pci_bus_id,
+                g.index,
+                g.numa_node,
+                g.mig is not None,
+                simulated_mig_devices(g.index, g.index, g.uuid, g.mig or ()),
+            )
+            for g in self.gpus
+        )
+        return Topology(self.name, gpus, self.links, self.numa_distances, self.cpu_layout)
