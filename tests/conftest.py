@@ -162,25 +162,13 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 def _mps_daemons(root: str) -> list[tuple[int, str]]:
     """Running MPS control daemons (the simulated ones) whose pipe directory is under ``root``."""
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/cmdline", "rb") as cmdline:
-                argv = cmdline.read().split(b"\0")
-            if not any(os.path.basename(a) == MPS_CONTROL.encode() for a in argv):
-                continue
-            with open(f"/proc/{name}/environ", "rb") as environ:
-                env = environ.read().split(b"\0")
-            with open(f"/proc/{name}/stat") as stat:
-                state = stat.read().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        pipes = [v for v in env if v.startswith(b"CUDA_MPS_PIPE_DIRECTORY=")]
-        if state != "Z" and pipes and pipes[0].split(b"=", 1)[1].startswith(root.encode()):
-            found.append((int(name), b" ".join(argv).decode(errors="replace").strip()[:200]))
-    return found
+    from nvplugin.plugin.mps import control_daemons  # late: only at the end of the run
+
+    return [
+        (pid, f"{MPS_CONTROL} -d (CUDA_MPS_PIPE_DIRECTORY={pipe})")
+        for pid, pipe in control_daemons()
+        if pipe.startswith(root + os.sep)
+    ]
 
 
 def _children() -> list[tuple[int, str]]:

@@ -137,6 +137,7 @@ def test_defaults_run_serve_with_the_kubelet_dir(default: Rendered) -> None:
     assert ds["metadata"]["namespace"] == NAMESPACE
     assert default.container["args"] == ["serve", "--device-plugin-dir", DEVICE_PLUGIN_DIR]
     assert default.env == {
+        "MPS_ROOT": "/run/nvidia/mps",  # as NVIDIA's chart sets it, MPS or not
         "NVPLUGIN_RESOURCE_NAME": "nvidia.com/gpu",
         "NVPLUGIN_HEALTH_PROBE_ADDRESS": "0.0.0.0:9401",
     }
@@ -246,6 +247,7 @@ def test_chart_values_reach_the_plugin_as_its_environment(renders: dict[str, Ren
         "DEVICE_LIST_STRATEGY": "envvar,cdi-annotations",
         "DEVICE_ID_STRATEGY": "index",
         "NVIDIA_DRIVER_ROOT": "/run/nvidia/driver",
+        "MPS_ROOT": "/run/nvidia/mps",
     }
     assert rendered.container["args"][-2:] == ["--simulate", "dgx-a100"]
 
@@ -269,7 +271,12 @@ def test_nvidia_driver_root_is_mounted_where_the_plugin_loads_nvml(
 
 
 def test_no_unset_setting_leaks_into_env_or_config(default: Rendered) -> None:
-    assert list(default.env) == ["NVPLUGIN_RESOURCE_NAME", "NVPLUGIN_HEALTH_PROBE_ADDRESS"]
+    # MPS_ROOT: NVIDIA's chart's value, set by default (it mounts nothing without sharing.mps).
+    assert list(default.env) == [
+        "MPS_ROOT",
+        "NVPLUGIN_RESOURCE_NAME",
+        "NVPLUGIN_HEALTH_PROBE_ADDRESS",
+    ]
     assert default.kinds() == ["DaemonSet"]
 
 

@@ -285,10 +285,10 @@ NVIDIA values nvplugin cannot honour fail rendering, saying so.
 {{- if and .Values.config.name .Values.config.map }}
 {{- fail (printf "values.config.name (%q) and values.config.map are both set: the plugin reads config files from one ConfigMap; use config.map for one this chart manages, or config.name for yours" .Values.config.name) }}
 {{- end }}
-{{- range $name := list "gfd" "nfd" "mps" }}
+{{- range $name := list "gfd" "nfd" }}
 {{- $v := get $.Values $name }}
 {{- if and $v (not (and (eq $name "gfd") (eq (toJson $v) "{\"enabled\":false}"))) }}
-{{- fail (printf "values.%s: nvplugin's chart does not deploy %s; remove the %s values (GPU Feature Discovery, Node Feature Discovery and MPS are not part of nvplugin)" $name $name $name) }}
+{{- fail (printf "values.%s: nvplugin's chart does not deploy %s; remove the %s values (GPU Feature Discovery and Node Feature Discovery are not part of nvplugin)" $name $name $name) }}
 {{- end }}
 {{- end }}
 {{- range (include "nvplugin.settings" . | fromJson).refused }}
