@@ -19,7 +19,7 @@ from nvplugin.node import load_topology
 from nvplugin.plugin.mps import daemon_pids
 from nvplugin.rm import replica_id
 from tests import WAIT_S
-from tests.support.serve import Serve, kubelet_with, new_dir
+from tests.support.serve import Serve, admit_json, kubelet_with, new_dir, pods_file
 
 NODE = "dgx-1"  # 8 x V100 16 GB (16160 MiB)
 TOPOLOGY = load_topology(NODE)
@@ -268,3 +268,27 @@ def zombie(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
     except OSError:
         return True
+
+
+def test_admit_shows_each_containers_mps_shares() -> None:
+    """``nvplugin admit`` runs the plugin with its own MPS root and reads each container's shares
+    from its Allocate response, as the container would get them."""
+    config_dir = new_dir()
+    pods = pods_file(
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: one}\nspec:\n  containers:\n"
+        "  - {name: a, image: x, resources: {limits: {nvidia.com/gpu.shared: 1}}}\n"
+        "---\napiVersion: v1\nkind: Pod\nmetadata: {name: three}\nspec:\n  containers:\n"
+        "  - {name: b, image: x, resources: {limits: {nvidia.com/gpu.shared: 3}}}\n"
+    )
+    try:
+        config = Path(config_dir, "mps.yaml")
+        config.write_text(MPS + "flags:\n  plugin:\n    sharedDevicesAllocationPolicy: packed\n")
+        results = admit_json("--simulate", NODE, "--config", str(config), pods)
+        (one,) = results[0]["containers"]
+        assert one["mps"] == {"memory_limits": {"0": "4040M"}, "active_thread_percentage": 25}
+        (three,) = results[1]["containers"]
+        assert three["gpu_indices"] == [0]  # packed: the rest of GPU 0
+        assert three["mps"] == {"memory_limits": {"0": "12120M"}, "active_thread_percentage": 75}
+    finally:
+        shutil.rmtree(config_dir, ignore_errors=True)
+        os.unlink(pods)
