@@ -464,6 +464,11 @@ class MpsDaemon:
             await proc.wait()
             output.cancel()
             raise MpsError(f"{what!r}: no answer within {timeout:g} s") from None
+        except BaseException:  # cancelled (stopping): no command outlives its caller
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            output.cancel()
+            raise
         finally:
             if not output.done():
                 # The daemon it started may hold the pipe: take what came, do not wait for EOF.
