@@ -37,7 +37,6 @@ import functools
 import inspect
 import os
 import shutil
-import sys
 import tempfile
 import threading
 import time
@@ -64,9 +63,6 @@ _INSTALLED_MARK = "_nvplugin_simulation"
 
 SYSFS_PREFIX = "nvplugin-sysfs-"
 """Generated sysfs trees are named ``nvplugin-sysfs-<owner pid>-<random>``."""
-
-MPS_CONTROL = "usr/bin/nvidia-cuda-mps-control"
-"""Where the simulated driver root holds the MPS control daemon's stand-in."""
 
 
 def remove_stale_sysfs_trees(parent: str) -> list[str]:
@@ -294,12 +290,7 @@ class SimulatedNvml:
             minors = root / mig.MIG_MINORS_PATH
             minors.parent.mkdir(parents=True, exist_ok=True)
             minors.write_text(mig.mig_minors_text(max(mig.CAPS_GPUS, len(self.spec.gpus))))
-        control = root / MPS_CONTROL
-        control.parent.mkdir(parents=True, exist_ok=True)
-        # The module itself, run in isolated mode without site packages: it needs only the
-        # standard library, and starts in a quarter of the time (a process per MPS command).
-        control.write_text(f"#!{sys.executable} -IS\n" + Path(simmps.__file__).read_text())
-        control.chmod(0o755)
+        simmps.write_program(str(root))
 
     @property
     def driver_root(self) -> str:

@@ -24,7 +24,8 @@ from nvplugin.node import open_node
 from nvplugin.node.nodefile import load_node
 from nvplugin.node.nodespec import EventSpec
 from nvplugin.node.nvml import Nvml
-from nvplugin.node.sim import MPS_CONTROL, SimulatedNvml
+from nvplugin.node.sim import SimulatedNvml
+from nvplugin.node.simmps import PROGRAM
 
 pynvml = nvml_module.bindings()
 
@@ -59,7 +60,7 @@ def test_a_lost_gpus_compute_mode_cannot_be_read_or_set() -> None:
 def test_the_driver_root_holds_an_executable_mps_control() -> None:
     with open_node("dgx-1") as node:
         assert node.driver_root is not None
-        control = Path(node.driver_root, MPS_CONTROL)
+        control = Path(node.driver_root, PROGRAM)
         assert control.name == "nvidia-cuda-mps-control"
         assert os.access(control, os.X_OK)
         assert control.read_text().startswith("#!")
@@ -76,7 +77,7 @@ def mps() -> Iterator[tuple[str, dict[str, str]]]:
     with open_node("dgx-1") as node:
         assert node.driver_root is not None
         control = os.path.join(directory, "nvidia-cuda-mps-control")
-        shutil.copy(os.path.join(node.driver_root, MPS_CONTROL), control)
+        shutil.copy(os.path.join(node.driver_root, PROGRAM), control)
     env = {
         **os.environ,
         "CUDA_MPS_PIPE_DIRECTORY": os.path.join(directory, "pipe"),

@@ -19,7 +19,7 @@ import pytest
 
 from nvplugin.errors import NvpluginError
 from nvplugin.node import NodeSession, open_node
-from nvplugin.node.sim import MPS_CONTROL
+from nvplugin.node.simmps import PROGRAM
 from nvplugin.plugin.mps import (
     DaemonSpec,
     MpsDaemon,
@@ -56,7 +56,7 @@ def spec_of(node: NodeSession, root: str, gpus: tuple[int, ...] = (0, 1, 2, 3)) 
         tuple(node.topology.gpus[i] for i in gpus),
         4,
         root,
-        os.path.join(node.driver_root, MPS_CONTROL),
+        os.path.join(node.driver_root, PROGRAM),
     )
 
 
@@ -210,7 +210,7 @@ def test_daemons_are_kept_across_a_reserve_while_their_spec_stays(
 
 def test_the_control_program_is_found_under_the_driver_root(node: NodeSession, root: str) -> None:
     assert node.driver_root is not None
-    assert find_control(node.driver_root) == os.path.join(node.driver_root, MPS_CONTROL)
+    assert find_control(node.driver_root) == os.path.join(node.driver_root, PROGRAM)
     if shutil.which("nvidia-cuda-mps-control") is None:
         with pytest.raises(NvpluginError) as caught:
             find_control(root)
