@@ -39,11 +39,14 @@ from nvplugin.config.layout import (
     ALLOCATIONS,
     MAX_REPLICAS,
     MIN_REPLICAS,
+    MPS,
+    MPS_MAX_REPLICAS,
     Exclude,
     GpuPattern,
     ReplicatedResource,
+    ReplicatedResources,
     ResourceRules,
-    TimeSlicing,
+    Sharing,
     resolve_layout,
 )
 from nvplugin.config.rules import (
@@ -83,6 +86,8 @@ DEFAULT_DEVICE_LIST_STRATEGY = ("envvar",)
 DEFAULT_DRIVER_ROOT = "/"
 DEFAULT_CONTAINER_DRIVER_ROOT = "/driver-root"
 DEFAULT_NVIDIA_CTK_PATH = "/usr/bin/nvidia-ctk"
+DEFAULT_MPS_ROOT = "/run/nvidia/mps"
+"""NVIDIA's chart's ``mps.root``: where MPS's pipes, logs and shared memory live on the host."""
 
 DISCOVERY_STRATEGIES = ("auto", "nvml")
 """NVIDIA's ``deviceDiscoveryStrategy`` values nvplugin honours (it discovers through NVML)."""
@@ -97,6 +102,10 @@ def _unsupported(what: str, instead: str = "") -> str:
 
 def _absolute(value: str) -> str | None:
     return absolute_path_problem(value)
+
+
+def _absolute_or_unset(value: str) -> str | None:
+    return None if value == "" else absolute_path_problem(value)
 
 
 def _version(value: str) -> str | None:
@@ -135,19 +144,29 @@ class _Devices(Str):
         return _all_devices(super().check(value))
 
 
-_REPLICATED_ENTRY = Obj(
-    {
-        "name": Member(Str(non_empty=True), required=True, help="A resource this plugin serves."),
-        "replicas": Member(
-            Int(MIN_REPLICAS, MAX_REPLICAS), required=True, help="Devices advertised per GPU."
-        ),
-        "rename": Member(
-            Nullable(Str(non_empty=True)), help="Serve the replicas under this name instead."
-        ),
-        "devices": Member(_Devices(), default="all", help=_DEVICES_HELP),
-    },
-    make=_replicated,
-    label="mapping",
+def _replicated_entry(max_replicas: int, replicas_help: str) -> Obj:
+    """A ``resources`` entry of a sharing block (both blocks have NVIDIA's one shape)."""
+    return Obj(
+        {
+            "name": Member(
+                Str(non_empty=True), required=True, help="A resource this plugin serves."
+            ),
+            "replicas": Member(Int(MIN_REPLICAS, max_replicas), required=True, help=replicas_help),
+            "rename": Member(
+                Nullable(Str(non_empty=True)), help="Serve the replicas under this name instead."
+            ),
+            "devices": Member(_Devices(), default="all", help=_DEVICES_HELP),
+        },
+        make=_replicated,
+        label="mapping",
+    )
+
+
+_REPLICATED_ENTRY = _replicated_entry(MAX_REPLICAS, "Devices advertised per GPU.")
+_MPS_ENTRY = _replicated_entry(
+    MPS_MAX_REPLICAS,
+    f"MPS shares per GPU, each 1/replicas of its memory and threads (at most {MPS_MAX_REPLICAS}, "
+    "the MPS server's clients per GPU).",
 )
 _PATTERN_ENTRY = Obj(
     {
@@ -263,12 +282,12 @@ class HealthServiceConfig:
 @dataclass(frozen=True)
 class Config:
     """The effective configuration: a field per setting (declared here), then what the rules
-    across keys derive (``time_slicing``, ``resources``: names resolved). ``source`` names the
+    across keys derive (``sharing``, ``resources``: names resolved). ``source`` names the
     file it was read from (None: none); ``notes`` are said once at start (keys present that are
     not for the plugin).
 
-    The settings under ``resources`` and ``sharing.timeSlicing`` are here as written (short
-    names); the plugin reads them resolved, from ``resources`` and ``time_slicing``.
+    The settings under ``resources``, ``sharing.timeSlicing`` and ``sharing.mps`` are here as
+    written (short names); the plugin reads them resolved, from ``resources`` and ``sharing``.
     """
 
     version: str = setting(
@@ -360,14 +379,21 @@ class Config:
     )
     mps_root: str = setting(
         "flags.mpsRoot",
-        Str(),
-        "",
-        help="MPS's host directory (MPS is not supported).",
+        Str(rule=_absolute_or_unset),
+        DEFAULT_MPS_ROOT,
+        help="MPS's host directory: <root>/<resource>/pipe and log for each MPS resource's "
+        "control daemon, <root>/shm the shared memory its clients get as /dev/shm.",
         flags=("mps-root",),
         env=("MPS_ROOT",),
-        supported=("",),
-        unsupported=_unsupported("MPS sharing"),
-        inert=True,
+        chart=Chart.env(
+            "mps.root",
+            DEFAULT_MPS_ROOT,
+            "NVIDIA's: the host directory for MPS: each MPS resource's pipe and log directories "
+            "(`<root>/<resource>/pipe`, `.../log`) and `<root>/shm`, a tmpfs the chart mounts "
+            "there, shared by the MPS servers and their clients as `/dev/shm`. Used only when a "
+            "config file shares a resource through `sharing.mps`.",
+            schema={"type": "string", "pattern": "^/"},
+        ),
     )
     gdrcopy_enabled: bool = setting(
         "flags.gdrcopyEnabled",
@@ -570,14 +596,25 @@ class Config:
         (),
         help="Resources advertised replicas times per GPU.",
     )
-    mps: Mapping[str, object] | None = setting(
-        "sharing.mps",
-        AnyMapping(),
-        None,
-        help="MPS sharing (not supported).",
-        supported=(None, {}),
-        unsupported=_unsupported("MPS sharing", "use sharing.timeSlicing"),
-        inert=True,
+    mps_rename_by_default: bool = setting(
+        "sharing.mps.renameByDefault",
+        Bool(),
+        False,
+        help="Serve resources shared through MPS as <name>.shared.",
+    )
+    mps_fail_requests_greater_than_one: bool = setting(
+        "sharing.mps.failRequestsGreaterThanOne",
+        Bool(),
+        True,
+        help="Refuse containers asking for more than one MPS replica (NVIDIA's default for MPS: "
+        "true; false: k replicas of a GPU are k shares of it).",
+    )
+    mps_resources: tuple[ReplicatedResource, ...] = setting(
+        "sharing.mps.resources",
+        List(_MPS_ENTRY),
+        (),
+        help="Resources shared through MPS: each GPU served as replicas MPS shares, with the "
+        "control daemon nvplugin runs for the resource.",
     )
     imex_channel_ids: tuple[int, ...] = setting(
         "imex.channelIDs",
@@ -712,7 +749,7 @@ class Config:
     )
 
     # Derived by the rules across keys (build), names resolved:
-    time_slicing: TimeSlicing = field(default_factory=TimeSlicing)
+    sharing: Sharing = field(default_factory=Sharing)
     resources: ResourceRules = field(default_factory=ResourceRules)
     source: str | None = None
     notes: tuple[str, ...] = ()
@@ -751,15 +788,16 @@ class Config:
         plugin = out["flags"]["plugin"]
         plugin["kubeletSocket"] = self.kubelet_socket_path
         out["flags"]["nvidiaDevRoot"] = self.dev_root
-        out["sharing"]["timeSlicing"]["resources"] = [
-            {
-                "name": e.name,
-                "replicas": e.replicas,
-                "rename": e.rename,
-                "servedAs": self.time_slicing.served_name(e),
-            }
-            for e in self.time_slicing.resources
-        ]
+        for block in self.sharing.blocks:
+            out["sharing"][block.key.split(".")[1]]["resources"] = [
+                {
+                    "name": e.name,
+                    "replicas": e.replicas,
+                    "rename": e.rename,
+                    "servedAs": block.served_name(e),
+                }
+                for e in block.resources
+            ]
         for key, patterns in (("gpus", self.resources.gpus), ("mig", self.resources.mig)):
             out["resources"][key] = [{"pattern": p.pattern, "name": p.name} for p in patterns]
         out["nvplugin"]["health"]["xids"]["ignoredEffective"] = sorted(self.health.ignored_xids)
@@ -773,6 +811,8 @@ SECTION_HELP = {
     "resources": "Resource names by GPU model.",
     "resources.exclude": "nvplugin's: GPUs hidden from every resource.",
     "sharing.timeSlicing": "One GPU advertised as several devices.",
+    "sharing.mps": "One GPU advertised as several MPS shares, each with its part of the GPU's "
+    "memory and threads; nvplugin runs the MPS control daemon.",
     "nvplugin": "nvplugin's own settings (NVIDIA's plugin has none of these).",
     "nvplugin.health": "Also set by NVIDIA's DP_DISABLE_HEALTHCHECKS and DP_ENABLE_HEALTHCHECKS.",
     "nvplugin.healthService": "grpc.health.v1 on the plugin socket (nvplugin probe).",
@@ -822,24 +862,42 @@ def build(values: Mapping[str, object], source: str | None, notes: tuple[str, ..
         return values[path]
 
     _check_ports(get("nvplugin.metrics.address"), get("nvplugin.healthProbes.address"))
-    resources, time_slicing = resolve_layout(
+    allocation = get("flags.plugin.sharedDevicesAllocationPolicy")
+    resources, sharing = resolve_layout(
         get("nvplugin.resourceName"),
         ResourceRules(
             get("resources.gpus"),
             Exclude(get("resources.exclude.uuids"), get("resources.exclude.models")),
             get("resources.mig"),
         ),
-        TimeSlicing(
-            rename_by_default=get("sharing.timeSlicing.renameByDefault"),
-            fail_requests_greater_than_one=get("sharing.timeSlicing.failRequestsGreaterThanOne"),
-            allocation=get("flags.plugin.sharedDevicesAllocationPolicy"),
-            resources=get("sharing.timeSlicing.resources"),
+        Sharing(
+            ReplicatedResources(
+                rename_by_default=get("sharing.timeSlicing.renameByDefault"),
+                fail_requests_greater_than_one=get(
+                    "sharing.timeSlicing.failRequestsGreaterThanOne"
+                ),
+                allocation=allocation,
+                resources=get("sharing.timeSlicing.resources"),
+            ),
+            ReplicatedResources(
+                rename_by_default=get("sharing.mps.renameByDefault"),
+                fail_requests_greater_than_one=get("sharing.mps.failRequestsGreaterThanOne"),
+                allocation=allocation,
+                resources=get("sharing.mps.resources"),
+                strategy=MPS,
+            ),
         ),
         get("flags.migStrategy"),
     )
+    if sharing.mps.resources and not get("flags.mpsRoot"):
+        raise Invalid(
+            'is "" but sharing.mps shares resources: MPS needs a host directory for its pipes '
+            f"and shared memory (NVIDIA's chart sets {DEFAULT_MPS_ROOT})",
+            "flags.mpsRoot",
+        )
     return Config(
         **field_values(Config, values),
-        time_slicing=time_slicing,
+        sharing=sharing,
         resources=resources,
         source=source,
         notes=notes,

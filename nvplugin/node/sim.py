@@ -20,6 +20,10 @@ Model of the node file:
   profile table behind ``nvmlDeviceGetGpuInstanceProfileInfo``. Other GPUs answer NotSupported.
   The driver's ``mig-minors`` file is written under the tree (the simulated driver root) when a
   GPU has MIG on;
+- compute modes: every GPU starts in DEFAULT; ``nvmlDeviceSetComputeMode`` changes it for the
+  rest of the simulation (:attr:`SimulatedNvml.compute_modes`);
+- the driver root (the same generated tree) holds ``usr/bin/nvidia-cuda-mps-control``, the MPS
+  control daemon's stand-in (:mod:`nvplugin.node.simmps`), run by this interpreter;
 - scripted events (``after_s`` from the first simulated ``nvmlInit``): an Xid event is
   delivered once, by the next ``nvmlEventSetWait`` of a set the GPU is registered in; a lost GPU
   raises GpuIsLost on every query until a ``recover`` event, and the next wait raises GpuIsLost
@@ -41,7 +45,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from nvplugin.node import mig, nvml
+from nvplugin.node import mig, nvml, simmps
 from nvplugin.node.model import MAX_NVLINKS, format_cpu_list
 from nvplugin.node.nodespec import NodeSpec
 
@@ -83,6 +87,14 @@ def remove_stale_sysfs_trees(parent: str) -> list[str]:
             shutil.rmtree(path, ignore_errors=True)
             removed.append(name)
     return removed
+
+
+def _usable(directory: str) -> bool:
+    """Whether a generated tree may live in ``directory``: writable, and programs can run there."""
+    try:
+        return os.access(directory, os.W_OK) and not os.statvfs(directory).f_flag & os.ST_NOEXEC
+    except OSError:
+        return False
 
 
 def _alive(pid: int) -> bool:
@@ -152,6 +164,7 @@ class SimulatedNvml:
         self._next_set = 0
         self._delivered: set[int] = set()  # event numbers already delivered / raised
         self._link_table = [self._links_of(i) for i in range(len(spec.gpus))]
+        self._compute_modes = [self._pynvml.NVML_COMPUTEMODE_DEFAULT] * len(spec.gpus)
 
     # -- install / uninstall ------------------------------------------------------------------
     def install(self) -> SimulatedNvml:
@@ -236,6 +249,8 @@ class SimulatedNvml:
             "nvmlDeviceRegisterEvents": self.nvmlDeviceRegisterEvents,
             "nvmlEventSetWait": self.nvmlEventSetWait,
             "nvmlEventSetFree": self.nvmlEventSetFree,
+            "nvmlDeviceGetComputeMode": self.nvmlDeviceGetComputeMode,
+            "nvmlDeviceSetComputeMode": self.nvmlDeviceSetComputeMode,
         }
 
     # -- sysfs --------------------------------------------------------------------------------
@@ -245,10 +260,9 @@ class SimulatedNvml:
             root.mkdir(parents=True, exist_ok=True)
         else:
             # In memory where the OS offers it: a 256-CPU tree is ~1000 files, 40x faster on tmpfs.
-            shm = (
-                "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-            )
-            parent = shm if shm is not None else tempfile.gettempdir()
+            # Not where programs cannot run (a container's /dev/shm is noexec): the tree is the
+            # driver root too, with the MPS control daemon's stand-in in it.
+            parent = "/dev/shm" if _usable("/dev/shm") else tempfile.gettempdir()
             remove_stale_sysfs_trees(parent)
             root = Path(tempfile.mkdtemp(prefix=f"{SYSFS_PREFIX}{os.getpid()}-", dir=parent))
             self._made_root = True
@@ -276,12 +290,20 @@ class SimulatedNvml:
             minors = root / mig.MIG_MINORS_PATH
             minors.parent.mkdir(parents=True, exist_ok=True)
             minors.write_text(mig.mig_minors_text(max(mig.CAPS_GPUS, len(self.spec.gpus))))
+        simmps.write_program(str(root))
 
     @property
     def driver_root(self) -> str:
-        """The simulated driver root (``proc/driver/nvidia-caps/mig-minors`` lives under it):
-        the same generated tree as the simulated sysfs, which has no ``proc`` of its own."""
+        """The simulated driver root (``proc/driver/nvidia-caps/mig-minors`` and
+        ``usr/bin/nvidia-cuda-mps-control`` live under it): the same generated tree as the
+        simulated sysfs, which has no ``proc`` or ``usr`` of its own."""
         return self.sysfs_root
+
+    @property
+    def compute_modes(self) -> list[int]:
+        """Each GPU's compute mode now (NVML's values), in index order."""
+        with self._lock:
+            return list(self._compute_modes)
 
     # -- state --------------------------------------------------------------------------------
     def _now(self) -> float:
@@ -554,6 +576,19 @@ class SimulatedNvml:
         if version == 2:
             info.name = f"MIG {entry.name}".encode()
         return info
+
+    def nvmlDeviceGetComputeMode(self, handle: Any) -> int:
+        index = self._device(handle)
+        with self._lock:
+            mode: int = self._compute_modes[index]
+        return mode
+
+    def nvmlDeviceSetComputeMode(self, handle: Any, mode: int) -> None:
+        index = self._device(handle)
+        if mode not in range(self._pynvml.NVML_COMPUTEMODE_COUNT):
+            raise self._error(self._pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        with self._lock:
+            self._compute_modes[index] = mode
 
     def nvmlEventSetCreate(self) -> Any:
         self._require_init()

@@ -94,9 +94,9 @@ def test_nvidia_style_values_arrive_with_nvidias_meaning(workdir: Path) -> None:
     assert config.fail_on_init_error is False  # the value wins over the file
     assert config.driver_root == config.dev_root == "/run/nvidia/driver"
     assert config.mig_strategy == "none"
-    assert config.time_slicing.resources == ()  # config0 is the default, not time-sliced
+    assert config.sharing.time_slicing.resources == ()  # config0 is the default, not time-sliced
     chosen = dict(NVIDIA_STYLE, config={**NVIDIA_STYLE["config"], "default": "time-sliced"})
-    sliced = _load(render(chosen), workdir, "sliced").time_slicing
+    sliced = _load(render(chosen), workdir, "sliced").sharing.time_slicing
     assert sliced.resources == (ReplicatedResource("nvidia.com/gpu", 4),)
     assert sliced.served_name(sliced.resources[0]) == "nvidia.com/gpu.shared"
 
@@ -123,7 +123,7 @@ def test_nvplugin_values_arrive(workdir: Path) -> None:
     [
         "version: v1\nflags:\n  plugin:\n    deviceListStrategy: [envvar, magic]\n",
         "flags:\n  gdsEnabled: true\n",
-        "sharing:\n  mps:\n    resources: [{name: nvidia.com/gpu, replicas: 2}]\n",
+        "sharing:\n  mps:\n    resources: [{name: nvidia.com/gpu, replicas: 49}]\n",
         "nvplugin:\n  helth: {}\n",
         "nvplugin:\n  health:\n    recovery:\n      quietPeriod: 30\n",
         "sharing:\n  timeSlicing:\n    resources:\n    - {name: gpu, replicas: 1}\n",

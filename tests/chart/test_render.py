@@ -66,6 +66,18 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
             },
         }
     },
+    "mps": {
+        "mps": {"root": "/var/run/nvidia/mps"},
+        "config": {
+            "default": "any",
+            "map": {
+                "default": "version: v1\n",
+                # The GPU Operator's MPS guide, as a config.map entry.
+                "any": "version: v1\nsharing:\n  mps:\n    renameByDefault: true\n"
+                "    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n",
+            },
+        },
+    },
     "no-probes": {"probes": {"enabled": False}, "affinity": None, "tolerations": None},
     "overrides": {"fullnameOverride": "gpu", "namespaceOverride": "gpu-operator"},
     "digest": {"image": {"digest": "sha256:" + "ab" * 32, "pullPolicy": "Always"}},
@@ -137,6 +149,7 @@ def test_defaults_run_serve_with_the_kubelet_dir(default: Rendered) -> None:
     assert ds["metadata"]["namespace"] == NAMESPACE
     assert default.container["args"] == ["serve", "--device-plugin-dir", DEVICE_PLUGIN_DIR]
     assert default.env == {
+        "MPS_ROOT": "/run/nvidia/mps",  # as NVIDIA's chart sets it, MPS or not
         "NVPLUGIN_RESOURCE_NAME": "nvidia.com/gpu",
         "NVPLUGIN_HEALTH_PROBE_ADDRESS": "0.0.0.0:9401",
     }
@@ -246,6 +259,7 @@ def test_chart_values_reach_the_plugin_as_its_environment(renders: dict[str, Ren
         "DEVICE_LIST_STRATEGY": "envvar,cdi-annotations",
         "DEVICE_ID_STRATEGY": "index",
         "NVIDIA_DRIVER_ROOT": "/run/nvidia/driver",
+        "MPS_ROOT": "/run/nvidia/mps",
     }
     assert rendered.container["args"][-2:] == ["--simulate", "dgx-a100"]
 
@@ -269,7 +283,12 @@ def test_nvidia_driver_root_is_mounted_where_the_plugin_loads_nvml(
 
 
 def test_no_unset_setting_leaks_into_env_or_config(default: Rendered) -> None:
-    assert list(default.env) == ["NVPLUGIN_RESOURCE_NAME", "NVPLUGIN_HEALTH_PROBE_ADDRESS"]
+    # MPS_ROOT: NVIDIA's chart's value, set by default (it mounts nothing without sharing.mps).
+    assert list(default.env) == [
+        "MPS_ROOT",
+        "NVPLUGIN_RESOURCE_NAME",
+        "NVPLUGIN_HEALTH_PROBE_ADDRESS",
+    ]
     assert default.kinds() == ["DaemonSet"]
 
 
@@ -375,7 +394,7 @@ def test_privileged_only_with_device_specs_or_the_host_driver(renders: dict[str,
     assert context["allowPrivilegeEscalation"] is True  # the API rejects privileged without it
     assert "capabilities" not in context
     assert context["readOnlyRootFilesystem"] is True
-    for case in set(VALUE_SETS) - {"everything"}:
+    for case in set(VALUE_SETS) - {"everything", "mps"}:
         assert "privileged" not in renders[case].container["securityContext"], case
     off = render({"compatWithCPUManager": False}).container["securityContext"]
     assert "privileged" not in off
@@ -395,6 +414,73 @@ def test_pass_device_specs_in_the_config_is_privileged_too(config: object) -> No
     off = {"flags": {"plugin": {"passDeviceSpecs": False}}}
     context = render({"config": {"map": {"default": off}}}).container["securityContext"]
     assert "privileged" not in context
+
+
+# --- MPS ------------------------------------------------------------------------------------------
+
+
+def test_mps_mounts_the_root_and_a_tmpfs_for_its_shared_memory(
+    renders: dict[str, Rendered],
+) -> None:
+    rendered = renders["mps"]
+    pod, container = rendered.pod, rendered.container
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["mps-root"]["hostPath"] == {
+        "path": "/var/run/nvidia/mps",
+        "type": "DirectoryOrCreate",
+    }
+    assert volumes["mps-shm"]["hostPath"] == {
+        "path": "/var/run/nvidia/mps/shm",
+        "type": "Directory",
+    }
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts["mps-root"] == {
+        "name": "mps-root",
+        "mountPath": "/mps",  # NVIDIA's container root: the plugin looks there first
+        "mountPropagation": "HostToContainer",
+    }
+    assert mounts["mps-shm"] == {"name": "mps-shm", "mountPath": "/dev/shm"}
+    # The tmpfs NVIDIA's MPS daemon set mounts, made by an init container that puts it on the host.
+    (init,) = pod["initContainers"]
+    assert init["image"] == container["image"]
+    assert init["securityContext"]["privileged"] is True
+    assert init["volumeMounts"] == [
+        {"name": "mps-root", "mountPath": "/mps", "mountPropagation": "Bidirectional"}
+    ]
+    script = init["command"][-1]
+    assert "mount -t tmpfs" in script and "size=64M" in script and "/mps/shm" in script
+    # MPS_ROOT: the host path the plugin names in Allocate; CUDA for the daemon; privileged for
+    # the compute mode. No host IPC or PID namespace: shared memory and pipes are mounted.
+    assert rendered.env["MPS_ROOT"] == "/var/run/nvidia/mps"
+    assert rendered.env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
+    assert container["securityContext"]["privileged"] is True
+    for key in ("hostIPC", "hostPID", "hostNetwork", "shareProcessNamespace"):
+        assert key not in pod
+
+
+def test_without_an_mps_config_nothing_of_mps_is_mounted(renders: dict[str, Rendered]) -> None:
+    for case in set(VALUE_SETS) - {"mps"}:
+        pod = renders[case].pod
+        assert "initContainers" not in pod, case
+        assert not {"mps-root", "mps-shm"} & {v["name"] for v in pod["volumes"]}, case
+        assert "NVIDIA_DRIVER_CAPABILITIES" not in renders[case].env, case
+    # Any entry counts: a node may be given it.
+    other = render(
+        {
+            "config": {
+                "map": {
+                    "a": "version: v1\n",
+                    "b": {"sharing": {"mps": {"resources": [{"name": "gpu", "replicas": 2}]}}},
+                },
+                "default": "a",
+            }
+        }
+    )
+    assert other.pod["initContainers"][0]["name"] == "mps-shm"
+    empty = render(
+        {"config": {"map": {"a": "sharing:\n  mps:\n", "b": {"sharing": None}}, "default": "a"}}
+    )
+    assert "initContainers" not in empty.pod
 
 
 # --- scheduling -----------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 from nvplugin.kubelet.kubelet import FakeKubelet
+from nvplugin.plugin.mps import daemon_pids
 from tests import until
 from tests.chart.rendering import Rendered, render
 
@@ -247,6 +248,44 @@ def test_probes_pass_when_the_config_renames_the_plugin_sockets(
                 assert status == 200, body
                 assert "nvidia.com/a100: SERVING" in body
                 assert "nvidia.com/gpu.shared: SERVING" in body
+
+    asyncio.run(scenario())
+
+
+def test_the_rendered_mps_pod_serves_mps_shares(dirs: tuple[str, Path]) -> None:
+    """The GPU Operator's MPS config through the chart: the rendered pod's plugin starts its MPS
+    control daemon under the rendered MPS_ROOT (here a scratch directory, the pod's /mps being
+    absent on this host) and advertises the shares once it answers; stopped, nothing is left."""
+    plugin_dir, work = dirs
+    mps_root = str(work / "mps")
+    values = {
+        "simulate": "dgx-a100",
+        "log": {"format": "json"},
+        "mps": {"root": mps_root},
+        "config": {
+            "map": {
+                "any": "version: v1\nsharing:\n  mps:\n    renameByDefault: true\n"
+                "    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n"
+            }
+        },
+    }
+    rendered = render(values)
+    args, env, log_path = _on_this_host(rendered, plugin_dir, work)
+    assert env["MPS_ROOT"] == mps_root
+
+    async def scenario() -> None:
+        async with FakeKubelet(plugin_dir) as kubelet, _plugin(args, env, log_path):
+            try:
+                await kubelet.wait_registered("nvidia.com/gpu.shared", timeout=60)
+                await kubelet.observer.wait_for(
+                    lambda m: len(m.healthy_devices("nvidia.com/gpu.shared")) == 32, 30, "32"
+                )
+            except TimeoutError as exc:
+                raise AssertionError(f"{exc}\n{log_path.read_text()}") from None
+            (ready,) = _logged(log_path, "MPS control daemon ready")
+            assert ready["pipe_dir"] == f"{mps_root}/nvidia.com/gpu.shared/pipe"
+        assert _logged(log_path, "MPS control daemon stopped")
+        assert daemon_pids(f"{mps_root}/nvidia.com/gpu.shared/pipe") == []
 
     asyncio.run(scenario())
 

@@ -96,11 +96,11 @@ def test_wrong_types_fail_at_install_time(values: dict[str, Any], message: str) 
                 "config": {
                     "map": {
                         "c": "sharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu"
-                        "\n      replicas: 2\n"
+                        "\n      replicas: 64\n"
                     }
                 }
             },
-            'values.config.map.c: key "sharing.mps": nvplugin does not support MPS sharing yet',
+            'values.config.map.c: key "sharing.mps.resources[0].replicas": 64 is more than 48',
         ),
         (
             {"config": {"map": {"c": "imex:\n  channelIDs: [0]\n"}}},
@@ -143,7 +143,6 @@ def test_wrong_types_fail_at_install_time(values: dict[str, Any], message: str) 
         ({"deviceDiscoveryStrategy": "tegra"}, "values.deviceDiscoveryStrategy: nvplugin does"),
         ({"gfd": {"enabled": True}}, "values.gfd: nvplugin's chart does not deploy gfd"),
         ({"nfd": {"worker": {}}}, "values.nfd: nvplugin's chart does not deploy nfd"),
-        ({"mps": {"root": "/run/nvidia/mps"}}, "values.mps: nvplugin's chart does not deploy mps"),
     ],
 )
 def test_values_that_cannot_work_fail_with_a_clear_message(
@@ -209,7 +208,7 @@ def _schema_paths(schema: dict[str, Any], prefix: str = "") -> list[str]:
             continue
         if sub.get("properties") and sub.get("additionalProperties") is False:
             paths.extend(_schema_paths(sub, path + "."))
-        elif name in ("gfd", "nfd", "mps"):
+        elif name in ("gfd", "nfd"):
             continue  # NVIDIA's values nvplugin refuses: in the schema, not in values.yaml
         else:
             paths.append(path)

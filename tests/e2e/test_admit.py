@@ -67,6 +67,7 @@ def test_dgx_a100_samples_single_numa_node_with_static_cpus() -> None:
             "devices": {},
             "gpu_indices": [],
             "mig_devices": [],
+            "mps": None,
             "cpus": [],
             "numa_nodes": None,
         }
@@ -80,6 +81,7 @@ def test_dgx_a100_samples_single_numa_node_with_static_cpus() -> None:
         "devices": {},
         "gpu_indices": [],
         "mig_devices": [],
+        "mps": None,
         "cpus": [],
         "numa_nodes": None,  # single-numa-node turns "any node" into don't care
     }

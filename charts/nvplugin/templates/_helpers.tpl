@@ -285,10 +285,10 @@ NVIDIA values nvplugin cannot honour fail rendering, saying so.
 {{- if and .Values.config.name .Values.config.map }}
 {{- fail (printf "values.config.name (%q) and values.config.map are both set: the plugin reads config files from one ConfigMap; use config.map for one this chart manages, or config.name for yours" .Values.config.name) }}
 {{- end }}
-{{- range $name := list "gfd" "nfd" "mps" }}
+{{- range $name := list "gfd" "nfd" }}
 {{- $v := get $.Values $name }}
 {{- if and $v (not (and (eq $name "gfd") (eq (toJson $v) "{\"enabled\":false}"))) }}
-{{- fail (printf "values.%s: nvplugin's chart does not deploy %s; remove the %s values (GPU Feature Discovery, Node Feature Discovery and MPS are not part of nvplugin)" $name $name $name) }}
+{{- fail (printf "values.%s: nvplugin's chart does not deploy %s; remove the %s values (GPU Feature Discovery and Node Feature Discovery are not part of nvplugin)" $name $name $name) }}
 {{- end }}
 {{- end }}
 {{- range (include "nvplugin.settings" . | fromJson).refused }}
@@ -342,8 +342,9 @@ Chart values that reach the plugin as serve flags: [flag, value], only the ones 
 
 {{/*
 Whether the container must be privileged: DeviceSpecs (compatWithCPUManager, or passDeviceSpecs in
-the chosen config file) name host device nodes only a privileged container sees, and with the
-driver mounted from the host but no NVIDIA runtime, NVML needs the /dev/nvidia* nodes.
+the chosen config file) name host device nodes only a privileged container sees, with the driver
+mounted from the host but no NVIDIA runtime NVML needs the /dev/nvidia* nodes, and MPS sets the
+GPUs' compute mode (see nvplugin.mps).
 */}}
 {{- define "nvplugin.privileged" -}}
 {{- $key := include "nvplugin.configKey" . }}
@@ -352,7 +353,32 @@ driver mounted from the host but no NVIDIA runtime, NVML needs the /dev/nvidia* 
 {{- $cfg := include "nvplugin.parseConfig" (dict "name" $key "value" (get .Values.config.map $key)) | fromJson }}
 {{- $specs = eq (toJson (dig "flags" "plugin" "passDeviceSpecs" false $cfg)) "true" }}
 {{- end }}
-{{- if or .Values.compatWithCPUManager $specs (and .Values.nvidiaDriverRoot (not .Values.runtimeClassName)) }}true{{ end }}
+{{- if or .Values.compatWithCPUManager $specs (and .Values.nvidiaDriverRoot (not .Values.runtimeClassName)) (include "nvplugin.mps" .) }}true{{ end }}
+{{- end }}
+
+{{/*
+Whether a config file shares a resource through MPS (sharing.mps.resources): the plugin then runs
+an MPS control daemon per such resource, which needs the MPS root and its shared memory from the
+host, the compute capability from the NVIDIA runtime, and a privileged container (it sets the GPUs'
+compute mode). Every entry of config.map counts, as a node may be given any of them; with
+config.name the chart sees the ConfigMap's entries only in a cluster (lookup).
+*/}}
+{{- define "nvplugin.mps" -}}
+{{- $entries := .Values.config.map | default dict }}
+{{- if .Values.config.name }}
+{{- $cm := lookup "v1" "ConfigMap" (include "nvplugin.namespace" .) .Values.config.name }}
+{{- $entries = get ($cm | default dict) "data" | default dict }}
+{{- end }}
+{{- $mps := false }}
+{{- range $name, $value := $entries }}
+{{- $cfg := include "nvplugin.parseConfig" (dict "name" $name "value" $value) | fromJson }}
+{{- $sharing := get $cfg "sharing" }}
+{{- if kindIs "map" $sharing }}
+{{- $block := get $sharing "mps" }}
+{{- if and (kindIs "map" $block) (get $block "resources") }}{{ $mps = true }}{{ end }}
+{{- end }}
+{{- end }}
+{{- if $mps }}true{{ end }}
 {{- end }}
 
 {{/*
