@@ -1,0 +1,458 @@
+"""The exact best-effort objective on nodes of up to eight classes of interchangeable GPUs, by
+branch and bound over count vectors.
+
+On such a node (:mod:`nvplugin.allocator.classes`: a PCIe switch's cards, an NVSwitch fabric's
+GPUs of one socket) a group is a count vector x (GPUs per class) and its score ``f(x)`` depends on
+nothing else. With a the available GPUs per class, r the must-include ones and s the size,
+allocation.md's objective reads:
+
+- ``R(y)``: the best score of a partition of the count vector y into groups of s and one leftover
+  group of ``|y| mod s``. Some group holds a GPU of the first class c0 that y has, so
+  ``R(y) = max f(g) + R(y - g)`` over the groups g (of s, or of the leftover size) with
+  ``g[c0] >= 1``: a recursion over count vectors, not over GPUs.
+- ``OPT = max f(x) + R(a - x)`` over the full groups x with ``r <= x <= a`` (without must-include
+  GPUs: ``R(a)``), and the answer is, among the x reaching OPT, one with the highest ``f(x)``,
+  then the lex-smallest group (:mod:`nvplugin.allocator.counts` says why the lowest members per
+  class give it).
+
+The space of count vectors is small (at most 5^8 = 390 625 vectors of 32 GPUs in 8 classes), but a
+request does not walk it. Three things keep the search to a few dozen states:
+
+- **A bound that is exact for PCIe trees.** Pair scores are sums of threshold steps: with the
+  distinct scores t_1 < t_2 < ..., a pair scoring t contributes ``t_i - t_(i-1)`` for every
+  ``t_i <= t``. At threshold t_i the classes joined by scores ``>= t_i`` fall into connected
+  components, and a pair of GPUs in one group counts at t_i only if both lie in one component.
+  The most pairs a partition can put inside a component of ``k`` GPUs is ``C(s, 2)`` per full
+  group of s it could fill plus ``C(k mod s, 2)``, so ``R(y) <= sum_i (t_i - t_(i-1)) *
+  sum_components Cmax(GPUs of y in it)``. On a PCIe tree the components are the tree's subtrees,
+  and the bound is the score of packing every subtree as tightly as the group size allows: it is
+  met whenever the subtrees' counts divide well, and close otherwise. Where scores do not nest
+  (an NVSwitch fabric over part of a PCIe tree) the components still bound, less tightly.
+- **Symmetry.** Classes with the same scores to every other class and the same score inside
+  (sibling switches) are interchangeable: R does not change when their counts are permuted, so
+  a state is stored by its counts sorted within each such set, and a group is branched on once
+  per arrangement of equal counts.
+- **Fail-soft memo.** Each state remembers its exact value, or an upper bound once a search below
+  it was cut off because it could not reach what its caller needed; a later visit with a lower
+  need searches again, one with a higher need stops at once. Children are tried best bound
+  first, and a state stops the moment the next child's bound cannot beat its best.
+
+Everything is integer numpy arithmetic (doubled scores, so pairs count whole): a float product
+would go through the BLAS library, whose worker threads spin on a busy node.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from nvplugin.allocator.classes import Classes
+from nvplugin.allocator.tables import OutOfTime
+
+IntArray = NDArray[np.int64]
+
+MAX_CLASSES = 8
+"""Most classes the branch search takes."""
+
+MAX_VECTORS = 5**8
+"""Most count vectors (the product of class sizes + 1) whose groups are listed at start-up: 32
+GPUs in 8 classes never exceed it (~10 MB of arrays at the limit)."""
+
+LexKey = Callable[[IntArray], NDArray[np.uint64]]
+"""For count vectors (rows), a key that orders their groups lexicographically: higher first."""
+
+
+def vectors(classes: Classes) -> int:
+    """How many count vectors a node's classes have (every vector below the class sizes)."""
+    return int(np.prod([len(members) + 1 for members in classes.members], dtype=np.int64))
+
+
+def applies(classes: Classes) -> bool:
+    """Whether the branch search takes a node with these classes."""
+    return len(classes) <= MAX_CLASSES and vectors(classes) <= MAX_VECTORS
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A request's answer in count vectors: OPT and the answer's own score (both doubled), and
+    the count vectors that reach both, the answer's first (by the request's lex key)."""
+
+    opt2: int
+    own2: int
+    best: IntArray
+
+
+class BranchSearch:
+    """The branch and bound over one node's classes (see the module docstring). Read-only after
+    construction: each request keeps its own memo, so threads may share one."""
+
+    def __init__(self, classes: Classes) -> None:
+        self.classes = classes
+        sizes = [len(members) for members in classes.members]
+        m = len(sizes)
+        self._m = m
+        self._scores = classes.scores.astype(np.int64)
+        self._inner = np.diag(self._scores).copy()
+        self._twins = _twin_sets(self._scores, sizes)
+        self._pairs = (
+            np.asarray(
+                [pair for twins in self._twins for pair in itertools.pairwise(twins)], dtype=np.intp
+            )
+            .reshape(-1, 2)
+            .T
+        )
+        # Every count vector below the class sizes (row i: the vector whose mixed-radix digits
+        # are i), and the memo key of each: the same for vectors that differ by a permutation
+        # of twin classes' counts.
+        grid = np.indices([size + 1 for size in sizes], dtype=np.int8).reshape(m, -1).T
+        self._stride = np.cumprod([1] + [size + 1 for size in sizes[:0:-1]])[::-1].astype(np.int64)
+        arranged = grid.astype(np.int64)
+        for twins in self._twins:
+            arranged[:, twins] = np.sort(arranged[:, twins], axis=1)
+        radix = max(sizes) + 1
+        _, keys = np.unique(arranged @ (radix ** np.arange(m, dtype=np.int64)), return_inverse=True)
+        self._keys = keys.astype(np.int32).reshape(-1)
+        # The same vectors ordered by size and then by first class, so the groups of size k
+        # whose first class is c are one slice.
+        total = grid.sum(axis=1, dtype=np.int64)
+        first = np.where(total > 0, np.argmax(grid > 0, axis=1), m)
+        order = np.lexsort((first, total))
+        self._groups = np.ascontiguousarray(grid[order])
+        self._twice = self.twice(self._groups.astype(np.int64))
+        keys = total[order] * (m + 1) + first[order]
+        self._slices = np.searchsorted(keys, np.arange((sum(sizes) + 1) * (m + 1) + 1))
+        self._components, self._steps = _components(self._scores, sizes)
+
+    @property
+    def nbytes(self) -> int:
+        arrays = (self._groups, self._twice, self._keys, self._slices, self._components)
+        return sum(a.nbytes for a in arrays)
+
+    def twice(self, x: IntArray) -> IntArray:
+        """Twice the score of each group (count vector) in ``x``."""
+        result: IntArray = ((x @ self._scores) * x).sum(axis=-1) - x @ self._inner
+        return result
+
+    def groups(
+        self,
+        size: int,
+        high: IntArray,
+        sides: list[IntArray],
+        *,
+        first: int | None = None,
+        low: IntArray | None = None,
+    ) -> tuple[IntArray, IntArray]:
+        """The count vectors of ``size`` GPUs between ``low`` and ``high`` (whose first class is
+        ``first``, when given), one arrangement of twins' counts equal on every side in
+        ``sides`` (:func:`_arranged`), with twice their scores."""
+        row = size * (self._m + 1)
+        start, stop = (row, row + self._m + 1) if first is None else (row + first, row + first + 1)
+        lo, hi = int(self._slices[start]), int(self._slices[stop])
+        groups = self._groups[lo:hi]  # int8: compared as such, widened once filtered
+        fits = (groups <= high.astype(np.int8)).all(axis=1)
+        if low is not None:
+            fits &= (groups >= low.astype(np.int8)).all(axis=1)
+        fits &= _arranged(groups, sides, self._pairs)
+        return groups[fits].astype(np.int64), self._twice[lo:hi][fits]
+
+    def search(
+        self,
+        available: IntArray,
+        required: IntArray,
+        size: int,
+        lex: LexKey,
+        *,
+        deadline: float | None = None,
+        every: bool = False,
+    ) -> Answer:
+        """The answer to a possible request (``required <= available``, ``sum(required) <=
+        size <= sum(available)``); with ``every``, every count vector reaching OPT with the best
+        own score, else the first by ``lex``. Raises :class:`OutOfTime` past ``deadline``."""
+        query = _Query(self, int(available.sum()), size, deadline)
+        sides = [available, required]
+        x, fx = self.groups(size, available, sides, low=required)
+        rest = available - x
+        bounds = fx + query.bound(rest)
+        if required.any():
+            opt, _ = query.best_child(rest, fx, query.codes(rest), bounds, 0, -1)
+        else:
+            opt, _ = query.rest(query.code(available), available, 0)
+        # The answer: the highest own score whose group reaches OPT, then the lex-smallest.
+        keep = bounds >= opt
+        x, fx, rest = x[keep], fx[keep], rest[keep]
+        codes = query.codes(rest)
+        terminal = rest.sum(axis=1) <= size
+        totals = np.where(terminal, fx + query.value(rest), -1)
+        reach = np.zeros(len(x), dtype=bool)
+        level = None
+        for i in np.argsort(-fx, kind="stable").tolist():
+            f = int(fx[i])
+            if level is not None and f < level:
+                break
+            if terminal[i]:
+                reach[i] = totals[i] == opt
+            else:
+                value, exact = query.rest(int(codes[i]), rest[i], opt - f)
+                reach[i] = exact and value + f == opt
+            if reach[i]:
+                level = f
+        assert level is not None, "the best partition's group reaches OPT"
+        best = _arrangements(x[reach], sides, self._twins)
+        if not every:
+            best = best[[int(np.argmax(lex(best)))]]
+        return Answer(opt, level, best)
+
+    def totals(self, available: IntArray, candidates: IntArray, size: int) -> IntArray:
+        """Twice the best score of a partition of ``available`` that has each candidate as a
+        full group (exact: for ``--explain``, not for requests)."""
+        query = _Query(self, int(available.sum()), size, None)
+        rest = available - candidates
+        out = self.twice(candidates)
+        for i, row in enumerate(rest):
+            value, exact = query.rest(query.code(row), row, 0)
+            assert exact
+            out[i] += value
+        return out
+
+    def partition(self, rest: IntArray, size: int) -> tuple[list[IntArray], IntArray]:
+        """A best partition of ``rest`` (counts per class): its full groups and its leftover, as
+        count vectors (for ``--explain``)."""
+        query = _Query(self, int(rest.sum()), size, None)
+        full: list[IntArray] = []
+        y = rest.copy()
+        while y.any():
+            total = int(y.sum())
+            if total <= size:
+                if total == size:
+                    full.append(y)
+                    return full, np.zeros_like(y)
+                return full, y
+            value, _ = query.rest(query.code(y), y, 0)
+            group = query.best_group(y, value)
+            if int(group.sum()) == size:
+                full.append(group)
+                y = y - group
+            else:  # the leftover holds the first class; the rest divides into full groups
+                inner, _ = self.partition(y - group, size)
+                return full + inner, group
+        return full, y
+
+
+class _Query:
+    """One request's search state: the group size, the bound's constants and the memo."""
+
+    def __init__(self, search: BranchSearch, gpus: int, size: int, deadline: float | None) -> None:
+        self._search = search
+        self._size = size
+        self._deadline = deadline
+        t = np.arange(gpus + 1, dtype=np.int64)
+        whole, part = np.divmod(t, size)
+        self._cmax = whole * (size * (size - 1)) + part * (part - 1)
+        self._memo: dict[int, tuple[int, bool]] = {}
+
+    def code(self, y: IntArray) -> int:
+        """The memo key of one state (counts sorted within each set of twin classes)."""
+        return int(self.codes(y[None, :])[0])
+
+    def codes(self, rows: IntArray) -> IntArray:
+        """The memo key of each row."""
+        search = self._search
+        keys: IntArray = search._keys[rows @ search._stride]
+        return keys
+
+    def bound(self, rows: IntArray) -> IntArray:
+        """Twice an upper bound on R of each row (module docstring)."""
+        search = self._search
+        result: IntArray = self._cmax[rows @ search._components] @ search._steps
+        return result
+
+    def value(self, rows: IntArray) -> IntArray:
+        """Twice R of rows that hold at most one group (one group: its own score)."""
+        if self._size == 1:
+            return np.zeros(len(rows), dtype=np.int64)
+        return self._search.twice(rows)
+
+    def children(self, y: IntArray) -> tuple[IntArray, IntArray, IntArray]:
+        """The states one group below y: for each group g holding y's first class (one per
+        arrangement of twins), ``y - g``, twice ``f(g)`` and the memo key, one row per key."""
+        search = self._search
+        first = int(np.argmax(y > 0))
+        total = int(y.sum())
+        rows, own = [], []
+        for size in {self._size, total % self._size} - {0}:
+            groups, scores = search.groups(size, y, [y], first=first)
+            rows.append(y - groups)
+            own.append(scores)
+        rest = rows[0] if len(rows) == 1 else np.vstack(rows)
+        twice = own[0] if len(own) == 1 else np.concatenate(own)
+        codes = self.codes(rest)
+        if search._twins:  # one row per key (the same key has the same score)
+            order = np.lexsort((-twice, codes))
+            unique = np.ones(len(order), dtype=bool)
+            unique[1:] = codes[order][1:] != codes[order][:-1]
+            keep = order[unique]
+            rest, twice, codes = rest[keep], twice[keep], codes[keep]
+        return rest, twice, codes
+
+    def rest(self, code: int, y: IntArray, need: int) -> tuple[int, bool]:
+        """Twice R(y) and True; or, when R(y) < ``need``, possibly an upper bound below ``need``
+        and False."""
+        known = self._memo.get(code)
+        if known is not None and (known[1] or known[0] < need):
+            return known
+        if self._deadline is not None and time.monotonic() > self._deadline:
+            raise OutOfTime
+        if int(y.sum()) <= self._size or self._size == 1:
+            result = (int(self.value(y[None, :])[0]), True)
+        else:
+            rest, own, codes = self.children(y)
+            best, upper = self.best_child(rest, own, codes, own + self.bound(rest), need, -1)
+            result = (best, True) if upper <= best else (upper, False)
+        self._memo[code] = result
+        return result
+
+    def best_child(
+        self, rest: IntArray, own: IntArray, codes: IntArray, bounds: IntArray, need: int, best: int
+    ) -> tuple[int, int]:
+        """Over the children (states ``rest``, reached by groups scoring ``own``): the best exact
+        ``own + R(rest)`` (at least ``best``) and an upper bound on the children not solved
+        exactly (-1 when every one that could beat the best was)."""
+        upper = -1
+        terminal = rest.sum(axis=1) <= self._size
+        if terminal.any():
+            best = max(best, int((own[terminal] + self.value(rest[terminal])).max()))
+            keep = ~terminal
+            rest, own, codes, bounds = rest[keep], own[keep], codes[keep], bounds[keep]
+        bound_list, own_list, code_list = bounds.tolist(), own.tolist(), codes.tolist()
+        memo = self._memo
+        for j in np.argsort(-bounds, kind="stable").tolist():
+            bound = bound_list[j]
+            if bound <= best:
+                break  # no child left can beat the best
+            if bound < need:
+                upper = max(upper, bound)
+                break  # none left can reach what the caller needs
+            f = own_list[j]
+            known = memo.get(code_list[j])
+            if known is not None and not known[1]:  # a bound learnt below: tighter
+                if known[0] + f <= best:
+                    continue
+                if known[0] + f < need:
+                    upper = max(upper, known[0] + f)
+                    continue
+            value, exact = self.rest(code_list[j], rest[j], max(need, best + 1) - f)
+            if exact:
+                best = max(best, value + f)
+            elif value + f > best:
+                upper = max(upper, value + f)
+        return best, upper
+
+    def best_group(self, y: IntArray, value: int) -> IntArray:
+        """A group g holding y's first class with ``f(g) + R(y - g) = value`` (``value`` = R(y))."""
+        search = self._search
+        first = int(np.argmax(y > 0))
+        total = int(y.sum())
+        for size in sorted({self._size, total % self._size} - {0}, reverse=True):
+            groups, scores = search.groups(size, y, [y], first=first)
+            for i, f in enumerate(scores.tolist()):
+                rest = y - groups[i]
+                child, exact = self.rest(self.code(rest), rest, value - f)
+                if exact and child + f == value:
+                    found: IntArray = groups[i]
+                    return found
+        raise AssertionError("R(y) is reached by some group")
+
+
+def _twin_sets(scores: IntArray, sizes: list[int]) -> list[list[int]]:
+    """Sets of two or more interchangeable classes: the same score to every other class, the
+    same score inside (and both of one GPU, or both of more: a class of one GPU has no inside
+    score)."""
+    m = len(sizes)
+    out: list[list[int]] = []
+    placed: set[int] = set()
+    for c in range(m):
+        if c in placed:
+            continue
+        same = [c]
+        for d in range(c + 1, m):
+            if d in placed or scores[c, c] != scores[d, d] or (sizes[c] > 1) != (sizes[d] > 1):
+                continue
+            if all(scores[c, e] == scores[d, e] for e in range(m) if e not in (c, d)):
+                same.append(d)
+                placed.add(d)
+        if len(same) > 1:
+            out.append(same)
+    return out
+
+
+def _arranged(
+    groups: NDArray[np.integer[Any]], sides: list[IntArray], pairs: NDArray[np.intp]
+) -> NDArray[np.bool_]:
+    """Which groups are the chosen arrangement among those that permute the counts of twin
+    classes (``pairs``: consecutive twins, as columns) with equal counts on every side (e.g.
+    available and must-include): non-increasing there."""
+    first, second = pairs
+    equal = np.ones(len(first), dtype=bool)
+    for side in sides:
+        equal &= side[first] == side[second]
+    if not equal.any():
+        return np.ones(len(groups), dtype=bool)
+    ordered = groups[:, first[equal]] >= groups[:, second[equal]]
+    result: NDArray[np.bool_] = np.asarray(ordered.all(axis=1), dtype=bool)
+    return result
+
+
+def _arrangements(groups: IntArray, sides: list[IntArray], twins: list[list[int]]) -> IntArray:
+    """Every arrangement of each group (the inverse of :func:`_arranged`), once."""
+    out = {tuple(g) for g in groups.tolist()}
+    for same in twins:
+        blocks: dict[tuple[int, ...], list[int]] = {}
+        for c in same:
+            blocks.setdefault(tuple(int(side[c]) for side in sides), []).append(c)
+        for block in blocks.values():
+            if len(block) < 2:
+                continue
+            grown = set()
+            for g in out:
+                for values in set(itertools.permutations([g[c] for c in block])):
+                    h = list(g)
+                    for c, v in zip(block, values, strict=True):
+                        h[c] = v
+                    grown.add(tuple(h))
+            out = grown
+    return np.asarray(sorted(out), dtype=np.int64).reshape(-1, groups.shape[1])
+
+
+def _components(scores: IntArray, sizes: list[int]) -> tuple[IntArray, IntArray]:
+    """The bound's columns (module docstring): a 0/1 matrix of classes x components and each
+    component's weight (the sum of its threshold steps)."""
+    m = len(sizes)
+    values = sorted(
+        {int(scores[c, d]) for c in range(m) for d in range(m) if c != d or sizes[c] > 1}
+    )
+    weights: dict[tuple[int, ...], int] = {}
+    previous = 0
+    for t in values:
+        step, previous = t - previous, t
+        label = list(range(m))
+        for c in range(m):
+            for d in range(c + 1, m):
+                if scores[c, d] >= t:
+                    old, new = label[d], label[c]
+                    label = [new if x == old else x for x in label]
+        for label_ in sorted(set(label)):
+            members = tuple(c for c in range(m) if label[c] == label_)
+            root = members[0]
+            if len(members) == 1 and not (sizes[root] > 1 and scores[root, root] >= t):
+                continue
+            weights[members] = weights.get(members, 0) + step
+    matrix = np.zeros((m, len(weights)), dtype=np.int64)
+    for j, members in enumerate(weights):
+        matrix[list(members), j] = 1
+    return matrix, np.asarray(list(weights.values()), dtype=np.int64)
