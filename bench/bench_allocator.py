@@ -1,6 +1,7 @@
-"""Preferred allocation speed (issues 3 and 14): best-effort on every built-in node and on the
+"""Preferred allocation speed (issues 3, 14 and 22): best-effort on every built-in node and on the
 generated nodes beyond 16 GPUs (tests/support/bignodes.py: PCIe-switch and NVSwitch nodes of 20, 24,
-32, 64 and 128 GPUs, and a 20-GPU node without structure).
+32, 64 and 128 GPUs, L4 servers of 20, 24 and 32 GPUs behind five to eight switches, and a 20-GPU
+node without structure).
 
 Per node: every size 1..N with all GPUs free, plus 300 random queries (random available subset,
 random size, 0-2 must-include GPUs; fixed seed). Each query is timed once, in this process
@@ -8,8 +9,8 @@ random size, 0-2 must-include GPUs; fixed seed). Each query is timed once, in th
 warmed repeat. Start-up (table building) time, table size, tracemalloc peak and RSS growth are
 measured in the fresh process. Targets: 16 GPUs p99 <= 5 ms and max <= 20 ms at every size;
 <= 8 GPUs p99 <= 0.2 ms; start-up <= 1 s and <= 50 MB on 16 GPUs and on the structured nodes
-beyond (method ``counts``; p99 <= 5 ms over gRPC, see ``bench plugin``); the node without
-structure (method ``search``) answers within its budget (0.1 s) per query.
+beyond (methods ``counts`` and ``branch``; p99 <= 5 ms over gRPC, see ``bench plugin``); the
+node without structure (method ``search``) answers within its budget (0.1 s) per query.
 
 Run: ``python -m bench allocator``.
 """
@@ -152,9 +153,12 @@ def run() -> None:
     from nvplugin.log import configure
 
     configure("json", "warning")
+    import os
+
     print(
         f"best-effort, per query in µs: all-free sizes 1..N + {RANDOM_QUERIES} random "
-        f"(seed {SEED}); in this process, then in a fresh process per node"
+        f"(seed {SEED}); in this process, then in a fresh process per node; load average "
+        f"{os.getloadavg()[0]:.2f} at start (2 cores shared: figures stretch with it)"
     )
     header = (
         f"{'node':<16}{'GPUs':>5}{'queries':>8} {'method':>7} | {'p50':>8} {'p99':>8} {'max':>8} | "
@@ -192,8 +196,9 @@ def run() -> None:
     finally:
         shutil.rmtree(directory, ignore_errors=True)
     print(
-        "method = tables (subset tables, <= 16 GPUs), counts (count search, few classes of "
-        "interchangeable GPUs), search (budgeted local search, exact tables up to 16 available); "
+        "method = tables (subset tables, <= 16 GPUs), counts (count search, <= 4 classes of "
+        "interchangeable GPUs), branch (branch and bound over count vectors, <= 8 classes, <= 32 "
+        "GPUs), search (budgeted local search, exact tables up to 16 available); "
         "import = numpy + policy modules; start-up = make_policy (after imports); tables = bytes "
         "the policy keeps; peak = tracemalloc peak while building; RSS+ = resident memory growth "
         "across make_policy. Times in µs unless marked."

@@ -64,6 +64,9 @@ MAX_VECTORS = 5**8
 """Most count vectors (the product of class sizes + 1) whose groups are listed at start-up: 32
 GPUs in 8 classes never exceed it (~10 MB of arrays at the limit)."""
 
+CHUNK = 1 << 16
+"""Count vectors per array operation at start-up."""
+
 LexKey = Callable[[IntArray], NDArray[np.uint64]]
 """For count vectors (rows), a key that orders their groups lexicographically: higher first."""
 
@@ -109,24 +112,32 @@ class BranchSearch:
         )
         # Every count vector below the class sizes (row i: the vector whose mixed-radix digits
         # are i), and the memo key of each: the same for vectors that differ by a permutation
-        # of twin classes' counts.
+        # of twin classes' counts. Worked through in chunks, so start-up memory stays a few MB
+        # above what is kept.
         grid = np.indices([size + 1 for size in sizes], dtype=np.int8).reshape(m, -1).T
         self._stride = np.cumprod([1] + [size + 1 for size in sizes[:0:-1]])[::-1].astype(np.int64)
-        arranged = grid.astype(np.int64)
-        for twins in self._twins:
-            arranged[:, twins] = np.sort(arranged[:, twins], axis=1)
-        radix = max(sizes) + 1
-        _, keys = np.unique(arranged @ (radix ** np.arange(m, dtype=np.int64)), return_inverse=True)
-        self._keys = keys.astype(np.int32).reshape(-1)
+        powers = (max(sizes) + 1) ** np.arange(m, dtype=np.int64)
+        codes = np.empty(len(grid), dtype=np.int64)
+        for start in range(0, len(grid), CHUNK):
+            arranged = grid[start : start + CHUNK].astype(np.int64)
+            for twins in self._twins:
+                arranged[:, twins] = np.sort(arranged[:, twins], axis=1)
+            codes[start : start + CHUNK] = arranged @ powers
+        self._keys = np.unique(codes, return_inverse=True)[1].astype(np.int32).reshape(-1)
+        del codes
         # The same vectors ordered by size and then by first class, so the groups of size k
         # whose first class is c are one slice.
-        total = grid.sum(axis=1, dtype=np.int64)
-        first = np.where(total > 0, np.argmax(grid > 0, axis=1), m)
-        order = np.lexsort((first, total))
+        total = grid.sum(axis=1, dtype=np.int32)
+        first = np.where(total > 0, np.argmax(grid > 0, axis=1), m).astype(np.int32)
+        keys = total * np.int32(m + 1) + first
+        order = np.argsort(keys, kind="stable")
         self._groups = np.ascontiguousarray(grid[order])
-        self._twice = self.twice(self._groups.astype(np.int64))
-        keys = total[order] * (m + 1) + first[order]
-        self._slices = np.searchsorted(keys, np.arange((sum(sizes) + 1) * (m + 1) + 1))
+        self._slices = np.searchsorted(keys[order], np.arange((sum(sizes) + 1) * (m + 1) + 1))
+        del grid, total, first, keys, order
+        self._twice = np.empty(len(self._groups), dtype=np.int64)
+        for start in range(0, len(self._groups), CHUNK):
+            chunk = self._groups[start : start + CHUNK].astype(np.int64)
+            self._twice[start : start + CHUNK] = self.twice(chunk)
         self._components, self._steps = _components(self._scores, sizes)
 
     @property
