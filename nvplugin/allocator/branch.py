@@ -138,12 +138,12 @@ class BranchSearch:
         for start in range(0, len(self._groups), CHUNK):
             chunk = self._groups[start : start + CHUNK].astype(np.int64)
             self._twice[start : start + CHUNK] = self.twice(chunk)
-        self._components, self._steps = _components(self._scores, sizes)
+        self._bound = _Bound(self._scores, sizes)
 
     @property
     def nbytes(self) -> int:
-        arrays = (self._groups, self._twice, self._keys, self._slices, self._components)
-        return sum(a.nbytes for a in arrays)
+        arrays = (self._groups, self._twice, self._keys, self._slices)
+        return sum(a.nbytes for a in arrays) + self._bound.nbytes
 
     def twice(self, x: IntArray) -> IntArray:
         """Twice the score of each group (count vector) in ``x``."""
@@ -279,9 +279,7 @@ class _Query:
 
     def bound(self, rows: IntArray) -> IntArray:
         """Twice an upper bound on R of each row (module docstring)."""
-        search = self._search
-        result: IntArray = self._cmax[rows @ search._components] @ search._steps
-        return result
+        return self._search._bound.of(rows, self._size, self._cmax)
 
     def value(self, rows: IntArray) -> IntArray:
         """Twice R of rows that hold at most one group (one group: its own score)."""
@@ -378,6 +376,123 @@ class _Query:
                     found: IntArray = groups[i]
                     return found
         raise AssertionError("R(y) is reached by some group")
+
+
+PART_VECTORS = 4096
+"""Most count vectors a part of the node may have for :class:`_Bound` to tabulate it."""
+
+
+class _Bound:
+    """Twice an upper bound on R (module docstring), tightened where the classes split into
+    parts joined by low scores (sockets): with W the highest score between two parts, every
+    group's pairs score W each, plus, inside each part, what the part's own scores less W add.
+    A part's share is at most the best split of its GPUs into pieces of at most s, whatever
+    their number (the pieces of the groups that cross it), which is tabulated at start-up for
+    every size over the part's count vectors (a few thousand at most): exact for the part,
+    where the components bound only each level of it."""
+
+    def __init__(self, scores: IntArray, sizes: list[int]) -> None:
+        self.low, parts = _split(scores)
+        self._parts: list[_Part] = []
+        for classes in parts:
+            inner = scores[np.ix_(classes, classes)] - self.low
+            self._parts.append(_Part(classes, inner, [sizes[c] for c in classes]))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(part.nbytes for part in self._parts)
+
+    def of(self, rows: IntArray, size: int, cmax: IntArray) -> IntArray:
+        result: IntArray = self.low * cmax[rows.sum(axis=1)]
+        for part in self._parts:
+            result += part.bound(rows[:, part.classes], size, cmax)
+        return result
+
+
+class _Part:
+    """One part of :class:`_Bound`: its classes, its scores less the parts' link, and either
+    the table of its best split into pieces per size or the components bound."""
+
+    def __init__(self, classes: list[int], scores: IntArray, sizes: list[int]) -> None:
+        self.classes = classes
+        self._scores = scores
+        self._inner = np.diag(scores).copy()
+        self._gpus = sum(sizes)
+        # Where no pair inside scores below the link (nested scores: PCIe trees), one piece of
+        # every GPU is the best split once the size allows it; otherwise that is tabulated too.
+        self._merge = bool((scores >= 0).all())
+        self._stride = np.cumprod([1] + [s + 1 for s in sizes[:0:-1]])[::-1].astype(np.int64)
+        self._tables: dict[int, IntArray] = {}
+        vectors = int(np.prod([s + 1 for s in sizes]))
+        if vectors <= PART_VECTORS:
+            wanted = range(2, self._gpus if self._merge else self._gpus + 1)
+            self._tables = _pieces(scores, sizes, wanted)
+        self._components, self._steps = _components(np.maximum(scores, 0), sizes)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(table.nbytes for table in self._tables.values())
+
+    def bound(self, rows: IntArray, size: int, cmax: IntArray) -> IntArray:
+        """Twice an upper bound on the part's share of R for each row (its counts)."""
+        if size == 1:
+            return np.zeros(len(rows), dtype=np.int64)
+        if size >= self._gpus and self._merge:
+            one: IntArray = ((rows @ self._scores) * rows).sum(axis=1) - rows @ self._inner
+            return one
+        if self._tables:
+            exact: IntArray = self._tables[min(size, self._gpus)][rows @ self._stride]
+            return exact
+        levels: IntArray = cmax[rows @ self._components] @ self._steps
+        return levels
+
+
+def _split(scores: IntArray) -> tuple[int, list[list[int]]]:
+    """The lowest score that, kept as the only link, still splits the classes: the components
+    of the classes joined by higher scores, and the highest score between two of them (the
+    whole set and 0 when no score splits them)."""
+    m = len(scores)
+    for t in sorted({int(scores[c, d]) for c in range(m) for d in range(m) if c != d}):
+        label = list(range(m))
+        for c in range(m):
+            for d in range(c + 1, m):
+                if scores[c, d] > t:
+                    old, new = label[d], label[c]
+                    label = [new if x == old else x for x in label]
+        parts = [[c for c in range(m) if label[c] == x] for x in sorted(set(label))]
+        if len(parts) > 1:
+            return t, parts
+    return 0, [list(range(m))]
+
+
+def _pieces(scores: IntArray, sizes: list[int], wanted: range) -> dict[int, IntArray]:
+    """For each size in ``wanted``: twice the best score of a split of each count vector (of
+    classes of these sizes, indexed by mixed-radix digits) into pieces of at most that many
+    GPUs, any number of them. Which pieces fit which vector is worked out once for all sizes."""
+    shape = [s + 1 for s in sizes]
+    vectors = np.indices(shape).reshape(len(sizes), -1).T.astype(np.int64)
+    stride = np.cumprod([1, *shape[:0:-1]])[::-1].astype(np.int64)
+    twice = ((vectors @ scores) * vectors).sum(axis=1) - vectors @ np.diag(scores)
+    totals = vectors.sum(axis=1)
+    first = np.argmax(vectors > 0, axis=1)
+    index = vectors @ stride
+    tables = {size: np.zeros(len(vectors), dtype=np.int64) for size in wanted}
+    lowest = np.iinfo(np.int64).min
+    for total in range(1, int(totals.max(initial=0)) + 1):
+        states = np.flatnonzero(totals == total)
+        pieces = np.flatnonzero((totals >= 1) & (totals <= total))
+        piece_vectors, piece_sizes = vectors[pieces], totals[pieces]
+        step = max(1, CHUNK // max(1, len(pieces)))
+        for start in range(0, len(states), step):
+            chunk = states[start : start + step]
+            fits = (piece_vectors[None, :, :] <= vectors[chunk][:, None, :]).all(axis=2)
+            fits &= piece_vectors[:, first[chunk]].T >= 1  # holds the state's first class
+            rest = np.where(fits, index[chunk][:, None] - index[pieces][None, :], 0)
+            for size, best in tables.items():
+                allowed = fits & (piece_sizes <= size)[None, :]
+                value = np.where(allowed, twice[pieces][None, :] + best[rest], lowest)
+                best[chunk] = value.max(axis=1)
+    return tables
 
 
 def _twin_sets(scores: IntArray, sizes: list[int]) -> list[list[int]]:
