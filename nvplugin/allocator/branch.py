@@ -47,7 +47,6 @@ import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -66,6 +65,9 @@ GPUs in 8 classes never exceed it (~10 MB of arrays at the limit)."""
 
 CHUNK = 1 << 16
 """Count vectors per array operation at start-up."""
+
+FEW = 48
+"""Most groups a node's slice may have to be walked in Python rather than with arrays."""
 
 LexKey = Callable[[IntArray], NDArray[np.uint64]]
 """For count vectors (rows), a key that orders their groups lexicographically: higher first."""
@@ -103,13 +105,7 @@ class BranchSearch:
         self._scores = classes.scores.astype(np.int64)
         self._inner = np.diag(self._scores).copy()
         self._twins = _twin_sets(self._scores, sizes)
-        self._pairs = (
-            np.asarray(
-                [pair for twins in self._twins for pair in itertools.pairwise(twins)], dtype=np.intp
-            )
-            .reshape(-1, 2)
-            .T
-        )
+        self._pairs = [pair for twins in self._twins for pair in itertools.pairwise(twins)]
         # Every count vector below the class sizes (row i: the vector whose mixed-radix digits
         # are i), and the memo key of each: the same for vectors that differ by a permutation
         # of twin classes' counts. Worked through in chunks, so start-up memory stays a few MB
@@ -126,24 +122,51 @@ class BranchSearch:
         self._keys = np.unique(codes, return_inverse=True)[1].astype(np.int32).reshape(-1)
         del codes
         # The same vectors ordered by size and then by first class, so the groups of size k
-        # whose first class is c are one slice.
+        # whose first class is c are one slice; with each one's index above, twice its score
+        # and which pairs of twins it takes out of order (a bit per pair).
         total = grid.sum(axis=1, dtype=np.int32)
         first = np.where(total > 0, np.argmax(grid > 0, axis=1), m).astype(np.int32)
         keys = total * np.int32(m + 1) + first
         order = np.argsort(keys, kind="stable")
         self._groups = np.ascontiguousarray(grid[order])
+        self._index = order.astype(np.int32)
         self._slices = np.searchsorted(keys[order], np.arange((sum(sizes) + 1) * (m + 1) + 1))
+        self._position = np.empty(len(order), dtype=np.int32)
+        self._position[order] = np.arange(len(order), dtype=np.int32)
         del grid, total, first, keys, order
         self._twice = np.empty(len(self._groups), dtype=np.int64)
+        self._disorder = np.zeros(len(self._groups), dtype=np.uint16)
         for start in range(0, len(self._groups), CHUNK):
             chunk = self._groups[start : start + CHUNK].astype(np.int64)
             self._twice[start : start + CHUNK] = self.twice(chunk)
-        self._bound = _Bound(self._scores, sizes)
+            for bit, (c, d) in enumerate(self._pairs):
+                flags = (chunk[:, c] < chunk[:, d]).astype(np.uint16) << bit
+                self._disorder[start : start + CHUNK] |= flags
+        self._bound = _Bound(self._scores, sizes, self._groups)
+        # Slices of a few groups are walked in Python (cheaper than a dozen array operations):
+        # (position, index, twice the score, disorder, counts, index in each tabulated part).
+        self._few: dict[tuple[int, int], list[_Entry]] = {}
+        for size in range(sum(sizes) + 1):
+            for lead in range(m):
+                row = size * (m + 1) + lead
+                lo, hi = int(self._slices[row]), int(self._slices[row + 1])
+                if 0 < hi - lo <= FEW:
+                    self._few[(size, lead)] = [
+                        _Entry(
+                            p,
+                            int(self._index[p]),
+                            int(self._twice[p]),
+                            int(self._disorder[p]),
+                            tuple(self._groups[p].tolist()),
+                            self._bound.indices(p),
+                        )
+                        for p in range(lo, hi)
+                    ]
 
     @property
     def nbytes(self) -> int:
-        arrays = (self._groups, self._twice, self._keys, self._slices)
-        return sum(a.nbytes for a in arrays) + self._bound.nbytes
+        arrays = (self._groups, self._index, self._position, self._twice, self._disorder)
+        return sum(a.nbytes for a in (*arrays, self._keys)) + self._bound.nbytes
 
     def twice(self, x: IntArray) -> IntArray:
         """Twice the score of each group (count vector) in ``x``."""
@@ -154,23 +177,30 @@ class BranchSearch:
         self,
         size: int,
         high: IntArray,
-        sides: list[IntArray],
+        sides: list[list[int]],
         *,
         first: int | None = None,
         low: IntArray | None = None,
-    ) -> tuple[IntArray, IntArray]:
-        """The count vectors of ``size`` GPUs between ``low`` and ``high`` (whose first class is
-        ``first``, when given), one arrangement of twins' counts equal on every side in
-        ``sides`` (:func:`_arranged`), with twice their scores."""
+    ) -> NDArray[np.intp]:
+        """Positions (in the size-ordered list) of the count vectors of ``size`` GPUs between
+        ``low`` and ``high`` (whose first class is ``first``, when given): one arrangement of
+        the counts of twins that are equal on every side in ``sides``, non-increasing there."""
         row = size * (self._m + 1)
         start, stop = (row, row + self._m + 1) if first is None else (row + first, row + first + 1)
         lo, hi = int(self._slices[start]), int(self._slices[stop])
-        groups = self._groups[lo:hi]  # int8: compared as such, widened once filtered
+        groups = self._groups[lo:hi]  # int8: compared as such
         fits = (groups <= high.astype(np.int8)).all(axis=1)
         if low is not None:
             fits &= (groups >= low.astype(np.int8)).all(axis=1)
-        fits &= _arranged(groups, sides, self._pairs)
-        return groups[fits].astype(np.int64), self._twice[lo:hi][fits]
+        equal = sum(
+            1 << bit
+            for bit, (c, d) in enumerate(self._pairs)
+            if all(side[c] == side[d] for side in sides)
+        )
+        if equal:
+            fits &= (self._disorder[lo:hi] & np.uint16(equal)) == 0
+        positions: NDArray[np.intp] = np.flatnonzero(fits) + lo
+        return positions
 
     def search(
         self,
@@ -186,35 +216,28 @@ class BranchSearch:
         size <= sum(available)``); with ``every``, every count vector reaching OPT with the best
         own score, else the first by ``lex``. Raises :class:`OutOfTime` past ``deadline``."""
         query = _Query(self, int(available.sum()), size, deadline)
-        sides = [available, required]
-        x, fx = self.groups(size, available, sides, low=required)
-        rest = available - x
-        bounds = fx + query.bound(rest)
+        sides = [available.tolist(), required.tolist()]
+        top = query.state(available)
+        kids = query.children_of(top, self.groups(size, available, sides, low=required))
         if required.any():
-            opt, _ = query.best_child(rest, fx, query.codes(rest), bounds, 0, -1)
+            opt, _ = query.best_child(top, kids, 0, -1)
         else:
-            opt, _ = query.rest(query.code(available), available, 0)
+            opt, _ = query.rest(top, 0)
         # The answer: the highest own score whose group reaches OPT, then the lex-smallest.
-        keep = bounds >= opt
-        x, fx, rest = x[keep], fx[keep], rest[keep]
-        codes = query.codes(rest)
-        terminal = rest.sum(axis=1) <= size
-        totals = np.where(terminal, fx + query.value(rest), -1)
-        reach = np.zeros(len(x), dtype=bool)
+        reach: list[int] = []
         level = None
-        for i in np.argsort(-fx, kind="stable").tolist():
-            f = int(fx[i])
+        for i in sorted(range(len(kids.own)), key=kids.own.__getitem__, reverse=True):
+            f = kids.own[i]
             if level is not None and f < level:
                 break
-            if terminal[i]:
-                reach[i] = totals[i] == opt
-            else:
-                value, exact = query.rest(int(codes[i]), rest[i], opt - f)
-                reach[i] = exact and value + f == opt
-            if reach[i]:
+            if kids.bounds[i] < opt:
+                continue
+            value, exact = query.rest(query.child(top, kids, i), opt - f)
+            if exact and value + f == opt:
+                reach.append(kids.positions[i])
                 level = f
         assert level is not None, "the best partition's group reaches OPT"
-        best = _arrangements(x[reach], sides, self._twins)
+        best = _arrangements(self._groups[reach].astype(np.int64), sides, self._twins)
         if not every:
             best = best[[int(np.argmax(lex(best)))]]
         return Answer(opt, level, best)
@@ -223,10 +246,9 @@ class BranchSearch:
         """Twice the best score of a partition of ``available`` that has each candidate as a
         full group (exact: for ``--explain``, not for requests)."""
         query = _Query(self, int(available.sum()), size, None)
-        rest = available - candidates
         out = self.twice(candidates)
-        for i, row in enumerate(rest):
-            value, exact = query.rest(query.code(row), row, 0)
+        for i, row in enumerate(available - candidates):
+            value, exact = query.rest(query.state(row), 0)
             assert exact
             out[i] += value
         return out
@@ -244,8 +266,9 @@ class BranchSearch:
                     full.append(y)
                     return full, np.zeros_like(y)
                 return full, y
-            value, _ = query.rest(query.code(y), y, 0)
-            group = query.best_group(y, value)
+            state = query.state(y)
+            value, _ = query.rest(state, 0)
+            group = query.best_group(state, value)
             if int(group.sum()) == size:
                 full.append(group)
                 y = y - group
@@ -253,6 +276,45 @@ class BranchSearch:
                 inner, _ = self.partition(y - group, size)
                 return full + inner, group
         return full, y
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """A group of a small slice (:data:`FEW`), unpacked for Python."""
+
+    position: int
+    index: int
+    twice: int
+    disorder: int
+    counts: tuple[int, ...]
+    parts: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class _State:
+    """A count vector to partition: its counts, index (mixed-radix digits), total, memo key."""
+
+    counts: tuple[int, ...]
+    index: int
+    total: int
+    key: int
+
+    @property
+    def y(self) -> IntArray:
+        return np.asarray(self.counts, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class _Children:
+    """The states one group below a state: the groups' positions (size-ordered list), their own
+    scores (twice), the children's memo keys and totals, and twice an upper bound on each
+    child's ``own + R`` (exact for children that hold at most one group)."""
+
+    positions: list[int]
+    own: list[int]
+    keys: list[int]
+    totals: list[int]
+    bounds: list[int]
 
 
 class _Query:
@@ -265,116 +327,139 @@ class _Query:
         t = np.arange(gpus + 1, dtype=np.int64)
         whole, part = np.divmod(t, size)
         self._cmax = whole * (size * (size - 1)) + part * (part - 1)
+        self._cmax_list: list[int] = self._cmax.tolist()
         self._memo: dict[int, tuple[int, bool]] = {}
 
-    def code(self, y: IntArray) -> int:
-        """The memo key of one state (counts sorted within each set of twin classes)."""
-        return int(self.codes(y[None, :])[0])
+    def state(self, y: IntArray) -> _State:
+        index = int(y @ self._search._stride)
+        return _State(tuple(y.tolist()), index, int(y.sum()), int(self._search._keys[index]))
 
-    def codes(self, rows: IntArray) -> IntArray:
-        """The memo key of each row."""
+    def child(self, parent: _State, children: _Children, i: int) -> _State:
         search = self._search
-        keys: IntArray = search._keys[rows @ search._stride]
-        return keys
+        position = children.positions[i]
+        group = search._groups[position].tolist()
+        counts = tuple(a - b for a, b in zip(parent.counts, group, strict=True))
+        index = parent.index - int(search._index[position])
+        return _State(counts, index, children.totals[i], children.keys[i])
 
-    def bound(self, rows: IntArray) -> IntArray:
-        """Twice an upper bound on R of each row (module docstring)."""
-        return self._search._bound.of(rows, self._size, self._cmax)
-
-    def value(self, rows: IntArray) -> IntArray:
-        """Twice R of rows that hold at most one group (one group: its own score)."""
-        if self._size == 1:
-            return np.zeros(len(rows), dtype=np.int64)
-        return self._search.twice(rows)
-
-    def children(self, y: IntArray) -> tuple[IntArray, IntArray, IntArray]:
-        """The states one group below y: for each group g holding y's first class (one per
-        arrangement of twins), ``y - g``, twice ``f(g)`` and the memo key, one row per key."""
+    def children_of(self, parent: _State, positions: NDArray[np.intp]) -> _Children:
+        """The children through the groups at ``positions`` (arrays)."""
         search = self._search
-        first = int(np.argmax(y > 0))
-        total = int(y.sum())
-        rows, own = [], []
-        for size in {self._size, total % self._size} - {0}:
-            groups, scores = search.groups(size, y, [y], first=first)
-            rows.append(y - groups)
-            own.append(scores)
-        rest = rows[0] if len(rows) == 1 else np.vstack(rows)
-        twice = own[0] if len(own) == 1 else np.concatenate(own)
-        codes = self.codes(rest)
-        if search._twins:  # one row per key (the same key has the same score)
-            order = np.lexsort((-twice, codes))
-            unique = np.ones(len(order), dtype=bool)
-            unique[1:] = codes[order][1:] != codes[order][:-1]
-            keep = order[unique]
-            rest, twice, codes = rest[keep], twice[keep], codes[keep]
-        return rest, twice, codes
+        own = search._twice[positions]
+        index = parent.index - search._index[positions].astype(np.int64)
+        keys = search._keys[index]
+        totals = parent.total - (search._groups[positions].sum(axis=1, dtype=np.int64))
+        bounds = own + search._bound.of(
+            parent, positions, totals, self._size, self._cmax, search._groups
+        )
+        terminal = totals <= self._size
+        if terminal.any():  # one group or none left: exact
+            value = search._twice[search._position[index[terminal]]]
+            bounds[terminal] = own[terminal] + (value if self._size > 1 else 0)
+        return _Children(
+            positions.tolist(), own.tolist(), keys.tolist(), totals.tolist(), bounds.tolist()
+        )
 
-    def rest(self, code: int, y: IntArray, need: int) -> tuple[int, bool]:
+    def children(self, parent: _State) -> _Children:
+        """The children through the groups holding the parent's first class (one per
+        arrangement of twins): of the group size, and of the leftover's when one is due."""
+        search = self._search
+        counts = parent.counts
+        first = next(c for c, count in enumerate(counts) if count)
+        sizes = sorted({self._size, parent.total % self._size} - {0})
+        if all((k, first) in search._few for k in sizes):
+            return self._few(parent, sizes, first)
+        found = [search.groups(k, parent.y, [list(counts)], first=first) for k in sizes]
+        positions = found[0] if len(found) == 1 else np.concatenate(found)
+        return self.children_of(parent, positions)
+
+    def _few(self, parent: _State, sizes: list[int], first: int) -> _Children:
+        """:meth:`children` for small slices, in Python."""
+        search, size, counts = self._search, self._size, parent.counts
+        equal = sum(1 << bit for bit, (c, d) in enumerate(search._pairs) if counts[c] == counts[d])
+        starts = search._bound.starts(counts)
+        keys_of, twice, position = search._keys, search._twice, search._position
+        out = _Children([], [], [], [], [])
+        for k in sizes:
+            total = parent.total - k
+            for entry in search._few[(k, first)]:
+                if entry.disorder & equal:
+                    continue
+                if any(g > c for g, c in zip(entry.counts, counts, strict=True)):
+                    continue
+                index = parent.index - entry.index
+                if total <= size:  # exact
+                    bound = entry.twice + (int(twice[position[index]]) if size > 1 else 0)
+                else:
+                    bound = entry.twice + search._bound.one(
+                        starts, entry, counts, total, size, self._cmax_list
+                    )
+                out.positions.append(entry.position)
+                out.own.append(entry.twice)
+                out.keys.append(int(keys_of[index]))
+                out.totals.append(total)
+                out.bounds.append(bound)
+        return out
+
+    def rest(self, state: _State, need: int) -> tuple[int, bool]:
         """Twice R(y) and True; or, when R(y) < ``need``, possibly an upper bound below ``need``
         and False."""
-        known = self._memo.get(code)
+        known = self._memo.get(state.key)
         if known is not None and (known[1] or known[0] < need):
             return known
         if self._deadline is not None and time.monotonic() > self._deadline:
             raise OutOfTime
-        if int(y.sum()) <= self._size or self._size == 1:
-            result = (int(self.value(y[None, :])[0]), True)
+        if state.total <= self._size or self._size == 1:
+            value = 0 if self._size == 1 else int(self._search.twice(state.y[None, :])[0])
+            result = (value, True)
         else:
-            rest, own, codes = self.children(y)
-            best, upper = self.best_child(rest, own, codes, own + self.bound(rest), need, -1)
+            best, upper = self.best_child(state, self.children(state), need, -1)
             result = (best, True) if upper <= best else (upper, False)
-        self._memo[code] = result
+        self._memo[state.key] = result
         return result
 
     def best_child(
-        self, rest: IntArray, own: IntArray, codes: IntArray, bounds: IntArray, need: int, best: int
+        self, parent: _State, children: _Children, need: int, best: int
     ) -> tuple[int, int]:
-        """Over the children (states ``rest``, reached by groups scoring ``own``): the best exact
-        ``own + R(rest)`` (at least ``best``) and an upper bound on the children not solved
-        exactly (-1 when every one that could beat the best was)."""
+        """Over the children: the best exact ``own + R(child)`` (at least ``best``) and an upper
+        bound on the children not solved exactly (-1 when every one that could beat the best
+        was)."""
         upper = -1
-        terminal = rest.sum(axis=1) <= self._size
-        if terminal.any():
-            best = max(best, int((own[terminal] + self.value(rest[terminal])).max()))
-            keep = ~terminal
-            rest, own, codes, bounds = rest[keep], own[keep], codes[keep], bounds[keep]
-        bound_list, own_list, code_list = bounds.tolist(), own.tolist(), codes.tolist()
+        bounds, own, keys, totals = children.bounds, children.own, children.keys, children.totals
         memo = self._memo
-        for j in np.argsort(-bounds, kind="stable").tolist():
-            bound = bound_list[j]
+        for j in sorted(range(len(bounds)), key=bounds.__getitem__, reverse=True):
+            bound = bounds[j]
             if bound <= best:
                 break  # no child left can beat the best
+            if totals[j] <= self._size:  # its bound is its value
+                best = bound
+                continue
             if bound < need:
                 upper = max(upper, bound)
                 break  # none left can reach what the caller needs
-            f = own_list[j]
-            known = memo.get(code_list[j])
+            f = own[j]
+            known = memo.get(keys[j])
             if known is not None and not known[1]:  # a bound learnt below: tighter
                 if known[0] + f <= best:
                     continue
                 if known[0] + f < need:
                     upper = max(upper, known[0] + f)
                     continue
-            value, exact = self.rest(code_list[j], rest[j], max(need, best + 1) - f)
+            value, exact = self.rest(self.child(parent, children, j), max(need, best + 1) - f)
             if exact:
                 best = max(best, value + f)
             elif value + f > best:
                 upper = max(upper, value + f)
         return best, upper
 
-    def best_group(self, y: IntArray, value: int) -> IntArray:
+    def best_group(self, state: _State, value: int) -> IntArray:
         """A group g holding y's first class with ``f(g) + R(y - g) = value`` (``value`` = R(y))."""
-        search = self._search
-        first = int(np.argmax(y > 0))
-        total = int(y.sum())
-        for size in sorted({self._size, total % self._size} - {0}, reverse=True):
-            groups, scores = search.groups(size, y, [y], first=first)
-            for i, f in enumerate(scores.tolist()):
-                rest = y - groups[i]
-                child, exact = self.rest(self.code(rest), rest, value - f)
-                if exact and child + f == value:
-                    found: IntArray = groups[i]
-                    return found
+        children = self.children(state)
+        for i, f in enumerate(children.own):
+            child, exact = self.rest(self.child(state, children, i), value - f)
+            if exact and child + f == value:
+                found: IntArray = self._search._groups[children.positions[i]].astype(np.int64)
+                return found
         raise AssertionError("R(y) is reached by some group")
 
 
@@ -391,20 +476,73 @@ class _Bound:
     every size over the part's count vectors (a few thousand at most): exact for the part,
     where the components bound only each level of it."""
 
-    def __init__(self, scores: IntArray, sizes: list[int]) -> None:
+    def __init__(self, scores: IntArray, sizes: list[int], groups: NDArray[np.int8]) -> None:
         self.low, parts = _split(scores)
         self._parts: list[_Part] = []
         for classes in parts:
             inner = scores[np.ix_(classes, classes)] - self.low
-            self._parts.append(_Part(classes, inner, [sizes[c] for c in classes]))
+            self._parts.append(_Part(classes, inner, [sizes[c] for c in classes], groups))
 
     @property
     def nbytes(self) -> int:
         return sum(part.nbytes for part in self._parts)
 
-    def of(self, rows: IntArray, size: int, cmax: IntArray) -> IntArray:
-        result: IntArray = self.low * cmax[rows.sum(axis=1)]
+    def indices(self, position: int) -> tuple[int, ...]:
+        """The group at ``position``: its index among each tabulated part's count vectors."""
+        return tuple(int(part.index[position]) if len(part.index) else 0 for part in self._parts)
+
+    def starts(self, counts: tuple[int, ...]) -> tuple[int, ...]:
+        """A state's index among each part's count vectors."""
+        return tuple(
+            sum(counts[c] * step for c, step in zip(part.classes, part.steps, strict=True))
+            for part in self._parts
+        )
+
+    def one(
+        self,
+        starts: tuple[int, ...],
+        entry: _Entry,
+        counts: tuple[int, ...],
+        total: int,
+        size: int,
+        cmax: list[int],
+    ) -> int:
+        """:meth:`of` for one child (``counts`` less ``entry``'s), in Python."""
+        value = self.low * cmax[total]
+        if size == 1:
+            return value
+        for part, start, index in zip(self._parts, starts, entry.parts, strict=True):
+            table = part.listed(size)
+            if table is not None:
+                value += table[start - index]
+            else:
+                child = [counts[c] - entry.counts[c] for c in part.classes]
+                value += part.scalar(child, size, cmax)
+        return value
+
+    def of(
+        self,
+        parent: _State,
+        positions: NDArray[np.intp],
+        totals: IntArray,
+        size: int,
+        cmax: IntArray,
+        groups: NDArray[np.int8],
+    ) -> IntArray:
+        """For the children of ``parent`` through the groups at ``positions`` (totals
+        ``totals``)."""
+        result: IntArray = self.low * cmax[totals]
+        if size == 1:
+            return result
+        rows: IntArray | None = None
         for part in self._parts:
+            table = part.table(size)
+            if table is not None:
+                start = int(parent.y[part.classes] @ part.stride)
+                result += table[start - part.index[positions]]
+                continue
+            if rows is None:
+                rows = parent.y - groups[positions]
             result += part.bound(rows[:, part.classes], size, cmax)
         return result
 
@@ -413,36 +551,71 @@ class _Part:
     """One part of :class:`_Bound`: its classes, its scores less the parts' link, and either
     the table of its best split into pieces per size or the components bound."""
 
-    def __init__(self, classes: list[int], scores: IntArray, sizes: list[int]) -> None:
+    def __init__(
+        self, classes: list[int], scores: IntArray, sizes: list[int], groups: NDArray[np.int8]
+    ) -> None:
         self.classes = classes
         self._scores = scores
+        self._score_list: list[list[int]] = scores.tolist()
         self._inner = np.diag(scores).copy()
         self._gpus = sum(sizes)
         # Where no pair inside scores below the link (nested scores: PCIe trees), one piece of
         # every GPU is the best split once the size allows it; otherwise that is tabulated too.
         self._merge = bool((scores >= 0).all())
-        self._stride = np.cumprod([1] + [s + 1 for s in sizes[:0:-1]])[::-1].astype(np.int64)
+        self.stride = np.cumprod([1] + [s + 1 for s in sizes[:0:-1]])[::-1].astype(np.int64)
+        self.steps: list[int] = self.stride.tolist()
         self._tables: dict[int, IntArray] = {}
+        self.index = np.zeros(0, dtype=np.int32)
         vectors = int(np.prod([s + 1 for s in sizes]))
         if vectors <= PART_VECTORS:
             wanted = range(2, self._gpus if self._merge else self._gpus + 1)
             self._tables = _pieces(scores, sizes, wanted)
+            if self._tables:  # each group's index among the part's count vectors
+                self.index = np.empty(len(groups), dtype=np.int32)
+                for start in range(0, len(groups), CHUNK):
+                    chunk = groups[start : start + CHUNK][:, classes].astype(np.int64)
+                    self.index[start : start + CHUNK] = chunk @ self.stride
+        self._lists = {size: table.tolist() for size, table in self._tables.items()}
         self._components, self._steps = _components(np.maximum(scores, 0), sizes)
+        self._members = [np.flatnonzero(column).tolist() for column in self._components.T]
+        self._weights: list[int] = self._steps.tolist()
 
     @property
     def nbytes(self) -> int:
-        return sum(table.nbytes for table in self._tables.values())
+        return self.index.nbytes + sum(table.nbytes for table in self._tables.values())
+
+    def listed(self, size: int) -> list[int] | None:
+        """:meth:`table` as a list (for single lookups)."""
+        if size >= self._gpus and self._merge:
+            return None
+        return self._lists.get(min(size, self._gpus))
+
+    def scalar(self, counts: list[int], size: int, cmax: list[int]) -> int:
+        """:meth:`bound` for one row, in Python."""
+        if size >= self._gpus and self._merge:
+            scores = self._score_list
+            k = len(counts)
+            return sum(
+                counts[c] * (counts[d] - (c == d)) * scores[c][d]
+                for c in range(k)
+                for d in range(k)
+            )
+        return sum(
+            weight * cmax[sum(counts[c] for c in members)]
+            for members, weight in zip(self._members, self._weights, strict=True)
+        )
+
+    def table(self, size: int) -> IntArray | None:
+        """The tabulated share for ``size``, if any (None where :meth:`bound` computes it)."""
+        if size >= self._gpus and self._merge:
+            return None
+        return self._tables.get(min(size, self._gpus))
 
     def bound(self, rows: IntArray, size: int, cmax: IntArray) -> IntArray:
         """Twice an upper bound on the part's share of R for each row (its counts)."""
-        if size == 1:
-            return np.zeros(len(rows), dtype=np.int64)
         if size >= self._gpus and self._merge:
             one: IntArray = ((rows @ self._scores) * rows).sum(axis=1) - rows @ self._inner
             return one
-        if self._tables:
-            exact: IntArray = self._tables[min(size, self._gpus)][rows @ self._stride]
-            return exact
         levels: IntArray = cmax[rows @ self._components] @ self._steps
         return levels
 
@@ -517,25 +690,9 @@ def _twin_sets(scores: IntArray, sizes: list[int]) -> list[list[int]]:
     return out
 
 
-def _arranged(
-    groups: NDArray[np.integer[Any]], sides: list[IntArray], pairs: NDArray[np.intp]
-) -> NDArray[np.bool_]:
-    """Which groups are the chosen arrangement among those that permute the counts of twin
-    classes (``pairs``: consecutive twins, as columns) with equal counts on every side (e.g.
-    available and must-include): non-increasing there."""
-    first, second = pairs
-    equal = np.ones(len(first), dtype=bool)
-    for side in sides:
-        equal &= side[first] == side[second]
-    if not equal.any():
-        return np.ones(len(groups), dtype=bool)
-    ordered = groups[:, first[equal]] >= groups[:, second[equal]]
-    result: NDArray[np.bool_] = np.asarray(ordered.all(axis=1), dtype=bool)
-    return result
-
-
-def _arrangements(groups: IntArray, sides: list[IntArray], twins: list[list[int]]) -> IntArray:
-    """Every arrangement of each group (the inverse of :func:`_arranged`), once."""
+def _arrangements(groups: IntArray, sides: list[list[int]], twins: list[list[int]]) -> IntArray:
+    """Every arrangement of each group (the inverse of :meth:`BranchSearch.groups`' choice of
+    one), once."""
     out = {tuple(g) for g in groups.tolist()}
     for same in twins:
         blocks: dict[tuple[int, ...], list[int]] = {}
