@@ -4,19 +4,22 @@ NVIDIA's allocator enumerates every partition of the free GPUs (22 million for 1
 3). We never enumerate. The topology is fixed for the life of the process, so the policy picks,
 once, the fastest method that is exact on it:
 
-- ``tables`` (up to :data:`TABLE_GPUS` GPUs): the subset tables of :mod:`nvplugin.allocator.tables`
-  (every subset's score, and per group size the best partition score of every subset), built at
-  start-up (~0.3 s, ~5 MB for 16 GPUs). A query is a few numpy operations over the at most
+- ``tables`` (up to :data:`SMALL_GPUS` GPUs, and up to :data:`TABLE_GPUS` where ``branch``
+  does not apply): the subset tables of :mod:`nvplugin.allocator.tables` (every subset's score,
+  and per group size the best partition score of every subset), built at start-up (~0.3 s and
+  ~13 MB of resident memory for 16 GPUs). A query is a few numpy operations over the at most
   C(16, 8) = 12870 candidate groups.
-- ``counts`` (beyond that, on nodes whose GPUs fall into at most four classes of interchangeable
-  GPUs, as under PCIe switches or on an NVSwitch fabric): the count search of
+- ``counts`` (beyond 16 GPUs, on nodes whose GPUs fall into at most four classes of
+  interchangeable GPUs, as under PCIe switches or on an NVSwitch fabric): the count search of
   :mod:`nvplugin.allocator.counts`, exact, a few ms per query up to 128 GPUs, from ~2 MB of
   shape arrays built at start-up.
-- ``branch`` (beyond 16 GPUs, up to 32 GPUs in up to eight classes, as behind five to eight PCIe
-  switches under one or two sockets): the branch and bound over count vectors of
-  :mod:`nvplugin.allocator.branch`, exact, a few ms per query, from a list of count vectors built
-  at start-up (~10 MB at most). Should a request's search pass three quarters of its time budget,
-  the local search below answers instead.
+- ``branch`` (9 to 32 GPUs in up to eight classes: a DGX-2's NVSwitch fabric over PCIe switch
+  pairs, five to eight PCIe switches under one or two sockets): the branch and bound over count
+  vectors of :mod:`nvplugin.allocator.branch`, exact, a few ms per query, from a list of count
+  vectors built at start-up (~20 ms and little memory for 16 GPUs, ~0.3 s and ~15 MB for 32 in
+  eight classes). It replaces the tables from 9 GPUs on: a DGX-2 starts ~0.3 s sooner and ~13 MB
+  smaller, for ~2 ms more per query at p99. Should a request's search pass three quarters of its
+  time budget, the local search below answers instead.
 - ``search`` (every other node beyond 16 GPUs): a request with at most 16 available GPUs builds
   the tables over them for its one size, and answers exactly if that finishes within three
   quarters of the request's time budget; otherwise the local search of
@@ -49,6 +52,9 @@ from nvplugin.node.model import Topology
 TABLE_GPUS = 16
 """Largest node whose tables are built once at start-up (2^16 masks: ~5 MB, ~0.3 s), and the
 most available GPUs a ``search`` request builds tables over."""
+
+SMALL_GPUS = 8
+"""Largest node that always gets the tables (2^8 masks: built in a few ms, the fastest queries)."""
 
 EXACT_SHARE = 0.75
 """Share of a ``search`` request's budget its exact attempt (tables over <= 16 available GPUs)
@@ -87,14 +93,16 @@ class BestEffort:
         n = len(topology)
         self._tables: Tables | None = None
         self._counts: CountSearch | BranchSearch | None = None
-        if n <= table_gpus:
-            self._tables = Tables.build(topology.scores, range(1, n + 1))
-        else:
-            classes = twin_classes(topology.scores)
-            if counts.applies(classes):
+        classes = twin_classes(topology.scores) if n > min(SMALL_GPUS, table_gpus) else None
+        if classes is not None and n <= BRANCH_GPUS and branch.applies(classes):
+            if n > table_gpus and counts.applies(classes):
                 self._counts = CountSearch(classes)
-            elif n <= BRANCH_GPUS and branch.applies(classes):
+            else:
                 self._counts = BranchSearch(classes)
+        elif n <= table_gpus:
+            self._tables = Tables.build(topology.scores, range(1, n + 1))
+        elif classes is not None and counts.applies(classes):
+            self._counts = CountSearch(classes)
         if n and self.method != "search":
             # One query at start-up runs every code path once (numpy's first calls are slower),
             # so the kubelet's first request is as fast as the rest.

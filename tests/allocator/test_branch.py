@@ -16,11 +16,12 @@ from structlog.testing import capture_logs
 from nvplugin.allocator.besteffort import BestEffort
 from nvplugin.allocator.branch import BranchSearch
 from nvplugin.allocator.classes import twin_classes
+from nvplugin.allocator.tables import Tables
 from nvplugin.node.model import Topology
 from nvplugin.node.nodefile import parse_node
 from tests.support.bignodes import NODES, SERVERS
 from tests.support.reference import BruteForce, LatticeReference
-from tests.support.topologies import check_solved, class_members, from_classes, from_scores
+from tests.support.topologies import check_solved, class_members, from_classes
 
 Query = tuple[list[int], list[int], int]
 
@@ -153,10 +154,11 @@ def test_generated_servers_against_the_tables(name: str) -> None:
         size = rng.randint(2, len(available) - 1)
         must = sorted(rng.sample(available, rng.randint(0, 2)))
         sub = [[topology.scores[a][b] for b in available] for a in available]
-        local = BestEffort(from_scores("free-gpus", sub), budget_s=LONG)
-        assert local.method == "tables"
         position = {gpu: p for p, gpu in enumerate(available)}
-        expected = local.allocate(range(len(available)), [position[g] for g in must], size)
+        required = sum(1 << position[g] for g in must)
+        found = Tables.build(sub, [size]).best_group((1 << len(available)) - 1, required, size)
+        assert found is not None
+        expected = [p for p in range(len(available)) if found[0] >> p & 1]
         got = policy.allocate(available, must, size)
         assert got == [available[p] for p in expected], (available, must, size)
 
