@@ -7,7 +7,7 @@ once, the fastest method that is exact on it:
 - ``tables`` (up to :data:`SMALL_GPUS` GPUs, and up to :data:`TABLE_GPUS` where ``branch``
   does not apply): the subset tables of :mod:`nvplugin.allocator.tables` (every subset's score,
   and per group size the best partition score of every subset), built at start-up (~0.3 s and
-  ~13 MB of resident memory for 16 GPUs). A query is a few numpy operations over the at most
+  ~11 MiB of resident memory for 16 GPUs). A query is a few numpy operations over the at most
   C(16, 8) = 12870 candidate groups.
 - ``counts`` (beyond 16 GPUs, on nodes whose GPUs fall into at most four classes of
   interchangeable GPUs, as under PCIe switches or on an NVSwitch fabric): the count search of
@@ -16,10 +16,10 @@ once, the fastest method that is exact on it:
 - ``branch`` (9 to 32 GPUs in up to eight classes: a DGX-2's NVSwitch fabric over PCIe switch
   pairs, five to eight PCIe switches under one or two sockets): the branch and bound over count
   vectors of :mod:`nvplugin.allocator.branch`, exact, a few ms per query, from a list of count
-  vectors built at start-up (~20 ms and little memory for 16 GPUs, ~0.3 s and ~15 MB for 32 in
-  eight classes). It replaces the tables from 9 GPUs on: a DGX-2 starts ~0.3 s sooner and ~13 MB
-  smaller, for ~2 ms more per query at p99. Should a request's search pass three quarters of its
-  time budget, the local search below answers instead.
+  vectors built at start-up (~20 ms and ~2 MiB for 16-24 GPUs, ~0.3 s and ~15 MiB kept, ~27 MiB
+  at peak, for 32 in eight classes). It replaces the tables from 9 GPUs on: a DGX-2 registers
+  ~0.3-0.5 s sooner and ~11 MiB smaller, for ~2 ms more per query at p99. Should a request's
+  search pass three quarters of its time budget, the local search below answers instead.
 - ``search`` (every other node beyond 16 GPUs): a request with at most 16 available GPUs builds
   the tables over them for its one size, and answers exactly if that finishes within three
   quarters of the request's time budget; otherwise the local search of

@@ -110,17 +110,18 @@ class BranchSearch:
         # are i), and the memo key of each: the same for vectors that differ by a permutation
         # of twin classes' counts. Worked through in chunks, so start-up memory stays a few MB
         # above what is kept.
+        # The key is the index of one arrangement: the counts sorted down, given to the twins
+        # in decreasing size (it fits: the k-th largest count is at most the k-th largest size).
         grid = np.indices([size + 1 for size in sizes], dtype=np.int8).reshape(m, -1).T
         self._stride = np.cumprod([1] + [size + 1 for size in sizes[:0:-1]])[::-1].astype(np.int64)
-        powers = (max(sizes) + 1) ** np.arange(m, dtype=np.int64)
-        codes = np.empty(len(grid), dtype=np.int64)
+        self._keys = np.empty(len(grid), dtype=np.int32)
+        by_size = [sorted(twins, key=lambda c: -sizes[c]) for twins in self._twins]
         for start in range(0, len(grid), CHUNK):
-            arranged = grid[start : start + CHUNK].astype(np.int64)
-            for twins in self._twins:
-                arranged[:, twins] = np.sort(arranged[:, twins], axis=1)
-            codes[start : start + CHUNK] = arranged @ powers
-        self._keys = np.unique(codes, return_inverse=True)[1].astype(np.int32).reshape(-1)
-        del codes
+            chunk = grid[start : start + CHUNK].astype(np.int64)
+            arranged = chunk.copy()
+            for twins, ranked in zip(self._twins, by_size, strict=True):
+                arranged[:, ranked] = -np.sort(-chunk[:, twins], axis=1)
+            self._keys[start : start + CHUNK] = arranged @ self._stride
         # The same vectors ordered by size and then by first class, so the groups of size k
         # whose first class is c are one slice; with each one's index above, twice its score
         # and which pairs of twins it takes out of order (a bit per pair).
