@@ -227,7 +227,7 @@ class BranchSearch:
         # The answer: the highest own score whose group reaches OPT, then the lex-smallest.
         reach: list[int] = []
         level = None
-        for i in sorted(range(len(kids.own)), key=kids.own.__getitem__, reverse=True):
+        for i in _descending(kids.own):
             f = kids.own[i]
             if level is not None and f < level:
                 break
@@ -428,7 +428,7 @@ class _Query:
         upper = -1
         bounds, own, keys, totals = children.bounds, children.own, children.keys, children.totals
         memo = self._memo
-        for j in sorted(range(len(bounds)), key=bounds.__getitem__, reverse=True):
+        for j in _descending(bounds):
             bound = bounds[j]
             if bound <= best:
                 break  # no child left can beat the best
@@ -667,6 +667,14 @@ def _pieces(scores: IntArray, sizes: list[int], wanted: range) -> dict[int, IntA
                 value = np.where(allowed, twice[pieces][None, :] + best[rest], lowest)
                 best[chunk] = value.max(axis=1)
     return tables
+
+
+def _descending(values: list[int]) -> list[int]:
+    """Positions of ``values`` from the highest, ties in order (numpy sorts long lists)."""
+    if len(values) <= FEW:
+        return sorted(range(len(values)), key=values.__getitem__, reverse=True)
+    order: list[int] = np.argsort(-np.asarray(values), kind="stable").tolist()
+    return order
 
 
 def _twin_sets(scores: IntArray, sizes: list[int]) -> list[list[int]]:
