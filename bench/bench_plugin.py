@@ -8,7 +8,7 @@ Prints:
 - RPC round trip p50/p99 of GetDevicePluginOptions and GetPreferredAllocation over the unix socket
   (target: GPA p99 within 5 ms of the options RPC's), on the DGX-2, on a 24-GPU node of four PCIe
   switches (the count search) and on 24-GPU nodes of six (l4-24, l4-24-uneven: the branch
-  search), both RPCs interleaved in one run;
+  search; also the 32-GPU l4-32), both RPCs interleaved in one run;
 - start -> registered and RSS on the PCIe-switch servers beyond 16 GPUs (l4-20, l4-24, l4-32);
 - on the 20-GPU node without structure: GetPreferredAllocation round trips (target: within the
   0.1 s budget) while another client sends gRPC health checks back to back (target: each
@@ -240,7 +240,7 @@ def _beyond_16() -> None:
                 f"{statistics.median(starts):.2f} s, max {max(starts):.2f} s; RSS median "
                 f"{statistics.median(rss):.1f} MB   (targets <= 1 s; load {_load()})"
             )
-        for name in ("pcie-switch-24", "l4-24", "l4-24-uneven"):
+        for name in ("pcie-switch-24", "l4-24", "l4-24-uneven", "l4-32"):
             node = write(nodes, name)
             with _serving(node) as path:
                 options_ms, gpa_ms = _round_trips(path, node)
