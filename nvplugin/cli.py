@@ -47,6 +47,11 @@ def user_errors(func: F) -> F:
 @click.version_option(__version__, prog_name="nvplugin")
 def main() -> None:
     """Kubernetes device plugin for NVIDIA GPUs, with simulated nodes and a fake kubelet."""
+    from nvplugin.log import configure
+
+    # Logs go to stderr, warnings and up, unless a command sets its own (serve: its config's):
+    # stdout carries the command's output alone (--output json is JSON and nothing else).
+    configure(None, "warning")
 
 
 # Commands. Each section below is owned by one part of the package; keep each command a thin
