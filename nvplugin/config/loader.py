@@ -122,21 +122,30 @@ def _read_env(env: Mapping[str, str]) -> dict[str, object]:
 
 
 def _health_env(env: Mapping[str, str]) -> dict[str, object]:
-    """NVIDIA's Xid variables: ``DP_DISABLE_HEALTHCHECKS`` = ``all`` (or ``xids``) turns health
-    checks off, else lists Xids to ignore besides the default ones; ``DP_ENABLE_HEALTHCHECKS``
-    lists Xids that are critical even if ignored (``all``: none ignored)."""
+    """NVIDIA's Xid variables, with NVIDIA's documented meaning: ``DP_DISABLE_HEALTHCHECKS`` =
+    ``all`` (or ``xids``) turns health checks off, else lists Xids to ignore besides the default
+    ones; ``DP_ENABLE_HEALTHCHECKS`` lists Xids that count even if ignored (``all``: none
+    ignored) -- and with ``DP_DISABLE_HEALTHCHECKS=all``, the only Xids that count
+    (``nvplugin.health.xids.only``; NVIDIA's own code checks nothing at all then, against its
+    documentation). Either variable sets the whole Xid policy, over the file's."""
     disable = _xid_items(env, DISABLE_HEALTHCHECKS)
     enable = _xid_items(env, ENABLE_HEALTHCHECKS)
-    out: dict[str, object] = {}
+    if not disable and not enable:
+        return {}
+    out: dict[str, object] = {
+        "nvplugin.health.xids.ignore": (),
+        "nvplugin.health.xids.critical": (),
+        "nvplugin.health.xids.only": (),
+    }
     ignore: tuple[int, ...] = ()
     if "all" in disable or "xids" in disable:
-        if enable:
-            raise InputError(
-                f"environment variables {DISABLE_HEALTHCHECKS}=all and {ENABLE_HEALTHCHECKS}: "
-                "nvplugin does not support watching only chosen Xids yet; list the Xids to "
-                f"ignore in {DISABLE_HEALTHCHECKS} instead"
+        if not enable:
+            out["nvplugin.health.enabled"] = False
+        elif "all" not in enable:
+            out["nvplugin.health.xids.only"] = _xids(
+                enable, ENABLE_HEALTHCHECKS, "nvplugin.health.xids.only"
             )
-        out["nvplugin.health.enabled"] = False
+            return out
     elif disable:
         ignore = _xids(disable, DISABLE_HEALTHCHECKS, "nvplugin.health.xids.ignore")
         out["nvplugin.health.xids.ignore"] = ignore

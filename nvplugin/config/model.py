@@ -224,6 +224,14 @@ class HealthConfig:
         help="Xids removed from the ignored ones.",
         reload=Reload.IN_PLACE,
     )
+    only_xids: tuple[int, ...] = setting(
+        "nvplugin.health.xids.only",
+        _XIDS,
+        (),
+        help="Only these Xids make a GPU Unhealthy (a lost GPU still is); [] = every Xid not "
+        "ignored. NVIDIA's DP_DISABLE_HEALTHCHECKS=all with DP_ENABLE_HEALTHCHECKS=<Xids>.",
+        reload=Reload.IN_PLACE,
+    )
     recovery_quiet_s: float = setting(
         "nvplugin.health.recovery.quietPeriod",
         Duration(),
@@ -235,7 +243,10 @@ class HealthConfig:
 
     @property
     def ignored_xids(self) -> frozenset[int]:
-        """The default ignored Xids, plus ``ignore``, minus ``critical``."""
+        """The default ignored Xids, plus ``ignore``, minus ``critical`` (with ``only``: those
+        rules do not apply, and this is empty)."""
+        if self.only_xids:
+            return frozenset()
         return (DEFAULT_IGNORED_XIDS | frozenset(self.ignore_xids)) - frozenset(self.critical_xids)
 
     def settings(self) -> HealthSettings:
@@ -243,6 +254,7 @@ class HealthConfig:
             enabled=self.enabled,
             ignored_xids=self.ignored_xids,
             recovery_quiet_s=self.recovery_quiet_s,
+            only_xids=frozenset(self.only_xids) or None,
         )
 
 
@@ -813,6 +825,18 @@ def _check_ports(metrics: str | None, probes: str | None) -> None:
         )
 
 
+def _check_xids(only: tuple[int, ...], ignore: tuple[int, ...], critical: tuple[int, ...]) -> None:
+    """``only`` names the Xids that count; the ignore rules (``ignore``, ``critical``) are for
+    when it does not, so one config cannot say both."""
+    if only and (ignore or critical):
+        other = "ignore" if ignore else "critical"
+        raise Invalid(
+            f"lists the only Xids that count, so nvplugin.health.xids.{other} has nothing to do: "
+            "give one or the other",
+            "nvplugin.health.xids.only",
+        )
+
+
 def build(values: Mapping[str, object], source: str | None, notes: tuple[str, ...]) -> Config:
     """The effective config from every setting's value by key path (defaults filled in): each
     setting's field, then what the rules across keys derive; :class:`Invalid` (``at`` = the key
@@ -822,6 +846,11 @@ def build(values: Mapping[str, object], source: str | None, notes: tuple[str, ..
         return values[path]
 
     _check_ports(get("nvplugin.metrics.address"), get("nvplugin.healthProbes.address"))
+    _check_xids(
+        get("nvplugin.health.xids.only"),
+        get("nvplugin.health.xids.ignore"),
+        get("nvplugin.health.xids.critical"),
+    )
     resources, time_slicing = resolve_layout(
         get("nvplugin.resourceName"),
         ResourceRules(
