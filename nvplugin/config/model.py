@@ -99,6 +99,10 @@ def _absolute(value: str) -> str | None:
     return absolute_path_problem(value)
 
 
+def _empty_or_absolute(value: str) -> str | None:
+    return None if value == "" else absolute_path_problem(value)
+
+
 def _version(value: str) -> str | None:
     if value == CONFIG_VERSION:
         return None
@@ -372,13 +376,12 @@ class Config:
     )
     mps_root: str = setting(
         "flags.mpsRoot",
-        Str(),
+        Str(rule=_empty_or_absolute),
         "",
-        help="MPS's host directory (MPS is not supported).",
+        help="MPS's host directory: accepted (NVIDIA's chart always sets MPS_ROOT); MPS sharing "
+        "itself is not supported yet.",
         flags=("mps-root",),
         env=("MPS_ROOT",),
-        supported=("",),
-        unsupported=_unsupported("MPS sharing"),
         inert=True,
     )
     gdrcopy_enabled: bool = setting(

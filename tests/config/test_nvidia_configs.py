@@ -164,7 +164,6 @@ def test_resources_gpus_are_honoured(write: Write) -> None:
         ("flags:\n  gdsEnabled: true\n", "flags.gdsEnabled", "GPUDirect Storage"),
         ("flags:\n  mofedEnabled: true\n", "flags.mofedEnabled", "MOFED"),
         ("flags:\n  gdrcopyEnabled: true\n", "flags.gdrcopyEnabled", "GDRCopy"),
-        ("flags:\n  mpsRoot: /run/nvidia/mps\n", "flags.mpsRoot", "MPS"),
         ("flags:\n  deviceDiscoveryStrategy: tegra\n", "flags.deviceDiscoveryStrategy", "device"),
         (
             "flags:\n  plugin:\n    nvidiaCTKPath: /usr/local/bin/nvidia-ctk\n",
@@ -198,7 +197,6 @@ def test_unsupported_settings_at_their_defaults_are_fine(write: Write) -> None:
     [
         ({"GDS_ENABLED": "true"}, "GDS_ENABLED"),
         ({"MOFED_ENABLED": "1"}, "MOFED_ENABLED"),
-        ({"MPS_ROOT": "/run/nvidia/mps"}, "MPS_ROOT"),
         ({"IMEX_CHANNEL_IDS": "0"}, "IMEX_CHANNEL_IDS"),
         ({"DEVICE_DISCOVERY_STRATEGY": "vfio"}, "DEVICE_DISCOVERY_STRATEGY"),
     ],
@@ -213,3 +211,14 @@ def test_unsupported_nvidia_variables_are_refused(env: dict[str, str], name: str
 def test_unsupported_nvidia_variables_at_their_defaults_are_fine() -> None:
     env = {"GDS_ENABLED": "false", "MIG_STRATEGY": "none", "DEVICE_DISCOVERY_STRATEGY": "auto"}
     assert load_config(None, env=env) == Config()
+
+
+def test_mps_root_is_accepted_as_nvidias_chart_sets_it(write: Write) -> None:
+    """NVIDIA's chart sets MPS_ROOT in every plugin container, MPS or not: any absolute path is
+    accepted (and not acted on: sharing.mps, MPS itself, is refused)."""
+    assert load_config(None, env={"MPS_ROOT": "/run/nvidia/mps"}) == Config()
+    assert load_config(write("flags:\n  mpsRoot: /var/run/mps\n")).mps_root == "/var/run/mps"
+    with pytest.raises(InputError) as caught:
+        load_config(None, env={"MPS_ROOT": "run/mps"})
+    assert 'environment variable MPS_ROOT (config key "flags.mpsRoot")' in str(caught.value)
+    assert "not an absolute path" in str(caught.value)
