@@ -353,6 +353,14 @@ class Config:
         help="Where the host's /dev/nvidia* are (host path); default: nvidiaDriverRoot.",
         flags=("nvidia-dev-root", "dev-root"),
         env=("NVIDIA_DEV_ROOT",),
+        chart=Chart.env(
+            "nvidiaDevRoot",
+            None,
+            "NVIDIA's: where the host's `/dev/nvidia*` are, the host root of DeviceSpecs' device "
+            "nodes (`/run/nvidia/driver` with the GPU operator's driver container). null: "
+            "`nvidiaDriverRoot`.",
+            schema={"type": "string", "pattern": "^/"},
+        ),
     )
     device_discovery_strategy: str = setting(
         "flags.deviceDiscoveryStrategy",
@@ -494,6 +502,15 @@ class Config:
             "generating CDI specs", "generate the spec on the node with nvidia-ctk cdi generate"
         ),
         inert=True,
+        chart=Chart.check(
+            "cdi.nvidiaHookPath",
+            "NVIDIA's: the nvidia-cdi-hook for generated CDI specs; nvplugin generates none "
+            "(generate the spec on the node with `nvidia-ctk cdi generate`).",
+            schema={"type": "string"},
+            refused="nvplugin does not generate CDI specs yet, so it has no use for a hook path "
+            "({value}); leave it null and generate the spec on the node with nvidia-ctk cdi "
+            "generate",
+        ),
     )
     container_driver_root: str = setting(
         "flags.plugin.containerDriverRoot",
@@ -532,6 +549,12 @@ class Config:
         supported=((),),
         unsupported=_unsupported("generating CDI specs"),
         inert=True,
+        chart=Chart.check(
+            "cdi.featureFlags",
+            "NVIDIA's: feature flags for generated CDI specs; nvplugin generates none.",
+            refused="nvplugin does not generate CDI specs yet, so it has no use for feature "
+            "flags ({value}); leave it null",
+        ),
     )
     gfd: Mapping[str, object] | None = setting(
         "flags.gfd",
