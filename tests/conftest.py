@@ -56,7 +56,11 @@ def starts_a_program(executable: object, argv: object) -> bool:
         script = command[command.index("-c") + 1].split()
         program = script[0] if script else ""
     name = os.path.basename(program)
-    return name.startswith("python") or name == "nvplugin" or program == sys.executable
+    return (
+        name.startswith("python")
+        or name in ("nvplugin", "nvidia-device-plugin")
+        or program == sys.executable
+    )
 
 
 @dataclass
