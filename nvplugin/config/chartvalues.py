@@ -142,12 +142,7 @@ _NOT_YET = "nvplugin's chart does not {what} yet; leave {key} at NVIDIA's defaul
 
 NVIDIA_VALUES: tuple[NvidiaValue, ...] = (
     _v("config.name", Use.SAME, ""),
-    _v(
-        "config.map",
-        Use.SAME,
-        {},
-        why="each entry is checked against the plugin's config schema when the chart renders",
-    ),
+    _v("config.map", Use.SAME, {}),
     _v("config.default", Use.SAME, ""),
     _v(
         "config.fallbackStrategies",

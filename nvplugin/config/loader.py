@@ -42,13 +42,16 @@ def load_config(
     *,
     flags: Mapping[str, object] | None = None,
     env: Mapping[str, str] | None = None,
+    text: str | None = None,
 ) -> Config:
     """Merge defaults, the file at ``path``, ``env`` and ``flags`` (key path -> value; a string,
-    or a list of strings for a repeated flag; None or empty = not given). Raises InputError."""
+    or a list of strings for a repeated flag; None or empty = not given). ``text``: the file's
+    content, given (``path`` then only names it in messages: a ConfigMap entry, say). Raises
+    InputError."""
     values: dict[str, object] = {path_: setting.default for path_, setting in SETTINGS.items()}
     notes: list[str] = []
     if path is not None:
-        values.update(_read_file(path, notes))
+        values.update(_read_file(path, notes, text))
     if env is not None:
         values.update(_read_env(env))
     if flags is not None:
@@ -73,9 +76,11 @@ def flag_names() -> dict[str, str]:
 # --- the file ------------------------------------------------------------------------------------
 
 
-def _read_file(path: str, notes: list[str]) -> dict[str, object]:
+def _read_file(path: str, notes: list[str], text: str | None = None) -> dict[str, object]:
     where = f"config file {path}"
-    document = yamlinput.load(yamlinput.read_text(path, where), where)
+    if text is None:
+        text = yamlinput.read_text(path, where)
+    document = yamlinput.load(text, where)
     if document is None:
         return {}
     if not isinstance(document, dict):
