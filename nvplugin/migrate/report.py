@@ -71,6 +71,18 @@ class Migration:
         return [f for f in self.findings if f.status is Status.REFUSED]
 
 
+class _Dumper(yaml.SafeDumper):
+    """YAML as people write it: a multi-line string (a config file in config.map) as a block."""
+
+
+def _string(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in text else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", text, style=style)
+
+
+_Dumper.add_representer(str, _string)
+
+
 def _short(value: object) -> str:
     text = json.dumps(value, ensure_ascii=False)
     return text if len(text) <= 60 else text[:57] + "..."
@@ -80,7 +92,7 @@ def to_text(migrations: list[Migration]) -> str:
     """Each migration as YAML, its findings as comments above it; ``---`` between them."""
     parts = []
     for migration in migrations:
-        lines = [f"# {migration.title}"]
+        lines = [f"# {line}" for line in textwrap.wrap(migration.title, 96, break_long_words=False)]
         if migration.findings:
             lines.append("#")
             for finding in migration.findings:
@@ -93,7 +105,7 @@ def to_text(migrations: list[Migration]) -> str:
         output = migration.output
         documents = output if isinstance(output, list) else [output]
         body = "---\n".join(
-            yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, width=100)
+            yaml.dump(doc, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=100)
             for doc in documents
         )
         parts.append("\n".join(lines) + "\n" + body)

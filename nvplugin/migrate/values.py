@@ -105,10 +105,23 @@ def _nvidia_value(
 ) -> None:
     entry = BY_PATH[declared]
     key = f"values.{path}"
+    if path == "image.tag" and value and _nvidias_image(migration):
+        migration.add(
+            key,
+            Status.CHANGED,
+            "NVIDIA's version -> \"\": nvplugin's (the chart's appVersion)",
+            value,
+        )
+        _put(migration.output, path, "")
+        return
     if entry.use is Use.REFUSED:
         if path == "image.repository" and isinstance(value, str) and NVIDIA_IMAGE.search(value):
             migration.add(
-                key, Status.CHANGED, f"NVIDIA's image -> {repository} ({entry.why})", value
+                key,
+                Status.CHANGED,
+                f"NVIDIA's plugin image -> {repository}, nvplugin's (built from its Dockerfile "
+                "and pushed there; --image-repository says where)",
+                value,
             )
             _put(migration.output, path, repository)
         else:
@@ -126,6 +139,11 @@ def _nvidia_value(
     if entry.why and entry.use in (Use.SAME, Use.HONOURED):
         migration.add(key, Status.DIFFERS, entry.why, value)
     _put(migration.output, path, value)
+
+
+def _nvidias_image(migration: Migration) -> bool:
+    """Whether the input's image.repository (read before image.tag) was NVIDIA's."""
+    return any(f.key == "values.image.repository" for f in migration.findings)
 
 
 def _config_map(entries: Mapping[str, Any], migration: Migration) -> None:

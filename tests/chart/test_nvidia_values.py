@@ -9,12 +9,13 @@ import copy
 import re
 from typing import Any
 
+import helm_python as helm
 import kubernetes_validate
 import pytest
 
 from nvplugin.config import SETTINGS
 from nvplugin.config.chartvalues import NVIDIA_VALUES, Use, covering
-from tests.chart.rendering import render, render_error
+from tests.chart.rendering import CHART_DIR, render, render_error
 from tests.support.nvidia import (
     NVIDIA_IMAGE,
     NVPLUGIN_IMAGE,
@@ -160,10 +161,6 @@ def test_component_selector_labels() -> None:
 
 
 def test_the_default_namespace_needs_allow_default_namespace() -> None:
-    import helm_python as helm
-
-    from tests.chart.rendering import CHART_DIR
-
     with helm.Chart.load(str(CHART_DIR)) as chart, pytest.raises(helm.HelmError) as caught:
         chart.render(None, name="nvplugin", namespace="default", is_install=True)
     assert _problems(str(caught.value)) == ["allowDefaultNamespace"]
@@ -237,3 +234,11 @@ def test_nvidias_values_do_not_change_what_nvplugin_renders_by_default() -> None
         for key in ("affinity", "tolerations"):
             spec.pop(key)
     assert copy.deepcopy(mine) == theirs
+
+
+def test_the_chart_readme_shows_the_error_helm_prints() -> None:
+    readme = (CHART_DIR / "README.md").read_text()
+    shown = re.search(r"```text\nError: (execution error at .*?)\n```", readme, re.S)
+    assert shown is not None
+    error = render_error({"image": {"repository": NVIDIA_IMAGE}, "gfd": {"enabled": True}})
+    assert error == shown.group(1)
