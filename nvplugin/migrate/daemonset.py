@@ -79,6 +79,16 @@ def _daemonset(doc: dict[str, Any], migration: Migration, image: str) -> None:
             container.get("image"),
         )
         container["image"] = image
+        if not command and container.get("args"):
+            # NVIDIA's image's entrypoint is nvidia-device-plugin, nvplugin's is nvplugin: flags
+            # given as args need NVIDIA's command named.
+            migration.add(
+                f"{key}.command",
+                Status.CHANGED,
+                "(none) -> [nvidia-device-plugin]: the args are NVIDIA's flags, which NVIDIA's "
+                "image's entrypoint took; nvplugin's image's entrypoint is nvplugin",
+            )
+            container["command"] = ["nvidia-device-plugin"]
         _user(key, container, pod, migration)
         _settings(key, container, migration)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import stat
 
 from nvplugin.errors import InputError
 
@@ -20,22 +21,23 @@ from nvplugin.errors import InputError
 def check_device_plugin_access(directory: str, kubelet_socket: str) -> None:
     """InputError when this process may not create its socket in ``directory`` or connect to
     ``kubelet_socket`` (one that exists); a missing directory is left to the serving code."""
-    for path, what, needs in (
-        (directory, "create its socket in", os.W_OK | os.X_OK),
-        (kubelet_socket, "connect to", os.W_OK),
+    for path, what, needs, kind in (
+        (directory, "create its socket in", os.W_OK | os.X_OK, stat.S_ISDIR),
+        (kubelet_socket, "connect to", os.W_OK, stat.S_ISSOCK),
     ):
         try:
             info = os.stat(path)
         except OSError:
             continue
-        if os.access(path, needs, effective_ids=True):
-            continue
+        if not kind(info.st_mode) or os.access(path, needs, effective_ids=True):
+            continue  # not a directory (a socket): the serving code says what it is
         uid = os.geteuid()
         owner = f"owned by {_user(info.st_uid)} with mode {info.st_mode & 0o7777:04o}"
         if uid == 0:
             fix = (
-                "this root lacks the capability to write what it does not own "
-                "(CAP_DAC_OVERRIDE): make it root's, as the kubelet does"
+                "this root lacks the capability to write what its mode does not let it "
+                "(CAP_DAC_OVERRIDE): make it root's and writable by its owner, as the kubelet "
+                "does"
             )
         else:
             fix = (

@@ -13,6 +13,8 @@ import yaml
 
 import nvplugin
 from tests.chart.rendering import CHART_DIR, NAMESPACE, Rendered, render, render_error
+from tests.support.nvidia import VALUES_VERSIONS, with_nvplugin_image
+from tests.support.nvidia import values as nvidia_values
 
 DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 # The oldest Kubernetes the chart supports and the newest schemas kubernetes-validate ships.
@@ -69,6 +71,11 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "no-probes": {"probes": {"enabled": False}, "affinity": None, "tolerations": None},
     "overrides": {"fullnameOverride": "gpu", "namespaceOverride": "gpu-operator"},
     "digest": {"image": {"digest": "sha256:" + "ab" * 32, "pullPolicy": "Always"}},
+    # NVIDIA's values files as they are, with nvplugin's image (tests/fixtures/nvidia/)
+    **{
+        f"nvidia-{version}": with_nvplugin_image(nvidia_values(version))
+        for version in VALUES_VERSIONS
+    },
 }
 
 

@@ -219,3 +219,19 @@ def test_the_command_prints_installable_values_and_exits_by_what_it_found() -> N
         for path in work.iterdir():
             path.unlink()
         work.rmdir()
+
+
+def test_flags_as_args_without_a_command_get_nvidias_command() -> None:
+    """NVIDIA's manifests before v0.12 passed flags as args to the image's entrypoint
+    (nvidia-device-plugin); nvplugin's entrypoint is nvplugin, so the command is named."""
+
+    def change(container: dict[str, Any]) -> None:
+        container["args"] = ["--fail-on-init-error=false"]
+        del container["env"]
+
+    migration = _daemonset("static-nvidia-device-plugin-v0.17.1.yml", change)
+    changed = {f.key.rsplit(".", 1)[1] for f in migration.findings if f.status is Status.CHANGED}
+    assert changed == {"image", "command"} and migration.refused == []
+    (container,) = migration.output[0]["spec"]["template"]["spec"]["containers"]
+    assert container["command"] == ["nvidia-device-plugin"]
+    assert container["args"] == ["--fail-on-init-error=false"]

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import socket as sock
 import tempfile
 
 import pytest
@@ -39,7 +40,8 @@ def test_a_kubelet_socket_it_may_not_connect_to(monkeypatch: pytest.MonkeyPatch)
     directory = tempfile.mkdtemp()
     socket = os.path.join(directory, "kubelet.sock")
     try:
-        open(socket, "w").close()
+        listener = sock.socket(sock.AF_UNIX, sock.SOCK_STREAM)
+        listener.bind(socket)
         monkeypatch.setattr(access.os, "geteuid", lambda: 10001)
         monkeypatch.setattr(
             access.os, "access", lambda path, mode, effective_ids: path == directory
@@ -47,6 +49,7 @@ def test_a_kubelet_socket_it_may_not_connect_to(monkeypatch: pytest.MonkeyPatch)
         with pytest.raises(InputError, match=f"which may not connect to {socket}"):
             access.check_device_plugin_access(directory, socket)
     finally:
+        listener.close()
         os.unlink(socket)
         os.rmdir(directory)
 
