@@ -7,10 +7,11 @@ import sys
 
 from nvplugin.plugin.signals import PendingSignals
 
-if sys.argv[1:2] == ["serve"]:
-    # ``nvplugin serve`` handles SIGTERM, SIGINT and SIGHUP from here on, before click and the
-    # rest are imported (a tenth of a second, more on a loaded node), in which SIGHUP's default
-    # action would kill it. ``serve`` takes the recorder over (PendingSignals.current).
+if sys.argv[1:2] == ["serve"] or sys.argv[0].rpartition("/")[2] == "nvidia-device-plugin":
+    # ``nvplugin serve`` (and ``nvidia-device-plugin``) handles SIGTERM, SIGINT and SIGHUP from
+    # here on, before click and the rest are imported (a tenth of a second, more on a loaded
+    # node), in which SIGHUP's default action would kill it. ``serve`` takes the recorder over
+    # (PendingSignals.current).
     PendingSignals.install()
 
 import functools
@@ -25,6 +26,9 @@ from nvplugin.api import DEFAULT_DEVICE_PLUGIN_DIR
 from nvplugin.config.rules import MIG_STRATEGIES
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+NVIDIA_COMMAND = "nvidia-device-plugin"
+"""The name of NVIDIA's plugin command, which nvplugin's package installs too (it serves)."""
 
 
 def user_errors(func: F) -> F:
@@ -60,8 +64,15 @@ def main() -> None:
 # --- node: devices, topo, node import, node capture ---
 
 
+def config_file_option(help_text: str) -> Callable[[F], F]:
+    """``--config-file FILE`` (NVIDIA's name) or ``--config FILE``: the plugin's config file.
+    Every command that takes the plugin's config takes both spellings."""
+    return click.option("--config-file", "--config", "config_path", metavar="FILE", help=help_text)
+
+
 def plugin_config_options(config_help: str) -> Callable[[F], F]:
-    """``--config FILE`` and ``--mig-strategy``: the plugin's config a command works with."""
+    """``--config-file``/``--config FILE`` and ``--mig-strategy``: the plugin's config a command
+    works with."""
 
     def add(func: F) -> F:
         func = click.option(
@@ -71,7 +82,7 @@ def plugin_config_options(config_help: str) -> Callable[[F], F]:
             "file's; default: the file's, else none). Under mixed, MIG devices are served as "
             "nvidia.com/mig-<profile>.",
         )(func)
-        return click.option("--config", "config_path", metavar="FILE", help=config_help)(func)
+        return config_file_option(config_help)(func)
 
     return add
 
@@ -297,55 +308,73 @@ def preferred(
 # --- plugin: serve ---
 
 
-def setting_options(func: F) -> F:
-    """Add one ``serve`` option per config setting that has flags (nvplugin/config/model.py),
-    with NVIDIA's names and forms for NVIDIA's settings: ``--flag`` alone or ``--flag=true|false``
-    for booleans, list flags repeatable and comma-separated. Each lands in ``settings`` by key
-    path."""
-    from nvplugin.config import SETTINGS
-    from nvplugin.config.schema import Bool, List, Nullable
+def setting_options(nvidia_only: bool = False) -> Callable[[F], F]:
+    """One option per config setting that has flags (nvplugin/config/model.py), with NVIDIA's
+    names and forms for NVIDIA's settings: ``--flag`` alone or ``--flag=true|false`` for
+    booleans, list flags repeatable and comma-separated. Each lands in ``setting_<n>``, n the
+    setting's number. ``nvidia_only``: NVIDIA's settings only (``nvidia-device-plugin``), their
+    help in NVIDIA's style (``[$MIG_STRATEGY]``)."""
 
-    for number, (path, setting) in reversed(list(enumerate(SETTINGS.items()))):
-        if not setting.flags:
-            continue
-        kind = setting.kind.inner if isinstance(setting.kind, Nullable) else setting.kind
-        env = ", ".join(setting.env)
-        extra: dict[str, Any] = {}
-        if isinstance(kind, Bool):
-            extra = {"is_flag": False, "flag_value": "true", "metavar": "true|false"}
-        elif isinstance(kind, List):
-            extra = {"multiple": True, "metavar": "V[,V]"}
-        func = click.option(
-            *(f"--{name}" for name in setting.flags),
-            f"setting_{number}",
-            default=None,
-            help=f"{setting.help} (config {path}; env {env}{_default_text(setting.default)})",
-            **extra,
-        )(func)
-    return func
+    def add(func: F) -> F:
+        from nvplugin.config import SETTINGS
+        from nvplugin.config.schema import Bool, List, Nullable
+
+        for number, (path, setting) in reversed(list(enumerate(SETTINGS.items()))):
+            if not setting.flags or (nvidia_only and path.startswith("nvplugin.")):
+                continue
+            kind = setting.kind.inner if isinstance(setting.kind, Nullable) else setting.kind
+            extra: dict[str, Any] = {}
+            if isinstance(kind, Bool):
+                extra = {"is_flag": False, "flag_value": "true", "metavar": "true|false"}
+            elif isinstance(kind, List):
+                extra = {"multiple": True, "metavar": "V[,V]"}
+            default = _default_text(setting)
+            if nvidia_only:
+                names = " ".join(f"[${name}]" for name in setting.env)
+                text = f"{setting.help} ({path}{'; ' + default if default else ''}) {names}"
+            else:
+                env = ", ".join(setting.env)
+                text = (
+                    f"{setting.help} (config {path}; env {env}{'; ' + default if default else ''})"
+                )
+            func = click.option(
+                *(f"--{name}" for name in setting.flags),
+                f"setting_{number}",
+                default=None,
+                help=text,
+                **extra,
+            )(func)
+        return func
+
+    return add
 
 
-def _default_text(default: object) -> str:
-    """``; default X`` for an option's help (nothing for an empty or absent default)."""
+def _default_text(setting: Any) -> str:
+    """``default X`` for an option's help (empty for an empty or absent default); durations as
+    the config file writes them (``0.1s``)."""
+    from nvplugin.config.schema import Duration, format_duration
+
+    default = setting.default
     if default is None or default == () or default == "":
         return ""
+    if isinstance(setting.kind, Duration):
+        return f"default {format_duration(float(default))}"
     if isinstance(default, bool):
-        return f"; default {str(default).lower()}"
+        return f"default {str(default).lower()}"
     if isinstance(default, tuple):
-        return f"; default {','.join(str(item) for item in default)}"
-    return f"; default {default}"
+        return f"default {','.join(str(item) for item in default)}"
+    return f"default {default}"
+
+
+_CONFIG_FILE_HELP = (
+    "Config file (YAML or JSON; NVIDIA's v1 format plus nvplugin's keys); env CONFIG_FILE."
+)
 
 
 @main.command()
 @click.option("--simulate", metavar="NODE", help=_SIMULATE_HELP)
-@click.option(
-    "--config-file",
-    "--config",
-    "config_path",
-    metavar="FILE",
-    help="Config file (YAML or JSON; NVIDIA's v1 format plus nvplugin's keys); env CONFIG_FILE.",
-)
-@setting_options
+@config_file_option(_CONFIG_FILE_HELP)
+@setting_options()
 @click.option("--discovery-retry-s", type=float, hidden=True)  # tests: shorter waits
 @click.option("--socket-give-up-s", type=float, hidden=True)
 @user_errors
@@ -363,6 +392,17 @@ def serve(
     (exit 0); SIGHUP reloads the config. Without a kubelet
     (--simulate on a laptop), run `nvplugin kubelet --device-plugin-dir DIR` beside it.
     """
+    _serve(simulate, config_path, discovery_retry_s, socket_give_up_s, options)
+
+
+def _serve(
+    simulate: str | None,
+    config_path: str | None,
+    discovery_retry_s: float | None,
+    socket_give_up_s: float | None,
+    options: dict[str, object],
+) -> None:
+    """``serve``'s work, shared with ``nvidia-device-plugin``."""
     # First, before any import or file read (and usually since this module's first lines): a
     # signal is never fatal (SIGHUP before serving reloads once serving; SIGTERM/SIGINT before
     # serving stop cleanly).
@@ -394,6 +434,124 @@ def serve(
             **{name: value for name, value in timing.items() if value is not None},
         )
     )
+
+
+@click.command(
+    NVIDIA_COMMAND,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    epilog="nvplugin's own settings: NVPLUGIN_* variables or the config file's nvplugin: block "
+    "(nvplugin serve --help lists them). --simulate NODE serves a simulated node, as "
+    "nvplugin serve does.",
+)
+@config_file_option(
+    "The path to the configuration file to use (NVIDIA's v1 format, plus nvplugin's keys). "
+    "[$CONFIG_FILE]"
+)
+@setting_options(nvidia_only=True)
+@click.option("--simulate", metavar="NODE", hidden=True)
+@click.option("--discovery-retry-s", type=float, hidden=True)
+@click.option("--socket-give-up-s", type=float, hidden=True)
+@click.version_option(__version__, prog_name=f"{NVIDIA_COMMAND} (nvplugin)")
+@user_errors
+def nvidia_device_plugin(
+    simulate: str | None,
+    config_path: str | None,
+    discovery_retry_s: float | None,
+    socket_give_up_s: float | None,
+    **options: object,
+) -> None:
+    """NVIDIA device plugin for Kubernetes -- here nvplugin, which serves exactly as
+    `nvplugin serve` does.
+
+    NVIDIA's command, flags and environment variables, with NVIDIA's meaning: a DaemonSet
+    written for NVIDIA's plugin (command: [nvidia-device-plugin]) runs nvplugin's image
+    unchanged. Settings come from flags, then environment variables, then the config file.
+    """
+    _serve(simulate, config_path, discovery_retry_s, socket_give_up_s, options)
+
+
+def nvidia_device_plugin_main() -> None:
+    """The ``nvidia-device-plugin`` program. NVIDIA's command parses flags as Go does, so
+    ``-mig-strategy=mixed`` means ``--mig-strategy=mixed``: a single-dash long name of one of
+    its options is read as that option."""
+    names = {
+        name
+        for param in nvidia_device_plugin.params
+        if isinstance(param, click.Option)
+        for name in param.opts
+    }
+    argv = []
+    for arg in sys.argv[1:]:
+        if arg.startswith("-") and not arg.startswith("--") and "-" + arg.split("=")[0] in names:
+            arg = "-" + arg
+        argv.append(arg)
+    nvidia_device_plugin.main(argv, prog_name=NVIDIA_COMMAND)
+
+
+# --- migrate ---
+
+
+@main.command()
+@click.option(
+    "--values",
+    "values_file",
+    metavar="FILE",
+    help="A values file of NVIDIA's chart (helm show values, or helm get values RELEASE).",
+)
+@click.option(
+    "--daemonset",
+    "daemonset_file",
+    metavar="FILE",
+    help="A manifest with a DaemonSet written for NVIDIA's image (static, or rendered by "
+    "NVIDIA's chart).",
+)
+@click.option(
+    "--image-repository",
+    metavar="REPO",
+    default="nvplugin",
+    show_default=True,
+    help="Where nvplugin's image is (built from its Dockerfile): what NVIDIA's image becomes.",
+)
+@click.option("--output", type=click.Choice(["yaml", "json"]), default="yaml", show_default=True)
+@user_errors
+def migrate(
+    values_file: str | None, daemonset_file: str | None, image_repository: str, output: str
+) -> None:
+    """Print nvplugin's equivalent of NVIDIA's deployment, and every change, by key path.
+
+    A values file becomes the values for nvplugin's chart; a DaemonSet, the same DaemonSet with
+    nvplugin's image. Above the YAML, as comments: what changed, what was dropped (NVIDIA's
+    defaults of what nvplugin does not do), what differs, what nvplugin refuses (left out; the
+    input as it is would fail), what nvplugin does not know. Exits 2 when something is refused,
+    else 0.
+    """
+    from nvplugin import yamlinput
+    from nvplugin.errors import InputError
+    from nvplugin.migrate import report
+    from nvplugin.migrate.daemonset import migrate_daemonset
+    from nvplugin.migrate.values import migrate_values
+
+    if values_file is None and daemonset_file is None:
+        raise InputError("migrate: give --values FILE, --daemonset FILE, or both")
+    migrations = []
+    if values_file is not None:
+        text = yamlinput.read_text(values_file, f"values file {values_file}")
+        migrations.append(migrate_values(text, values_file, image_repository))
+    if daemonset_file is not None:
+        text = yamlinput.read_text(daemonset_file, f"manifest {daemonset_file}")
+        migrations.append(migrate_daemonset(text, daemonset_file, image_repository))
+    if output == "json":
+        click.echo(report.to_json(migrations), nl=False)
+    else:
+        click.echo(report.to_text(migrations), nl=False)
+    refused = sum(len(m.refused) for m in migrations)
+    if refused:
+        click.echo(
+            f'error: {refused} key(s) nvplugin cannot use ("refused" above): fix them before '
+            "installing",
+            err=True,
+        )
+        sys.exit(2)
 
 
 # --- chart/probe: probe ---
@@ -474,7 +632,7 @@ def probe(socket_path: str, timeout_s: float, service: str, live: bool) -> None:
 )
 @click.option("--reserved-cpus", metavar="LIST", help="CPUs kept for the system, e.g. 0-1.")
 @plugin_config_options(
-    "The plugin's config file (nvplugin serve --config): resources by GPU model, "
+    "The plugin's config file (nvplugin serve --config-file): resources by GPU model, "
     "time-slicing, strategies."
 )
 @click.option("--output", type=click.Choice(["table", "json"]), default="table", show_default=True)

@@ -60,7 +60,9 @@ def starts_a_program(executable: object, argv: object) -> bool:
         program = script[0] if script else ""
     name = os.path.basename(program)
     return (
-        name.startswith("python") or name in ("nvplugin", MPS_CONTROL) or program == sys.executable
+        name.startswith("python")
+        or name in ("nvplugin", "nvidia-device-plugin", MPS_CONTROL)
+        or program == sys.executable
     )
 
 

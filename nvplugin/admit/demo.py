@@ -51,7 +51,7 @@ class Act:
     story: str
     sample: str  # file name in nvplugin/kubelet/samples/
     settings: AdmitSettings
-    config: str | None = None  # the plugin's config file, when the act needs one
+    config: str | None = None  # the plugin's config file in samples/configs/, if the act needs one
 
 
 ACTS = (
@@ -106,18 +106,14 @@ ACTS = (
         settings=AdmitSettings(
             simulate="mixed-a100-t4", topology_manager_policy="single-numa-node"
         ),
-        config=(
-            "version: v1\n"
-            "flags:\n  plugin:\n    sharedDevicesAllocationPolicy: packed\n"
-            "resources:\n  gpus:\n  - {pattern: '*T4*', name: t4}\n"
-            "sharing:\n"
-            "  mps:\n    renameByDefault: true\n    failRequestsGreaterThanOne: false\n"
-            "    resources:\n    - {name: nvidia.com/gpu, replicas: 4}\n"
-            "  timeSlicing:\n    renameByDefault: true\n"
-            "    resources:\n    - {name: nvidia.com/t4, replicas: 2}\n"
-        ),
+        config="mixed-a100-t4-mps.yaml",
     ),
 )
+
+
+def sample_config(name: str) -> str:
+    """A sample config file of the plugin's shipped with the package (``samples/configs/``)."""
+    return resources.files("nvplugin.kubelet").joinpath(SAMPLES, "configs", name).read_text()
 
 
 def sample_pods(name: str) -> list[Pod]:
@@ -197,7 +193,7 @@ def _config_files() -> Iterator[dict[str, str]]:
             if act.config is not None:
                 fd, path = tempfile.mkstemp(prefix="nvplugin-demo-", suffix=".yaml")
                 with os.fdopen(fd, "w") as out:
-                    out.write(act.config)
+                    out.write(sample_config(act.config))
                 paths[act.title] = path
         yield paths
     finally:

@@ -243,6 +243,14 @@ class HealthConfig:
         help="Xids removed from the ignored ones.",
         reload=Reload.IN_PLACE,
     )
+    only_xids: tuple[int, ...] = setting(
+        "nvplugin.health.xids.only",
+        _XIDS,
+        (),
+        help="Only these Xids make a GPU Unhealthy (a lost GPU still is); [] = every Xid not "
+        "ignored. NVIDIA's DP_DISABLE_HEALTHCHECKS=all with DP_ENABLE_HEALTHCHECKS=<Xids>.",
+        reload=Reload.IN_PLACE,
+    )
     recovery_quiet_s: float = setting(
         "nvplugin.health.recovery.quietPeriod",
         Duration(),
@@ -254,7 +262,10 @@ class HealthConfig:
 
     @property
     def ignored_xids(self) -> frozenset[int]:
-        """The default ignored Xids, plus ``ignore``, minus ``critical``."""
+        """The default ignored Xids, plus ``ignore``, minus ``critical`` (with ``only``: those
+        rules do not apply, and this is empty)."""
+        if self.only_xids:
+            return frozenset()
         return (DEFAULT_IGNORED_XIDS | frozenset(self.ignore_xids)) - frozenset(self.critical_xids)
 
     def settings(self) -> HealthSettings:
@@ -262,6 +273,7 @@ class HealthConfig:
             enabled=self.enabled,
             ignored_xids=self.ignored_xids,
             recovery_quiet_s=self.recovery_quiet_s,
+            only_xids=frozenset(self.only_xids) or None,
         )
 
 
@@ -356,6 +368,14 @@ class Config:
         help="Where the host's /dev/nvidia* are (host path); default: nvidiaDriverRoot.",
         flags=("nvidia-dev-root", "dev-root"),
         env=("NVIDIA_DEV_ROOT",),
+        chart=Chart.env(
+            "nvidiaDevRoot",
+            None,
+            "NVIDIA's: where the host's `/dev/nvidia*` are, the host root of DeviceSpecs' device "
+            "nodes (`/run/nvidia/driver` with the GPU operator's driver container). null: "
+            "`nvidiaDriverRoot`.",
+            schema={"type": "string", "pattern": "^/"},
+        ),
     )
     device_discovery_strategy: str = setting(
         "flags.deviceDiscoveryStrategy",
@@ -505,6 +525,15 @@ class Config:
             "generating CDI specs", "generate the spec on the node with nvidia-ctk cdi generate"
         ),
         inert=True,
+        chart=Chart.check(
+            "cdi.nvidiaHookPath",
+            "NVIDIA's: the nvidia-cdi-hook for generated CDI specs; nvplugin generates none "
+            "(generate the spec on the node with `nvidia-ctk cdi generate`).",
+            schema={"type": "string"},
+            refused="nvplugin does not generate CDI specs yet, so it has no use for a hook path "
+            "({value}); leave it null and generate the spec on the node with nvidia-ctk cdi "
+            "generate",
+        ),
     )
     container_driver_root: str = setting(
         "flags.plugin.containerDriverRoot",
@@ -543,6 +572,12 @@ class Config:
         supported=((),),
         unsupported=_unsupported("generating CDI specs"),
         inert=True,
+        chart=Chart.check(
+            "cdi.featureFlags",
+            "NVIDIA's: feature flags for generated CDI specs; nvplugin generates none.",
+            refused="nvplugin does not generate CDI specs yet, so it has no use for feature "
+            "flags ({value}); leave it null",
+        ),
     )
     gfd: Mapping[str, object] | None = setting(
         "flags.gfd",
@@ -853,6 +888,18 @@ def _check_ports(metrics: str | None, probes: str | None) -> None:
         )
 
 
+def _check_xids(only: tuple[int, ...], ignore: tuple[int, ...], critical: tuple[int, ...]) -> None:
+    """``only`` names the Xids that count; the ignore rules (``ignore``, ``critical``) are for
+    when it does not, so one config cannot say both."""
+    if only and (ignore or critical):
+        other = "ignore" if ignore else "critical"
+        raise Invalid(
+            f"lists the only Xids that count, so nvplugin.health.xids.{other} has nothing to do: "
+            "give one or the other",
+            "nvplugin.health.xids.only",
+        )
+
+
 def build(values: Mapping[str, object], source: str | None, notes: tuple[str, ...]) -> Config:
     """The effective config from every setting's value by key path (defaults filled in): each
     setting's field, then what the rules across keys derive; :class:`Invalid` (``at`` = the key
@@ -862,6 +909,11 @@ def build(values: Mapping[str, object], source: str | None, notes: tuple[str, ..
         return values[path]
 
     _check_ports(get("nvplugin.metrics.address"), get("nvplugin.healthProbes.address"))
+    _check_xids(
+        get("nvplugin.health.xids.only"),
+        get("nvplugin.health.xids.ignore"),
+        get("nvplugin.health.xids.critical"),
+    )
     allocation = get("flags.plugin.sharedDevicesAllocationPolicy")
     resources, sharing = resolve_layout(
         get("nvplugin.resourceName"),

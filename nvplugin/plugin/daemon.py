@@ -46,6 +46,7 @@ from nvplugin.errors import InputError, NvpluginError
 from nvplugin.log import configure, get_logger
 from nvplugin.node import NodeSession, open_node
 from nvplugin.plugin import healthservice, reload
+from nvplugin.plugin.access import check_device_plugin_access
 from nvplugin.plugin.assembly import Resources, Served, make_dir, serve_socket
 from nvplugin.plugin.endpoints import METRICS, PROBES, Endpoints
 from nvplugin.plugin.healthservice import PluginHealthService
@@ -153,6 +154,9 @@ class Daemon:
         for note in self.config.notes:  # keys present that are not for the plugin: said once
             self._log.info("config note", note=note)
         try:
+            check_device_plugin_access(
+                self.config.device_plugin_dir, self.config.kubelet_socket_path
+            )
             # The probes first: the startup probe passes as soon as the process answers.
             await self._endpoints.start(self.config)
             await self._serve()

@@ -18,10 +18,12 @@ import yaml
 
 from nvplugin.allocator import POLICY_NAMES
 from nvplugin.config import LOG_FORMATS, LOG_LEVELS
+from nvplugin.config.chartvalues import NVIDIA_VALUES, Use
 from nvplugin.config.rules import DEVICE_ID_STRATEGIES, DEVICE_LIST_STRATEGIES
 from tests.chart.rendering import CHART_DIR, REPO, render, render_error
 
 SCHEMA_ERROR = "values don't meet the specifications of the schema(s)"
+ACCEPTED_AT_NVIDIAS_DEFAULTS = [v.path for v in NVIDIA_VALUES if v.use is Use.DEFAULTS]
 
 
 @pytest.mark.parametrize(
@@ -141,8 +143,16 @@ def test_wrong_types_fail_at_install_time(values: dict[str, Any], message: str) 
         ),
         ({"gdsEnabled": True}, "values.gdsEnabled: nvplugin does not support gdsEnabled yet"),
         ({"deviceDiscoveryStrategy": "tegra"}, "values.deviceDiscoveryStrategy: nvplugin does"),
-        ({"gfd": {"enabled": True}}, "values.gfd: nvplugin's chart does not deploy gfd"),
-        ({"nfd": {"worker": {}}}, "values.nfd: nvplugin's chart does not deploy nfd"),
+        ({"gfd": {"enabled": True}}, "values.gfd.enabled: true: nvplugin's chart does not label"),
+        ({"nfd": {"enabled": True}}, "values.nfd.enabled: true: nvplugin's chart does not deploy"),
+        (
+            {"mps": {"enableHostPID": False}},
+            "values.mps.enableHostPID: false: nvplugin runs each MPS control daemon in its own pod",
+        ),
+        (
+            {"cdi": {"nvidiaHookPath": "/usr/local/bin/nvidia-cdi-hook"}},
+            "values.cdi.nvidiaHookPath: nvplugin does not generate CDI specs yet",
+        ),
     ],
 )
 def test_values_that_cannot_work_fail_with_a_clear_message(
@@ -164,6 +174,8 @@ def test_nvidia_defaults_of_unsupported_values_render() -> None:
     render(
         {
             "gfd": {"enabled": False},
+            "mps": {"root": "/run/nvidia/mps"},
+            "cdi": {"nvidiaHookPath": None, "featureFlags": None},
             "gdsEnabled": False,
             "mofedEnabled": False,
             "gdrcopyEnabled": False,
@@ -208,8 +220,8 @@ def _schema_paths(schema: dict[str, Any], prefix: str = "") -> list[str]:
             continue
         if sub.get("properties") and sub.get("additionalProperties") is False:
             paths.extend(_schema_paths(sub, path + "."))
-        elif name in ("gfd", "nfd"):
-            continue  # NVIDIA's values nvplugin refuses: in the schema, not in values.yaml
+        elif path in ACCEPTED_AT_NVIDIAS_DEFAULTS:
+            continue  # in the schema, not in values.yaml
         else:
             paths.append(path)
     return paths

@@ -210,3 +210,14 @@ def test_unsupported_nvidia_variables_at_their_defaults_are_fine() -> None:
         "MPS_ROOT": "/run/nvidia/mps",  # NVIDIA's chart sets it on every plugin container
     }
     assert load_config(None, env=env) == Config()
+
+
+def test_mps_root_is_accepted_as_nvidias_chart_sets_it(write: Write) -> None:
+    """NVIDIA's chart sets MPS_ROOT in every plugin container, MPS or not: any absolute path is
+    accepted (and not acted on: sharing.mps, MPS itself, is refused)."""
+    assert load_config(None, env={"MPS_ROOT": "/run/nvidia/mps"}) == Config()
+    assert load_config(write("flags:\n  mpsRoot: /var/run/mps\n")).mps_root == "/var/run/mps"
+    with pytest.raises(InputError) as caught:
+        load_config(None, env={"MPS_ROOT": "run/mps"})
+    assert 'environment variable MPS_ROOT (config key "flags.mpsRoot")' in str(caught.value)
+    assert "not an absolute path" in str(caught.value)

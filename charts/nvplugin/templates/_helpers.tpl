@@ -29,16 +29,41 @@ annotation changes exactly when the file does.
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
+{{/*
+Labels. The pods' labels are name and instance, plus NVIDIA's selectorLabelsOverride (which, when
+set, is the DaemonSet's whole selector, as in NVIDIA's chart) and, with NVIDIA's
+componentSelectorLabels.enabled, app.kubernetes.io/component. As JSON maps, merged without
+duplicate keys.
+*/}}
+{{- define "nvplugin.templateLabels" -}}
+{{- $labels := dict "app.kubernetes.io/name" (include "nvplugin.name" .) "app.kubernetes.io/instance" .Release.Name }}
+{{- $labels = merge (deepCopy (.Values.selectorLabelsOverride | default dict)) $labels }}
+{{- $labels = merge (include "nvplugin.componentLabel" . | fromJson) $labels }}
+{{- toJson $labels }}
+{{- end }}
+
+{{- define "nvplugin.componentLabel" -}}
+{{- if (.Values.componentSelectorLabels | default dict).enabled }}
+{{- dict "app.kubernetes.io/component" "device-plugin" | toJson }}
+{{- else }}
+{{- dict | toJson }}
+{{- end }}
+{{- end }}
+
 {{- define "nvplugin.selectorLabels" -}}
-app.kubernetes.io/name: {{ include "nvplugin.name" . }}
-app.kubernetes.io/instance: {{ .Release.Name }}
+{{- if .Values.selectorLabelsOverride }}
+{{- merge (include "nvplugin.componentLabel" . | fromJson) (deepCopy .Values.selectorLabelsOverride) | toYaml }}
+{{- else }}
+{{- merge (include "nvplugin.componentLabel" . | fromJson) (dict "app.kubernetes.io/name" (include "nvplugin.name" .) "app.kubernetes.io/instance" .Release.Name) | toYaml }}
+{{- end }}
 {{- end }}
 
 {{- define "nvplugin.labels" -}}
-helm.sh/chart: {{ include "nvplugin.chart" . }}
-{{ include "nvplugin.selectorLabels" . }}
-app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
-app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- $labels := include "nvplugin.templateLabels" . | fromJson }}
+{{- $_ := set $labels "helm.sh/chart" (include "nvplugin.chart" .) }}
+{{- $_ := set $labels "app.kubernetes.io/version" .Chart.AppVersion }}
+{{- $_ := set $labels "app.kubernetes.io/managed-by" .Release.Service }}
+{{- toYaml $labels }}
 {{- end }}
 
 {{- define "nvplugin.image" -}}
@@ -195,17 +220,27 @@ from the plugin's config model by charts/generate_schema.py). Returns the entrie
 {name: YAML text}.
 */}}
 {{- define "nvplugin.configEntries" -}}
-{{- $schema := .Files.Get "config.schema.json" | fromJson }}
+{{- $problems := include "nvplugin.configProblems" . | fromJsonArray }}
+{{- if $problems }}{{ fail (first $problems) }}{{ end }}
 {{- $out := dict }}
+{{- range $name, $value := .Values.config.map }}
+{{- $_ := set $out $name (ternary $value (toYaml $value) (kindIs "string" $value)) }}
+{{- end }}
+{{- $out | toJson }}
+{{- end }}
+
+{{/* What the plugin would refuse in config.map's entries, one message per entry (JSON list). */}}
+{{- define "nvplugin.configProblems" -}}
+{{- $schema := .Files.Get "config.schema.json" | fromJson }}
+{{- $out := list }}
 {{- range $name, $value := .Values.config.map }}
 {{- $cfg := include "nvplugin.parseConfig" (dict "name" $name "value" $value) | fromJson }}
 {{- $err := include "nvplugin.schemaError" (dict "value" $cfg "schema" $schema "path" "") }}
 {{- if $err }}
-{{- fail (printf "values.config.map.%s: %s (nvplugin's config file: NVIDIA's v1 format plus nvplugin's keys)" $name $err) }}
+{{- $out = append $out (printf "values.config.map.%s: %s (nvplugin's config file: NVIDIA's v1 format plus nvplugin's keys)" $name $err) }}
 {{- end }}
-{{- $_ := set $out $name (ternary $value (toYaml $value) (kindIs "string" $value)) }}
 {{- end }}
-{{- $out | toJson }}
+{{- toJson $out }}
 {{- end }}
 
 {{/*
@@ -261,12 +296,14 @@ while <x>.enabled); "refused": NVIDIA values nvplugin accepts at some values onl
 {{- end }}
 
 {{/*
-A chart value by its path (["log", "level"]), as {"v": value}; "" when it is absent. args: Values,
-path.
+A chart value by its path (["log", "level"]), as {"v": value}; null when it is absent. args:
+Values, path.
 */}}
 {{- define "nvplugin.value" -}}
 {{- $v := .Values }}
-{{- range .path }}{{ $v = get (ternary $v dict (kindIs "map" $v)) . }}{{ end }}
+{{- range .path }}
+{{- $v = ternary (index (ternary $v dict (kindIs "map" $v)) .) nil (and (kindIs "map" $v) (hasKey (ternary $v dict (kindIs "map" $v)) .)) }}
+{{- end }}
 {{- dict "v" $v | toJson }}
 {{- end }}
 
@@ -276,33 +313,85 @@ path.
 {{- end }}
 
 {{/*
-NVIDIA values nvplugin cannot honour fail rendering, saying so.
+Every value the chart cannot use, found at once and refused in one render error that lists them
+all with their key paths: NVIDIA's values nvplugin's chart accepts at NVIDIA's defaults only
+(settings.json "nvidia", from nvplugin/config/chartvalues.py), NVIDIA's image, the settings'
+values nvplugin accepts at some values only ("refused"), config files the plugin would refuse,
+and values that contradict each other.
 */}}
 {{- define "nvplugin.validate" -}}
+{{- $problems := list }}
+{{- $data := include "nvplugin.settings" . | fromJson }}
 {{- if and .Values.metrics.enabled .Values.probes.enabled (eq (int .Values.metrics.port) (int .Values.probes.port)) }}
-{{- fail (printf "values.metrics.port and values.probes.port are both %d: the metrics and the health probes each need their own port" (int .Values.probes.port)) }}
+{{- $problems = append $problems (printf "values.metrics.port and values.probes.port are both %d: the metrics and the health probes each need their own port" (int .Values.probes.port)) }}
 {{- end }}
 {{- if and .Values.config.name .Values.config.map }}
-{{- fail (printf "values.config.name (%q) and values.config.map are both set: the plugin reads config files from one ConfigMap; use config.map for one this chart manages, or config.name for yours" .Values.config.name) }}
+{{- $problems = append $problems (printf "values.config.name (%q) and values.config.map are both set: the plugin reads config files from one ConfigMap; use config.map for one this chart manages, or config.name for yours" .Values.config.name) }}
 {{- end }}
-{{- range $name := list "gfd" "nfd" }}
-{{- $v := get $.Values $name }}
-{{- if and $v (not (and (eq $name "gfd") (eq (toJson $v) "{\"enabled\":false}"))) }}
-{{- fail (printf "values.%s: nvplugin's chart does not deploy %s; remove the %s values (GPU Feature Discovery and Node Feature Discovery are not part of nvplugin)" $name $name $name) }}
+{{- $problems = concat $problems (include "nvplugin.configProblems" . | fromJsonArray) }}
+{{- if regexMatch $data.image.pattern (.Values.image.repository | toString) }}
+{{- $problems = append $problems (printf "values.image.repository: %q %s" .Values.image.repository $data.image.message) }}
+{{- end }}
+{{- if and (eq (include "nvplugin.namespace" .) "default") (not .Values.allowDefaultNamespace) }}
+{{- $problems = append $problems "values.allowDefaultNamespace: the release's namespace is \"default\"; install into another namespace (-n kube-system), or set allowDefaultNamespace=true" }}
+{{- end }}
+{{- range $data.nvidia }}
+{{- $entry := . }}
+{{- $v := (include "nvplugin.value" (dict "Values" $.Values "path" .value) | fromJson).v }}
+{{- range (include "nvplugin.offDefaults" (dict "value" $v "defaults" .defaults "path" (join "." .value)) | fromJsonArray) }}
+{{- $leaf := (include "nvplugin.value" (dict "Values" $.Values "path" (splitList "." .)) | fromJson).v }}
+{{- $problems = append $problems (printf "values.%s: %s: %s" . (toJson $leaf | trunc 80) $entry.message) }}
 {{- end }}
 {{- end }}
-{{- range (include "nvplugin.settings" . | fromJson).refused }}
+{{- range $data.refused }}
 {{- $v := (include "nvplugin.value" (dict "Values" $.Values "path" .value) | fromJson).v }}
 {{- if and (include "nvplugin.isSet" $v) (not (has (toJson $v) .supported)) }}
 {{- $shown := ternary (printf "%q" $v) (toJson $v) (kindIs "string" $v) }}
-{{- fail (printf "values.%s: %s" (join "." .value) (replace "{value}" $shown .message)) }}
+{{- $problems = append $problems (printf "values.%s: %s" (join "." .value) (replace "{value}" $shown .message)) }}
 {{- end }}
 {{- end }}
-{{- range .Values.config.fallbackStrategies }}
-{{- if not (has . (list "named" "single" "empty")) }}
-{{- fail (printf "values.config.fallbackStrategies: %q needs NVIDIA's config manager (per-node selection by node label), which nvplugin's chart does not run" .) }}
+{{- $mine := list }}
+{{- range (include "nvplugin.env" . | fromJsonArray) }}{{ $mine = append $mine (index . 0) }}{{ end }}
+{{- range (include "nvplugin.extraEnv" . | fromJsonArray) }}
+{{- if has .name $mine }}
+{{- $problems = append $problems (printf "values.devicePlugin.containers.main.env: %s is set by the chart from a value (settings.json); set that value instead" .name) }}
 {{- end }}
 {{- end }}
+{{- if $problems }}
+{{- fail (printf "nvplugin's chart cannot use these values (%d):\n  - %s" (len $problems) (join "\n  - " $problems)) }}
+{{- end }}
+{{- end }}
+
+{{/*
+The key paths below .path where .value is not one of NVIDIA's .defaults (a list): null is "not
+set"; a mapping is compared key by key against the mappings among the defaults. The rule of
+nvplugin/config/chartvalues.py (off_defaults), which `nvplugin migrate` applies. Returns a JSON
+list.
+*/}}
+{{- define "nvplugin.offDefaults" -}}
+{{- $v := .value }}
+{{- $out := list }}
+{{- $same := kindIs "invalid" $v }}
+{{- range .defaults }}{{ if eq (toJson .) (toJson $v) }}{{ $same = true }}{{ end }}{{ end }}
+{{- if not $same }}
+{{- $maps := list }}
+{{- range .defaults }}{{ if kindIs "map" . }}{{ $maps = append $maps . }}{{ end }}{{ end }}
+{{- if and (kindIs "map" $v) $maps }}
+{{- range $key := keys $v | sortAlpha }}
+{{- $below := list }}
+{{- range $maps }}{{ if hasKey . $key }}{{ $below = append $below (get . $key) }}{{ end }}{{ end }}
+{{- $sub := printf "%s.%s" $.path $key }}
+{{- if $below }}
+{{- $out = concat $out (include "nvplugin.offDefaults" (dict "value" (get $v $key) "defaults" $below "path" $sub) | fromJsonArray) }}
+{{- else }}
+{{- $out = append $out $sub }}
+{{- end }}
+{{- end }}
+{{- else }}
+{{- $out = append $out .path }}
+{{- end }}
+{{- end }}
+{{- toJson $out }}
 {{- end }}
 
 {{/*
@@ -326,6 +415,16 @@ NVIDIA's values use NVIDIA's variable names.
 {{- end }}
 {{- end }}
 {{- toJson $out }}
+{{- end }}
+
+{{/* NVIDIA's devicePlugin.enabled: false renders no plugin. */}}
+{{- define "nvplugin.enabled" -}}
+{{- if ne (toJson (.Values.devicePlugin | default dict).enabled) "false" }}true{{ end }}
+{{- end }}
+
+{{/* NVIDIA's devicePlugin.containers.main.env: extra variables of the plugin container. */}}
+{{- define "nvplugin.extraEnv" -}}
+{{- dig "containers" "main" "env" list (.Values.devicePlugin | default dict) | toJson }}
 {{- end }}
 
 {{/*
