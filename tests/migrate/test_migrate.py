@@ -45,14 +45,16 @@ def test_nvidias_values_file_lists_every_change_and_renders(version: str) -> Non
     migration = _values(values(version))
     found = _by_status(migration)
     assert found["changed"] == ["values.image.repository"]
-    assert found["dropped"] == ["values.gfd", "values.nfd", "values.mps"]
+    assert found["dropped"][:2] == ["values.gfd", "values.nfd"]
+    assert set(found["dropped"][2:]) <= {"values.mps.enableHostPID", "values.mps.enableHostNetwork"}
     assert "refused" not in found and "unknown" not in found
     assert {"values.securityContext", "values.resources", "values.image.tag"} <= set(
         found["differs"]
     )
     out = migration.output
     assert out["image"]["repository"] == NVPLUGIN_IMAGE
-    assert not {"gfd", "nfd", "mps", "cdi"} & set(out)  # NVIDIA's defaults: nothing to say
+    assert not {"gfd", "nfd", "cdi"} & set(out)  # NVIDIA's defaults: nothing to say
+    assert out.get("mps", {}).get("root", "/run/nvidia/mps") == "/run/nvidia/mps"  # mps.root kept
     rendered = render(out)
     assert rendered.container["image"] == f"{NVPLUGIN_IMAGE}:0.1.0"
 
@@ -61,7 +63,7 @@ def _cannot(version: str) -> dict[str, Any]:
     data = values(version)
     data["gfd"]["enabled"] = True
     data["nfd"]["worker"]["config"]["sources"]["pci"]["deviceClassWhitelist"] = ["03"]
-    data["mps"]["root"] = "/var/run/mps"
+    data["mps"]["enableHostPID"] = False
     data["gdsEnabled"] = True
     data["deviceDiscoveryStrategy"] = "tegra"
     data["cdi"]["featureFlags"] = "disable-nvsandboxutils"
@@ -85,13 +87,12 @@ def test_a_config_file_the_plugin_would_refuse_is_named() -> None:
     data = values("v0.20.0")
     data["config"]["map"] = {
         "default": "version: v1\nflags:\n  migStrategy: none\n",
-        "a100": "version: v1\nsharing:\n  mps:\n    resources:\n    - {name: nvidia.com/gpu, "
-        "replicas: 4}\n",
+        "a100": "version: v1\nimex:\n  channelIDs: [1]\n",
     }
     migration = _values(data)
     (refused,) = migration.refused
     assert refused.key == "values.config.map.a100"
-    assert refused.message.startswith('key "sharing.mps": nvplugin does not support MPS')
+    assert refused.message.startswith('key "imex.channelIDs": nvplugin does not support IMEX')
 
 
 def test_values_nvidia_never_had_are_kept_and_said() -> None:
