@@ -27,11 +27,13 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from nvplugin.config.model import Config
 from nvplugin.errors import InputError, show
 from nvplugin.kube.access import ApiAccess
+from nvplugin.yamlinput import MAX_BYTES
 
 DEFAULT_NODE_LABEL = "nvidia.com/device-plugin.config"
 FALLBACKS = ("named", "single", "empty")
@@ -212,3 +214,57 @@ def read_selection(flags: Mapping[str, object], env: Mapping[str, str]) -> Selec
         node_name=value("node_name"),
         access=access,
     )
+
+
+@dataclass(frozen=True)
+class Start:
+    """What ``serve`` starts with under per-node selection: the choice made before the API is
+    asked (the default or a fallback), its file's digest and its config; when that choice cannot
+    be served, the built-in defaults, ``problem`` saying why (``reason``: the metric's word) and
+    ``refused`` the choice that was tried (with its digest)."""
+
+    choice: Choice
+    digest: str | None
+    config: Config
+    problem: str | None = None
+    reason: str | None = None
+    refused: tuple[Choice, str | None] | None = None
+
+
+def first_choice(selection: Selection, load: Callable[[str | None], Config]) -> Start:
+    """The config to start with, before the node's label is known (see :class:`Start`).
+    InputError when the directory cannot be read, or the flags and environment alone are
+    bad: nothing to serve then."""
+    try:
+        names = available(selection.srcdir)
+    except OSError as exc:
+        raise InputError(
+            f"CONFIG_FILE_SRCDIR {selection.srcdir}: cannot read it: {exc.strerror or exc}"
+        ) from None
+    none = Choice(None, WHY_NONE)
+    try:
+        choice = choose(None, names, selection)
+    except NoConfig as exc:
+        return Start(none, None, load(None), str(exc), exc.reason)
+    path = choice.path(selection.srcdir)
+    hashed = digest(path, MAX_BYTES)
+    try:
+        config = load(path)
+    except InputError as exc:
+        return Start(none, None, load(None), str(exc), "invalid", (choice, hashed))
+    return Start(choice, hashed, config)
+
+
+def config_for(label: str | None, selection: Selection) -> Choice:
+    """Which config a node labelled ``label`` gets (``nvplugin devices``/``admit``: an admin
+    checks before labelling); InputError when it gets none."""
+    try:
+        names = available(selection.srcdir)
+    except OSError as exc:
+        raise InputError(
+            f"--config-file-srcdir {selection.srcdir}: cannot read it: {exc.strerror or exc}"
+        ) from None
+    try:
+        return choose(label, names, selection)
+    except NoConfig as exc:
+        raise InputError(str(exc)) from None

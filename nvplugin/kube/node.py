@@ -148,6 +148,7 @@ class _Outage:
         """The API answered."""
         self._answered = True
         self._wait = 0.0
+        self._failures = 0
         if self._said:
             self._log.info("kubernetes api reachable again")
             self._said = False

@@ -107,13 +107,13 @@ def test_a_dropped_or_ended_watch_is_resumed_from_the_last_version() -> None:
             await follower.until("a100-40gb")
             api.label(NODE, LABEL, "tesla-t4")
             await follower.until("tesla-t4")
-            await api.wait_for(lambda: len(api._watches) == 1)
+            await api.wait_for(lambda: api.open_watches == 1)
             api.drop_watches()  # a reset mid-stream
-            await api.wait_for(lambda: len(api.watches()) == 2 and len(api._watches) == 1)
+            await api.wait_for(lambda: len(api.watches()) == 2 and api.open_watches == 1)
             resumed = api.watches()[1].query["resourceVersion"]
             assert resumed == api.nodes[NODE]["metadata"]["resourceVersion"]
             api.end_watches()  # the server's timeoutSeconds: a clean end
-            await api.wait_for(lambda: len(api.watches()) == 3 and len(api._watches) == 1)
+            await api.wait_for(lambda: len(api.watches()) == 3 and api.open_watches == 1)
             assert api.watches()[2].query["resourceVersion"] == resumed
             api.label(NODE, LABEL, "a100-80gb")
             await follower.until("a100-80gb")
@@ -131,10 +131,10 @@ def test_410_gone_lists_again(gone_as: str) -> None:
         async with cluster(gone_as=gone_as) as (api, client):
             follower = Follower(client)
             await follower.until("a100-40gb")
-            await api.wait_for(lambda: len(api._watches) == 1)
+            await api.wait_for(lambda: api.open_watches == 1)
             api.compact()
             api.drop_watches()
-            await api.wait_for(lambda: len(api._watches) == 1 and len(api.watches()) >= 3)
+            await api.wait_for(lambda: api.open_watches == 1 and len(api.watches()) >= 3)
             lists = [r for r in api.requests if "watch" not in r.query]
             assert len(lists) == 2  # the first, and the one after 410
             api.label(NODE, LABEL, "tesla-t4")

@@ -199,6 +199,11 @@ class KubeApiServer:
                     }
                 )
 
+    @property
+    def open_watches(self) -> int:
+        """How many watches are streaming now."""
+        return len(self._watches)
+
     def watches(self) -> list[Request]:
         return [r for r in self.requests if r.query.get("watch") in ("true", "1")]
 
@@ -345,6 +350,7 @@ class KubeApiServer:
                 if rv > start and name in (None, node["metadata"]["name"]):
                     watch.queue.put_nowait({"type": kind, "object": node})
         self._watches.append(watch)
+        self._changed.set()
         try:
             await _start_stream(writer)
             timeout = float(query["timeoutSeconds"]) if "timeoutSeconds" in query else None
