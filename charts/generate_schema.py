@@ -224,7 +224,10 @@ def config_value() -> dict[str, Any]:
                     "anyOf": [{"type": "string"}, {"$ref": "#/$defs/nvpluginConfig"}]
                 },
             },
-            "default": {"type": "string", "description": "The config file every node uses."},
+            "default": {
+                "type": "string",
+                "description": "The config file of a node without the config label.",
+            },
             "fallbackStrategies": {
                 "type": "array",
                 "items": {"type": "string", "enum": FALLBACK_STRATEGIES},

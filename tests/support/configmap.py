@@ -21,6 +21,7 @@ class ConfigMapVolume:
 
     def __init__(self, data: dict[str, str], directory: str | None = None) -> None:
         self.path = directory or tempfile.mkdtemp()
+        os.makedirs(self.path, exist_ok=True)
         self._serial = itertools.count()
         self.update(data)
 
