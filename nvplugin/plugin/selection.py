@@ -7,8 +7,8 @@ directory, and runs whatever config they choose -- without a sidecar, a symlink 
   backoff). Without ``NODE_NAME`` or credentials this is off, said once at start; while the API is
   away nothing changes: the running config is kept and the daemon serves on;
 - the config directory (the ConfigMap volume), through inotify: the kubelet swaps its ``..data``
-  link atomically, a test or an admin may write files in place; either is a change here. Without
-  inotify the directory is checked every :data:`POLL_S`;
+  link atomically, a test or an admin may write files in place; either is a change here. It is
+  checked every :data:`POLL_S` besides (and only so where inotify is unavailable);
 - on any change, the choice is made again (:func:`nvplugin.config.select.choose`, NVIDIA's rule)
   and, when it names another config or the chosen file's contents changed, applied through the
   daemon's reload: the same checks as a SIGHUP, in place when only in-place settings differ,
@@ -17,8 +17,9 @@ directory, and runs whatever config they choose -- without a sidecar, a symlink 
 
 A choice that cannot be applied -- a label naming no config, a file that does not load, one that
 cannot be served -- is logged with the reason and counted (``nvplugin_config_rejected_total``),
-and the running config stays. Which config runs, and why (label, default, fallback), is logged
-at every change and exported as ``nvplugin_config_selected{config,why}``.
+once per problem (not at every check while it lasts), and the running config stays. Which
+config runs, and why (label, default, fallback), is logged at every change and exported as
+``nvplugin_config_selected{config,why}``.
 """
 
 from __future__ import annotations
@@ -38,15 +39,17 @@ from nvplugin.config.select import (
     choose,
     digest,
 )
-from nvplugin.errors import InputError, reason
+from nvplugin.errors import InputError
 from nvplugin.log import get_logger
 from nvplugin.plugin.metrics import Metrics
+from nvplugin.plugin.registration import DirWatcher
 from nvplugin.yamlinput import MAX_BYTES
 
 SETTLE_S = 0.1
 """After a change, how long to wait for the rest of it (a ConfigMap update is several events)."""
 POLL_S = 2.0
-"""How often the directory is checked when inotify cannot watch it."""
+"""How often the directory is checked besides inotify's events (what it could not report: an
+edit in place of a file a link points to; everything, where inotify is unavailable)."""
 
 Apply = Callable[[Callable[[], Config]], Awaitable[bool]]
 """The daemon's reload with a given loader: True when the new config runs."""
@@ -94,6 +97,7 @@ class ConfigSelector:
         self._digest = following.start.digest
         self._refused = following.start.refused
         self._label: str | None = None
+        self._problem: str | None = None  # the last one said, so that it is said once
         self._changed = asyncio.Event()
         self._log = get_logger("nvplugin.config", node=self._selection.node_name)
 
@@ -141,12 +145,13 @@ class ConfigSelector:
         path = choice.path(srcdir)
         hashed = await asyncio.to_thread(digest, path, MAX_BYTES)
         if choice.name == self.active.name and hashed == self._digest:
+            self._problem = None
             if choice != self.active:  # the same file, for another reason
                 self.active = choice
                 self._selected(choice)
             return
         if (choice, hashed) == self._refused:
-            return  # refused already; nothing new to try
+            return  # refused already (and said); nothing new to try
         try:
             config = await asyncio.to_thread(self._load, path)
         except InputError as exc:
@@ -157,7 +162,7 @@ class ConfigSelector:
             self._refused = (choice, hashed)
             self._rejected("not-served", "the daemon could not serve it (logged above)", choice)
             return
-        self.active, self._digest, self._refused = choice, hashed, None
+        self.active, self._digest, self._refused, self._problem = choice, hashed, None, None
         self._selected(choice)
 
     def _selected(self, choice: Choice) -> None:
@@ -172,6 +177,9 @@ class ConfigSelector:
         )
 
     def _rejected(self, why: str, message: str, choice: Choice | None) -> None:
+        if message == self._problem:
+            return  # the same problem, seen again at a later check
+        self._problem = message
         self._metrics.config_rejected(why)
         self._log.error(
             "config choice rejected; keeping the running config",
@@ -217,46 +225,15 @@ class ConfigSelector:
     # --- the directory ---
 
     async def _watch_directory(self) -> None:
-        srcdir = self._selection.srcdir
+        """Wake the choice on every change in the directory (the registrar's watcher: inotify,
+        else polling), and at least every :data:`POLL_S` (a change inotify did not report)."""
+        watcher = DirWatcher(self._selection.srcdir, "the config directory")
+        watching = asyncio.create_task(watcher.run())
         try:
-            from asyncinotify import Inotify, Mask
-        except (ImportError, OSError) as exc:
-            self._log.info("inotify unavailable; polling the config directory", error=str(exc))
-            await self._poll()
-            return
-        mask = (
-            Mask.CREATE
-            | Mask.DELETE
-            | Mask.MOVED_TO
-            | Mask.MOVED_FROM
-            | Mask.CLOSE_WRITE
-            | Mask.ATTRIB
-            | Mask.DELETE_SELF
-            | Mask.MOVE_SELF
-        )
-        warned = False
-        while True:
-            try:
-                with Inotify() as inotify:
-                    inotify.add_watch(srcdir, mask)
-                    warned = False
-                    self._changed.set()  # a change before the watch was armed
-                    async for event in inotify:
-                        self._changed.set()
-                        if event.mask & (Mask.IGNORED | Mask.DELETE_SELF | Mask.MOVE_SELF):
-                            break  # the directory itself went: watch it again when it is back
-            except OSError as exc:
-                if not warned:
-                    self._log.warning(
-                        "cannot watch the config directory; polling",
-                        directory=srcdir,
-                        error=reason(exc),
-                    )
-                    warned = True
-            await asyncio.sleep(POLL_S)
-            self._changed.set()
-
-    async def _poll(self) -> None:
-        while True:
-            await asyncio.sleep(POLL_S)
-            self._changed.set()
+            while True:
+                await watcher.wait(POLL_S)
+                self._changed.set()
+        finally:
+            watching.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watching

@@ -65,6 +65,20 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
             },
         }
     },
+    # The GPU Operator's time-slicing recipe: a key per GPU type, the node label chooses.
+    "gpu-operator-recipe": {
+        "config": {
+            "default": "any",
+            "map": {
+                "any": "version: v1\nflags:\n  migStrategy: none\n",
+                "a100-40gb": "version: v1\nflags:\n  migStrategy: mixed\nsharing:\n"
+                "  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 8\n"
+                "    - name: nvidia.com/mig-1g.5gb\n      replicas: 2\n",
+                "tesla-t4": "version: v1\nflags:\n  migStrategy: none\nsharing:\n"
+                "  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n",
+            },
+        }
+    },
     "no-probes": {"probes": {"enabled": False}, "affinity": None, "tolerations": None},
     "overrides": {"fullnameOverride": "gpu", "namespaceOverride": "gpu-operator"},
     "digest": {"image": {"digest": "sha256:" + "ab" * 32, "pullPolicy": "Always"}},

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import signal
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -209,6 +210,11 @@ def test_no_node_name_turns_the_label_off_once_and_serves_the_default() -> None:
                 await kubelet.observer.wait_for(gpus(16), WAIT_S, "the edited default")
                 assert len(serve.events("per-node config by node label off")) == 1
                 assert api.requests == []
+                # SIGHUP re-reads the chosen file (not a --config-file there is none of).
+                serve.send(signal.SIGHUP)
+                line = await serve.wait_log("config reloaded")
+                assert line["config"]["source"] == f"{volume.path}/default"
+                assert gpus(16)(kubelet.devices)
 
     run(body)
 

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 
 import pytest
 from lightkube import AsyncClient
@@ -15,7 +18,7 @@ from nvplugin.kube import ApiAccess
 from nvplugin.kube.client import ApiUnavailable, open_client
 from nvplugin.kube.node import Backoff, NodeLabels, follow_labels, get_node
 from tests import WAIT_S
-from tests.support.kubeapi import KubeApiServer
+from tests.support.kubeapi import KubeApiServer, self_signed
 
 NODE = "gpu-node-1"
 LABEL = "nvidia.com/device-plugin.config"
@@ -207,3 +210,36 @@ def test_backoff_is_capped() -> None:
         waits.append(backoff.after(waits[-1]))
     assert waits[1:] == [0.5, 1.0, 2.0, 4.0, 8.0, 10.0, 10.0, 10.0]
     assert all(0.8 * w <= backoff.jittered(w) <= w for w in waits[1:])
+
+
+def test_in_cluster_credentials_over_tls_and_a_rotated_token() -> None:
+    """The service account the kubelet mounts (token, CA, namespace) against an HTTPS server for
+    127.0.0.1: the CA is trusted, the token sent, and a rotated token read again on a 401."""
+
+    async def body() -> None:
+        account = tempfile.mkdtemp()
+        tls, ca = self_signed(account)
+        assert ca == os.path.join(account, "ca.crt")  # where the kubelet puts it
+        Path(account, "token").write_text("first-token")
+        Path(account, "namespace").write_text("kube-system")
+        async with KubeApiServer(tls=tls, token="first-token") as api:
+            api.add_node(NODE, {LABEL: "a100-40gb"})
+            access = ApiAccess(
+                service_host="127.0.0.1",
+                service_port=str(api.port),
+                service_account_dir=account,
+            )
+            assert access.problem() is None
+            client = await asyncio.to_thread(open_client, access)
+            try:
+                assert (await get_node(client, NODE)).labels[LABEL] == "a100-40gb"
+                # The kubelet rotates the projected token: the next request gets 401 with the
+                # old one, and the client reads the file again.
+                api.token = "second-token"
+                Path(account, "token").write_text("second-token")
+                assert (await get_node(client, NODE)).exists
+                assert api.requests[-1].headers["authorization"] == "Bearer second-token"
+            finally:
+                await client.close()
+
+    run(body)

@@ -15,9 +15,11 @@ What it serves (``/api/v1/nodes``):
   status; the stream ends cleanly after ``timeoutSeconds``;
 - ``PATCH /api/v1/nodes/NAME`` (merge or strategic merge patch of ``metadata.labels``).
 
-Every request needs ``Authorization: Bearer <token>`` (401 otherwise). The test side edits Nodes
-directly too (:meth:`KubeApiServer.label`), drops or ends every open watch, compacts the history
-(so a resumed watch gets 410), and takes the whole server down and up again on the same port.
+Every request needs ``Authorization: Bearer <token>`` (401 otherwise). With ``tls`` (a server
+SSL context, e.g. from :func:`self_signed`) it serves HTTPS, as the in-cluster API does. The test
+side edits Nodes directly too (:meth:`KubeApiServer.label`), drops or ends every open watch,
+compacts the history (so a resumed watch gets 410), and takes the whole server down and up again
+on the same port.
 Every request is recorded (:attr:`KubeApiServer.requests`) for the tests to check what the client
 asked for.
 """
@@ -28,6 +30,8 @@ import asyncio
 import contextlib
 import json
 import os
+import ssl
+import subprocess
 import tempfile
 import urllib.parse
 from collections import deque
@@ -63,8 +67,11 @@ class _Watch:
 class KubeApiServer:
     """The server; ``async with KubeApiServer() as api:`` starts it on a free port."""
 
-    def __init__(self, *, token: str = TOKEN, gone_as: str = "event") -> None:
+    def __init__(
+        self, *, token: str = TOKEN, gone_as: str = "event", tls: ssl.SSLContext | None = None
+    ) -> None:
         self.token = token
+        self.tls = tls
         self.gone_as = gone_as
         self.nodes: dict[str, dict[str, Any]] = {}
         self.requests: list[Request] = []
@@ -89,12 +96,12 @@ class KubeApiServer:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
     async def up(self) -> None:
         """Listen (again: on the same port)."""
         self._server = await asyncio.start_server(
-            self._connection, "127.0.0.1", self.port, reuse_address=True
+            self._connection, "127.0.0.1", self.port, reuse_address=True, ssl=self.tls
         )
         self.port = self._server.sockets[0].getsockname()[1]
 
@@ -361,6 +368,24 @@ class KubeApiServer:
             await _end_stream(writer)
         finally:
             self._watches.remove(watch)
+
+
+def self_signed(directory: str) -> tuple[ssl.SSLContext, str]:
+    """A server SSL context for 127.0.0.1 with a new self-signed certificate (made by the
+    openssl command), and the certificate's path: the CA a client must trust."""
+    cert, key = os.path.join(directory, "ca.crt"), os.path.join(directory, "server.key")
+    subprocess.run(
+        [
+            *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
+            *("-keyout", key, "-out", cert, "-subj", "/CN=kube-apiserver"),
+            *("-addext", "subjectAltName=IP:127.0.0.1"),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    return context, cert
 
 
 def _name_selector(selector: str) -> str | bool | None:
