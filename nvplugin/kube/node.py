@@ -150,7 +150,7 @@ class _Outage:
         self._wait = 0.0
         self._failures = 0
         if self._said:
-            self._log.info("kubernetes api reachable again")
+            self._log.info("kubernetes api answering again")
             self._said = False
 
     def failed(self, exc: BaseException, now: float) -> float:
@@ -163,7 +163,7 @@ class _Outage:
         outage = self._failures >= self.SAY_AFTER or not self._answered
         if outage and not self._said:
             self._log.warning(
-                "kubernetes api unreachable; still serving, retrying",
+                "kubernetes api failing (unreachable or refusing); still serving, retrying",
                 error=reason(exc),
                 retry_max_s=self._backoff.maximum_s,
             )

@@ -37,7 +37,7 @@ NODE = "dgx-a100-7"
 LABEL = "nvidia.com/device-plugin.config"
 GPU = "nvidia.com/gpu"
 MIG_SMALL = "nvidia.com/mig-1g.5gb"
-UNREACHABLE = "kubernetes api unreachable; still serving, retrying"
+FAILING = "kubernetes api failing (unreachable or refusing); still serving, retrying"
 
 DEFAULT = "version: v1\nflags:\n  migStrategy: none\n"
 A100 = "version: v1\nflags:\n  migStrategy: mixed\n"
@@ -161,25 +161,25 @@ def test_serves_at_once_when_the_api_is_down_and_follows_once_it_is_back() -> No
                 # Down at start: DEFAULT_CONFIG served at once, the outage said, retried.
                 await kubelet.observer.wait_for(gpus(32), WAIT_S, "the default config")
                 await serve.wait_log("config selected", where=selected("tesla-t4", "default"))
-                await serve.wait_log(UNREACHABLE)
+                await serve.wait_log(FAILING)
 
                 await api.up()
                 await kubelet.observer.wait_for(mig_mixed, WAIT_S, "the label's config")
-                await serve.wait_log("kubernetes api reachable again")
+                await serve.wait_log("kubernetes api answering again")
 
                 # A dropped watch is resumed (quietly: no outage): the next change arrives.
                 await api.wait_for(lambda: api.open_watches == 1)
-                outages = len(serve.events(UNREACHABLE))
+                outages = len(serve.events(FAILING))
                 api.drop_watches()
                 api.label(NODE, LABEL, "tesla-t4")
                 await kubelet.observer.wait_for(gpus(32), WAIT_S, "the new label's config")
-                assert len(serve.events(UNREACHABLE)) == outages
+                assert len(serve.events(FAILING)) == outages
 
                 # Down later: serving goes on; the change made meanwhile is seen after.
-                outages = len(serve.events(UNREACHABLE))
+                outages = len(serve.events(FAILING))
                 await api.down()
                 api.label(NODE, LABEL, "a100-40gb")
-                await until(lambda: len(serve.events(UNREACHABLE)) > outages, "the outage")
+                await until(lambda: len(serve.events(FAILING)) > outages, "the outage")
                 assert gpus(32)(kubelet.devices) and serve.process.poll() is None
                 await api.up()
                 await kubelet.observer.wait_for(mig_mixed, WAIT_S, "the label set meanwhile")

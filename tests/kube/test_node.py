@@ -194,6 +194,20 @@ def test_a_wrong_token_is_an_outage_not_a_crash() -> None:
     run(body)
 
 
+def test_refused_by_rbac_then_allowed_without_a_restart() -> None:
+    async def body() -> None:
+        async with cluster() as (api, client):
+            api.forbidden = True
+            follower = Follower(client)
+            await api.wait_for(lambda: len(api.requests) >= 3)  # refused, retried with backoff
+            assert follower.seen == []
+            api.forbidden = False  # the ClusterRoleBinding applied
+            await follower.until("a100-40gb")
+            await follower.stop()
+
+    run(body)
+
+
 def test_credentials_missing_or_unusable() -> None:
     assert ApiAccess().problem() is not None
     assert "KUBERNETES_SERVICE_HOST" in (ApiAccess().problem() or "")

@@ -72,6 +72,7 @@ class KubeApiServer:
     ) -> None:
         self.token = token
         self.tls = tls
+        self.forbidden = False  # True: every request is refused as RBAC refuses it (403)
         self.gone_as = gone_as
         self.nodes: dict[str, dict[str, Any]] = {}
         self.requests: list[Request] = []
@@ -293,6 +294,13 @@ class KubeApiServer:
         if headers.get("authorization") != f"Bearer {self.token}":
             await _send(writer, 401, _status(401, "Unauthorized", "Unauthorized"))
             return True
+        if self.forbidden:
+            message = (
+                'nodes is forbidden: User "system:serviceaccount:kube-system:nvplugin" cannot '
+                f'{method.lower()} resource "nodes" in API group "" at the cluster scope'
+            )
+            await _send(writer, 403, _status(403, "Forbidden", message))
+            return True
         prefix = "/api/v1/nodes"
         if path == prefix and method == "GET":
             name = _name_selector(query.get("fieldSelector", ""))
@@ -410,7 +418,14 @@ def _status(code: int, reason: str, message: str) -> dict[str, Any]:
     }
 
 
-_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 410: "Gone"}
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not Found",
+    410: "Gone",
+}
 
 
 async def _send(writer: asyncio.StreamWriter, code: int, payload: dict[str, Any]) -> None:
