@@ -39,7 +39,7 @@ from nvplugin.config.select import (
     choose,
     digest,
 )
-from nvplugin.errors import InputError
+from nvplugin.errors import InputError, reason
 from nvplugin.log import get_logger
 from nvplugin.plugin.metrics import Metrics
 from nvplugin.plugin.registration import DirWatcher
@@ -119,7 +119,12 @@ class ConfigSelector:
                 await self._changed.wait()
                 await asyncio.sleep(self._settle_s)  # the rest of the change
                 self._changed.clear()
-                await self._choose()
+                try:
+                    await self._choose()
+                except Exception as exc:  # never the end of following: the next change retries
+                    self._log.error(
+                        "choosing the config failed; running config kept", error=reason(exc)
+                    )
         finally:
             for task in tasks:
                 task.cancel()
