@@ -238,7 +238,10 @@ def config_value() -> dict[str, Any]:
                     "anyOf": [{"type": "string"}, {"$ref": "#/$defs/nvpluginConfig"}]
                 },
             },
-            "default": {"type": "string", "description": "The config file every node uses."},
+            "default": {
+                "type": "string",
+                "description": "The config file of a node without the config label.",
+            },
             "fallbackStrategies": {
                 "type": "array",
                 "items": {"type": "string", "enum": FALLBACK_STRATEGIES},
@@ -502,7 +505,8 @@ def nvidia_table() -> str:
             what = f"accepted at `null` or {', '.join(f'`{s}`' for s in _supported(v) or [])} only"
         else:
             what = f"same: sets `{v.path}`"
-        rows.append(f"| `{v.value.path}` | `null` | {_cell(what)} |\n")
+        default = "null" if v.value.default in (None, "") else _scalar(v.value.default)
+        rows.append(f"| `{v.value.path}` | `{default}` | {_cell(what)} |\n")
     for n in NVIDIA_VALUES:
         nvidia = n.defaults()
         if n.use is Use.DEFAULTS:

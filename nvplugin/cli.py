@@ -87,6 +87,75 @@ def plugin_config_options(config_help: str) -> Callable[[F], F]:
     return add
 
 
+def node_config_options(func: F) -> F:
+    """``--config-file-srcdir DIR --node-label-value VALUE``: the config of DIR a node with that
+    label gets under per-node selection (serve --config-file-srcdir), used as --config."""
+    options = [
+        click.option(
+            "--fallback-strategies",
+            metavar="LIST",
+            help="With --config-file-srcdir: serve's fallback strategies (default named,single).",
+        ),
+        click.option(
+            "--default-config",
+            metavar="NAME",
+            help="With --config-file-srcdir: serve's default config (DEFAULT_CONFIG).",
+        ),
+        click.option(
+            "--node-label-value",
+            metavar="VALUE",
+            help="With --config-file-srcdir: the node's nvidia.com/device-plugin.config label "
+            "(absent: a node without it).",
+        ),
+        click.option(
+            "--config-file-srcdir",
+            metavar="DIR",
+            help="Per-node configs (one file per name, the ConfigMap): use the one a node with "
+            "--node-label-value would get; says which on stderr.",
+        ),
+    ]
+    for option in options:
+        func = option(func)
+    return func
+
+
+def _node_config(
+    config_path: str | None,
+    srcdir: str | None,
+    label: str | None,
+    default_config: str | None,
+    fallbacks: str | None,
+) -> str | None:
+    """The config file to use: ``config_path``, or the one per-node selection in ``srcdir``
+    gives a node labelled ``label`` (said on stderr)."""
+    from nvplugin.errors import InputError
+
+    given = {
+        "--node-label-value": label,
+        "--default-config": default_config,
+        "--fallback-strategies": fallbacks,
+    }
+    if srcdir is None:
+        for flag, value in given.items():
+            if value is not None:
+                raise InputError(f"{flag} needs --config-file-srcdir DIR")
+        return config_path
+    if config_path is not None:
+        raise InputError("--config and --config-file-srcdir: give one")
+    from nvplugin.config.select import config_for, read_selection
+
+    flags = {
+        "config_file_srcdir": srcdir,
+        "default_config": default_config,
+        "fallback_strategies": fallbacks,
+    }
+    selection = read_selection(flags, {})
+    assert selection is not None
+    choice = config_for(label, selection)
+    click.echo(f"config: {choice.describe()}", err=True)
+    return choice.path(selection.srcdir)
+
+
 def _simulate_help() -> str:
     from nvplugin.node import builtin_names
 
@@ -106,17 +175,28 @@ _SIMULATE_HELP = _simulate_help()
     "Also show which resource each GPU (MIG device) is served as under this config file "
     "(MIG strategy, resources by model, exclusions, time-slicing replicas)."
 )
+@node_config_options
 @user_errors
 def devices(
-    simulate: str | None, output: str, config_path: str | None, mig_strategy: str | None
+    simulate: str | None,
+    output: str,
+    config_path: str | None,
+    mig_strategy: str | None,
+    config_file_srcdir: str | None,
+    node_label_value: str | None,
+    default_config: str | None,
+    fallback_strategies: str | None,
 ) -> None:
     """List the node's GPUs: index, UUID, model, memory, PCI bus id, NUMA node (and resource);
     MIG devices below them on a node with MIG."""
     from nvplugin.node import load_topology, report
 
+    config_path = _node_config(
+        config_path, config_file_srcdir, node_label_value, default_config, fallback_strategies
+    )
     topo = load_topology(simulate)
     labels = mig_labels = plan_dict = None
-    if config_path is not None or mig_strategy is not None:
+    if config_path is not None or mig_strategy is not None or config_file_srcdir is not None:
         from nvplugin.config import load_config
         from nvplugin.rm.plan import plan_for
 
@@ -371,28 +451,65 @@ _CONFIG_FILE_HELP = (
 )
 
 
+def selection_options(func: F) -> F:
+    """``serve``'s per-node config options: NVIDIA's config manager's flags and variables
+    (nvplugin/config/select.py)."""
+    helps = {
+        "config_file_srcdir": "Per-node configs: the directory of configs, one file per name "
+        "(the ConfigMap mounted as a volume); the node's label chooses among them, followed "
+        "while serving.",
+        "node_label": "The node label naming the config (default nvidia.com/device-plugin.config).",
+        "default_config": "The config of a node without the label.",
+        "fallback_strategies": "Without a default config: named (the config called default), "
+        "single (the only one), empty (none), tried in order (default named,single).",
+        "node_name": "This node's name, to read its label (the downward API's spec.nodeName).",
+        "kubeconfig": "A kubeconfig file for the API (default: the in-cluster service account).",
+    }
+    from nvplugin.config.select import FLAGS
+
+    for key, (flag, env) in reversed(FLAGS.items()):
+        func = click.option(
+            f"--{flag}", f"select_{key}", metavar="V", help=f"{helps[key]} (env {env})"
+        )(func)
+    return func
+
+
 @main.command()
 @click.option("--simulate", metavar="NODE", help=_SIMULATE_HELP)
 @config_file_option(_CONFIG_FILE_HELP)
+@selection_options
 @setting_options()
 @click.option("--discovery-retry-s", type=float, hidden=True)  # tests: shorter waits
 @click.option("--socket-give-up-s", type=float, hidden=True)
+@click.option("--api-backoff-s", type=(float, float), hidden=True)  # initial, maximum
+@click.option("--api-watch-s", type=int, hidden=True)
 @user_errors
 def serve(
     simulate: str | None,
     config_path: str | None,
     discovery_retry_s: float | None,
     socket_give_up_s: float | None,
+    api_backoff_s: tuple[float, float] | None,
+    api_watch_s: int | None,
     **options: object,
 ) -> None:
     """Run the device plugin: serve the kubelet, register, follow its restarts and GPU health.
 
     Settings come from flags, then environment variables (NVIDIA's names for NVIDIA's settings,
     NVPLUGIN_* for nvplugin's), then the config file, then defaults. SIGTERM/SIGINT stop it
-    (exit 0); SIGHUP reloads the config. Without a kubelet
+    (exit 0); SIGHUP reloads the config. With --config-file-srcdir it runs the config its node's
+    label names and follows the label and the directory. Without a kubelet
     (--simulate on a laptop), run `nvplugin kubelet --device-plugin-dir DIR` beside it.
     """
-    _serve(simulate, config_path, discovery_retry_s, socket_give_up_s, options)
+    _serve(
+        simulate,
+        config_path,
+        discovery_retry_s,
+        socket_give_up_s,
+        options,
+        api_backoff_s=api_backoff_s,
+        api_watch_s=api_watch_s,
+    )
 
 
 def _serve(
@@ -401,6 +518,9 @@ def _serve(
     discovery_retry_s: float | None,
     socket_give_up_s: float | None,
     options: dict[str, object],
+    *,
+    api_backoff_s: tuple[float, float] | None = None,
+    api_watch_s: int | None = None,
 ) -> None:
     """``serve``'s work, shared with ``nvidia-device-plugin``."""
     # First, before any import or file read (and usually since this module's first lines): a
@@ -411,26 +531,54 @@ def _serve(
     import os
 
     from nvplugin.config import SETTINGS, load_config
+    from nvplugin.config.select import first_choice, read_selection
+    from nvplugin.errors import InputError
 
     env = dict(os.environ)
     paths = list(SETTINGS)
-    flags = {paths[int(name.split("_")[1])]: value for name, value in options.items()}
+    chosen = {k[len("select_") :]: v for k, v in options.items() if k.startswith("select_")}
+    flags = {
+        paths[int(name.split("_")[1])]: value
+        for name, value in options.items()
+        if name.startswith("setting_")
+    }
     path = config_path or env.get("CONFIG_FILE") or None
 
-    def load() -> Any:
-        return load_config(path, flags=flags, env=env)
+    def load_file(file: str | None) -> Any:
+        return load_config(file, flags=flags, env=env)
 
-    config = load()  # a bad config exits 2 before gRPC is even imported
+    selection = read_selection(chosen, env)
+    following = None
+    if selection is None:
+        config = load_file(path)  # a bad config exits 2 before gRPC is even imported
+    else:
+        if path is not None:
+            raise InputError(
+                f"--config-file (CONFIG_FILE) {path} and --config-file-srcdir "
+                f"(CONFIG_FILE_SRCDIR) {selection.srcdir}: give one; the directory's configs are "
+                "chosen per node by its label"
+            )
+        from nvplugin.plugin.selection import Following
+
+        start = first_choice(selection, load_file)
+        following = Following(selection, start, load_file)
+        config = start.config
     from nvplugin.plugin.daemon import run_daemon
+    from nvplugin.plugin.selection import ApiTiming
 
+    timing: dict[str, Any] = {"discovery_retry_s": discovery_retry_s}
+    timing["serve_give_up_s"] = socket_give_up_s
+    if api_backoff_s is not None or api_watch_s is not None:
+        backoff = api_backoff_s or (ApiTiming.backoff_initial_s, ApiTiming.backoff_max_s)
+        timing["api_timing"] = ApiTiming(*backoff, watch_s=api_watch_s)
     # The daemon's own defaults apply unless a test shortens them.
-    timing = {"discovery_retry_s": discovery_retry_s, "serve_give_up_s": socket_give_up_s}
     sys.exit(
         run_daemon(
             config,
-            reload=load,
+            reload=lambda: load_file(path),
             simulate=simulate,
             pending=pending,
+            following=following,
             **{name: value for name, value in timing.items() if value is not None},
         )
     )
@@ -635,6 +783,7 @@ def probe(socket_path: str, timeout_s: float, service: str, live: bool) -> None:
     "The plugin's config file (nvplugin serve --config-file): resources by GPU model, "
     "time-slicing, strategies."
 )
+@node_config_options
 @click.option("--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("--kill-plugin-after", metavar="POD", hidden=True)
 @click.argument("pods_file", metavar="PODS.yaml")
@@ -648,6 +797,10 @@ def admit(
     reserved_cpus: str | None,
     config_path: str | None,
     mig_strategy: str | None,
+    config_file_srcdir: str | None,
+    node_label_value: str | None,
+    default_config: str | None,
+    fallback_strategies: str | None,
     output: str,
     kill_plugin_after: str | None,
     pods_file: str,
@@ -667,6 +820,9 @@ def admit(
     from nvplugin.log import configure
 
     configure(None, "warning")
+    config_path = _node_config(
+        config_path, config_file_srcdir, node_label_value, default_config, fallback_strategies
+    )
     settings = admission.AdmitSettings(
         simulate=simulate,
         topology_manager_policy=topology_manager_policy,

@@ -144,13 +144,7 @@ NVIDIA_VALUES: tuple[NvidiaValue, ...] = (
     _v("config.name", Use.SAME, ""),
     _v("config.map", Use.SAME, {}),
     _v("config.default", Use.SAME, ""),
-    _v(
-        "config.fallbackStrategies",
-        Use.SAME,
-        ["named", "single"],
-        why="they choose the one config every node uses: choosing a config per node by the "
-        "nvidia.com/device-plugin.config node label (NVIDIA's config manager) is not supported",
-    ),
+    _v("config.fallbackStrategies", Use.SAME, ["named", "single"]),
     _v("nameOverride", Use.SAME, ""),
     _v("fullnameOverride", Use.SAME, ""),
     _v("namespaceOverride", Use.SAME, ""),

@@ -30,11 +30,12 @@ from nvplugin.kubelet.kubelet import FakeKubelet
 from nvplugin.plugin.mps import daemon_pids
 from tests import until
 from tests.chart.rendering import Rendered, render
+from tests.support.configmap import ConfigMapVolume
 
 pytestmark = pytest.mark.process  # runs nvplugin commands as processes
 
 POD_DIR = "/var/lib/kubelet/device-plugins"
-POD_CONFIG = "/etc/nvplugin/config.yaml"
+POD_CONFIGS = "/etc/nvplugin"
 RESOURCE = "example.com/a100"
 VALUES = {
     "simulate": "dgx-a100",
@@ -86,26 +87,27 @@ async def _plugin(args: list[str], env: dict[str, str], log_path: Path) -> Async
     assert code == 0, log_path.read_text()
 
 
-def _on_host(words: list[str], plugin_dir: str, config: Path) -> list[str]:
+def _on_host(words: list[str], plugin_dir: str) -> list[str]:
     """The pod's paths replaced by this test's."""
-    out = []
-    for word in words:
-        word = word.replace(POD_CONFIG, str(config))
-        out.append(word.replace(POD_DIR, plugin_dir))
-    return out
+    return [word.replace(POD_DIR, plugin_dir) for word in words]
 
 
 def _on_this_host(
     rendered: Rendered, plugin_dir: str, work: Path
 ) -> tuple[list[str], dict[str, str], Path]:
-    """The rendered pod's plugin as this test runs it: the config its ConfigMap mounts, written
-    to ``work/config.yaml``; the pod's paths replaced by the test's (args); nothing but what the
-    chart sets reaching the plugin's NVPLUGIN_ reader, and the health endpoint on loopback (env);
-    where its output goes (``work/serve.log``)."""
-    config = work / "config.yaml"
-    config.write_text(_config_text(rendered))
-    args = _on_host(rendered.container["args"], plugin_dir, config)
+    """The rendered pod's plugin as this test runs it: its ConfigMap as the kubelet mounts it
+    (every key a file, ``work/configs``); the pod's paths replaced by the test's (args, the
+    config directory); the node name the downward API gives; nothing but what the chart sets
+    reaching the plugin's NVPLUGIN_ reader, and the health endpoint on loopback (env); where its
+    output goes (``work/serve.log``). No API server here: the plugin runs the default config
+    (tests/e2e/test_pernode.py follows labels)."""
+    volume = ConfigMapVolume(rendered.one("ConfigMap")["data"], str(work / "configs"))
+    args = _on_host(rendered.container["args"], plugin_dir)
     env = {k: v for k, v in os.environ.items() if not k.startswith("NVPLUGIN_")} | rendered.env
+    assert env["CONFIG_FILE_SRCDIR"] == POD_CONFIGS
+    env["CONFIG_FILE_SRCDIR"] = volume.path
+    assert rendered.env_fields == {"NODE_NAME": "spec.nodeName"}
+    env["NODE_NAME"] = "gpu-node-1"
     _on_loopback(rendered, env)
     return args, env, work / "serve.log"
 
@@ -120,7 +122,7 @@ def test_rendered_chart_starts_a_plugin_that_registers_and_passes_its_probe(
     # The pod's 0.0.0.0:9400 is its own network namespace; here: loopback, a port the OS picks.
     assert env["NVPLUGIN_METRICS_ADDRESS"] == "0.0.0.0:9400"
     env["NVPLUGIN_METRICS_ADDRESS"] = "127.0.0.1:0"
-    asyncio.run(_scenario(rendered, args, env, plugin_dir, work / "config.yaml", log_path))
+    asyncio.run(_scenario(rendered, args, env, plugin_dir, work / "configs" / "default", log_path))
 
 
 async def _scenario(
@@ -333,14 +335,6 @@ def _effective_config(log_path: Path) -> dict[str, Any]:
         config: dict[str, Any] = record["config"]
         return config
     raise AssertionError(f"no 'effective config' log line in:\n{log_path.read_text()}")
-
-
-def _config_text(rendered: Rendered) -> str:
-    """The ConfigMap entry the pod mounts as its config file."""
-    volumes = {v["name"]: v for v in rendered.pod["volumes"]}
-    (item,) = volumes["config"]["configMap"]["items"]
-    text: str = rendered.one("ConfigMap")["data"][item["key"]]
-    return text
 
 
 MIG_VALUES = {

@@ -80,10 +80,6 @@ def test_wrong_types_fail_at_install_time(values: dict[str, Any], message: str) 
         ({"config": {"map": {"a": "a: [1, 2"}}}, "values.config.map.a: not a YAML mapping"),
         ({"config": {"map": {"a": "- just\n- a list\n"}}}, "values.config.map.a: not a YAML"),
         (
-            {"config": {"map": {"a": "", "b": ""}}},
-            "values.config: no config file chosen from a, b: set config.default",
-        ),
-        (
             {"config": {"map": {"a": ""}, "default": "b"}},
             'values.config.default is "b", but the config files are: a',
         ),

@@ -83,7 +83,6 @@ The plugin socket: <devicePluginPath>/nvplugin-<part of resourceName after "/">.
 {{- end }}
 
 {{- define "nvplugin.configDir" -}}/etc/nvplugin{{- end }}
-{{- define "nvplugin.configFile" -}}config.yaml{{- end }}
 {{- define "nvplugin.driverRoot" -}}/driver-root{{- end }}
 
 {{- define "nvplugin.configMapName" -}}
@@ -244,12 +243,22 @@ from the plugin's config model by charts/generate_schema.py). Returns the entrie
 {{- end }}
 
 {{/*
-The config file every node uses: its key in the ConfigMap, or "" for none. config.default when
-set, else NVIDIA's fallback strategies in order: named (the entry "default"), single (the only
-entry), empty (no config file). With config.name the chart sees the ConfigMap's keys only in a
-cluster (lookup); offline it takes "default" for named.
+Per-node configs: on whenever the chart has a ConfigMap of config files (config.map or
+config.name), as NVIDIA's chart runs its config manager then. The whole ConfigMap is mounted as
+the plugin's CONFIG_FILE_SRCDIR; each node's plugin runs the file its nvidia.com/device-plugin.config
+label names, else config.default, else the first of config.fallbackStrategies that finds one, and
+follows the label and the ConfigMap while it runs.
 */}}
-{{- define "nvplugin.configKey" -}}
+{{- define "nvplugin.perNode" -}}
+{{- if or .Values.config.name .Values.config.map }}true{{ end }}
+{{- end }}
+
+{{/*
+config.default must name a config file, where the chart can see them (config.map; config.name in
+a cluster through lookup). Returns the problem (nvplugin.validate lists it), or nothing.
+*/}}
+{{- define "nvplugin.defaultProblem" -}}
+{{- if .Values.config.default }}
 {{- $keys := list }}
 {{- $known := true }}
 {{- if .Values.config.name }}
@@ -258,30 +267,20 @@ cluster (lookup); offline it takes "default" for named.
 {{- else }}
 {{- $keys = keys .Values.config.map | sortAlpha }}
 {{- end }}
-{{- $chosen := "" }}
-{{- $done := false }}
-{{- if .Values.config.default }}
 {{- if and $known (not (has .Values.config.default $keys)) }}
-{{- fail (printf "values.config.default is %q, but the config files are: %s" .Values.config.default (join ", " $keys)) }}
-{{- end }}
-{{- $chosen = .Values.config.default }}
-{{- $done = true }}
-{{- end }}
-{{- range .Values.config.fallbackStrategies }}
-{{- if not $done }}
-{{- if and (eq . "named") (or (has "default" $keys) (not $known)) }}
-{{- $chosen = "default" }}{{ $done = true }}
-{{- else if and (eq . "single") (eq (len $keys) 1) }}
-{{- $chosen = first $keys }}{{ $done = true }}
-{{- else if eq . "empty" }}
-{{- $done = true }}
+{{- printf "values.config.default is %q, but the config files are: %s" .Values.config.default (join ", " $keys) }}
 {{- end }}
 {{- end }}
 {{- end }}
-{{- if and (not $done) (or $keys .Values.config.name) }}
-{{- fail (printf "values.config: no config file chosen from %s: set config.default (fallbackStrategies %s found none)" (join ", " $keys) (toJson .Values.config.fallbackStrategies)) }}
+
+{{/* The ServiceAccount the plugin reads its Node with (per-node configs only). */}}
+{{- define "nvplugin.serviceAccountName" -}}
+{{- include "nvplugin.fullname" . }}
 {{- end }}
-{{- $chosen }}
+
+{{/* The ClusterRole and its binding: cluster-wide names, so the namespace is part of them. */}}
+{{- define "nvplugin.clusterRoleName" -}}
+{{- printf "%s-%s-node-reader" (include "nvplugin.namespace" .) (include "nvplugin.fullname" .) | trunc 253 }}
 {{- end }}
 
 {{/*
@@ -329,6 +328,7 @@ and values that contradict each other.
 {{- $problems = append $problems (printf "values.config.name (%q) and values.config.map are both set: the plugin reads config files from one ConfigMap; use config.map for one this chart manages, or config.name for yours" .Values.config.name) }}
 {{- end }}
 {{- $problems = concat $problems (include "nvplugin.configProblems" . | fromJsonArray) }}
+{{- with include "nvplugin.defaultProblem" . }}{{ $problems = append $problems . }}{{ end }}
 {{- if regexMatch $data.image.pattern (.Values.image.repository | toString) }}
 {{- $problems = append $problems (printf "values.image.repository: %q %s" .Values.image.repository $data.image.message) }}
 {{- end }}
@@ -441,16 +441,15 @@ Chart values that reach the plugin as serve flags: [flag, value], only the ones 
 
 {{/*
 Whether the container must be privileged: DeviceSpecs (compatWithCPUManager, or passDeviceSpecs in
-the chosen config file) name host device nodes only a privileged container sees, with the driver
-mounted from the host but no NVIDIA runtime NVML needs the /dev/nvidia* nodes, and MPS sets the
-GPUs' compute mode (see nvplugin.mps).
+any config.map entry, since any may be chosen for a node) name host device nodes only a privileged
+container sees, with the driver mounted from the host but no NVIDIA runtime NVML needs the
+/dev/nvidia* nodes, and MPS sets the GPUs' compute mode (see nvplugin.mps).
 */}}
 {{- define "nvplugin.privileged" -}}
-{{- $key := include "nvplugin.configKey" . }}
 {{- $specs := false }}
-{{- if and $key (hasKey .Values.config.map $key) }}
-{{- $cfg := include "nvplugin.parseConfig" (dict "name" $key "value" (get .Values.config.map $key)) | fromJson }}
-{{- $specs = eq (toJson (dig "flags" "plugin" "passDeviceSpecs" false $cfg)) "true" }}
+{{- range $name, $value := .Values.config.map }}
+{{- $cfg := include "nvplugin.parseConfig" (dict "name" $name "value" $value) | fromJson }}
+{{- if eq (toJson (dig "flags" "plugin" "passDeviceSpecs" false $cfg)) "true" }}{{ $specs = true }}{{ end }}
 {{- end }}
 {{- if or .Values.compatWithCPUManager $specs (and .Values.nvidiaDriverRoot (not .Values.runtimeClassName)) (include "nvplugin.mps" .) }}true{{ end }}
 {{- end }}
@@ -478,19 +477,6 @@ config.name the chart sees the ConfigMap's entries only in a cluster (lookup).
 {{- end }}
 {{- end }}
 {{- if $mps }}true{{ end }}
-{{- end }}
-
-{{/*
-Changes whenever the config files change, so the pods roll. For an existing ConfigMap the chart
-can only see its content at install/upgrade time in a cluster (lookup; empty offline).
-*/}}
-{{- define "nvplugin.configChecksum" -}}
-{{- if .Values.config.name }}
-{{- $cm := lookup "v1" "ConfigMap" (include "nvplugin.namespace" .) .Values.config.name }}
-{{- printf "%s/%s/%s" .Values.config.name (include "nvplugin.configKey" .) (toJson (dig "data" dict ($cm | default dict))) | sha256sum }}
-{{- else }}
-{{- printf "%s/%s" (include "nvplugin.configKey" .) (include "nvplugin.configEntries" .) | sha256sum }}
-{{- end }}
 {{- end }}
 
 {{/*
