@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from nvplugin.config.model import DEFAULT_MPS_ROOT
 from nvplugin.node import load_topology
 from tests import WAIT_S
 from tests.support.nvidia import plugin_container
@@ -114,7 +115,7 @@ def test_nvidias_daemonset_serves_with_nvplugins_image(name: str) -> None:
                     response = await kubelet.devices.allocate(GPU, [topology.gpus[1].uuid])
                 # NVIDIA's environment, with NVIDIA's meaning
                 assert flags["failOnInitError"] is (env.get("FAIL_ON_INIT_ERROR") != "false")
-                assert flags["mpsRoot"] == env.get("MPS_ROOT", "")
+                assert flags["mpsRoot"] == env.get("MPS_ROOT", DEFAULT_MPS_ROOT)
                 specs = [d.host_path for d in response.devices]
                 if env.get("PASS_DEVICE_SPECS") == "true":
                     root = env.get("NVIDIA_DRIVER_ROOT", "/").rstrip("/")
