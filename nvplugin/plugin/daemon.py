@@ -54,6 +54,7 @@ from nvplugin.plugin.metrics import Metrics
 from nvplugin.plugin.registration import SERVE_AGAIN_GIVE_UP_S
 from nvplugin.plugin.server import DevicePluginService
 from nvplugin.plugin.signals import HANDLED, PendingSignals
+from nvplugin.plugin.work import RequestWorkers
 from nvplugin.resourcenames import socket_name
 from nvplugin.rm import ResourceManager, ServedResource
 
@@ -94,6 +95,7 @@ class Daemon:
         self._hup = asyncio.Event()
         self._node: NodeSession | None = None
         self._resources: Resources | None = None  # once the node is discovered
+        self._workers = RequestWorkers()  # every resource's requests' work; closed at the end
         # While no GPU is discovered: the health service alone on the plugin socket.
         self._waiting: Served | None = None
 
@@ -205,6 +207,7 @@ class Daemon:
             self.metrics,
             serve_give_up_s=self._serve_give_up_s,
             on_fatal=self._on_fatal,
+            workers=self._workers,
         )
         await self._resources.start(self.config)
         while not self._stop.is_set():
@@ -275,7 +278,9 @@ class Daemon:
         config = self.config
         name = config.resource_name
         make_dir(config.device_plugin_dir)
-        service = DevicePluginService(ResourceManager(ServedResource(name, ())), _NoGpus())
+        service = DevicePluginService(
+            ResourceManager(ServedResource(name, ())), _NoGpus(), workers=self._workers
+        )
         health_service = PluginHealthService(name, config.health_service)
         service.watch_health(health_service.set_health)
         self.metrics.set_serving(name, False)
@@ -291,6 +296,8 @@ class Daemon:
             await waiting.close(0)
 
     async def _shutdown(self) -> None:
+        # First: a request in progress is dropped, not waited for (its client gets UNAVAILABLE).
+        self._workers.close()
         await self._stop_waiting()
         if self._resources is not None:
             await self._resources.close()

@@ -110,7 +110,8 @@ def test_connections_are_capped_the_oldest_closed_and_no_thread_each() -> None:
             for reader, _ in idle[:42]:
                 assert await dropped(reader)
             assert served.connections <= 8
-            assert threading.active_count() == threads
+            # (<=: a thread of an earlier test, such as gRPC's poller, may end meanwhile)
+            assert threading.active_count() <= threads  # none per connection
             # One more client is still served (it closes the oldest idle one).
             assert (await exchange(served.port, get("/hello"))).endswith(b"hello\n")
             assert served.connections <= 8
