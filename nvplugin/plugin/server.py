@@ -319,8 +319,8 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         ms = round((time.perf_counter() - started) * 1000, 3)
         if not done:
             self._out_of_time.log(
-                "GetPreferredAllocation out of time: the containers not answered get no "
-                "preference (the kubelet chooses for them)",
+                "GetPreferredAllocation out of time",
+                rest="no preference: the kubelet chooses for the containers not answered",
                 answered=len(answered),
                 containers=total,
                 budget_s=self._preferred_budget_s,

@@ -1,0 +1,101 @@
+"""Request load against a real ``nvplugin serve``: whatever requests are in flight, SIGTERM ends
+the plugin well within Kubernetes' 30 s grace period, and a request that asks for a lot is
+bounded by its own budget.
+
+The node is ``mesh-20`` (no two GPUs interchangeable: best-effort searches within its budget
+for every container), with a budget of 0.5 s a container: before requests were bounded, eight
+requests of 600 containers were five minutes of work that shutdown waited for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import grpc
+
+from nvplugin.api.v1beta1 import api_pb2, api_pb2_grpc
+from tests.support import bignodes
+from tests.support.serve import Serve, new_dir, remove_dir
+
+GRACE_S = 30.0
+"""Kubernetes' default termination grace period: after it, the kubelet kills the plugin."""
+
+
+def _preferred(ids: list[str], containers: int) -> api_pb2.PreferredAllocationRequest:
+    one = api_pb2.ContainerPreferredAllocationRequest(available_deviceIDs=ids, allocation_size=5)
+    return api_pb2.PreferredAllocationRequest(container_requests=[one] * containers)
+
+
+def _allocate(ids: list[str], containers: int) -> api_pb2.AllocateRequest:
+    one = api_pb2.ContainerAllocateRequest(devices_ids=ids)
+    return api_pb2.AllocateRequest(container_requests=[one] * containers)
+
+
+def test_sigterm_under_a_flood_of_requests_exits_within_seconds() -> None:
+    async def body() -> None:
+        directory, nodes = new_dir(), new_dir()
+        node = bignodes.write(nodes, "mesh-20")
+        serve = Serve(directory, "--simulate", node, "--allocation-budget", "0.5s")
+        try:
+            ready = await serve.wait_log("allocation policy ready")
+            assert ready["policy"] == "best-effort"
+            socket = (await serve.wait_log("serving"))["socket"]
+            ids = (await serve.wait_log("serving"))["devices"]
+            async with grpc.aio.insecure_channel(f"unix:{socket}") as channel:
+                stub = api_pb2_grpc.DevicePluginStub(channel)
+                flood = [
+                    asyncio.ensure_future(stub.GetPreferredAllocation(_preferred(ids, 600)))
+                    for _ in range(8)
+                ] + [asyncio.ensure_future(stub.Allocate(_allocate(ids, 2000))) for _ in range(4)]
+                # Sent after the flood on the same connection: its answer means the plugin has
+                # every request of the flood.
+                await stub.GetDevicePluginOptions(api_pb2.Empty(), timeout=GRACE_S)
+                started = time.monotonic()
+                serve.process.terminate()
+                code = await asyncio.to_thread(serve.wait, GRACE_S)
+                took = time.monotonic() - started
+                await asyncio.gather(*flood, return_exceptions=True)
+            assert code == 0, serve.text()[-3000:]
+            # "A few seconds": the bound that matters is the grace period, with room to spare
+            # on a loaded machine (an idle one takes well under a second).
+            assert took < GRACE_S / 2, f"SIGTERM took {took:.1f} s"
+            assert "Traceback" not in serve.text()
+        finally:
+            serve.kill()
+            remove_dir(directory)
+            remove_dir(nodes)
+
+    asyncio.run(asyncio.wait_for(body(), 120))
+
+
+def test_preferred_for_hundreds_of_containers_is_answered_within_its_budget() -> None:
+    """600 containers, each a half-second search: the request is answered at its budget (the
+    containers reached, then no preference), and the plugin logs it once."""
+
+    async def body() -> None:
+        directory, nodes = new_dir(), new_dir()
+        node = bignodes.write(nodes, "mesh-20")
+        serve = Serve(directory, "--simulate", node, "--allocation-budget", "0.5s")
+        try:
+            await serve.wait_log("allocation policy ready")
+            served = await serve.wait_log("serving")
+            ids = served["devices"]
+            async with grpc.aio.insecure_channel(f"unix:{served['socket']}") as channel:
+                stub = api_pb2_grpc.DevicePluginStub(channel)
+                reply = await stub.GetPreferredAllocation(_preferred(ids, 600), timeout=GRACE_S)
+            answers = [list(c.deviceIDs) for c in reply.container_responses]
+            assert len(answers) == 600
+            given = [a for a in answers if a]
+            assert all(len(a) == 5 for a in given)
+            assert answers[len(given) :] == [[]] * (600 - len(given))
+            line = await serve.wait_log("GetPreferredAllocation out of time")
+            assert line["containers"] == 600 and line["answered"] == len(given)
+            assert line["budget_s"] == 1.5
+            assert serve.stop() == 0
+        finally:
+            serve.kill()
+            remove_dir(directory)
+            remove_dir(nodes)
+
+    asyncio.run(asyncio.wait_for(body(), 120))
