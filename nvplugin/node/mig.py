@@ -391,6 +391,12 @@ CAPS_FIRST_GPU_MINOR = 3
 access minor followed by those of its 8 compute instance IDs (``gpu31/gi14/ci7`` is 4322)."""
 CAPS_GPUS = 32
 """The driver's file covers GPU minors 0..31."""
+MAX_MINORS_BYTES = 1024 * 1024
+"""The most of the driver's ``mig-minors`` file that is read: it is about 120 KB (4322 lines
+for its 32 GPU minors); a longer file is not the driver's."""
+MAX_MINOR_DIGITS = 9
+"""A minor of more digits is no minor (the kernel's are 20-bit): its line is skipped, like a
+line of a form not known, rather than turned into an integer of thousands of digits."""
 
 
 def caps_minor(gpu_minor: int, gpu_instance: int, compute_instance: int | None = None) -> int:
@@ -418,7 +424,8 @@ def mig_minors_text(gpu_minors: int = CAPS_GPUS) -> str:
     return "\n".join(lines) + "\n"
 
 
-_MINORS_LINE = re.compile(r"^gpu(\d+)/gi(\d+)(?:/ci(\d+))?/access (\d+)$")
+_NUMBER = rf"(\d{{1,{MAX_MINOR_DIGITS}}})"
+_MINORS_LINE = re.compile(rf"^gpu{_NUMBER}/gi{_NUMBER}(?:/ci{_NUMBER})?/access {_NUMBER}$")
 
 CapsKey = tuple[int, int, int | None]
 """(GPU minor, GPU instance ID, compute instance ID or None for the GPU instance itself)."""
@@ -426,7 +433,8 @@ CapsKey = tuple[int, int, int | None]
 
 def parse_mig_minors(text: str) -> dict[CapsKey, int]:
     """The access minors of ``mig-minors`` text; other lines (config, monitor, anything a newer
-    driver adds) are skipped, as NVIDIA's plugin does."""
+    driver adds, numbers too long to be minors) are skipped, as NVIDIA's plugin skips lines it
+    does not know."""
     minors: dict[CapsKey, int] = {}
     for line in text.splitlines():
         match = _MINORS_LINE.match(line.strip())
