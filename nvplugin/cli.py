@@ -47,6 +47,11 @@ def user_errors(func: F) -> F:
 @click.version_option(__version__, prog_name="nvplugin")
 def main() -> None:
     """Kubernetes device plugin for NVIDIA GPUs, with simulated nodes and a fake kubelet."""
+    from nvplugin.log import configure
+
+    # Every command's log lines go to stderr, warnings and errors only (serve sets its own from
+    # its config): a library's debug line never lands in a command's output.
+    configure(None, "warning")
 
 
 # Commands. Each section below is owned by one part of the package; keep each command a thin

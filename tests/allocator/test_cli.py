@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from nvplugin.node.nodefile import load_node
+from tests.support import bignodes
 
 pytestmark = pytest.mark.process  # runs nvplugin commands as processes
 
@@ -113,3 +115,15 @@ def test_policy_applies_to_a_mig_resource(policy: str, chosen: list[str], shown:
     assert "--explain is about NVLink groups of GPUs; MIG devices have no NVLink" in (
         explained.stderr
     )
+
+
+def test_no_debug_line_at_the_default_level_and_json_is_all_of_stdout(tmp_path: Path) -> None:
+    """On a node only a search answers (mesh-20), the allocator notes at debug level that its
+    answer is not proven optimal: a command prints no such line by default, and ``--output
+    json`` is exactly the JSON document."""
+    node = bignodes.write(str(tmp_path), "mesh-20")
+    done = _run("--simulate", node, "--size", "5", "--output", "json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["indices"]
+    assert "not proven optimal" not in done.stdout + done.stderr
+    assert done.stderr == ""
