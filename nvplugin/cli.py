@@ -100,17 +100,27 @@ def devices(
     simulate: str | None, output: str, config_path: str | None, mig_strategy: str | None
 ) -> None:
     """List the node's GPUs: index, UUID, model, memory, PCI bus id, NUMA node (and resource);
-    MIG devices below them on a node with MIG."""
+    MIG devices below them on a node with MIG.
+
+    The resources are those `serve` would serve with the same config: --config, else
+    CONFIG_FILE, and the environment variables `serve` reads (MIG_STRATEGY, NVPLUGIN_*, ...),
+    so that a DaemonSet's env can be checked here.
+    """
+    import os
+
+    from nvplugin.config import config_file, env_sets_config
     from nvplugin.node import load_topology, report
 
     topo = load_topology(simulate)
     labels = mig_labels = plan_dict = None
-    if config_path is not None or mig_strategy is not None:
+    env = dict(os.environ)
+    path = config_file(config_path, env)
+    if path is not None or mig_strategy is not None or env_sets_config(env):
         from nvplugin.config import load_config
         from nvplugin.rm.plan import plan_for
 
         flags = {} if mig_strategy is None else {"flags.migStrategy": mig_strategy}
-        config = load_config(config_path, flags=flags)
+        config = load_config(path, flags=flags, env=env)
         plan = plan_for(config, topo.gpus)
         for warning in plan.warnings:
             click.echo(f"warning: {warning}", err=True)
@@ -370,12 +380,12 @@ def serve(
 
     import os
 
-    from nvplugin.config import SETTINGS, load_config
+    from nvplugin.config import SETTINGS, config_file, load_config
 
     env = dict(os.environ)
     paths = list(SETTINGS)
     flags = {paths[int(name.split("_")[1])]: value for name, value in options.items()}
-    path = config_path or env.get("CONFIG_FILE") or None
+    path = config_file(config_path, env)
 
     def load() -> Any:
         return load_config(path, flags=flags, env=env)

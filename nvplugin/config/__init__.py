@@ -11,7 +11,13 @@ from nvplugin.config.layout import (
     ResourceRules,
     TimeSlicing,
 )
-from nvplugin.config.loader import env_names, flag_names, load_config
+from nvplugin.config.loader import (
+    config_file,
+    env_names,
+    env_sets_config,
+    flag_names,
+    load_config,
+)
 from nvplugin.config.model import (
     CONFIG_VERSION,
     LOG_FORMATS,
@@ -40,7 +46,9 @@ __all__ = [
     "ReplicatedResource",
     "ResourceRules",
     "TimeSlicing",
+    "config_file",
     "env_names",
+    "env_sets_config",
     "flag_names",
     "load_config",
 ]

@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from nvplugin.config import env_names
 from nvplugin.node.nodefile import builtin_names, load_node
 from nvplugin.node.report import mig_dict
 
 pytestmark = pytest.mark.process  # runs nvplugin commands as processes
 
 BUILTINS = builtin_names()
+_SETTING_ENV = {*env_names(), "CONFIG_FILE", "DP_DISABLE_HEALTHCHECKS", "DP_ENABLE_HEALTHCHECKS"}
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -173,3 +177,31 @@ def test_devices_imports_stay_light() -> None:
     imported = {line.split("|")[-1].strip() for line in result.stderr.splitlines()}
     assert "pynvml" in imported
     assert not {m for m in imported if m.split(".")[0] in {"numpy", "grpc"}}
+
+
+def test_devices_reads_the_environment_serve_reads(tmp_path: Path) -> None:
+    """ "Check your config with `nvplugin devices`" must see what the DaemonSet's `serve` sees:
+    NVIDIA's variables (MIG_STRATEGY, CONFIG_FILE) and nvplugin's, not only the flags."""
+    clean = {k: v for k, v in os.environ.items() if k not in _SETTING_ENV}
+
+    def devices(*args: str, **env: str) -> dict[str, object]:
+        result = subprocess.run(
+            [sys.executable, "-m", "nvplugin", "devices", "--simulate", "dgx-a100-mig", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**clean, **env},
+        )
+        assert result.returncode == 0, result.stderr
+        shown: dict[str, object] = json.loads(result.stdout)
+        return shown
+
+    by_flag = devices("--mig-strategy", "mixed", "--output", "json")
+    assert "nvidia.com/mig-1g.5gb" in json.dumps(by_flag)
+    assert devices("--output", "json", MIG_STRATEGY="mixed") == by_flag
+    config = tmp_path / "config.yaml"
+    config.write_text("version: v1\nflags: {migStrategy: mixed}\n")
+    assert devices("--output", "json", CONFIG_FILE=str(config)) == by_flag
+    assert devices("--output", "json", "--config", str(config)) == by_flag
+    renamed = devices("--output", "json", NVPLUGIN_RESOURCE_NAME="example.com/gpu")
+    assert "example.com/gpu" in json.dumps(renamed)
