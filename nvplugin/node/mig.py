@@ -21,14 +21,18 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import math
+import os
 import re
 import uuid as uuidlib
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
-from nvplugin.errors import show
+from nvplugin.errors import InputError, show
+from nvplugin.log import get_logger
 from nvplugin.node.model import Gpu, MigCaps, MigDevice
+from nvplugin.yamlinput import read_text
 
 # NVML's GPU instance profile enum (NVML_GPU_INSTANCE_PROFILE_*): stable ABI values, named here so
 # this module needs no pynvml (tests check them against pynvml's constants).
@@ -442,3 +446,24 @@ def parse_mig_minors(text: str) -> dict[CapsKey, int]:
             gpu, gi, ci, minor = match.groups()
             minors[(int(gpu), int(gi), None if ci is None else int(ci))] = int(minor)
     return minors
+
+
+def read_mig_minors(paths: Sequence[Path]) -> dict[CapsKey, int] | None:
+    """The access minors of the first of ``paths`` (the driver's ``mig-minors`` under each
+    driver root) that exists and reads; None when none does.
+
+    The file is read like every other input (:func:`nvplugin.yamlinput.read_text`): a regular
+    file, at most :data:`MAX_MINORS_BYTES`, UTF-8. What is there instead -- a FIFO (whose open
+    would wait for a writer for ever), a device such as ``/dev/zero`` (endless), a file of
+    hundreds of megabytes -- is refused with a warning naming it, and the next path is tried.
+    """
+    for path in paths:
+        if not os.path.lexists(path):
+            continue
+        try:
+            text = read_text(path, f"the driver's MIG minors file {path}", MAX_MINORS_BYTES)
+        except InputError as exc:
+            get_logger("nvplugin.node").warning("MIG capability minors not read", reason=str(exc))
+            continue
+        return parse_mig_minors(text)
+    return None

@@ -29,8 +29,7 @@ from typing import Any, TypeVar
 
 import pynvml
 
-from nvplugin.errors import InputError, NvpluginError
-from nvplugin.log import get_logger
+from nvplugin.errors import NvpluginError
 from nvplugin.node import mig
 from nvplugin.node.model import (
     MAX_NVLINKS,
@@ -44,7 +43,6 @@ from nvplugin.node.model import (
     Topology,
     parse_cpu_list,
 )
-from nvplugin.yamlinput import read_text
 
 T = TypeVar("T")
 
@@ -558,14 +556,8 @@ class EventWatcher:
 
 class _MinorsOnce:
     """The driver's MIG capability minors, read on first use (only nodes with MIG need them)
-    from the first of ``roots`` that has them; None when none can be read (no MIG-capable
-    driver, or not mounted).
-
-    The file is read like every other input (:func:`nvplugin.yamlinput.read_text`): a regular
-    file, at most :data:`~nvplugin.node.mig.MAX_MINORS_BYTES`, UTF-8. What is there instead -- a
-    FIFO (whose open would wait for a writer for ever), a device such as ``/dev/zero`` (endless),
-    a file of hundreds of megabytes -- is refused with a warning naming it, and the next root is
-    tried."""
+    from the first of ``roots`` that has them (:func:`nvplugin.node.mig.read_mig_minors`); None
+    when none can be read (no MIG-capable driver, or not mounted)."""
 
     def __init__(self, roots: tuple[str, ...]) -> None:
         self._paths = tuple(Path(root, mig.MIG_MINORS_PATH) for root in roots)
@@ -575,19 +567,7 @@ class _MinorsOnce:
     def get(self) -> dict[mig.CapsKey, int] | None:
         if not self._read:
             self._read = True
-            for path in self._paths:
-                if not os.path.lexists(path):
-                    continue
-                source = f"the driver's MIG minors file {path}"
-                try:
-                    text = read_text(path, source, mig.MAX_MINORS_BYTES)
-                except InputError as exc:
-                    get_logger("nvplugin.node").warning(
-                        "MIG capability minors not read", reason=str(exc)
-                    )
-                    continue
-                self._table = mig.parse_mig_minors(text)
-                break
+            self._table = mig.read_mig_minors(self._paths)
         return self._table
 
 

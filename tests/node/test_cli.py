@@ -205,3 +205,23 @@ def test_devices_reads_the_environment_serve_reads(tmp_path: Path) -> None:
     assert devices("--output", "json", "--config", str(config)) == by_flag
     renamed = devices("--output", "json", NVPLUGIN_RESOURCE_NAME="example.com/gpu")
     assert "example.com/gpu" in json.dumps(renamed)
+
+
+def test_control_characters_in_a_gpu_name_are_never_printed_raw(tmp_path: Path) -> None:
+    """A name that would clear the screen, fake a second line and flip the text after it: the
+    table, the JSON, the topology and every log line show its escapes, never the characters."""
+    node = tmp_path / "hostile.yaml"
+    node.write_text(
+        "version: v1\nname: hostile\nnuma_distances: [[10]]\n"
+        "cpus: {sockets: 1, cores_per_socket: 2, threads_per_core: 1}\n"
+        'gpus:\n  - {name: "Tesla \\e[2J\\e[31mT4\\nFAKE LINE\\u202eevil", memory_mib: 15360}\n'
+        "links: |2\n        GPU0\n  GPU0  X\nevents: []\n"
+    )
+    escaped = "Tesla \\x1b[2J\\x1b[31mT4\\nFAKE LINE\\u202eevil"
+    for args in (("devices",), ("devices", "--output", "json"), ("topo", "--output", "mermaid")):
+        result = _cli(*args, "--simulate", str(node))
+        assert result.returncode == 0, result.stderr
+        out = result.stdout + result.stderr
+        assert not [c for c in out if not c.isprintable() and c != "\n"], args
+        assert "\nFAKE LINE" not in out
+        assert escaped in (json.loads(result.stdout)["gpus"][0]["name"] if "json" in args else out)
