@@ -186,3 +186,37 @@ class RateLimited:
             fields["repeated"] = left_out
         self._log(event, **fields)
         return True
+
+
+MAX_LOOP_ERROR_KINDS = 32
+"""Distinct event-loop error messages that are each rate-limited on their own; the rest share
+one limit."""
+
+
+class LoopErrors:
+    """The event loop's exception handler (``loop.set_exception_handler``): what asyncio cannot
+    hand to anyone -- an accept that failed because the process is out of file descriptors, a
+    callback's exception -- logged as one structured error per kind of message, at most once per
+    :data:`REPEAT_INTERVAL_S` each (:class:`RateLimited`).
+
+    asyncio's own handler writes a traceback for every one: out of file descriptors, an accept
+    loop failed hundreds of times a second, and 120 000 lines in seconds buried the log (and
+    filled the node's disk) while they said one thing.
+    """
+
+    def __init__(self, logger: structlog.typing.FilteringBoundLogger) -> None:
+        self._log = logger
+        self._limits: dict[str, RateLimited] = {}
+        self._others = RateLimited(logger, "error")
+
+    def __call__(self, loop: object, context: dict[str, Any]) -> None:
+        message = str(context.get("message") or "unhandled exception in the event loop")
+        limit = self._limits.get(message)
+        if limit is None:
+            if len(self._limits) < MAX_LOOP_ERROR_KINDS:
+                limit = self._limits[message] = RateLimited(self._log, "error")
+            else:
+                limit = self._others
+        exc = context.get("exception")
+        error = f"{type(exc).__name__}: {exc}" if exc is not None else None
+        limit.log("event loop error", message=message[:500], error=error and error[:500])

@@ -43,7 +43,7 @@ from collections.abc import Callable, Sequence
 
 from nvplugin.config import Config
 from nvplugin.errors import InputError, NvpluginError
-from nvplugin.log import configure, get_logger
+from nvplugin.log import LoopErrors, configure, get_logger
 from nvplugin.node import NodeSession, open_node
 from nvplugin.plugin import healthservice, reload
 from nvplugin.plugin.assembly import Resources, Served, make_dir, serve_socket
@@ -146,6 +146,9 @@ class Daemon:
         back when the loop ends.
         """
         loop = asyncio.get_running_loop()
+        # What the loop cannot hand to anyone (an accept failing while the process is out of
+        # file descriptors, hundreds of times a second) is logged rate-limited, not each time.
+        loop.set_exception_handler(LoopErrors(get_logger("nvplugin.daemon")))
         if handle_signals:
             for sig in HANDLED:
                 loop.add_signal_handler(sig, self._on_signal, sig.name)

@@ -1,6 +1,6 @@
-"""Request load against a real ``nvplugin serve``: whatever requests are in flight, SIGTERM ends
-the plugin well within Kubernetes' 30 s grace period, and a request that asks for a lot is
-bounded by its own budget.
+"""Load against a real ``nvplugin serve``: whatever requests are in flight, SIGTERM ends the
+plugin well within Kubernetes' 30 s grace period; a request that asks for a lot is bounded by
+its own budget; running out of file descriptors costs a log line per interval.
 
 The node is ``mesh-20`` (no two GPUs interchangeable: best-effort searches within its budget
 for every container), with a budget of 0.5 s a container: before requests were bounded, eight
@@ -10,12 +10,18 @@ requests of 600 containers were five minutes of work that shutdown waited for.
 from __future__ import annotations
 
 import asyncio
+import resource
+import socket
 import time
 
 import grpc
 
 from nvplugin.api.v1beta1 import api_pb2, api_pb2_grpc
+from nvplugin.log import REPEAT_INTERVAL_S
+from nvplugin.plugin.httpendpoint import MAX_CONNECTIONS
+from tests import WAIT_S
 from tests.support import bignodes
+from tests.support.harness import Plugin, http_get
 from tests.support.serve import Serve, new_dir, remove_dir
 
 GRACE_S = 30.0
@@ -97,5 +103,49 @@ def test_preferred_for_hundreds_of_containers_is_answered_within_its_budget() ->
             serve.kill()
             remove_dir(directory)
             remove_dir(nodes)
+
+    asyncio.run(asyncio.wait_for(body(), 120))
+
+
+def test_out_of_file_descriptors_logs_a_line_per_interval_not_per_failed_accept() -> None:
+    """The plugin's fds run out (its limit lowered to what it holds, then connections to its
+    HTTP endpoints): accept fails hundreds of times a second, and the log gets one line and,
+    an interval later, one saying how many more there were -- not a traceback each. Once the
+    connections go, it answers again."""
+
+    async def body() -> None:
+        directory = new_dir()
+        plugin = Plugin(directory, "--simulate", "workstation-4gpu")
+        held: list[socket.socket] = []
+        try:
+            ports = [await plugin.metrics_port(), await plugin.probe_port()]
+            await plugin.wait_log("serving")
+            fds = plugin.fds()
+            resource.prlimit(plugin.pid, resource.RLIMIT_NOFILE, (fds + 4, fds + 4))
+            for _ in range(MAX_CONNECTIONS + 16):  # what does not fit waits in the backlog
+                for port in ports:
+                    held.append(socket.create_connection(("127.0.0.1", port), timeout=WAIT_S))
+            first = await plugin.wait_log("event loop error")
+            assert first["message"] == "socket.accept() out of system resource"
+            assert "Too many open files" in first["error"]
+            # The next line of the kind comes an interval later and counts what it left out.
+            again = await plugin.wait_log(
+                "event loop error", REPEAT_INTERVAL_S + WAIT_S, lambda e: "repeated" in e
+            )
+            assert again["repeated"] >= 10, again
+            lines = plugin.events("event loop error")
+            assert len(lines) <= 3, f"{len(lines)} lines"
+            assert "Traceback" not in plugin.text()
+            for sock in held:
+                sock.close()
+            held.clear()
+            status, _ = await http_get(ports[1], "/livez", timeout=WAIT_S)
+            assert status == 200
+            assert plugin.stop() == 0
+        finally:
+            for sock in held:
+                sock.close()
+            plugin.kill()
+            remove_dir(directory)
 
     asyncio.run(asyncio.wait_for(body(), 120))
