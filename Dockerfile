@@ -39,5 +39,9 @@ RUN python -m venv /opt/nvplugin \
 
 # Unprivileged by default (e.g. `docker run ... serve --simulate`); the chart sets the user it needs.
 USER 10001:10001
-ENTRYPOINT ["nvplugin"]
+# SIGHUP ignored from the first instruction: `env --ignore-signal=HUP` sets it and execs nvplugin,
+# which keeps it (an ignored signal stays ignored across exec) until `serve` handles SIGHUP itself;
+# a config manager's SIGHUP during the interpreter's start-up no longer kills the plugin. Pods
+# written for NVIDIA's image run `nvidia-device-plugin` (command:), which starts the same way.
+ENTRYPOINT ["/usr/bin/env", "--ignore-signal=HUP", "nvplugin"]
 CMD ["serve"]
