@@ -483,6 +483,23 @@ def probe(socket_path: str, timeout_s: float, service: str, live: bool) -> None:
     help="none or static (static needs --reserved-cpus).",
 )
 @click.option("--reserved-cpus", metavar="LIST", help="CPUs kept for the system, e.g. 0-1.")
+@click.option(
+    "--max-pods",
+    type=int,
+    default=110,
+    show_default=True,
+    help="Pods the node runs at most (the kubelet's --max-pods).",
+)
+@click.option(
+    "--system-reserved",
+    metavar="R=Q,...",
+    help="Resources kept for the system, e.g. cpu=1,memory=2Gi (the kubelet's flag).",
+)
+@click.option(
+    "--kube-reserved",
+    metavar="R=Q,...",
+    help="Resources kept for Kubernetes' daemons, e.g. cpu=1,memory=2Gi (the kubelet's flag).",
+)
 @plugin_config_options(
     "The plugin's config file (nvplugin serve --config): resources by GPU model, "
     "time-slicing, strategies."
@@ -498,6 +515,9 @@ def admit(
     topology_manager_policy_options: str,
     cpu_manager_policy: str,
     reserved_cpus: str | None,
+    max_pods: int,
+    system_reserved: str | None,
+    kube_reserved: str | None,
     config_path: str | None,
     mig_strategy: str | None,
     output: str,
@@ -510,7 +530,8 @@ def admit(
     dgx-a100-mig.yaml with --mig-strategy mixed).
 
     Starts the real plugin (nvplugin serve) on a temporary directory and drives it with the
-    fake kubelet's topology, device and CPU managers. Prints, per pod, whether it is admitted
+    fake kubelet's topology, device and CPU managers, then its resource fit (CPU, memory, pods,
+    device resources against the node's allocatable). Prints, per pod, whether it is admitted
     (else the kubelet's reason and message) and which GPUs, CPUs and NUMA nodes it gets.
     Exits 0 when every pod was decided, 1 when the plugin died during the run.
     """
@@ -529,6 +550,9 @@ def admit(
         config=config_path,
         mig_strategy=mig_strategy,
         kill_plugin_after=kill_plugin_after,
+        max_pods=max_pods,
+        system_reserved=system_reserved,
+        kube_reserved=kube_reserved,
     )
     outcome = admission.run_admit(settings, pods_file)
     for warning in outcome.warnings:
