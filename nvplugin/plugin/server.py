@@ -34,8 +34,8 @@ import os
 import socket
 import stat
 import time
-from collections.abc import AsyncIterator, Callable, Generator, Mapping, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import grpc
 
@@ -63,6 +63,7 @@ def publish_interval(devices: int) -> float:
 PREFERRED_SLACK_S = 1.0
 """What a GetPreferredAllocation request gets beyond one container's search budget: the other
 containers, the wait for a worker, thread switches on a loaded node."""
+_INVALID = grpc.StatusCode.INVALID_ARGUMENT
 MAX_PREFERRED_CONTAINERS = 1024
 """Most container requests one GetPreferredAllocation may name (the kubelet names one): what an
 answer for the containers left unanswered at the deadline costs the loop stays small."""
@@ -74,12 +75,19 @@ def preferred_budget(allocation_budget_s: float) -> float:
     return allocation_budget_s + PREFERRED_SLACK_S
 
 
-def _reply(
-    steps: Generator[None, None, list[api_pb2.ContainerAllocateResponse]],
-) -> Generator[None, None, api_pb2.AllocateResponse]:
-    """``steps``, then the reply made of their responses (a copy of each: on the worker too)."""
-    responses = yield from steps
-    return api_pb2.AllocateResponse(container_responses=responses)
+Reply = TypeVar("Reply")
+
+
+def _refused(context: Any, status: tuple[grpc.StatusCode, str], empty: Reply) -> Reply:
+    """End the RPC with ``status`` (its code and message; the empty reply is not what the
+    client gets). Not ``context.abort``: the exception it raises stays in the call's state,
+    which the handler's frame in that exception's traceback holds too -- a cycle that keeps the
+    request, and whatever the handler built, until the garbage collector comes by (a flood of
+    refused 3 MB requests held hundreds of MB that way)."""
+    code, message = status
+    context.set_code(code)
+    context.set_details(message)
+    return empty
 
 
 class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
@@ -281,11 +289,15 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
                 f"{MAX_PREFERRED_CONTAINERS} are answered (the kubelet sends one per call)"
             )
             self._log.debug("rpc", method="GetPreferredAllocation", error=why)
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, why)
+            return _refused(context, (_INVALID, why), api_pb2.PreferredAllocationResponse())
         answers: list[list[str]] = []  # filled on a worker thread, in order
+        done, refused = False, None
         try:
             async with asyncio.timeout_at(deadline):
                 policy = await self._current_policy()
+        except TimeoutError:  # the policy was not ready within the budget
+            pass
+        else:
             steps = self.manager.preferring(
                 policy,
                 (
@@ -300,16 +312,11 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
             # On the request workers, a step at a time: health checks, ListAndWatch and other
             # RPCs keep answering, other requests take turns, and the deadline holds however
             # long the policy takes (:mod:`nvplugin.plugin.work`).
-            done = await self._workers.run(StepsJob(steps), deadline)
-        except TimeoutError:  # the policy was not ready within the budget
-            done = False
-        except RequestError as exc:
-            self._log.debug("rpc", method="GetPreferredAllocation", error=str(exc))
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-            raise  # unreachable: abort raises
-        except WorkersClosed as exc:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
-            raise
+            done, refused = await self._work(StepsJob(steps), deadline)
+            del steps
+        if refused is not None:
+            self._log.debug("rpc", method="GetPreferredAllocation", error=refused[1])
+            return _refused(context, refused, api_pb2.PreferredAllocationResponse())
         answered = list(answers)  # a step still running may append after the deadline
         response = api_pb2.PreferredAllocationResponse()
         for ids in answered:
@@ -333,23 +340,28 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         self, request: api_pb2.AllocateRequest, context: Any
     ) -> api_pb2.AllocateResponse:
         containers = request.container_requests
-        steps = _reply(
-            self.manager.allocating((c.devices_ids for c in containers), len(containers))
-        )
-        job = StepsJob(steps)
-        try:
-            # On the request workers too: a reply of thousands of containers is built a step at
-            # a time, off the loop, and refused once it outgrows what the kubelet can receive.
-            await self._workers.run(job)
-        except RequestError as exc:
-            self._log.debug("rpc", method="Allocate", error=str(exc))
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-            raise
-        except WorkersClosed as exc:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
-            raise
-        self._log.debug("rpc", method="Allocate", containers=len(containers))
+        total = len(containers)
+        job = StepsJob(self.manager.allocating((c.devices_ids for c in containers), total))
+        # On the request workers too: a reply of thousands of containers is built a step at a
+        # time, off the loop, and refused once it outgrows what the kubelet can receive.
+        _, refused = await self._work(job)
+        if refused is not None:
+            self._log.debug("rpc", method="Allocate", error=refused[1])
+            return _refused(context, refused, api_pb2.AllocateResponse())
+        self._log.debug("rpc", method="Allocate", containers=total)
         return job.value
+
+    async def _work(
+        self, job: StepsJob[Any], deadline: float | None = None
+    ) -> tuple[bool, tuple[grpc.StatusCode, str] | None]:
+        """Run ``job`` on the request workers: (done, or the deadline came first; the status to
+        refuse the request with, if any)."""
+        try:
+            return await self._workers.run(job, deadline), None
+        except RequestError as exc:
+            return False, (_INVALID, str(exc))
+        except WorkersClosed as exc:
+            return False, (grpc.StatusCode.UNAVAILABLE, str(exc))
 
     async def PreStartContainer(
         self, request: api_pb2.PreStartContainerRequest, context: Any

@@ -134,18 +134,19 @@ class ResourceManager:
             try:
                 next(steps)
             except StopIteration as done:
-                responses: list[api_pb2.ContainerAllocateResponse] = done.value
-                return responses
+                reply: api_pb2.AllocateResponse = done.value
+                return list(reply.container_responses)
 
     def allocating(
         self, requests: Iterable[Sequence[str]], total: int
-    ) -> Generator[None, None, list[api_pb2.ContainerAllocateResponse]]:
+    ) -> Generator[None, None, api_pb2.AllocateResponse]:
         """:meth:`allocate` one container at a time (it yields after each; see
-        :meth:`preferring`), returning the responses. Nothing is answered when one of the
-        ``total`` requests is bad, or when the reply grows past :data:`KUBELET_MAX_RECEIVE_BYTES`:
-        the kubelet's gRPC client would refuse it (and the pod fail with a transport error
-        that says nothing), so it is refused here, naming why -- before it is built whole."""
-        responses = []
+        :meth:`preferring`), returning the reply. Nothing is answered when one of the ``total``
+        requests is bad, or when the reply grows past :data:`KUBELET_MAX_RECEIVE_BYTES`: the
+        kubelet's gRPC client would refuse it (and the pod fail with a transport error that
+        says nothing), so it is refused here, naming why -- before it is built whole. Each
+        container's response is written into the reply in place (no copy)."""
+        reply = api_pb2.AllocateResponse()
         size = 0
         for number, ids in enumerate(requests):
             devices = self._named(ids, _where("devices_ids", number, total))
@@ -154,7 +155,8 @@ class ResourceManager:
                 raise RequestError(f"{_where('devices_ids', number, total)}: {too_many}")
             # Replicas back to their GPUs (MIG devices): the responder lists each once, in index
             # order (the container sees devices, not replicas).
-            response = self._responder.container_response(devices)
+            response = reply.container_responses.add()
+            self._responder.fill(devices, response)
             size += entry_size(response.ByteSize())
             if size > KUBELET_MAX_RECEIVE_BYTES:
                 raise RequestError(
@@ -163,9 +165,8 @@ class ResourceManager:
                     f"receives (it passed that at container request {number}); the kubelet "
                     "asks for one container per call"
                 )
-            responses.append(response)
             yield
-        return responses
+        return reply
 
     def _named(self, ids: Iterable[str], where: str) -> list[Device]:
         """The devices named by ``ids``, in unit (then replica) order; RequestError for unknown

@@ -246,11 +246,11 @@ class _Holding:
         self.started = threading.Event()
         self.go = threading.Event()
 
-    def container_response(self, devices: Sequence[Device]) -> api_pb2.ContainerAllocateResponse:
+    def fill(self, devices: Sequence[Device], response: api_pb2.ContainerAllocateResponse) -> None:
         if not self.started.is_set():
             self.started.set()
             assert self.go.wait(WAIT_S), "the other RPCs never answered"
-        return self._responder.container_response(devices)
+        self._responder.fill(devices, response)
 
 
 def test_other_rpcs_answer_while_a_many_container_allocate_is_built() -> None:
