@@ -44,5 +44,9 @@ RUN python -m venv /opt/nvplugin \
 # device-plugin directory (0755) and kubelet.sock are root's. Run as another user, the plugin exits
 # 2 naming the user and the fix.
 USER 0:0
-ENTRYPOINT ["nvplugin"]
+# SIGHUP ignored from the first instruction: `env --ignore-signal=HUP` sets it and execs nvplugin,
+# which keeps it (an ignored signal stays ignored across exec) until `serve` handles SIGHUP itself;
+# a config manager's SIGHUP during the interpreter's start-up no longer kills the plugin. Pods
+# written for NVIDIA's image run `nvidia-device-plugin` (command:), which starts the same way.
+ENTRYPOINT ["/usr/bin/env", "--ignore-signal=HUP", "nvplugin"]
 CMD ["serve"]

@@ -188,7 +188,15 @@ def devices(
     fallback_strategies: str | None,
 ) -> None:
     """List the node's GPUs: index, UUID, model, memory, PCI bus id, NUMA node (and resource);
-    MIG devices below them on a node with MIG."""
+    MIG devices below them on a node with MIG.
+
+    The resources are those `serve` would serve with the same config: --config, else
+    CONFIG_FILE, and the environment variables `serve` reads (MIG_STRATEGY, NVPLUGIN_*, ...),
+    so that a DaemonSet's env can be checked here.
+    """
+    import os
+
+    from nvplugin.config import config_file, env_sets_config
     from nvplugin.node import load_topology, report
 
     config_path = _node_config(
@@ -196,12 +204,14 @@ def devices(
     )
     topo = load_topology(simulate)
     labels = mig_labels = plan_dict = None
-    if config_path is not None or mig_strategy is not None or config_file_srcdir is not None:
+    env = dict(os.environ)
+    path = config_file(config_path, env)
+    if path is not None or mig_strategy is not None or env_sets_config(env):
         from nvplugin.config import load_config
         from nvplugin.rm.plan import plan_for
 
         flags = {} if mig_strategy is None else {"flags.migStrategy": mig_strategy}
-        config = load_config(config_path, flags=flags)
+        config = load_config(path, flags=flags, env=env)
         plan = plan_for(config, topo.gpus)
         for warning in plan.warnings:
             click.echo(f"warning: {warning}", err=True)
@@ -530,7 +540,7 @@ def _serve(
 
     import os
 
-    from nvplugin.config import SETTINGS, load_config
+    from nvplugin.config import SETTINGS, config_file, load_config
     from nvplugin.config.select import first_choice, read_selection
     from nvplugin.errors import InputError
 
@@ -542,7 +552,7 @@ def _serve(
         for name, value in options.items()
         if name.startswith("setting_")
     }
-    path = config_path or env.get("CONFIG_FILE") or None
+    path = config_file(config_path, env)
 
     def load_file(file: str | None) -> Any:
         return load_config(file, flags=flags, env=env)
@@ -584,8 +594,31 @@ def _serve(
     )
 
 
-@click.command(
+class _GoFlags(click.Command):
+    """A command that parses flags as Go does, as NVIDIA's does: ``-mig-strategy=mixed`` is
+    ``--mig-strategy=mixed`` (a single-dash long name of one of its options is that option)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        names = {
+            name for param in self.params if isinstance(param, click.Option) for name in param.opts
+        }
+        return super().parse_args(
+            ctx,
+            [
+                "-" + arg
+                if arg.startswith("-")
+                and not arg.startswith("--")
+                and "-" + arg.split("=")[0] in names
+                else arg
+                for arg in args
+            ],
+        )
+
+
+@main.command(
     NVIDIA_COMMAND,
+    cls=_GoFlags,
+    hidden=True,
     context_settings={"help_option_names": ["-h", "--help"]},
     epilog="nvplugin's own settings: NVPLUGIN_* variables or the config file's nvplugin: block "
     "(nvplugin serve --help lists them). --simulate NODE serves a simulated node, as "
@@ -616,24 +649,6 @@ def nvidia_device_plugin(
     unchanged. Settings come from flags, then environment variables, then the config file.
     """
     _serve(simulate, config_path, discovery_retry_s, socket_give_up_s, options)
-
-
-def nvidia_device_plugin_main() -> None:
-    """The ``nvidia-device-plugin`` program. NVIDIA's command parses flags as Go does, so
-    ``-mig-strategy=mixed`` means ``--mig-strategy=mixed``: a single-dash long name of one of
-    its options is read as that option."""
-    names = {
-        name
-        for param in nvidia_device_plugin.params
-        if isinstance(param, click.Option)
-        for name in param.opts
-    }
-    argv = []
-    for arg in sys.argv[1:]:
-        if arg.startswith("-") and not arg.startswith("--") and "-" + arg.split("=")[0] in names:
-            arg = "-" + arg
-        argv.append(arg)
-    nvidia_device_plugin.main(argv, prog_name=NVIDIA_COMMAND)
 
 
 # --- migrate ---
@@ -779,6 +794,23 @@ def probe(socket_path: str, timeout_s: float, service: str, live: bool) -> None:
     help="none or static (static needs --reserved-cpus).",
 )
 @click.option("--reserved-cpus", metavar="LIST", help="CPUs kept for the system, e.g. 0-1.")
+@click.option(
+    "--max-pods",
+    type=int,
+    default=110,
+    show_default=True,
+    help="Pods the node runs at most (the kubelet's --max-pods).",
+)
+@click.option(
+    "--system-reserved",
+    metavar="R=Q,...",
+    help="Resources kept for the system, e.g. cpu=1,memory=2Gi (the kubelet's flag).",
+)
+@click.option(
+    "--kube-reserved",
+    metavar="R=Q,...",
+    help="Resources kept for Kubernetes' daemons, e.g. cpu=1,memory=2Gi (the kubelet's flag).",
+)
 @plugin_config_options(
     "The plugin's config file (nvplugin serve --config-file): resources by GPU model, "
     "time-slicing, strategies."
@@ -795,6 +827,9 @@ def admit(
     topology_manager_policy_options: str,
     cpu_manager_policy: str,
     reserved_cpus: str | None,
+    max_pods: int,
+    system_reserved: str | None,
+    kube_reserved: str | None,
     config_path: str | None,
     mig_strategy: str | None,
     config_file_srcdir: str | None,
@@ -811,7 +846,8 @@ def admit(
     dgx-a100-mig.yaml with --mig-strategy mixed).
 
     Starts the real plugin (nvplugin serve) on a temporary directory and drives it with the
-    fake kubelet's topology, device and CPU managers. Prints, per pod, whether it is admitted
+    fake kubelet's topology, device and CPU managers, then its resource fit (CPU, memory, pods,
+    device resources against the node's allocatable). Prints, per pod, whether it is admitted
     (else the kubelet's reason and message) and which GPUs, CPUs and NUMA nodes it gets.
     Exits 0 when every pod was decided, 1 when the plugin died during the run.
     """
@@ -833,6 +869,9 @@ def admit(
         config=config_path,
         mig_strategy=mig_strategy,
         kill_plugin_after=kill_plugin_after,
+        max_pods=max_pods,
+        system_reserved=system_reserved,
+        kube_reserved=kube_reserved,
     )
     outcome = admission.run_admit(settings, pods_file)
     for warning in outcome.warnings:

@@ -49,6 +49,16 @@ def show(value: object, limit: int = 80) -> str:
     return shortened(text, limit)
 
 
+def printable(text: str) -> str:
+    """``text`` with every character that is not printable -- control characters (a terminal's
+    escape sequences, newlines), format characters (a right-to-left override) -- written as its
+    Python escape (``\\x1b``, ``\\n``, ``\\u202e``): a name a driver or a file gives us never
+    moves a terminal's cursor, forges a log line or hides what follows it."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+
+
 def shortened(text: str, limit: int) -> str:
     """Client-supplied text for an error message: whole when short, else its first ``limit``
     characters and its length (gRPC status messages travel in size-capped trailers)."""

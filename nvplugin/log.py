@@ -20,7 +20,9 @@ import logging
 import os
 import sys
 import threading
-from typing import TextIO
+import time
+from collections.abc import Callable
+from typing import Any, TextIO
 
 import structlog
 
@@ -144,3 +146,77 @@ def get_logger(name: str, **context: object) -> structlog.typing.FilteringBoundL
     # as _logger and let _name_logger rename it.
     logger: structlog.typing.FilteringBoundLogger = structlog.get_logger(_logger=name, **context)
     return logger
+
+
+REPEAT_INTERVAL_S = 10.0
+"""How often a :class:`RateLimited` line may repeat."""
+
+
+class RateLimited:
+    """One log line that can repeat without bound (every request out of time, every failed
+    accept while the process is out of file descriptors), written at most once per
+    ``interval_s``: the first at once, later ones with ``repeated``, how many were left out
+    since the last one written. Thread-safe."""
+
+    def __init__(
+        self,
+        logger: structlog.typing.FilteringBoundLogger,
+        level: str,
+        interval_s: float = REPEAT_INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._log = getattr(logger, level)
+        self._interval_s = interval_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._last = -float("inf")
+        self._left_out = 0
+
+    def log(self, event: str, **fields: Any) -> bool:
+        """Write ``event`` now unless one was written less than the interval ago (then count
+        it); True when written."""
+        with self._lock:
+            now = self._clock()
+            if now - self._last < self._interval_s:
+                self._left_out += 1
+                return False
+            self._last = now
+            left_out, self._left_out = self._left_out, 0
+        if left_out:
+            fields["repeated"] = left_out
+        self._log(event, **fields)
+        return True
+
+
+MAX_LOOP_ERROR_KINDS = 32
+"""Distinct event-loop error messages that are each rate-limited on their own; the rest share
+one limit."""
+
+
+class LoopErrors:
+    """The event loop's exception handler (``loop.set_exception_handler``): what asyncio cannot
+    hand to anyone -- an accept that failed because the process is out of file descriptors, a
+    callback's exception -- logged as one structured error per kind of message, at most once per
+    :data:`REPEAT_INTERVAL_S` each (:class:`RateLimited`).
+
+    asyncio's own handler writes a traceback for every one: out of file descriptors, an accept
+    loop failed hundreds of times a second, and 120 000 lines in seconds buried the log (and
+    filled the node's disk) while they said one thing.
+    """
+
+    def __init__(self, logger: structlog.typing.FilteringBoundLogger) -> None:
+        self._log = logger
+        self._limits: dict[str, RateLimited] = {}
+        self._others = RateLimited(logger, "error")
+
+    def __call__(self, loop: object, context: dict[str, Any]) -> None:
+        message = str(context.get("message") or "unhandled exception in the event loop")
+        limit = self._limits.get(message)
+        if limit is None:
+            if len(self._limits) < MAX_LOOP_ERROR_KINDS:
+                limit = self._limits[message] = RateLimited(self._log, "error")
+            else:
+                limit = self._others
+        exc = context.get("exception")
+        error = f"{type(exc).__name__}: {exc}" if exc is not None else None
+        limit.log("event loop error", message=message[:500], error=error and error[:500])

@@ -12,7 +12,9 @@ exception). So every file goes through the same steps:
 2. :func:`load` first walks the YAML *event* stream, which libyaml produces iteratively, and stops
    as soon as the nesting passes :data:`MAX_DEPTH` or the document, with every alias expanded,
    passes :data:`MAX_NODES` nodes. Only then is the document built, by a safe loader that also
-   refuses duplicate mapping keys (the last one would silently win).
+   refuses duplicate mapping keys (the last one would silently win) and takes merge keys
+   (``<<: *anchor``) as PyYAML and Go's YAML libraries do -- a merge is an alias, so the bounds
+   count it.
 3. Anything that still fails while building (an integer of 5000 digits, say) becomes an
    :class:`~nvplugin.errors.InputError` naming the source: a bad file is always a message and
    exit 2, never a traceback, and never stops a running daemon.
@@ -176,13 +178,53 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
     return f"{at}not valid YAML: {shortened(problem, 300)}"
 
 
+MERGE_TAG = "tag:yaml.org,2002:merge"
+"""The tag of ``<<``, the merge key: ``<<: *defaults`` or ``<<: [*a, *b]`` copies the keys of
+those mappings into this one (YAML 1.1's merge-key type; PyYAML and the Go YAML libraries that
+kubectl and NVIDIA's plugin use accept it). Keys written in the mapping itself override merged
+ones, and of several mappings merged the first that has a key gives it."""
+
+
 class _StrictLoader(_LOADER):  # type: ignore[misc]
-    """A safe loader that refuses duplicate mapping keys (the last would silently win)."""
+    """A safe loader that refuses duplicate mapping keys (the last would silently win) and
+    accepts merge keys (:data:`MERGE_TAG`).
+
+    A key overridden through a merge is no duplicate: that is what merging is for. So each
+    mapping's own keys -- ``<<`` itself included, which may appear once -- are checked before its
+    merges are applied, and so is each mapping merged in (one written in place, ``<<: {x: 1}``,
+    is never built on its own). PyYAML applies merges by rewriting a mapping's node in place,
+    so a node is checked once, before that.
+    """
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._checked: set[int] = set()  # ids of the mapping nodes whose own keys were checked
 
     def construct_mapping(self, node: Any, deep: bool = False) -> dict[Any, Any]:
+        self._refuse_duplicates(node)
+        result: dict[Any, Any] = super().construct_mapping(node, deep=deep)  # merges, builds
+        return result
+
+    def flatten_mapping(self, node: Any) -> None:
+        for key_node, value_node in node.value:
+            if key_node.tag != MERGE_TAG:
+                continue
+            merged = value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
+            for source in merged:
+                if isinstance(source, yaml.MappingNode):
+                    self._refuse_duplicates(source)
+        super().flatten_mapping(node)
+
+    def _refuse_duplicates(self, node: Any) -> None:
+        if not isinstance(node, yaml.MappingNode) or id(node) in self._checked:
+            return
+        self._checked.add(id(node))
         seen: set[Any] = set()
         for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
+            if key_node.tag == MERGE_TAG:
+                key: Any = "<<"  # not a value to build: it says what to merge
+            else:
+                key = self.construct_object(key_node, deep=False)
             try:
                 duplicate = key in seen
                 seen.add(key)
@@ -192,5 +234,3 @@ class _StrictLoader(_LOADER):  # type: ignore[misc]
                 raise yaml.constructor.ConstructorError(
                     None, None, f"duplicate key {shortened(repr(key), 80)}", key_node.start_mark
                 )
-        result: dict[Any, Any] = super().construct_mapping(node, deep=deep)
-        return result

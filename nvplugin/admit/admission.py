@@ -39,20 +39,29 @@ import stat
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from decimal import Decimal
 from typing import Any
 
 import structlog
 
+from nvplugin import yamlinput
 from nvplugin.admit.process import PluginProcess, plugin_environment
 from nvplugin.admit.visible import MpsShares, mps_shares, visible_devices
 from nvplugin.api import KUBELET_SOCKET
-from nvplugin.errors import InputError, NvpluginError
+from nvplugin.errors import InputError, NvpluginError, shortened
 from nvplugin.kubelet.cpumanager import POLICIES as CPU_POLICIES
 from nvplugin.kubelet.cpumanager import CpuManager, parse_cpu_list, reserved_cpus
 from nvplugin.kubelet.devicemanager.manager import DeviceManager
 from nvplugin.kubelet.kubelet import FakeKubelet
+from nvplugin.kubelet.lifecycle import (
+    DEFAULT_MAX_PODS,
+    NodeResources,
+    node_allocatable,
+    resource_fit,
+)
 from nvplugin.kubelet.observer import Observer
 from nvplugin.kubelet.pods import Pod, load_pod_file
+from nvplugin.kubelet.quantity import add, parse_quantity
 from nvplugin.kubelet.topologymanager import (
     Manager,
     NumaInfo,
@@ -65,6 +74,7 @@ from nvplugin.kubelet.topologymanager import (
 from nvplugin.kubelet.topologymanager.options import POLICY_NONE
 from nvplugin.node import load_topology
 from nvplugin.node.model import Topology
+from nvplugin.node.nodefile import load_node
 
 REGISTER_TIMEOUT_S = 30.0
 """How long the plugin may take to start, register and list its devices."""
@@ -95,6 +105,11 @@ class AdmitSettings:
     """``nvplugin serve --mig-strategy`` (None: the config file's, else none)."""
     kill_plugin_after: str | None = None
     """Testing aid: SIGKILL the plugin right after this pod is admitted (or rejected)."""
+    max_pods: int = DEFAULT_MAX_PODS
+    system_reserved: str | None = None
+    """``--system-reserved`` as the kubelet takes it: ``cpu=1,memory=2Gi``."""
+    kube_reserved: str | None = None
+    """``--kube-reserved``, the same form."""
 
     def plugin_args(self) -> list[str]:
         """What ``nvplugin serve`` is told besides its directory."""
@@ -190,6 +205,61 @@ def check_settings(settings: AdmitSettings) -> None:
         )
     if settings.reserved_cpus is not None:
         parse_cpu_list(settings.reserved_cpus, "--reserved-cpus")
+    if settings.max_pods < 0:
+        raise InputError(f"--max-pods: {settings.max_pods} is negative")
+    reservations(settings)
+
+
+RESERVABLE = ("cpu", "memory", "ephemeral-storage", "pid")
+"""What ``--system-reserved`` and ``--kube-reserved`` may name (the kubelet's list)."""
+
+
+def reservations(settings: AdmitSettings) -> dict[str, Decimal]:
+    """``--system-reserved`` plus ``--kube-reserved``, per resource; InputError naming the flag
+    for a pair that is not ``<resource>=<quantity>``, a resource the kubelet does not reserve,
+    or a negative quantity."""
+    total: dict[str, Decimal] = {}
+    for flag, text in (
+        ("--system-reserved", settings.system_reserved),
+        ("--kube-reserved", settings.kube_reserved),
+    ):
+        for item in (text or "").split(","):
+            if not item.strip():
+                continue
+            name, sep, value = item.partition("=")
+            name = name.strip()
+            if not sep:
+                raise InputError(f"{flag}: {shortened(item, 80)!r} is not <resource>=<quantity>")
+            if name not in RESERVABLE:
+                raise InputError(
+                    f'{flag}: cannot reserve "{shortened(name, 80)}" resource '
+                    f"(one of {', '.join(RESERVABLE)})"
+                )
+            try:
+                quantity = parse_quantity(value.strip())
+            except ValueError as exc:
+                raise InputError(f"{flag}: {name}: {exc}") from None
+            if quantity.value < 0:
+                raise InputError(f'{flag}: resource quantity for "{name}" cannot be negative')
+            total[name] = add(total.get(name, Decimal(0)), quantity.value)
+    return total
+
+
+MEMINFO = "/proc/meminfo"
+
+
+def node_memory(simulate: str | None) -> int | None:
+    """The node's memory in bytes, as the kubelet reads its capacity: the node file's
+    ``memory_mib`` (None when it gives none), or on a real node ``MemTotal`` of /proc/meminfo."""
+    if simulate is not None:
+        memory = load_node(simulate).memory_mib
+        return None if memory is None else memory * 1024 * 1024
+    text = yamlinput.read_text(MEMINFO, MEMINFO, 1 << 20)
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        if name == "MemTotal" and value.split()[1:] == ["kB"] and value.split()[0].isdigit():
+            return int(value.split()[0]) * 1024
+    return None
 
 
 def settings_notes(settings: AdmitSettings) -> list[str]:
@@ -264,10 +334,16 @@ def serving_everything(directory: str, devices: DeviceManager, seen: Observer) -
 class Admission:
     """The fake kubelet with the real plugin; admit pods one by one (``async with``)."""
 
-    def __init__(self, settings: AdmitSettings, topology: Topology) -> None:
+    def __init__(
+        self, settings: AdmitSettings, topology: Topology, memory: int | None = None
+    ) -> None:
+        """``memory``: the node's memory in bytes (:func:`node_memory`; None: unknown, memory
+        requests are not checked)."""
         check_settings(settings)
         self.settings = settings
         self.topology = topology
+        self.memory = memory
+        self._reserved = reservations(settings)
         # Not under $TMPDIR: socket paths must stay short (about 107 bytes at most).
         self.directory = tempfile.mkdtemp(dir="/tmp", prefix="nvplugin-admit-")
         try:
@@ -278,6 +354,7 @@ class Admission:
             shutil.rmtree(self.directory, ignore_errors=True)
             raise
         self._active: set[str] = set()
+        self._admitted: dict[str, Pod] = {}  # the active pods, by UID: what the fit counts
         self._current: str | None = None
         self.devices.active_pods = self._active_pods
         self.kubelet = FakeKubelet(self.directory, devices=self.devices)
@@ -378,10 +455,13 @@ class Admission:
         self._current = pod.uid
         try:
             result: PodAdmitResult = await asyncio.to_thread(self.manager.admit, pod)
+            if result.admit:  # the container manager's handler admits; the resource fit next
+                result = resource_fit(pod, list(self._admitted.values()), self.node_resources())
         finally:
             self._current = None
         if result.admit:
             self._active.add(pod.uid)
+            self._admitted[pod.uid] = pod
             for container in pod.all_containers:
                 try:
                     await self.devices.prepare_container(pod, container)
@@ -398,6 +478,26 @@ class Admission:
         if self.settings.kill_plugin_after == pod.name and self.plugin is not None:
             self.plugin.kill()
         return PodResult(pod.name, result.admit, result.reason, result.message, containers)
+
+    def node_resources(self) -> NodeResources:
+        """The node's allocatable as the kubelet's resource fit sees it now: CPUs and memory
+        less the reservations, ``--max-pods``, and each device resource's healthy devices --
+        at least as many as are allocated (the kubelet's device manager raises it to that)."""
+        extended = {r: c.allocatable for r, c in self.devices.capacity().items()}
+        allocated: dict[str, int] = {}
+        for entry in self.devices.allocations():
+            allocated[entry.resource] = allocated.get(entry.resource, 0) + len(entry.device_ids)
+        for resource, count in allocated.items():
+            extended[resource] = max(extended.get(resource, 0), count)
+        reserved = self.settings.reserved_cpus
+        return node_allocatable(
+            len(self.topology.cpus.cpus),
+            self.memory,
+            max_pods=self.settings.max_pods,
+            reserved=self._reserved,
+            reserved_cpus=len(parse_cpu_list(reserved)) if reserved is not None else 0,
+            extended=extended,
+        )
 
     def _container_result(self, pod: Pod, name: str) -> ContainerResult:
         """The container's devices per resource, and the GPUs and MIG devices its Allocate
@@ -427,11 +527,12 @@ class Admission:
 
 
 async def admit_pods(
-    settings: AdmitSettings, pods: Sequence[Pod], topology: Topology
+    settings: AdmitSettings, pods: Sequence[Pod], topology: Topology, memory: int | None = None
 ) -> AdmitReport:
-    """Admit ``pods`` in order on a fresh fake kubelet with the real plugin (see module doc)."""
+    """Admit ``pods`` in order on a fresh fake kubelet with the real plugin (see module doc);
+    ``memory``: the node's, in bytes (None: not checked)."""
     results = []
-    async with Admission(settings, topology) as admission:
+    async with Admission(settings, topology, memory) as admission:
         for pod in pods:
             results.append(await admission.admit(pod))
         failure = admission.plugin_failure
@@ -445,7 +546,14 @@ def run_admit(settings: AdmitSettings, pods_path: str) -> AdmitReport:
     check_settings(settings)
     pods = load_pod_file(pods_path)
     topology = load_topology(settings.simulate)
-    report = asyncio.run(admit_pods(settings, pods, topology))
+    memory = node_memory(settings.simulate)
+    report = asyncio.run(admit_pods(settings, pods, topology, memory))
+    if memory is None and any(p.effective_requests().get("memory") for p in pods):
+        note = (
+            "the node file gives no memory_mib (the node's memory), so pods' memory requests "
+            "were not checked against it"
+        )
+        report = replace(report, notes=(*report.notes, note))
     return replace(report, warnings=numa_warnings(settings, topology))
 
 

@@ -12,7 +12,13 @@ from nvplugin.config.layout import (
     ResourceRules,
     Sharing,
 )
-from nvplugin.config.loader import env_names, flag_names, load_config
+from nvplugin.config.loader import (
+    config_file,
+    env_names,
+    env_sets_config,
+    flag_names,
+    load_config,
+)
 from nvplugin.config.model import (
     CONFIG_VERSION,
     LOG_FORMATS,
@@ -42,7 +48,9 @@ __all__ = [
     "ReplicatedResources",
     "ResourceRules",
     "Sharing",
+    "config_file",
     "env_names",
+    "env_sets_config",
     "flag_names",
     "load_config",
 ]

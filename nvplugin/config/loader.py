@@ -26,6 +26,8 @@ from nvplugin.errors import InputError, describe, shortened, show
 from nvplugin.node.health import DEFAULT_IGNORED_XIDS
 
 ENV_PREFIX = "NVPLUGIN_"
+CONFIG_FILE_ENV = "CONFIG_FILE"
+"""NVIDIA's variable for the config file (``--config-file`` wins over it)."""
 DISABLE_HEALTHCHECKS = "DP_DISABLE_HEALTHCHECKS"
 ENABLE_HEALTHCHECKS = "DP_ENABLE_HEALTHCHECKS"
 _SERVICE_LINK = re.compile(
@@ -61,6 +63,18 @@ def load_config(
     except Invalid as exc:
         where = f"config file {path}" if path is not None else "config"
         raise InputError(f'{where}: key "{exc.at}": {exc.message}') from None
+
+
+def config_file(flag: str | None, env: Mapping[str, str]) -> str | None:
+    """The config file a command reads: ``--config-file``, else ``CONFIG_FILE`` (empty: none)."""
+    return flag or env.get(CONFIG_FILE_ENV) or None
+
+
+def env_sets_config(env: Mapping[str, str]) -> bool:
+    """Whether ``env`` says anything about the config: a config file, or a setting's variable
+    (NVIDIA's Xid variables included) that is not empty."""
+    names = (CONFIG_FILE_ENV, DISABLE_HEALTHCHECKS, ENABLE_HEALTHCHECKS, *env_names())
+    return any(env.get(name) for name in names)
 
 
 def env_names() -> dict[str, str]:

@@ -32,12 +32,28 @@ def capture(simulate: str | None = None, *, sysfs_root: str | None = None) -> st
     """The node file of this machine (or of the simulated node ``simulate``), as text."""
     with open_node(simulate, sysfs_root=sysfs_root) as node:
         scan = node.scan
+        memory = node.sim.spec.memory_mib if node.sim is not None else host_memory_mib()
     origin = f"simulated node {simulate}" if simulate is not None else f"host {scan.topology.name}"
-    return write_capture(scan.topology, scan.nvswitch_links, origin)
+    return write_capture(scan.topology, scan.nvswitch_links, origin, memory)
 
 
-def write_capture(topology: Topology, nvswitch_links: tuple[int, ...], origin: str) -> str:
-    """Node-file text for a discovered ``topology``; checked by reading it back."""
+def host_memory_mib(meminfo: str = "/proc/meminfo") -> int | None:
+    """The host's memory in MiB, as the kubelet reports its capacity (``MemTotal``); None when
+    it cannot be read."""
+    try:
+        with open(meminfo, encoding="ascii", errors="replace") as file:
+            text = file.read(1 << 16)
+    except OSError:
+        return None
+    match = re.search(r"^MemTotal:\s+(\d{1,15}) kB$", text, re.M)
+    return int(match.group(1)) // 1024 if match and int(match.group(1)) >= 1024 else None
+
+
+def write_capture(
+    topology: Topology, nvswitch_links: tuple[int, ...], origin: str, memory_mib: int | None = None
+) -> str:
+    """Node-file text for a discovered ``topology`` (on a host of ``memory_mib``); checked by
+    reading it back."""
     form, cpu_note = describe_layout(topology.cpus, len(topology.numa_distances))
     gpus = []
     for gpu in topology.gpus:
@@ -66,7 +82,11 @@ def write_capture(topology: Topology, nvswitch_links: tuple[int, ...], origin: s
     }
     if cpu_note:
         notes["cpus"] = [cpu_note]
-    draft = NodeDraft(topology.name, tuple(gpus), cells, topology.numa_distances, form, notes)
+    if memory_mib is not None:
+        notes["memory_mib"] = ["The host's memory (MiB, MemTotal), as the kubelet reports it."]
+    draft = NodeDraft(
+        topology.name, tuple(gpus), cells, topology.numa_distances, form, notes, memory_mib
+    )
     text = render(draft)
     try:
         parse_node(text, f"the node file captured from {origin}")

@@ -21,14 +21,18 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import math
+import os
 import re
 import uuid as uuidlib
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
-from nvplugin.errors import show
+from nvplugin.errors import InputError, show
+from nvplugin.log import get_logger
 from nvplugin.node.model import Gpu, MigCaps, MigDevice
+from nvplugin.yamlinput import read_text
 
 # NVML's GPU instance profile enum (NVML_GPU_INSTANCE_PROFILE_*): stable ABI values, named here so
 # this module needs no pynvml (tests check them against pynvml's constants).
@@ -391,6 +395,12 @@ CAPS_FIRST_GPU_MINOR = 3
 access minor followed by those of its 8 compute instance IDs (``gpu31/gi14/ci7`` is 4322)."""
 CAPS_GPUS = 32
 """The driver's file covers GPU minors 0..31."""
+MAX_MINORS_BYTES = 1024 * 1024
+"""The most of the driver's ``mig-minors`` file that is read: it is about 120 KB (4322 lines
+for its 32 GPU minors); a longer file is not the driver's."""
+MAX_MINOR_DIGITS = 9
+"""A minor of more digits is no minor (the kernel's are 20-bit): its line is skipped, like a
+line of a form not known, rather than turned into an integer of thousands of digits."""
 
 
 def caps_minor(gpu_minor: int, gpu_instance: int, compute_instance: int | None = None) -> int:
@@ -418,7 +428,8 @@ def mig_minors_text(gpu_minors: int = CAPS_GPUS) -> str:
     return "\n".join(lines) + "\n"
 
 
-_MINORS_LINE = re.compile(r"^gpu(\d+)/gi(\d+)(?:/ci(\d+))?/access (\d+)$")
+_NUMBER = rf"(\d{{1,{MAX_MINOR_DIGITS}}})"
+_MINORS_LINE = re.compile(rf"^gpu{_NUMBER}/gi{_NUMBER}(?:/ci{_NUMBER})?/access {_NUMBER}$")
 
 CapsKey = tuple[int, int, int | None]
 """(GPU minor, GPU instance ID, compute instance ID or None for the GPU instance itself)."""
@@ -426,7 +437,8 @@ CapsKey = tuple[int, int, int | None]
 
 def parse_mig_minors(text: str) -> dict[CapsKey, int]:
     """The access minors of ``mig-minors`` text; other lines (config, monitor, anything a newer
-    driver adds) are skipped, as NVIDIA's plugin does."""
+    driver adds, numbers too long to be minors) are skipped, as NVIDIA's plugin skips lines it
+    does not know."""
     minors: dict[CapsKey, int] = {}
     for line in text.splitlines():
         match = _MINORS_LINE.match(line.strip())
@@ -434,3 +446,24 @@ def parse_mig_minors(text: str) -> dict[CapsKey, int]:
             gpu, gi, ci, minor = match.groups()
             minors[(int(gpu), int(gi), None if ci is None else int(ci))] = int(minor)
     return minors
+
+
+def read_mig_minors(paths: Sequence[Path]) -> dict[CapsKey, int] | None:
+    """The access minors of the first of ``paths`` (the driver's ``mig-minors`` under each
+    driver root) that exists and reads; None when none does.
+
+    The file is read like every other input (:func:`nvplugin.yamlinput.read_text`): a regular
+    file, at most :data:`MAX_MINORS_BYTES`, UTF-8. What is there instead -- a FIFO (whose open
+    would wait for a writer for ever), a device such as ``/dev/zero`` (endless), a file of
+    hundreds of megabytes -- is refused with a warning naming it, and the next path is tried.
+    """
+    for path in paths:
+        if not os.path.lexists(path):
+            continue
+        try:
+            text = read_text(path, f"the driver's MIG minors file {path}", MAX_MINORS_BYTES)
+        except InputError as exc:
+            get_logger("nvplugin.node").warning("MIG capability minors not read", reason=str(exc))
+            continue
+        return parse_mig_minors(text)
+    return None

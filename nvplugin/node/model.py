@@ -13,6 +13,8 @@ import enum
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+from nvplugin.errors import printable
+
 NVLINK_WEIGHT = 100
 """Score added per NVLink between two GPUs (direct, or through an NVSwitch fabric)."""
 
@@ -117,6 +119,10 @@ class Gpu:
     ``mig_enabled`` is the current MIG mode (a GPU without MIG support reports False);
     ``mig_devices`` its MIG devices in MIG index order (none when MIG is off, and possibly none
     when it is on: instances are created separately).
+
+    ``name`` is kept printable (:func:`nvplugin.errors.printable`), whoever made the GPU (NVML,
+    a node file): it is printed in tables, reports and logs, and a driver's or a file's control
+    characters must never reach a terminal raw.
     """
 
     index: int
@@ -128,6 +134,9 @@ class Gpu:
     numa_node: int | None
     mig_enabled: bool = False
     mig_devices: tuple[MigDevice, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "name", printable(self.name))
 
 
 @dataclass(frozen=True, slots=True)

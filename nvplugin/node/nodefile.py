@@ -26,6 +26,10 @@ Defaults, chosen so a pasted matrix "just works":
   (:class:`cpuspec.CpuLists`; ``socket_cpus`` defaults to one socket per NUMA node with CPUs,
   ``threads_per_core`` to 1).
 
+The node's own memory, ``memory_mib`` at the top level (MiB, optional), is what the kubelet
+reports as its memory capacity: ``nvplugin admit`` checks pods' memory requests against it (and
+does not when it is not given). GPUs' memory is each GPU's ``memory_mib``.
+
 MIG: a GPU may carry ``mig: [<profile>, ...]``. The key present means MIG mode on (``mig: []``:
 on, no instances yet), absent means off. Each profile is one GPU instance with one compute
 instance spanning it, in MIG index order; the list is checked against the model's profile table
@@ -74,7 +78,18 @@ DEFAULT_MEMORY_MIB = 16384
 DEFAULT_CORES_PER_SOCKET = 16
 DEFAULT_THREADS_PER_CORE = 2
 
-_TOP_KEYS = ("version", "name", "numa_distances", "cpus", "gpus", "links", "events")
+_TOP_KEYS = (
+    "version",
+    "name",
+    "memory_mib",
+    "numa_distances",
+    "cpus",
+    "gpus",
+    "links",
+    "events",
+)
+MAX_HOST_MEMORY_MIB = 1 << 32
+"""The most host memory a node file may give (4 PiB)."""
 _GPU_KEYS = ("name", "uuid", "memory_mib", "pci_bus_id", "numa_node", "nvswitch_links", "mig")
 _CPU_KEYS = ("sockets", "cores_per_socket", "threads_per_core", "numa_cpus", "socket_cpus")
 _EVENT_KEYS = ("after_s", "gpu", "xid", "lost", "recover", "wait_error", "for_s")
@@ -261,7 +276,10 @@ class _Parser:
         links = self.links(table, gpus)
         cpus, layout = self.cpus(form, len(distances))
         events = self.events(top.get("events"), len(gpus))
-        return NodeSpec(name, self.source, gpus, links, distances, cpus, layout, events)
+        memory = None
+        if "memory_mib" in top:
+            memory = self.integer(top["memory_mib"], "memory_mib", 1, MAX_HOST_MEMORY_MIB)
+        return NodeSpec(name, self.source, gpus, links, distances, cpus, layout, events, memory)
 
     def gpu_fields(self, raw: Any, i: int) -> dict[str, Any]:
         field = f"gpus[{i}]"

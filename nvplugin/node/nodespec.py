@@ -60,6 +60,8 @@ class NodeSpec:
     cpus: CpuForm
     cpu_layout: CpuLayout
     events: tuple[EventSpec, ...] = ()
+    memory_mib: int | None = None
+    """The host's memory (the kubelet's node memory capacity); None: the file does not say."""
 
     def direct_nvlinks(self, a: int, b: int) -> int:
         """NVLinks the fake NVML reports as direct GPU-GPU links between ``a`` and ``b``.

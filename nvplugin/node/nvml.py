@@ -589,8 +589,8 @@ class EventWatcher:
 
 class _MinorsOnce:
     """The driver's MIG capability minors, read on first use (only nodes with MIG need them)
-    from the first of ``roots`` that has them; None when none can be read (no MIG-capable
-    driver, or not mounted)."""
+    from the first of ``roots`` that has them (:func:`nvplugin.node.mig.read_mig_minors`); None
+    when none can be read (no MIG-capable driver, or not mounted)."""
 
     def __init__(self, roots: tuple[str, ...]) -> None:
         self._paths = tuple(Path(root, mig.MIG_MINORS_PATH) for root in roots)
@@ -600,11 +600,7 @@ class _MinorsOnce:
     def get(self) -> dict[mig.CapsKey, int] | None:
         if not self._read:
             self._read = True
-            for path in self._paths:
-                text = _read(path)
-                if text is not None:
-                    self._table = mig.parse_mig_minors(text)
-                    break
+            self._table = mig.read_mig_minors(self._paths)
         return self._table
 
 

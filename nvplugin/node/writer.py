@@ -42,6 +42,8 @@ class NodeDraft:
     numa_distances: tuple[tuple[int, ...], ...] | None = None
     cpus: CpuForm | None = None
     notes: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    memory_mib: int | None = None
+    """The host's memory (MiB), as the kubelet reports it; None: not written."""
 
 
 def scalar(value: object) -> str:
@@ -82,6 +84,9 @@ def render(draft: NodeDraft) -> str:
 
     section("")
     out += [f"version: {VERSION}", f"name: {scalar(draft.name)}"]
+    if draft.memory_mib is not None:
+        section("memory_mib")
+        out.append(f"memory_mib: {draft.memory_mib}")
     if draft.numa_distances is not None:
         section("numa_distances")
         rows = [f"[{', '.join(map(str, row))}]" for row in draft.numa_distances]

@@ -33,7 +33,8 @@ from nvplugin.plugin.healthservice import PluginHealthService
 from nvplugin.plugin.metrics import Metrics
 from nvplugin.plugin.mps import MpsDaemon, MpsDaemons, daemon_specs
 from nvplugin.plugin.registration import DirWatcher, Registrar
-from nvplugin.plugin.server import DevicePluginService, PluginSocket
+from nvplugin.plugin.server import DevicePluginService, PluginSocket, preferred_budget
+from nvplugin.plugin.work import RequestWorkers
 from nvplugin.rm import (
     MpsAllocation,
     ResourceManager,
@@ -116,7 +117,8 @@ class Resources:
     """The resources served for the current config (see the module docstring).
 
     ``on_fatal`` is told when a registrar fails (a socket the kubelet removed that cannot be
-    served again): the daemon must then stop and exit non-zero.
+    served again): the daemon must then stop and exit non-zero. ``workers`` do the work of every
+    resource's requests (the daemon's, for its whole life).
     """
 
     def __init__(
@@ -126,9 +128,11 @@ class Resources:
         *,
         serve_give_up_s: float,
         on_fatal: Callable[[NvpluginError], None],
+        workers: RequestWorkers,
     ) -> None:
         self._node = node
         self._metrics = metrics
+        self._workers = workers
         self._serve_give_up_s = serve_give_up_s
         self._on_fatal = on_fatal
         self._log = get_logger("nvplugin.daemon")
@@ -287,6 +291,8 @@ class Resources:
             _policy_of(policies, served.name),
             pre_start_required=config.pre_start_required,
             health=health.monitor.health if health is not None else None,
+            workers=self._workers,
+            preferred_budget_s=preferred_budget(config.allocation_budget_s),
         )
         name = served.name
         health_service = PluginHealthService(

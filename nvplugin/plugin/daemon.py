@@ -47,7 +47,7 @@ from collections.abc import Callable, Sequence
 
 from nvplugin.config import Config
 from nvplugin.errors import InputError, NvpluginError
-from nvplugin.log import configure, get_logger
+from nvplugin.log import LoopErrors, configure, get_logger
 from nvplugin.node import NodeSession, open_node
 from nvplugin.plugin import healthservice, reload
 from nvplugin.plugin.access import check_device_plugin_access
@@ -60,6 +60,7 @@ from nvplugin.plugin.registration import SERVE_AGAIN_GIVE_UP_S
 from nvplugin.plugin.selection import ApiTiming, ConfigSelector, Following
 from nvplugin.plugin.server import DevicePluginService
 from nvplugin.plugin.signals import HANDLED, PendingSignals
+from nvplugin.plugin.work import RequestWorkers
 from nvplugin.resourcenames import socket_name
 from nvplugin.rm import ResourceManager, ServedResource
 
@@ -102,6 +103,7 @@ class Daemon:
         self._hup = asyncio.Event()
         self._node: NodeSession | None = None
         self._resources: Resources | None = None  # once the node is discovered
+        self._workers = RequestWorkers()  # every resource's requests' work; closed at the end
         # While no GPU is discovered: the health service alone on the plugin socket.
         self._waiting: Served | None = None
         self._applying = asyncio.Lock()  # one reload at a time: SIGHUP's or the selector's
@@ -159,6 +161,9 @@ class Daemon:
         back when the loop ends.
         """
         loop = asyncio.get_running_loop()
+        # What the loop cannot hand to anyone (an accept failing while the process is out of
+        # file descriptors, hundreds of times a second) is logged rate-limited, not each time.
+        loop.set_exception_handler(LoopErrors(get_logger("nvplugin.daemon")))
         if handle_signals:
             for sig in HANDLED:
                 loop.add_signal_handler(sig, self._on_signal, sig.name)
@@ -230,6 +235,7 @@ class Daemon:
             self.metrics,
             serve_give_up_s=self._serve_give_up_s,
             on_fatal=self._on_fatal,
+            workers=self._workers,
         )
         async with self._applying:
             await self._resources.start(self.config)
@@ -316,7 +322,9 @@ class Daemon:
         config = self.config
         name = config.resource_name
         make_dir(config.device_plugin_dir)
-        service = DevicePluginService(ResourceManager(ServedResource(name, ())), _NoGpus())
+        service = DevicePluginService(
+            ResourceManager(ServedResource(name, ())), _NoGpus(), workers=self._workers
+        )
         health_service = PluginHealthService(name, config.health_service)
         service.watch_health(health_service.set_health)
         self.metrics.set_serving(name, False)
@@ -332,6 +340,8 @@ class Daemon:
             await waiting.close(0)
 
     async def _shutdown(self) -> None:
+        # First: a request in progress is dropped, not waited for (its client gets UNAVAILABLE).
+        self._workers.close()
         await self._stop_waiting()
         if self._resources is not None:
             await self._resources.close()

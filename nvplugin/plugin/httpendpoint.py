@@ -10,7 +10,8 @@ later scrape fails. Here a connection is a socket and a task on the loop, and ea
   lock the kubelet's probe or Prometheus out (a client's request is answered within
   milliseconds of its connection: the oldest connection is the one least likely to be one);
 - the request head must arrive whole within ``request_timeout_s`` and fit in
-  ``max_request_bytes``; a slow or endless sender is dropped;
+  ``max_request_bytes``; a slow or endless sender is dropped; its lines may end in CRLF or a
+  bare LF;
 - one request per connection (``Connection: close``), answered from memory; a client that does
   not take its answer within the timeout is dropped too.
 
@@ -140,12 +141,11 @@ class HttpEndpoint:
         answered = False
         try:
             async with asyncio.timeout(self._timeout):
-                try:
-                    head = await reader.readuntil(b"\r\n\r\n")
-                except asyncio.LimitOverrunError:
+                request_line = await _read_head(reader, self._max_request_bytes)
+                if request_line is None:
                     answer = _answer(Response(431, b"request head too large\n"), head=False)
                 else:
-                    answer = self._answer(head)
+                    answer = self._answer(request_line)
                 writer.write(answer)
                 await writer.drain()
                 answered = True
@@ -158,8 +158,7 @@ class HttpEndpoint:
             else:
                 writer.transport.abort()
 
-    def _answer(self, head: bytes) -> bytes:
-        request_line = head.split(b"\r\n", 1)[0]
+    def _answer(self, request_line: bytes) -> bytes:
         parts = request_line.split(b" ")
         if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
             return _answer(Response(400, b"not an HTTP/1.x request\n"), head=False)
@@ -177,6 +176,31 @@ class HttpEndpoint:
             self._log.error("handler failed", path=path, error=reason(exc))
             response = Response(500, b"internal error\n")
         return _answer(response, head=method == b"HEAD")
+
+
+async def _read_head(reader: asyncio.StreamReader, max_bytes: int) -> bytes | None:
+    """Read a request head -- the request line, then header lines up to an empty one -- and
+    return its request line; None when the head is longer than ``max_bytes``. Lines may end in
+    CRLF or in a bare LF, which HTTP/1.1 allows a server to accept (RFC 9112, section 2.2) and
+    which clients typed by hand (printf, nc) send: a head of bare LFs is answered, not held
+    until the timeout."""
+    request_line: bytes | None = None
+    read = 0
+    while True:
+        try:
+            line = await reader.readuntil(b"\n")  # IncompleteReadError: the client went
+        except asyncio.LimitOverrunError:
+            return None
+        read += len(line)
+        if read > max_bytes:
+            return None
+        line = line.rstrip(b"\r\n")
+        if request_line is None:
+            if line:  # empty lines before the request line are skipped (RFC 9112, 2.2)
+                request_line = line
+            continue
+        if not line:
+            return request_line
 
 
 def _why(exc: OSError) -> str:

@@ -204,7 +204,16 @@ class Registrar:
         self.registrations = 0
 
     async def run(self) -> None:
-        """Serve and register until cancelled. The socket must already be started once."""
+        """Serve and register until cancelled. The socket must already be started once.
+
+        Each round goes in this order: read ``kubelet.sock``, then make sure our own socket is
+        served, then register. A restarting kubelet deletes our socket *before* it creates its
+        own, so when a round reads a new ``kubelet.sock``, our socket's deletion has already
+        happened and the check after the read sees it: the endpoint we register is one we serve.
+        (In the other order -- our socket checked, then ``kubelet.sock`` read -- the kubelet can
+        delete our socket in between; the new kubelet then dials an endpoint that no longer
+        exists for its whole 10 s dial timeout, and the resource has no devices meanwhile.)
+        """
         registered_with: tuple[int, int, int] | None = None
         last_seen: tuple[int, int, int] | None = None
         delay = self._backoff.initial_s
@@ -213,8 +222,20 @@ class Registrar:
         failing_since = 0.0
         waiting_logged = False
         while True:
+            kubelet = _identity(self._kubelet_socket)  # first: see the docstring
+            if kubelet != last_seen:
+                last_seen = kubelet
+                delay = self._backoff.initial_s  # a new kubelet: try again right away
+            if registered_with is not None and kubelet != registered_with:
+                if kubelet is None:
+                    self._log.info("kubelet socket gone (kubelet restart?); waiting for it")
+                else:
+                    self._log.info("kubelet socket re-created (kubelet restart); registering again")
+                registered_with = None
+                self._lost()
             if not self._socket.intact():
                 self._lost()
+                registered_with = None
                 if not await self._serve_again(delay):
                     now = time.monotonic()
                     serve_failures += 1
@@ -229,15 +250,7 @@ class Registrar:
                     delay = self._backoff.next(delay)
                     continue
                 serve_failures = 0
-                registered_with = None
-            kubelet = _identity(self._kubelet_socket)
-            if kubelet != last_seen:
-                last_seen = kubelet
-                delay = self._backoff.initial_s  # a new kubelet: try again right away
-            if registered_with is not None and kubelet != registered_with:
-                self._log.info("kubelet socket re-created (kubelet restart); registering again")
-                registered_with = None
-                self._lost()
+                continue  # a new round: kubelet.sock is read again before we register
             if registered_with is not None:
                 await self._watcher.wait(self._watcher.poll_s)
                 continue

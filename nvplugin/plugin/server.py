@@ -39,14 +39,15 @@ import socket
 import stat
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
-from nvplugin.allocator import Policy
+from nvplugin.allocator import DEFAULT_BUDGET_S, Policy
 from nvplugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from nvplugin.errors import NvpluginError
-from nvplugin.log import get_logger
+from nvplugin.log import RateLimited, get_logger
+from nvplugin.plugin.work import RequestWorkers, StepsJob, WorkersClosed
 from nvplugin.rm import ContainerRequest, RequestError, ResourceManager
 
 PUBLISH_S_PER_DEVICE = 50e-6
@@ -61,6 +62,36 @@ MAX_PUBLISH_INTERVAL_S = 1.0
 def publish_interval(devices: int) -> float:
     """The least time between two lists sent to the streams, for ``devices`` devices."""
     return min(MAX_PUBLISH_INTERVAL_S, devices * PUBLISH_S_PER_DEVICE)
+
+
+PREFERRED_SLACK_S = 1.0
+"""What a GetPreferredAllocation request gets beyond one container's search budget: the other
+containers, the wait for a worker, thread switches on a loaded node."""
+_INVALID = grpc.StatusCode.INVALID_ARGUMENT
+MAX_PREFERRED_CONTAINERS = 1024
+"""Most container requests one GetPreferredAllocation may name (the kubelet names one): what an
+answer for the containers left unanswered at the deadline costs the loop stays small."""
+
+
+def preferred_budget(allocation_budget_s: float) -> float:
+    """How long one GetPreferredAllocation request may take, every container of it together:
+    the config's ``allocationBudget`` (one container's search) and :data:`PREFERRED_SLACK_S`."""
+    return allocation_budget_s + PREFERRED_SLACK_S
+
+
+Reply = TypeVar("Reply")
+
+
+def _refused(context: Any, status: tuple[grpc.StatusCode, str], empty: Reply) -> Reply:
+    """End the RPC with ``status`` (its code and message; the empty reply is not what the
+    client gets). Not ``context.abort``: the exception it raises stays in the call's state,
+    which the handler's frame in that exception's traceback holds too -- a cycle that keeps the
+    request, and whatever the handler built, until the garbage collector comes by (a flood of
+    refused 3 MB requests held hundreds of MB that way)."""
+    code, message = status
+    context.set_code(code)
+    context.set_details(message)
+    return empty
 
 
 class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
@@ -79,10 +110,15 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         pre_start_required: bool = False,
         health: Mapping[int, bool] | None = None,
         publish_interval_s: float | None = None,
+        workers: RequestWorkers | None = None,
+        preferred_budget_s: float = preferred_budget(DEFAULT_BUDGET_S),
     ) -> None:
         """``health``: the health map to start from (GPU index -> healthy; default: all
         healthy); ``publish_interval_s``: the least time between two lists (None: by the
-        number of devices, :func:`publish_interval`)."""
+        number of devices, :func:`publish_interval`); ``workers``: the threads that do the
+        requests' work (the daemon's, shared by its resources; None: threads of its own, ended
+        by :meth:`close`); ``preferred_budget_s``: how long one GetPreferredAllocation may
+        take (:func:`preferred_budget`)."""
         self.manager = manager
         self.resource_name = manager.name
         self._policy = policy
@@ -110,6 +146,10 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         self._closing = False
         self._streams = 0
         self._log = get_logger("nvplugin.plugin", resource=self.resource_name)
+        self._own_workers = workers is None
+        self._workers = workers if workers is not None else RequestWorkers()
+        self._preferred_budget_s = preferred_budget_s
+        self._out_of_time = RateLimited(self._log, "warning")
         self._health_watchers: list[Callable[[dict[int, bool]], None]] = []
 
     # --- state ---
@@ -192,6 +232,8 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
             self._due.cancel()
             self._due = None
         self._wake()
+        if self._own_workers:
+            self._workers.close()
 
     def uuids(self) -> list[str]:
         """UUIDs of what this resource serves (its GPUs, or its MIG devices), in index order."""
@@ -258,44 +300,92 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         self, request: api_pb2.PreferredAllocationRequest, context: Any
     ) -> api_pb2.PreferredAllocationResponse:
         started = time.perf_counter()
-        containers = [
-            ContainerRequest(
-                list(c.available_deviceIDs), list(c.must_include_deviceIDs), c.allocation_size
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._preferred_budget_s
+        remaining = context.time_remaining()  # the client's own deadline, if it gave one
+        if remaining is not None:
+            deadline = min(deadline, loop.time() + remaining)
+        containers = request.container_requests
+        total = len(containers)
+        if total > MAX_PREFERRED_CONTAINERS:
+            why = (
+                f"{total} container requests in one GetPreferredAllocation; at most "
+                f"{MAX_PREFERRED_CONTAINERS} are answered (the kubelet sends one per call)"
             )
-            for c in request.container_requests
-        ]
+            self._log.debug("rpc", method="GetPreferredAllocation", error=why)
+            return _refused(context, (_INVALID, why), api_pb2.PreferredAllocationResponse())
+        answers: list[list[str]] = []  # filled on a worker thread, in order
+        done, refused = False, None
         try:
-            policy = await self._current_policy()
-            # On a worker thread: a search may take the policy's whole time budget, and health
-            # checks, ListAndWatch and other RPCs must keep answering meanwhile.
-            answers = await asyncio.to_thread(self.manager.preferred, policy, containers)
-        except RequestError as exc:
-            self._log.debug("rpc", method="GetPreferredAllocation", error=str(exc))
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-            raise  # unreachable: abort raises
+            async with asyncio.timeout_at(deadline):
+                policy = await self._current_policy()
+        except TimeoutError:  # the policy was not ready within the budget
+            pass
+        else:
+            steps = self.manager.preferring(
+                policy,
+                (
+                    ContainerRequest(
+                        c.available_deviceIDs, c.must_include_deviceIDs, c.allocation_size
+                    )
+                    for c in containers
+                ),
+                total,
+                answers,
+            )
+            # On the request workers, a step at a time: health checks, ListAndWatch and other
+            # RPCs keep answering, other requests take turns, and the deadline holds however
+            # long the policy takes (:mod:`nvplugin.plugin.work`).
+            done, refused = await self._work(StepsJob(steps), deadline)
+            del steps
+        if refused is not None:
+            self._log.debug("rpc", method="GetPreferredAllocation", error=refused[1])
+            return _refused(context, refused, api_pb2.PreferredAllocationResponse())
+        answered = list(answers)  # a step still running may append after the deadline
         response = api_pb2.PreferredAllocationResponse()
-        for ids in answers:
+        for ids in answered:
             response.container_responses.add(deviceIDs=ids)
-        self._log.debug(
-            "rpc",
-            method="GetPreferredAllocation",
-            ms=round((time.perf_counter() - started) * 1000, 3),
-            answers=answers,
-        )
+        for _ in range(total - len(answered)):
+            response.container_responses.add()  # no preference: the kubelet chooses
+        ms = round((time.perf_counter() - started) * 1000, 3)
+        if not done:
+            self._out_of_time.log(
+                "GetPreferredAllocation out of time",
+                rest="no preference: the kubelet chooses for the containers not answered",
+                answered=len(answered),
+                containers=total,
+                budget_s=self._preferred_budget_s,
+                ms=ms,
+            )
+        self._log.debug("rpc", method="GetPreferredAllocation", ms=ms, answers=answered)
         return response
 
     async def Allocate(
         self, request: api_pb2.AllocateRequest, context: Any
     ) -> api_pb2.AllocateResponse:
-        containers = [list(c.devices_ids) for c in request.container_requests]
+        containers = request.container_requests
+        total = len(containers)
+        job = StepsJob(self.manager.allocating((c.devices_ids for c in containers), total))
+        # On the request workers too: a reply of thousands of containers is built a step at a
+        # time, off the loop, and refused once it outgrows what the kubelet can receive.
+        _, refused = await self._work(job)
+        if refused is not None:
+            self._log.debug("rpc", method="Allocate", error=refused[1])
+            return _refused(context, refused, api_pb2.AllocateResponse())
+        self._log.debug("rpc", method="Allocate", containers=total)
+        return job.value
+
+    async def _work(
+        self, job: StepsJob[Any], deadline: float | None = None
+    ) -> tuple[bool, tuple[grpc.StatusCode, str] | None]:
+        """Run ``job`` on the request workers: (done, or the deadline came first; the status to
+        refuse the request with, if any)."""
         try:
-            responses = self.manager.allocate(containers)
+            return await self._workers.run(job, deadline), None
         except RequestError as exc:
-            self._log.debug("rpc", method="Allocate", error=str(exc))
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-            raise
-        self._log.debug("rpc", method="Allocate", devices=containers)
-        return api_pb2.AllocateResponse(container_responses=responses)
+            return False, (_INVALID, str(exc))
+        except WorkersClosed as exc:
+            return False, (grpc.StatusCode.UNAVAILABLE, str(exc))
 
     async def PreStartContainer(
         self, request: api_pb2.PreStartContainerRequest, context: Any

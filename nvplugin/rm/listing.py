@@ -73,11 +73,17 @@ def _varint_size(value: int) -> int:
     return max(1, (value.bit_length() + 6) // 7)
 
 
+def entry_size(size: int) -> int:
+    """Bytes a message of ``size`` bytes adds to its parent as one entry of a repeated field
+    (a field number below 16): its tag, its length, itself."""
+    return 1 + _varint_size(size) + size
+
+
 def _entry_size(gpu: Gpu, id_length: int) -> int:
     """Bytes one device of ``gpu`` with an ID of ``id_length`` characters adds to the message,
     at its largest (Unhealthy)."""
     size = device_message(Device("x" * id_length, gpu), healthy=False).ByteSize()
-    return 1 + _varint_size(size) + size  # field tag, length, the Device itself
+    return entry_size(size)
 
 
 def listing_size(units: Sequence[Gpu] | Sequence[Device], replicas: int) -> int:

@@ -18,14 +18,14 @@ offered as available, a negative size, more replicas than ``failRequestsGreaterT
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from nvplugin.allocator import AllocationError, Policy
 from nvplugin.api.v1beta1 import api_pb2
 from nvplugin.errors import shortened
 from nvplugin.rm.devices import Device, sorted_replicas
-from nvplugin.rm.listing import Listing
+from nvplugin.rm.listing import KUBELET_MAX_RECEIVE_BYTES, Listing, entry_size
 from nvplugin.rm.plan import ServedResource
 from nvplugin.rm.responses import Responder
 from nvplugin.rm.sharing import Replicas
@@ -99,27 +99,74 @@ class ResourceManager:
     def preferred(self, policy: Policy, requests: Sequence[ContainerRequest]) -> list[list[str]]:
         """The preferred IDs for each container request, in order; RequestError for a bad one
         (impossible requests get ``[]``: the kubelet then chooses on its own)."""
-        return [
-            self._prefer(policy, request, number, len(requests))
-            for number, request in enumerate(requests)
-        ]
+        answers: list[list[str]] = []
+        for _ in self.preferring(policy, requests, len(requests), answers):
+            pass
+        return answers
+
+    def preferring(
+        self,
+        policy: Policy,
+        requests: Iterable[ContainerRequest],
+        total: int,
+        answers: list[list[str]],
+    ) -> Generator[None, None, None]:
+        """:meth:`preferred` one container at a time: it yields after each step, so that a
+        caller can share its threads between requests and stop between two steps. Every one of
+        the ``total`` requests is checked first (RequestError: nothing is answered), then each
+        is answered, in order, appended to ``answers`` (the answers so far, when the caller
+        stops early)."""
+        checked = []
+        for number, request in enumerate(requests):
+            checked.append(self._checked(request, number, total))
+            yield
+        for number, one in enumerate(checked):
+            answers.append(self._prefer(policy, one, number, total))
+            yield
 
     def allocate(
         self, requests: Sequence[Sequence[str]]
     ) -> list[api_pb2.ContainerAllocateResponse]:
-        """Each container's Allocate response for the IDs it was given. Every request is
-        checked before anything is built: nothing is answered when one ID is bad."""
-        total = len(requests)
-        chosen = [
-            self._named(ids, _where("devices_ids", n, total)) for n, ids in enumerate(requests)
-        ]
-        for n, devices in enumerate(chosen):
+        """Each container's Allocate response for the IDs it was given; RequestError when an
+        ID is bad or the reply would be more than the kubelet can receive."""
+        steps = self.allocating(requests, len(requests))
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                reply: api_pb2.AllocateResponse = done.value
+                return list(reply.container_responses)
+
+    def allocating(
+        self, requests: Iterable[Sequence[str]], total: int
+    ) -> Generator[None, None, api_pb2.AllocateResponse]:
+        """:meth:`allocate` one container at a time (it yields after each; see
+        :meth:`preferring`), returning the reply. Nothing is answered when one of the ``total``
+        requests is bad, or when the reply grows past :data:`KUBELET_MAX_RECEIVE_BYTES`: the
+        kubelet's gRPC client would refuse it (and the pod fail with a transport error that
+        says nothing), so it is refused here, naming why -- before it is built whole. Each
+        container's response is written into the reply in place (no copy)."""
+        reply = api_pb2.AllocateResponse()
+        size = 0
+        for number, ids in enumerate(requests):
+            devices = self._named(ids, _where("devices_ids", number, total))
             too_many = self.replicas.too_many(len(devices))
             if too_many is not None:
-                raise RequestError(f"{_where('devices_ids', n, total)}: {too_many}")
-        # Replicas back to their GPUs (MIG devices): the responder lists each once, in index
-        # order (the container sees devices, not replicas).
-        return [self._responder.container_response(devices) for devices in chosen]
+                raise RequestError(f"{_where('devices_ids', number, total)}: {too_many}")
+            # Replicas back to their GPUs (MIG devices): the responder lists each once, in index
+            # order (the container sees devices, not replicas).
+            response = reply.container_responses.add()
+            self._responder.fill(devices, response)
+            size += entry_size(response.ByteSize())
+            if size > KUBELET_MAX_RECEIVE_BYTES:
+                raise RequestError(
+                    f"the Allocate reply for {total} container requests would be larger than "
+                    f"{KUBELET_MAX_RECEIVE_BYTES} bytes, the most the kubelet's gRPC client "
+                    f"receives (it passed that at container request {number}); the kubelet "
+                    "asks for one container per call"
+                )
+            yield
+        return reply
 
     def _named(self, ids: Iterable[str], where: str) -> list[Device]:
         """The devices named by ``ids``, in unit (then replica) order; RequestError for unknown
@@ -134,9 +181,7 @@ class ResourceManager:
             seen[device_id] = device
         return sorted_replicas(list(seen.values()))
 
-    def _prefer(
-        self, policy: Policy, request: ContainerRequest, number: int, total: int
-    ) -> list[str]:
+    def _checked(self, request: ContainerRequest, number: int, total: int) -> _Checked:
         available = self._named(request.available, _where("available_deviceIDs", number, total))
         must_include = self._named(
             request.must_include, _where("must_include_deviceIDs", number, total)
@@ -149,6 +194,10 @@ class ResourceManager:
         size = request.size
         if size < 0:
             raise RequestError(f"{_where('allocation_size', number, total)}: {size} is negative")
+        return _Checked(available, must_include, size)
+
+    def _prefer(self, policy: Policy, request: _Checked, number: int, total: int) -> list[str]:
+        available, must_include, size = request.available, request.must_include, request.size
         try:
             if self.replicas.shared:  # replicas: counts per unit, then the policy among units
                 picked = self.replicas.prefer(policy.allocate, available, must_include, size)
@@ -160,6 +209,15 @@ class ResourceManager:
             raise RequestError(f"{_where('request', number, total)}: {exc}") from None
         by_unit = {device.unit: device for device in available}
         return [by_unit[u].id for u in sorted(units)]
+
+
+@dataclass(frozen=True)
+class _Checked:
+    """A container request whose IDs are known devices and whose size is not negative."""
+
+    available: list[Device]
+    must_include: list[Device]
+    size: int
 
 
 def _shown_id(device_id: str) -> str:

@@ -31,7 +31,7 @@ from nvplugin.config.layout import (
     model_matches,
 )
 from nvplugin.config.schema import Invalid
-from nvplugin.errors import InputError
+from nvplugin.errors import InputError, shortened
 from nvplugin.node.model import Gpu
 from nvplugin.resourcenames import socket_name
 from nvplugin.rm.devices import Device, Kind, health_gpus
@@ -344,18 +344,46 @@ def _pattern_warnings(
         elif all(_first_match(rules.gpus, gpu.name) != number for gpu in hits):
             warnings.append(f"{at} matches only GPUs an earlier pattern already took")
     known = {gpu.uuid for gpu in ordered} | {m.uuid for gpu in ordered for m in gpu.mig_devices}
-    for number, uuid in enumerate(rules.exclude.uuids):
-        if uuid not in known:
-            warnings.append(
-                f"resources.exclude.uuids[{number}] {uuid} is not a GPU or MIG device on this node"
-            )
-    for number, model in enumerate(rules.exclude.models):
-        if not any(model_matches(model, gpu.name) for gpu in ordered):
-            warnings.append(
-                f"resources.exclude.models[{number}] {model!r} matches no GPU on this node "
-                f"(models: {models})"
-            )
+    absent = [(n, uuid) for n, uuid in enumerate(rules.exclude.uuids) if uuid not in known]
+    warnings += _each_or_summary(
+        "resources.exclude.uuids",
+        absent,
+        "is not a GPU or MIG device on this node",
+        "are not GPUs or MIG devices on this node",
+        len(rules.exclude.uuids),
+    )
+    unmatched = [
+        (n, repr(model))
+        for n, model in enumerate(rules.exclude.models)
+        if not any(model_matches(model, gpu.name) for gpu in ordered)
+    ]
+    warnings += _each_or_summary(
+        "resources.exclude.models",
+        unmatched,
+        f"matches no GPU on this node (models: {models})",
+        f"match no GPU on this node (models: {models})",
+        len(rules.exclude.models),
+    )
     return warnings
+
+
+MAX_EACH_WARNED = 4
+"""Entries of a list warned about one by one; beyond, one warning sums them up (an exclude list
+written for a whole fleet names mostly GPUs of other nodes: one line, not one per GPU)."""
+
+
+def _each_or_summary(
+    key: str, entries: Sequence[tuple[int, str]], one: str, several: str, total: int
+) -> list[str]:
+    """A warning per entry ``(position, shown value)`` of list ``key``, or -- more than
+    :data:`MAX_EACH_WARNED` -- one naming the first few and how many there are."""
+    if len(entries) <= MAX_EACH_WARNED:
+        return [f"{key}[{n}] {shortened(shown, 80)} {one}" for n, shown in entries]
+    named = ", ".join(f"[{n}] {shortened(shown, 80)}" for n, shown in entries[:MAX_EACH_WARNED])
+    return [
+        f"{key}: {len(entries)} of its {total} entries {several}; "
+        f"{named} and {len(entries) - MAX_EACH_WARNED} more"
+    ]
 
 
 def _mig_warnings(rules: ResourceRules, mig_strategy: str, devices: Sequence[Device]) -> list[str]:

@@ -226,16 +226,21 @@ class Responder:
     def container_response(self, devices: Sequence[Device]) -> api_pb2.ContainerAllocateResponse:
         """The response for a container given ``devices`` (replicas of one GPU or MIG device
         count once: the container sees the device, not its replicas -- except as MPS shares)."""
+        response = api_pb2.ContainerAllocateResponse()
+        self.fill(devices, response)
+        return response
+
+    def fill(self, devices: Sequence[Device], response: api_pb2.ContainerAllocateResponse) -> None:
+        """:meth:`container_response`, written into ``response`` (an entry of a reply being
+        built: no message of its own to copy in, for a reply of thousands of containers)."""
         unique = {device.uuid: replace(device, id=device.uuid, replica=None) for device in devices}
         ordered = sorted(unique.values(), key=lambda device: device.order)
         ids = [device_id(device, self.id_strategy) for device in ordered]
-        response = api_pb2.ContainerAllocateResponse()
         for strategy in self.strategies:
             strategy.apply(ids, ordered, response)
         if self.mps is not None:
             shares = Counter(device.uuid for device in devices)
             self.mps.apply([(device.gpu, shares[device.uuid]) for device in ordered], response)
-        return response
 
 
 def make_responder(

@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import tempfile
+from pathlib import Path
 
 import pytest
 
 from nvplugin.node.nodefile import load_node
-from tests.support.bignodes import write
+from tests.support import bignodes
 
 pytestmark = pytest.mark.process  # runs nvplugin commands as processes
 
@@ -125,11 +125,13 @@ def test_policy_applies_to_a_mig_resource(policy: str, chosen: list[str], shown:
     ("node", "size", "proven"),
     [("mesh-20", 7, False), ("l4-24", 9, True), ("l4-24-uneven", 7, True)],
 )
-def test_json_is_all_that_stdout_carries(node: str, size: int, proven: bool) -> None:
+def test_json_is_all_that_stdout_carries(
+    node: str, size: int, proven: bool, tmp_path: Path
+) -> None:
     """On a node the budgeted search answers (mesh-20) and on PCIe-switch servers the branch
     search answers exactly: stdout parses as one JSON document saying whether the answer is
     proven, with the gap; no log line anywhere (debug lines only when asked for)."""
-    path = write(tempfile.mkdtemp(), node)
+    path = bignodes.write(str(tmp_path), node)
     done = _run("--simulate", path, "--size", str(size), "--output", "json")
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
@@ -144,8 +146,8 @@ def test_json_is_all_that_stdout_carries(node: str, size: int, proven: bool) -> 
 
 
 @pytest.mark.parametrize("command", [["devices"], ["topo"]])
-def test_other_json_commands_print_json_alone(command: list[str]) -> None:
-    path = write(tempfile.mkdtemp(), "l4-20")
+def test_other_json_commands_print_json_alone(command: list[str], tmp_path: Path) -> None:
+    path = bignodes.write(str(tmp_path), "l4-20")
     done = subprocess.run(
         [sys.executable, "-m", "nvplugin", *command, "--simulate", path, "--output", "json"],
         capture_output=True,
@@ -155,3 +157,15 @@ def test_other_json_commands_print_json_alone(command: list[str]) -> None:
     )
     assert done.returncode == 0, done.stderr
     json.loads(done.stdout)
+
+
+def test_no_debug_line_at_the_default_level_and_json_is_all_of_stdout(tmp_path: Path) -> None:
+    """On a node only a search answers (mesh-20), the allocator notes at debug level that its
+    answer is not proven optimal: a command prints no such line by default, and ``--output
+    json`` is exactly the JSON document."""
+    node = bignodes.write(str(tmp_path), "mesh-20")
+    done = _run("--simulate", node, "--size", "5", "--output", "json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["indices"]
+    assert "not proven optimal" not in done.stdout + done.stderr
+    assert done.stderr == ""

@@ -63,17 +63,81 @@ def test_slim_python_base_new_enough_for_the_package() -> None:
 
 
 def test_entrypoint_runs_nvplugin_serve() -> None:
-    assert [json.loads(a) for a in _all("ENTRYPOINT")] == [["nvplugin"]]
+    assert [json.loads(a) for a in _all("ENTRYPOINT")] == [
+        ["/usr/bin/env", "--ignore-signal=HUP", "nvplugin"]
+    ]
     assert [json.loads(a) for a in _all("CMD")] == [["serve"]]
     project = _pyproject()["project"]
     assert isinstance(project, dict)
-    assert project["scripts"] == {
-        "nvplugin": "nvplugin.cli:main",
-        "nvidia-device-plugin": "nvplugin.cli:nvidia_device_plugin_main",
-    }
+    assert project["scripts"] == {"nvplugin": "nvplugin.cli:main"}
     # The chart leaves the entrypoint alone and passes `serve ...` as args.
     container = render().container
     assert "command" not in container and container["args"][0] == "serve"
+
+
+def _probe_as(directory: Path, name: str) -> None:
+    """An executable ``name`` in ``directory`` that prints, as JSON, its arguments and what its
+    SIGHUP is set to when it starts (what it inherited across exec)."""
+    probe = directory / name
+    probe.write_text(
+        f"#!{sys.executable}\n"
+        "import json, signal, sys\n"
+        "hup = signal.getsignal(signal.SIGHUP).name\n"
+        "print(json.dumps({'argv': sys.argv[1:], 'sighup': hup}))\n"
+    )
+    probe.chmod(0o755)
+
+
+def _started(*command: str, path: Path) -> dict[str, object]:
+    done = subprocess.run(
+        list(command),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, PATH=f"{path}:{os.environ['PATH']}"),
+    )
+    assert done.returncode == 0, done.stderr
+    shown: dict[str, object] = json.loads(done.stdout)
+    return shown
+
+
+@pytest.mark.process
+def test_the_images_entrypoint_starts_nvplugin_with_sighup_ignored(tmp_path: Path) -> None:
+    """ENTRYPOINT and CMD, run here with a probe in nvplugin's place: nvplugin starts with
+    SIGHUP ignored (inherited across exec), so a SIGHUP during the interpreter's start-up,
+    before `serve` handles it, cannot kill it."""
+    _probe_as(tmp_path, "nvplugin")
+    (entrypoint,) = [json.loads(a) for a in _all("ENTRYPOINT")]
+    (cmd,) = [json.loads(a) for a in _all("CMD")]
+    assert _started(*entrypoint, *cmd, "--simulate", "x", path=tmp_path) == {
+        "argv": ["serve", "--simulate", "x"],
+        "sighup": "SIG_IGN",
+    }
+
+
+@pytest.mark.process
+def test_nvidia_device_plugin_is_serve_started_with_sighup_ignored(tmp_path: Path) -> None:
+    """NVIDIA's command name, as NVIDIA's DaemonSets and chart run it: `nvplugin
+    nvidia-device-plugin` (serve, with NVIDIA's flags) with the same arguments, from the nvplugin
+    beside it, SIGHUP ignored from its first instruction."""
+    script = REPO / "nvplugin" / "scripts" / "nvidia-device-plugin"
+    shutil.copy2(script, tmp_path / "nvidia-device-plugin")
+    _probe_as(tmp_path, "nvplugin")
+    shown = _started(
+        str(tmp_path / "nvidia-device-plugin"),
+        "--mig-strategy=mixed",
+        "--fail-on-init-error",
+        path=Path("/nonexistent"),
+    )
+    assert shown == {
+        "argv": ["nvidia-device-plugin", "--mig-strategy=mixed", "--fail-on-init-error"],
+        "sighup": "SIG_IGN",
+    }
+    # Installed beside nvplugin: by `make install`, and by the image's install step.
+    tool = _pyproject()["tool"]
+    assert isinstance(tool, dict)
+    assert "nvplugin/scripts/nvidia-device-plugin" in tool["setuptools"]["script-files"]
+    assert os.access(Path(sys.executable).parent / "nvidia-device-plugin", os.X_OK)
 
 
 def test_nvplugin_is_on_the_images_path() -> None:
@@ -217,13 +281,11 @@ def test_installed_package_is_complete_and_runs(image_site: Path) -> None:
     assert (image_site / "nvplugin" / "api" / "v1beta1" / "api_pb2_grpc.py").is_file()
     entry_points = next(image_site.glob("nvplugin-*.dist-info")) / "entry_points.txt"
     assert "nvplugin = nvplugin.cli:main" in entry_points.read_text()
-    # NVIDIA's command, for DaemonSets written for NVIDIA's image (command: [nvidia-device-plugin])
-    assert "nvidia-device-plugin = nvplugin.cli:nvidia_device_plugin_main" in (
-        entry_points.read_text()
-    )
-    nvidia = _run_installed(
-        image_site, "-c", "from nvplugin.cli import nvidia_device_plugin_main as m; m()", "--help"
-    )
+    # NVIDIA's command, installed into the image's bin beside nvplugin, unchanged.
+    script = image_site / "bin" / "nvidia-device-plugin"
+    assert os.access(script, os.X_OK)
+    assert script.read_text().startswith("#!/usr/bin/env -S --ignore-signal=HUP /bin/sh\n")
+    nvidia = _run_installed(image_site, "-m", "nvplugin", "nvidia-device-plugin", "--help")
     assert nvidia.returncode == 0, nvidia.stderr
     assert "--mig-strategy" in nvidia.stdout and "[$MIG_STRATEGY]" in nvidia.stdout
     # The built-in simulated nodes ship as package data: the installed copy can load one.

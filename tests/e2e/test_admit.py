@@ -421,3 +421,84 @@ def test_the_plugin_serves_every_socket_before_it_registers_any(tmp_path: Path) 
             assert events[:first].count("serving") == 2, events
 
     asyncio.run(asyncio.wait_for(body(), 4 * WAIT_S))
+
+
+# --- the kubelet's resource fit (docs/kubelet-behaviour.md#resource-fit) --------------------------
+
+
+def test_resource_fit_refuses_what_the_node_cannot_hold_with_the_kubelets_reasons() -> None:
+    """dgx-1: 80 CPUs, 512 GiB. After the container manager admits a pod (GPUs allocated), the
+    resource fit refuses one asking for 1000 CPUs (OutOfcpu) or more memory than is left
+    (OutOfmemory); a refused pod's GPU goes back, so the next pod gets all eight."""
+    results = admit_json(
+        "--simulate",
+        "dgx-1",
+        pods(
+            gpu_pod("greedy", 1, ", cpu: '1000'"),
+            gpu_pod("big", 2, ", cpu: '8', memory: 400Gi"),
+            gpu_pod("hungry", 1, ", memory: 200Gi"),
+            gpu_pod("rest", 6),
+        ),
+    )
+    by_name = {r["pod"]: r for r in results}
+    assert (by_name["greedy"]["reason"], by_name["greedy"]["message"]) == (
+        "OutOfcpu",
+        "Node didn't have enough resource: cpu, requested: 1000000, used: 0, capacity: 80000",
+    )
+    assert by_name["greedy"]["containers"][0]["devices"] == {}
+    assert by_name["big"]["admitted"]
+    gib = 1024**3
+    allocatable = 512 * gib - 100 * 1024**2  # less the hard eviction threshold
+    assert (by_name["hungry"]["reason"], by_name["hungry"]["message"]) == (
+        "OutOfmemory",
+        f"Node didn't have enough resource: memory, requested: {200 * gib}, used: {400 * gib}, "
+        f"capacity: {allocatable}",
+    )
+    assert by_name["rest"]["admitted"]
+    assert len(by_name["rest"]["containers"][0]["devices"]["nvidia.com/gpu"]) == 6
+
+
+def test_max_pods_and_reservations_are_the_kubelets_flags() -> None:
+    results = admit_json(
+        "--simulate",
+        "dgx-1",
+        "--max-pods",
+        "2",
+        "--system-reserved",
+        "cpu=2,memory=1Gi",
+        "--kube-reserved",
+        "cpu=500m",
+        pods(
+            gpu_pod("too-many-cpus", 1, ", cpu: 78"),
+            gpu_pod("fits", 1, ", cpu: 77500m"),
+            gpu_pod("small", 1),
+            gpu_pod("third", 1),
+        ),
+    )
+    reasons = {r["pod"]: (r["reason"], r["message"]) for r in results}
+    assert reasons["too-many-cpus"] == (
+        "OutOfcpu",
+        "Node didn't have enough resource: cpu, requested: 78000, used: 0, capacity: 77500",
+    )
+    assert reasons["fits"] == (None, None) and reasons["small"] == (None, None)
+    assert reasons["third"] == (
+        "OutOfpods",
+        "Node didn't have enough resource: pods, requested: 1, used: 2, capacity: 2",
+    )
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "error"),
+    [
+        ("--kube-reserved", "nvidia.com/gpu=1", 'cannot reserve "nvidia.com/gpu" resource'),
+        ("--system-reserved", "cpu", "'cpu' is not <resource>=<quantity>"),
+        ("--system-reserved", "memory=-1Gi", 'resource quantity for "memory" cannot be negative'),
+        ("--max-pods", "-1", "--max-pods: -1 is negative"),
+    ],
+)
+def test_bad_kubelet_flags_are_refused_before_anything_starts(
+    flag: str, value: str, error: str
+) -> None:
+    done = admit("--simulate", "dgx-1", flag, value, pods(gpu_pod("p", 1)))
+    assert done.returncode == 2
+    assert error in done.stderr, done.stderr

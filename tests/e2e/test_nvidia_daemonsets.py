@@ -79,7 +79,7 @@ def test_the_fixtures_are_nvidias_shapes() -> None:
     chart = plugin_container("chart-v0.20.0-defaults.yaml")
     assert chart["command"] == ["nvidia-device-plugin"]
     assert container_env(chart)["MPS_ROOT"] == "/run/nvidia/mps"
-    assert container_argv(static)[1:] == ["serve"]  # the image's entrypoint serves
+    assert container_argv(static)[-2:] == ["nvplugin", "serve"]  # the image's entrypoint serves
 
 
 @pytest.mark.parametrize("name", sorted(DAEMONSETS))
@@ -92,7 +92,12 @@ def test_nvidias_daemonset_serves_with_nvplugins_image(name: str) -> None:
     async def body() -> None:
         directory = new_dir()
         command = container_argv(container)
-        test_env = {**env, "NVPLUGIN_DEVICE_PLUGIN_DIR": directory, "NVPLUGIN_LOG_FORMAT": "json"}
+        test_env = {
+            **env,
+            "NVPLUGIN_DEVICE_PLUGIN_DIR": directory,
+            "NVPLUGIN_LOG_FORMAT": "json",
+            "PATH": f"{BIN}:{os.environ['PATH']}",  # the image's PATH: its entrypoint runs env
+        }
         try:
             async with kubelet_with(
                 directory, "--simulate", node, env=test_env, command=command

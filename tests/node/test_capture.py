@@ -13,7 +13,7 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 
-from nvplugin.node.capture import capture
+from nvplugin.node.capture import capture, host_memory_mib
 from nvplugin.node.cpuspec import CpuLists, CpuSpec, describe_layout
 from nvplugin.node.model import Cpu, CpuLayout
 from nvplugin.node.nodefile import NodeSpec, builtin_names, load_node, parse_node
@@ -185,3 +185,15 @@ def test_capture_writes_mig_layouts_and_says_which_it_cannot() -> None:
     )
     gpu4 = next(line for line in lines if '"00000000:87:00.0"' in line)
     assert "# MIG on (2g.10gb+gfx), not written: A100 40GB has no MIG profile" in gpu4
+
+
+def test_a_hosts_memory_is_its_memtotal(tmp_path: Path) -> None:
+    """On a real host the node's memory is /proc/meminfo's MemTotal (the kubelet's capacity),
+    in MiB; a file without it gives none."""
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       528179072 kB\nMemFree:        1000 kB\n")
+    assert host_memory_mib(str(meminfo)) == 528179072 // 1024
+    meminfo.write_text("MemFree:        1000 kB\n")
+    assert host_memory_mib(str(meminfo)) is None
+    assert host_memory_mib(str(tmp_path / "absent")) is None
+    assert yaml.safe_load(capture("dgx-1"))["memory_mib"] == load_node("dgx-1").memory_mib

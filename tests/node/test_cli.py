@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from nvplugin.config import env_names
 from nvplugin.node.nodefile import builtin_names, load_node
 from nvplugin.node.report import mig_dict
 
 pytestmark = pytest.mark.process  # runs nvplugin commands as processes
 
 BUILTINS = builtin_names()
+_SETTING_ENV = {*env_names(), "CONFIG_FILE", "DP_DISABLE_HEALTHCHECKS", "DP_ENABLE_HEALTHCHECKS"}
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -173,3 +177,51 @@ def test_devices_imports_stay_light() -> None:
     imported = {line.split("|")[-1].strip() for line in result.stderr.splitlines()}
     assert "pynvml" in imported
     assert not {m for m in imported if m.split(".")[0] in {"numpy", "grpc"}}
+
+
+def test_devices_reads_the_environment_serve_reads(tmp_path: Path) -> None:
+    """ "Check your config with `nvplugin devices`" must see what the DaemonSet's `serve` sees:
+    NVIDIA's variables (MIG_STRATEGY, CONFIG_FILE) and nvplugin's, not only the flags."""
+    clean = {k: v for k, v in os.environ.items() if k not in _SETTING_ENV}
+
+    def devices(*args: str, **env: str) -> dict[str, object]:
+        result = subprocess.run(
+            [sys.executable, "-m", "nvplugin", "devices", "--simulate", "dgx-a100-mig", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**clean, **env},
+        )
+        assert result.returncode == 0, result.stderr
+        shown: dict[str, object] = json.loads(result.stdout)
+        return shown
+
+    by_flag = devices("--mig-strategy", "mixed", "--output", "json")
+    assert "nvidia.com/mig-1g.5gb" in json.dumps(by_flag)
+    assert devices("--output", "json", MIG_STRATEGY="mixed") == by_flag
+    config = tmp_path / "config.yaml"
+    config.write_text("version: v1\nflags: {migStrategy: mixed}\n")
+    assert devices("--output", "json", CONFIG_FILE=str(config)) == by_flag
+    assert devices("--output", "json", "--config", str(config)) == by_flag
+    renamed = devices("--output", "json", NVPLUGIN_RESOURCE_NAME="example.com/gpu")
+    assert "example.com/gpu" in json.dumps(renamed)
+
+
+def test_control_characters_in_a_gpu_name_are_never_printed_raw(tmp_path: Path) -> None:
+    """A name that would clear the screen, fake a second line and flip the text after it: the
+    table, the JSON, the topology and every log line show its escapes, never the characters."""
+    node = tmp_path / "hostile.yaml"
+    node.write_text(
+        "version: v1\nname: hostile\nnuma_distances: [[10]]\n"
+        "cpus: {sockets: 1, cores_per_socket: 2, threads_per_core: 1}\n"
+        'gpus:\n  - {name: "Tesla \\e[2J\\e[31mT4\\nFAKE LINE\\u202eevil", memory_mib: 15360}\n'
+        "links: |2\n        GPU0\n  GPU0  X\nevents: []\n"
+    )
+    escaped = "Tesla \\x1b[2J\\x1b[31mT4\\nFAKE LINE\\u202eevil"
+    for args in (("devices",), ("devices", "--output", "json"), ("topo", "--output", "mermaid")):
+        result = _cli(*args, "--simulate", str(node))
+        assert result.returncode == 0, result.stderr
+        out = result.stdout + result.stderr
+        assert not [c for c in out if not c.isprintable() and c != "\n"], args
+        assert "\nFAKE LINE" not in out
+        assert escaped in (json.loads(result.stdout)["gpus"][0]["name"] if "json" in args else out)

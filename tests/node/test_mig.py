@@ -7,9 +7,13 @@ import os
 import queue
 import re
 import tempfile
+import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from nvplugin.errors import InputError
 from nvplugin.node import mig, open_node
@@ -32,6 +36,7 @@ from nvplugin.node.model import MigCaps
 from nvplugin.node.nodefile import load_node, parse_node
 from nvplugin.node.nvml import Nvml
 from nvplugin.node.sim import SimulatedNvml
+from tests import WAIT_S
 
 pynvml = nvml_module.bindings()
 
@@ -436,3 +441,75 @@ def test_an_xid_on_a_parent_turns_all_its_mig_devices_unhealthy_until_it_recover
     assert seen[:2] == [gpu2, gpu2 | gpu0]
     # then recovery per parent (the two may come back in one change): whole parents only
     assert all(state in (gpu2, gpu0, set()) for state in seen[2:])
+
+
+# --- the driver's mig-minors file through the bounded reader --------------------------------------
+
+
+def _discover_with_minors(make: Callable[[Path], None]) -> tuple[list[MigCaps | None], list[str]]:
+    """Discover dgx-a100-mig with its driver-root ``mig-minors`` made by ``make``: the MIG
+    devices' caps and the warnings logged. Discovery runs on a thread the test gives
+    :data:`WAIT_S`: a read that blocks (a FIFO's open waits for a writer) fails the test instead
+    of hanging it, and is let go."""
+    spec = load_node("dgx-a100-mig")
+    with SimulatedNvml(spec) as sim:
+        path = Path(sim.driver_root, mig.MIG_MINORS_PATH)
+        path.unlink()
+        make(path)
+        found: list[Any] = []
+        with capture_logs() as logs:
+
+            def discover() -> None:
+                with Nvml(sim.sysfs_root, sim.driver_root) as session:
+                    found.append(session.discover("x"))
+
+            thread = threading.Thread(target=discover, daemon=True)
+            thread.start()
+            thread.join(WAIT_S)
+            if thread.is_alive():  # let the blocked open go (a writer appears), then fail
+                os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+                thread.join(WAIT_S)
+                raise AssertionError(f"discovery blocked on {path}")
+        path.unlink()
+    (topology,) = found
+    warnings = [e["reason"] for e in logs if e["event"] == "MIG capability minors not read"]
+    return [m.caps for m in topology.mig_devices], warnings
+
+
+def _symlink_to(target: str) -> Callable[[Path], None]:
+    return lambda path: path.symlink_to(target)
+
+
+@pytest.mark.parametrize(
+    ("make", "reason"),
+    [
+        (os.mkfifo, "not a regular file"),
+        (_symlink_to("/dev/zero"), "not a regular file"),
+        (lambda path: os.truncate(_touch(path), 190 * 1024 * 1024), "larger than 1048576 bytes"),
+        (lambda path: path.write_bytes(b"gpu0/gi1/access 12\n\xff\n"), "not UTF-8"),
+    ],
+    ids=["fifo", "dev-zero", "190-MB", "not-utf8"],
+)
+def test_a_mig_minors_file_that_is_not_the_drivers_is_refused_not_read(
+    make: Callable[[Path], None], reason: str
+) -> None:
+    caps, warnings = _discover_with_minors(make)
+    assert caps and all(c is None for c in caps)
+    assert len(warnings) == 1 and reason in warnings[0], warnings
+    assert "mig-minors" in warnings[0]
+
+
+def _touch(path: Path) -> Path:
+    path.touch()
+    return path
+
+
+def test_a_minor_of_thousands_of_digits_is_skipped_like_an_unknown_line() -> None:
+    def write(path: Path) -> None:
+        text = mig.mig_minors_text().replace("gpu0/gi7/access 66", "gpu0/gi7/access " + "6" * 5000)
+        path.write_text(text)
+
+    caps, warnings = _discover_with_minors(write)
+    assert not warnings
+    # The device on GPU 0's GPU instance 7 has no caps; every other one has.
+    assert sum(c is None for c in caps) == 1 and len(caps) > 1

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from nvplugin.plugin.httpendpoint import HttpEndpoint, Response
+from tests import WAIT_S
 from tests.support.harness import dropped
 
 
@@ -80,6 +81,27 @@ def test_a_request_head_too_large_gets_431() -> None:
             assert served.port
             request = b"GET /hello HTTP/1.1\r\nX: " + b"a" * 4096 + b"\r\n\r\n"
             assert (await exchange(served.port, request)).startswith(b"HTTP/1.1 431 ")
+
+    run(body)
+
+
+def test_heads_with_bare_lf_line_endings_are_answered() -> None:
+    """HTTP/1.1 lets a server take a bare LF as a line's end (RFC 9112, 2.2); what `printf
+    'GET /livez HTTP/1.1\\n\\n' | nc` sends is answered, not held until the timeout."""
+
+    async def body() -> None:
+        async with endpoint(request_timeout_s=WAIT_S, max_request_bytes=1024) as served:
+            assert served.port
+            for request in (
+                b"GET /hello HTTP/1.1\n\n",
+                b"GET /hello HTTP/1.1\nHost: x\n\n",
+                b"GET /hello HTTP/1.1\r\nHost: x\n\r\n",
+                b"\r\nGET /hello HTTP/1.1\r\n\r\n",  # an empty line before it is skipped
+            ):
+                answer = await asyncio.wait_for(exchange(served.port, request), WAIT_S)
+                assert answer.startswith(b"HTTP/1.1 200 OK\r\n") and answer.endswith(b"hello\n")
+            many = b"GET /hello HTTP/1.1\n" + b"X: y\n" * 400 + b"\n"  # short lines, long head
+            assert (await exchange(served.port, many)).startswith(b"HTTP/1.1 431 ")
 
     run(body)
 

@@ -30,6 +30,7 @@ from hypothesis import strategies as st
 from nvplugin.allocator import Policy, make_policy
 from nvplugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from nvplugin.node import load_topology
+from nvplugin.plugin.server import MAX_PREFERRED_CONTAINERS
 from tests.support.harness import Outcome, Plugin, fd_count, settled_fds
 from tests.support.serve import new_dir
 
@@ -74,7 +75,10 @@ class Oracle:
         return all(i in self.index for i in ids) and len(set(ids)) == len(ids)
 
     def preferred(self, containers: Sequence[Container]) -> list[list[str]] | None:
-        """The answer per container, or None when the request must be refused."""
+        """The answer per container, or None when the request must be refused (a bad list, or
+        more containers than one request may name)."""
+        if len(containers) > MAX_PREFERRED_CONTAINERS:
+            return None
         out = []
         for c in containers:
             if not (self.valid_list(c.available) and self.valid_list(c.must_include)):

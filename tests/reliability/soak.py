@@ -4,8 +4,8 @@
     python -m tests.reliability.soak load fuzz    # some of them
     python -m tests.reliability.soak --test-scale # the make-test scale (a quick look)
 
-Prints one Markdown table (scenario, iterations, failures, p50/p99, RSS start/end of the plugin
-process) and every failure; exits 1 if any scenario failed.
+Prints one Markdown table (scenario, iterations, failures, p50/p99/max, RSS start/end of the
+plugin process) and every failure; exits 1 if any scenario failed.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 
 from nvplugin.log import configure
-from tests.reliability import fuzzing, scenarios
+from tests.reliability import floods, fuzzing, scenarios
 from tests.support.harness import Outcome, format_table
 from tests.support.rundir import run_directory
 
@@ -31,6 +31,9 @@ RUNS: dict[str, Callable[[scenarios.Scale], Outcome]] = {
     "load": lambda scale: asyncio.run(scenarios.load(scale)),
     "health-storm": lambda scale: asyncio.run(scenarios.health_storm(scale)),
     "idle-connections": lambda scale: asyncio.run(scenarios.idle_connections(scale)),
+    "preferred-flood": lambda scale: asyncio.run(floods.preferred_flood(scale)),
+    "allocate-flood": lambda scale: asyncio.run(floods.allocate_flood(scale)),
+    "mig-kubelet-restarts": lambda scale: asyncio.run(floods.mig_kubelet_restarts(scale)),
 }
 
 

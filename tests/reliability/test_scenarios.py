@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from tests.reliability import scenarios
+from tests.reliability import floods, scenarios
 from tests.support.harness import Outcome
 
 Scenario = Callable[[scenarios.Scale], Awaitable[Outcome]]
@@ -26,6 +26,9 @@ Scenario = Callable[[scenarios.Scale], Awaitable[Outcome]]
         scenarios.load,
         scenarios.health_storm,
         scenarios.idle_connections,
+        floods.preferred_flood,
+        floods.allocate_flood,
+        floods.mig_kubelet_restarts,
     ],
     ids=lambda s: s.__name__,
 )

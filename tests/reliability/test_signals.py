@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -21,11 +22,13 @@ import pytest
 from asyncinotify import Inotify, Mask
 
 from nvplugin import yamlinput
+from nvplugin.admit.process import plugin_environment
 from nvplugin.config import Config, load_config
 from nvplugin.kubelet.devicemanager import DeviceManager
 from nvplugin.kubelet.kubelet import FakeKubelet
 from nvplugin.plugin import daemon as daemon_module
 from nvplugin.plugin.daemon import Daemon
+from tests import WAIT_S
 from tests.reliability.scenarios import uuids
 from tests.reliability.test_inputs import ALIAS_BOMB
 from tests.support.harness import GPU, SOCKET, caught_signals
@@ -365,3 +368,80 @@ def test_the_log_sink_drops_lines_it_cannot_write() -> None:
     sink = LineSink(closed)
     sink.write("x")
     assert sink.dropped == 1
+
+
+# --- item 3: SIGHUP from the very first moment -------------------------------------------------
+
+
+def _image_entrypoint() -> list[str]:
+    """The Dockerfile's ENTRYPOINT and CMD."""
+    text = (Path(__file__).parents[2] / "Dockerfile").read_text().splitlines()
+    (entrypoint,) = [json.loads(ln.split(None, 1)[1]) for ln in text if ln.startswith("ENTRYPOINT")]
+    (cmd,) = [json.loads(ln.split(None, 1)[1]) for ln in text if ln.startswith("CMD ")]
+    return [*entrypoint, *cmd]
+
+
+def _exe(pid: int) -> str | None:
+    """The program process ``pid`` runs now (None once it has exited)."""
+    try:
+        return os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return None
+
+
+@pytest.mark.parametrize("how", ["nvidia-device-plugin", "the image's entrypoint"])
+def test_sighup_from_the_first_moment_never_kills_a_starting_plugin(how: str) -> None:
+    """SIGHUP again and again from the moment ``env`` has ignored it and run the next program --
+    the interpreter's own start-up included, before any of nvplugin's code runs -- until the
+    plugin has registered: it starts with SIGHUP ignored (inherited across exec), then handles
+    it, and lives. (What no program can close: the instant between the exec of ``env`` itself
+    and its call that ignores SIGHUP, a millisecond of a C program's start, not the interpreter's
+    tenth of a second.)"""
+    bin_dir = Path(sys.executable).parent
+    command = [str(bin_dir / "nvidia-device-plugin")] if how.startswith("nvidia") else []
+    command = command or _image_entrypoint()
+
+    async def body() -> None:
+        directory, logs = new_dir(), new_dir()
+        log_path = Path(logs) / "serve.log"
+        # nvplugin's own settings through its variables: NVIDIA's command has NVIDIA's flags only
+        env = plugin_environment(
+            {
+                "PATH": f"{bin_dir}:{os.environ['PATH']}",
+                "NVPLUGIN_DEVICE_PLUGIN_DIR": directory,
+                "NVPLUGIN_LOG_FORMAT": "json",
+            }
+        )
+        args = ["--simulate", NODE]
+        try:
+            async with FakeKubelet(directory) as kubelet:
+                with open(log_path, "wb") as log:
+                    process = subprocess.Popen(
+                        [*command, *args], stdout=log, stderr=subprocess.STDOUT, env=env
+                    )
+                try:
+                    sent = 0
+                    env_program = os.path.realpath("/usr/bin/env")
+                    async with asyncio.timeout(WAIT_S):
+                        while _exe(process.pid) == env_program:
+                            await asyncio.sleep(0)  # env has not run the next program yet
+                        while not kubelet.devices.is_registered(GPU):
+                            if process.poll() is not None:
+                                break
+                            process.send_signal(signal.SIGHUP)
+                            sent += 1
+                            await asyncio.sleep(0.005)
+                    text = log_path.read_text()
+                    assert process.poll() is None, f"died after {sent} SIGHUPs:\n{text[-2000:]}"
+                    process.terminate()
+                    assert await asyncio.to_thread(process.wait, WAIT_S) == 0, text[-2000:]
+                    assert "Traceback" not in log_path.read_text()
+                finally:
+                    if process.poll() is None:
+                        process.kill()
+                        process.wait()
+        finally:
+            remove_dir(directory)
+            remove_dir(logs)
+
+    _run(body)

@@ -306,3 +306,21 @@ def test_readme_lists_every_key_of_the_config_file() -> None:
             assert leaf in block, path
         else:
             assert re.search(rf"[\s{{]{leaf}:", block), path
+
+
+@pytest.mark.slow  # 100 000 UUIDs through the config loader: seconds
+def test_an_exclude_list_for_a_whole_fleet_gives_one_warning_not_one_per_uuid() -> None:
+    """100 000 UUIDs of other nodes' GPUs (a ConfigMap shared by a fleet) and two of this
+    node's: one warning sums the others up, naming the first few."""
+    others = [f"GPU-{n:06d}" for n in range(100_000)]  # short: the file stays under 4 MiB
+    mine = [MIXED.gpus[4].uuid, MIXED.gpus[6].uuid]
+    uuids = [*others[:3], mine[0], *others[3:], mine[1]]
+    config = config_of(f"resources:\n  exclude:\n    uuids: [{', '.join(uuids)}]\n")
+    plan = plan_of(config)
+    assert [i for i, name in plan.assignment.items() if name is None] == [4, 6]
+    (warning,) = plan.warnings
+    assert warning.startswith(
+        "resources.exclude.uuids: 100000 of its 100002 entries are not GPUs or MIG devices on "
+        f"this node; [0] {others[0]}, [1] {others[1]}, [2] {others[2]}, [4] {others[3]} and "
+        "99996 more"
+    )

@@ -101,8 +101,9 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 
 def format_table(outcomes: Sequence[Outcome]) -> str:
-    """The soak table (Markdown): scenario, iterations, failures, p50/p99, and the plugin's RSS,
-    open fds and threads before and after (``-`` where a scenario does not measure them)."""
+    """The soak table (Markdown): scenario, iterations, failures, p50/p99/max (the worst case),
+    and the plugin's RSS, open fds and threads before and after (``-`` where a scenario does not
+    measure them)."""
 
     def ms(value: float | None) -> str:
         if value is None:
@@ -116,14 +117,15 @@ def format_table(outcomes: Sequence[Outcome]) -> str:
         return "-" if start is None and end is None else f"{start} -> {end}"
 
     header = (
-        "| scenario | iterations | failures | p50 ms | p99 ms | latency measured | "
+        "| scenario | iterations | failures | p50 ms | p99 ms | max ms | latency measured | "
         "RSS start MiB | RSS end MiB | fds | threads |"
     )
-    rows = [header, "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
+    rows = [header, "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
     for o in outcomes:
         rows.append(
             f"| {o.scenario} | {o.iterations} | {len(o.failures)} | {ms(o.percentile(50))} | "
-            f"{ms(o.percentile(99))} | {o.measure} | {mib(o.rss_start_kib)} | "
+            f"{ms(o.percentile(99))} | {ms(o.percentile(100))} | {o.measure} | "
+            f"{mib(o.rss_start_kib)} | "
             f"{mib(o.rss_end_kib)} | {pair(o.fds_start, o.fds_end)} | "
             f"{pair(o.threads_start, o.threads_end)} |"
         )
