@@ -83,6 +83,7 @@ DEFAULT_DEVICE_LIST_STRATEGY = ("envvar",)
 DEFAULT_DRIVER_ROOT = "/"
 DEFAULT_CONTAINER_DRIVER_ROOT = "/driver-root"
 DEFAULT_NVIDIA_CTK_PATH = "/usr/bin/nvidia-ctk"
+DEFAULT_MACHINE_TYPE_FILE = "/sys/class/dmi/id/product_name"
 
 DISCOVERY_STRATEGIES = ("auto", "nvml")
 """NVIDIA's ``deviceDiscoveryStrategy`` values nvplugin honours (it discovers through NVML)."""
@@ -244,6 +245,69 @@ class HealthConfig:
             ignored_xids=self.ignored_xids,
             recovery_quiet_s=self.recovery_quiet_s,
         )
+
+
+@dataclass(frozen=True)
+class GfdConfig:
+    """GPU Feature Discovery's settings (``flags.gfd``, GFD's flags and variables): where and how
+    ``serve`` writes the node's labels (:mod:`nvplugin.labels`). Labelling is on when
+    ``output_file`` is set. Applied in place on SIGHUP: the labels move or change, the
+    resources stay."""
+
+    oneshot: bool = setting(
+        "flags.gfd.oneshot",
+        Bool(),
+        False,
+        help="Label once and exit (GFD's); nvplugin serve keeps its labels current: use "
+        "nvplugin labels to print them once.",
+        flags=("oneshot",),
+        env=("GFD_ONESHOT",),
+        supported=(False,),
+        unsupported=_unsupported(
+            "labelling once and exiting", "nvplugin labels prints the labels once"
+        ),
+        reload=Reload.IN_PLACE,
+    )
+    no_timestamp: bool = setting(
+        "flags.gfd.noTimestamp",
+        Bool(),
+        False,
+        help="Leave out the nvidia.com/gfd.timestamp label.",
+        flags=("no-timestamp",),
+        env=("GFD_NO_TIMESTAMP",),
+        reload=Reload.IN_PLACE,
+    )
+    sleep_interval_s: float = setting(
+        "flags.gfd.sleepInterval",
+        Duration(minimum=1.0),
+        60.0,
+        help="How often the labels are written again although nothing changed (a feature file "
+        "removed meanwhile comes back); they are rewritten at once when what is served "
+        "changes.",
+        flags=("sleep-interval",),
+        env=("GFD_SLEEP_INTERVAL",),
+        reload=Reload.IN_PLACE,
+    )
+    output_file: str | None = setting(
+        "flags.gfd.outputFile",
+        Nullable(Str(rule=_absolute)),
+        None,
+        help="Write the node's labels (GPU Feature Discovery's) to this file, written "
+        "atomically and removed at exit: NFD's features.d/<name>. null: no labels.",
+        flags=("output-file",),
+        env=("GFD_OUTPUT_FILE",),
+        reload=Reload.IN_PLACE,
+    )
+    machine_type_file: str = setting(
+        "flags.gfd.machineTypeFile",
+        Str(rule=_absolute),
+        DEFAULT_MACHINE_TYPE_FILE,
+        help="The file whose first line is the nvidia.com/gpu.machine label (the DMI product "
+        "name); a path under /sys is read under a simulated node's sysfs.",
+        flags=("machine-type-file",),
+        env=("GFD_MACHINE_TYPE_FILE",),
+        reload=Reload.IN_PLACE,
+    )
 
 
 @dataclass(frozen=True)
@@ -409,10 +473,16 @@ class Config:
         "flags.useNodeFeatureAPI",
         Nullable(Bool()),
         None,
-        help="GPU Feature Discovery's setting; not read by the plugin.",
-        note="flags.useNodeFeatureAPI is GPU Feature Discovery's setting; the plugin does not "
-        "read it",
-        inert=True,
+        help="Publish the node's labels as Node Feature Discovery's NodeFeature object instead "
+        "of the feature file (not supported yet).",
+        flags=("use-node-feature-api",),
+        env=("GFD_USE_NODE_FEATURE_API", "USE_NODE_FEATURE_API"),
+        supported=(None, False),
+        unsupported=_unsupported(
+            "publishing labels as a NodeFeature object",
+            "write them to NFD's features.d instead (flags.gfd.outputFile)",
+        ),
+        reload=Reload.IN_PLACE,
     )
     pass_device_specs: bool = setting(
         "flags.plugin.passDeviceSpecs",
@@ -518,14 +588,7 @@ class Config:
         unsupported=_unsupported("generating CDI specs"),
         inert=True,
     )
-    gfd: Mapping[str, object] | None = setting(
-        "flags.gfd",
-        AnyMapping(),
-        None,
-        help="GPU Feature Discovery's settings; not read by the plugin.",
-        note="flags.gfd holds GPU Feature Discovery's settings; the plugin does not read them",
-        inert=True,
-    )
+    gfd: GfdConfig = field(default_factory=GfdConfig, metadata=GROUP)
     gpu_patterns: tuple[GpuPattern, ...] = setting(
         "resources.gpus",
         List(_PATTERN_ENTRY),
@@ -770,6 +833,7 @@ SECTION_HELP = {
     "": "nvplugin config: NVIDIA's device plugin config (version v1) plus nvplugin's settings.",
     "flags": "Command-line settings (NVIDIA's flags).",
     "flags.plugin": "Settings of the device plugin only.",
+    "flags.gfd": "GPU Feature Discovery's settings: the node's labels, which serve writes.",
     "resources": "Resource names by GPU model.",
     "resources.exclude": "nvplugin's: GPUs hidden from every resource.",
     "sharing.timeSlicing": "One GPU advertised as several devices.",

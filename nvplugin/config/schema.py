@@ -194,8 +194,11 @@ def format_duration(seconds: float) -> str:
     return f"{seconds:g}s"
 
 
+@dataclass(frozen=True)
 class Duration(Kind):
-    """A duration string (``30s``), stored as seconds (float)."""
+    """A duration string (``30s``), stored as seconds (float); at least ``minimum`` seconds."""
+
+    minimum: float = 0.0
 
     name = "duration"
 
@@ -203,9 +206,12 @@ class Duration(Kind):
         if not isinstance(value, str):
             raise Invalid(f"expected a duration string such as 30s, got {describe(value)}")
         try:
-            return parse_duration(value)
+            seconds = parse_duration(value)
         except ValueError as exc:
             raise Invalid(str(exc)) from None
+        if seconds < self.minimum:
+            raise Invalid(f"{show(value)} is shorter than {format_duration(self.minimum)}")
+        return seconds
 
     def schema(self) -> JsonSchema:
         return {"type": "string", "pattern": f"^(?:{DURATION_PATTERN})$"}

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from nvplugin.node.cpuspec import CpuForm, CpuLists
-from nvplugin.node.model import format_cpu_list
+from nvplugin.node.model import Driver, format_cpu_list
 from nvplugin.node.nodefile import VERSION
 
 WIDTH = 99
@@ -34,7 +34,8 @@ class GpuDraft:
 @dataclass(frozen=True)
 class NodeDraft:
     """A node file to write. ``cells[i][j]`` is the links cell text (``X`` on the diagonal);
-    ``notes`` holds comment lines written above a top-level key (and ``""``: the file)."""
+    ``notes`` holds comment lines written above a top-level key (and ``""``: the file);
+    ``machine`` and ``driver`` are written when given."""
 
     name: str
     gpus: tuple[GpuDraft, ...]
@@ -42,6 +43,8 @@ class NodeDraft:
     numa_distances: tuple[tuple[int, ...], ...] | None = None
     cpus: CpuForm | None = None
     notes: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    machine: str | None = None
+    driver: Driver | None = None
 
 
 def scalar(value: object) -> str:
@@ -82,6 +85,11 @@ def render(draft: NodeDraft) -> str:
 
     section("")
     out += [f"version: {VERSION}", f"name: {scalar(draft.name)}"]
+    if draft.machine is not None:
+        out.append(f"machine: {scalar(draft.machine)}")
+    if draft.driver is not None:
+        cuda = f"{draft.driver.cuda[0]}.{draft.driver.cuda[1]}"
+        out.append(f"driver: {{version: {scalar(draft.driver.version)}, cuda: {scalar(cuda)}}}")
     if draft.numa_distances is not None:
         section("numa_distances")
         rows = [f"[{', '.join(map(str, row))}]" for row in draft.numa_distances]
