@@ -15,6 +15,10 @@ and registers them again; a config that no longer loads is logged and the runnin
 reload that changes only log, health rules, health service or metrics is applied in place: the
 sockets, the kubelet's streams and the registrations stay, so no request fails meanwhile.
 
+Labels: with ``flags.gfd.outputFile`` set, the node's labels (GPU Feature Discovery's, and
+nvplugin's few) are kept in that file (:mod:`.labelling`): written once the resources serve,
+again after every reload, removed at stop.
+
 Observability: each socket also serves the gRPC health service (registered and a healthy GPU:
 SERVING), every RPC goes through the metrics interceptor, ``nvplugin.metrics.address`` (off by
 default) serves the daemon's private Prometheus registry, and ``nvplugin.healthProbes.address``
@@ -50,6 +54,7 @@ from nvplugin.plugin.assembly import Resources, Served, make_dir, serve_socket
 from nvplugin.plugin.endpoints import METRICS, PROBES, Endpoints
 from nvplugin.plugin.healthservice import PluginHealthService
 from nvplugin.plugin.httpendpoint import Response
+from nvplugin.plugin.labelling import Labeller
 from nvplugin.plugin.metrics import Metrics
 from nvplugin.plugin.registration import SERVE_AGAIN_GIVE_UP_S
 from nvplugin.plugin.server import DevicePluginService
@@ -96,6 +101,7 @@ class Daemon:
         self._resources: Resources | None = None  # once the node is discovered
         # While no GPU is discovered: the health service alone on the plugin socket.
         self._waiting: Served | None = None
+        self.labeller = Labeller()
 
     @property
     def node(self) -> NodeSession | None:
@@ -207,6 +213,7 @@ class Daemon:
             on_fatal=self._on_fatal,
         )
         await self._resources.start(self.config)
+        await self.labeller.update(self.config, self._node, self._resources.plan)
         while not self._stop.is_set():
             await _first(self._stop, self._hup)
             if self._hup.is_set() and not self._stop.is_set():
@@ -219,6 +226,10 @@ class Daemon:
             return
         self.config = await reload.reload(
             self.config, self._reload, self._node, self._resources, self._endpoints
+        )
+        resources = self._resources
+        await self.labeller.update(
+            self.config, self._node, resources.plan if resources is not None else None
         )
 
     # --- discovery ---
@@ -250,6 +261,7 @@ class Daemon:
                     return node
                 node.close()
                 self._log.warning("no GPUs found; waiting", retry_s=self._discovery_retry_s)
+            await self.labeller.update(self.config, None, None)  # a node without GPUs, for now
             loop = asyncio.get_running_loop()
             deadline = loop.time() + self._discovery_retry_s
             while not self._stop.is_set() and loop.time() < deadline:
@@ -292,6 +304,7 @@ class Daemon:
 
     async def _shutdown(self) -> None:
         await self._stop_waiting()
+        await self.labeller.close()  # NFD drops the node's labels with the file
         if self._resources is not None:
             await self._resources.close()
         await self._endpoints.stop()
