@@ -139,6 +139,8 @@ def how(v: Value) -> str:
         return f"Passed as `{_env(v)}` ({key})."
     if to == "true":
         return f"`true` passes `{_env(v)}=true` ({key})."
+    if to == "when":
+        return f"`true` passes `{_env(v)}={v.chart.constant}` ({key})."
     if to == "flag":
         return f"Passed as `--{v.setting.flags[0]}` ({key})."
     if to == "check":
@@ -168,15 +170,16 @@ def settings_data() -> dict[str, Any]:
     for path in dict.fromkeys(v.path for v in values):
         mine = [v for v in values if v.path == path]
         chart = mine[0].chart
-        if chart.to in ("env", "true", "address"):
-            env.append(
-                {
-                    "setting": path,
-                    "to": chart.to,
-                    "env": _env(mine[0]),
-                    "values": [v.parts for v in mine],
-                }
-            )
+        if chart.to in ("env", "true", "address", "when"):
+            entry: dict[str, Any] = {
+                "setting": path,
+                "to": chart.to,
+                "env": _env(mine[0]),
+                "values": [v.parts for v in mine],
+            }
+            if chart.to == "when":
+                entry["constant"] = chart.constant
+            env.append(entry)
     return {
         "about": "Written by charts/generate_schema.py from the settings' declarations "
         "(nvplugin/config/model.py); read by templates/_helpers.tpl. Do not edit.",

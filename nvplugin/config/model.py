@@ -84,6 +84,8 @@ DEFAULT_DRIVER_ROOT = "/"
 DEFAULT_CONTAINER_DRIVER_ROOT = "/driver-root"
 DEFAULT_NVIDIA_CTK_PATH = "/usr/bin/nvidia-ctk"
 DEFAULT_MACHINE_TYPE_FILE = "/sys/class/dmi/id/product_name"
+NFD_FEATURE_FILE = "/etc/kubernetes/node-feature-discovery/features.d/gfd"
+"""GPU Feature Discovery's output file: in the directory NFD's local source reads."""
 
 DISCOVERY_STRATEGIES = ("auto", "nvml")
 """NVIDIA's ``deviceDiscoveryStrategy`` values nvplugin honours (it discovers through NVML)."""
@@ -276,6 +278,12 @@ class GfdConfig:
         flags=("no-timestamp",),
         env=("GFD_NO_TIMESTAMP",),
         reload=Reload.IN_PLACE,
+        chart=Chart.env(
+            "noTimestamp",
+            None,
+            "NVIDIA's (GFD's): leave out the `nvidia.com/gfd.timestamp` label. null: the config "
+            "file's, else false.",
+        ),
     )
     sleep_interval_s: float = setting(
         "flags.gfd.sleepInterval",
@@ -287,6 +295,12 @@ class GfdConfig:
         flags=("sleep-interval",),
         env=("GFD_SLEEP_INTERVAL",),
         reload=Reload.IN_PLACE,
+        chart=Chart.env(
+            "sleepInterval",
+            None,
+            "NVIDIA's (GFD's): how often the labels are written again when they were removed "
+            "(`60s`); they change at once with what is served. null: the config file's, else 60s.",
+        ),
     )
     output_file: str | None = setting(
         "flags.gfd.outputFile",
@@ -297,6 +311,14 @@ class GfdConfig:
         flags=("output-file",),
         env=("GFD_OUTPUT_FILE",),
         reload=Reload.IN_PLACE,
+        chart=Chart.when(
+            "gfd.enabled",
+            NFD_FEATURE_FILE,
+            "NVIDIA's: label the node with GPU Feature Discovery's labels -- from the plugin pod "
+            "itself, no second DaemonSet -- through Node Feature Discovery's feature files: the "
+            "host's `/etc/kubernetes/node-feature-discovery/features.d` is mounted read-write. "
+            "NFD is yours to deploy (this chart does not).",
+        ),
     )
     machine_type_file: str = setting(
         "flags.gfd.machineTypeFile",

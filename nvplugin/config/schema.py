@@ -407,6 +407,8 @@ class Chart:
     - ``address``: two values, ``<x>.enabled`` and ``<x>.port``; enabled: the variable is
       ``0.0.0.0:<port>`` (every interface of the pod's network namespace).
     - ``flag``: the value as the setting's first flag (``--device-plugin-dir <value>``).
+    - ``when``: a boolean value; ``true`` sets the setting's first variable to ``constant``
+      (``gfd.enabled`` -> ``GFD_OUTPUT_FILE=<NFD's features.d>/gfd``).
     - ``check``: not passed; only checked, for NVIDIA values nvplugin accepts at some values only.
 
     A value outside the setting's ``supported`` values fails rendering with ``refused`` (default:
@@ -419,8 +421,10 @@ class Chart:
     to: str
     values: tuple[ChartValue, ...]
     refused: str = ""
+    constant: str = ""
+    """What ``when`` passes."""
 
-    TO = ("env", "true", "address", "flag", "check")
+    TO = ("env", "true", "address", "flag", "check", "when")
 
     @classmethod
     def env(
@@ -437,6 +441,10 @@ class Chart:
     @classmethod
     def true(cls, path: str, help: str) -> Chart:
         return cls("true", (ChartValue(path, None, help, {"type": "boolean"}),))
+
+    @classmethod
+    def when(cls, path: str, constant: str, help: str) -> Chart:
+        return cls("when", (ChartValue(path, False, help, {"type": "boolean"}),), constant=constant)
 
     @classmethod
     def address(cls, enabled: ChartValue, port: ChartValue) -> Chart:

@@ -69,6 +69,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "no-probes": {"probes": {"enabled": False}, "affinity": None, "tolerations": None},
     "overrides": {"fullnameOverride": "gpu", "namespaceOverride": "gpu-operator"},
     "digest": {"image": {"digest": "sha256:" + "ab" * 32, "pullPolicy": "Always"}},
+    "labels": {"gfd": {"enabled": True}, "noTimestamp": True, "sleepInterval": "5m"},
 }
 
 
@@ -500,3 +501,51 @@ def test_notes_tell_the_user_where_to_look(renders: dict[str, Rendered]) -> None
     assert r".status.allocatable.nvidia\.com/gpu" in notes
     assert "SIMULATED" in renders["everything"].notes
     assert "SIMULATED" not in notes
+
+
+# --- node labels (gfd.enabled) ----------------------------------------------------------------
+
+
+FEATURES_DIR = "/etc/kubernetes/node-feature-discovery/features.d"
+
+
+def test_gfd_enabled_labels_from_the_plugin_pod(renders: dict[str, Rendered]) -> None:
+    """NVIDIA's gfd.enabled: no second DaemonSet; the plugin pod writes GFD's feature file into
+    NFD's directory on the host, GFD's noTimestamp and sleepInterval passed as GFD's variables."""
+    rendered = renders["labels"]
+    assert rendered.kinds() == ["DaemonSet"]
+    assert rendered.env["GFD_OUTPUT_FILE"] == f"{FEATURES_DIR}/gfd"
+    assert rendered.env["GFD_NO_TIMESTAMP"] == "true"
+    assert rendered.env["GFD_SLEEP_INTERVAL"] == "5m"
+    mount = next(m for m in rendered.container["volumeMounts"] if m["name"] == "node-features")
+    assert mount == {"name": "node-features", "mountPath": FEATURES_DIR}  # read-write
+    volume = next(v for v in rendered.pod["volumes"] if v["name"] == "node-features")
+    assert volume["hostPath"] == {"path": FEATURES_DIR, "type": "DirectoryOrCreate"}
+    assert "automountServiceAccountToken" in rendered.pod  # the file mode needs no API access
+    assert rendered.pod["automountServiceAccountToken"] is False
+    assert "Node Feature Discovery's worker" in rendered.notes
+    assert "kubectl get pods -A -l app.kubernetes.io/name=node-feature-discovery" in rendered.notes
+
+
+def test_labelling_is_off_by_default(default: Rendered) -> None:
+    assert not {"GFD_OUTPUT_FILE", "GFD_NO_TIMESTAMP", "GFD_SLEEP_INTERVAL"} & set(default.env)
+    assert all(v["name"] != "node-features" for v in default.pod["volumes"])
+    assert "feature" not in default.notes
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (
+            {"gfd": {"enabled": True, "nameOverride": "gpu-feature-discovery"}},
+            "values.gfd.nameOverride: nvplugin's chart deploys no GPU Feature Discovery",
+        ),
+        ({"gfd": {"enabled": "yes"}}, "/gfd/enabled"),
+        ({"sleepInterval": "a minute"}, "/sleepInterval"),
+        ({"noTimestamp": "true"}, "/noTimestamp"),
+    ],
+)
+def test_gfd_values_nvplugin_cannot_take_fail_rendering(
+    values: dict[str, Any], message: str
+) -> None:
+    assert message in render_error(values)

@@ -29,6 +29,7 @@ import pytest
 from nvplugin.kubelet.kubelet import FakeKubelet
 from tests import until
 from tests.chart.rendering import Rendered, render
+from tests.labels.scenarios import read_fixture
 
 pytestmark = pytest.mark.process  # runs nvplugin commands as processes
 
@@ -355,3 +356,37 @@ def test_the_charts_mig_strategy_reaches_the_plugin(dirs: tuple[str, Path]) -> N
 
     asyncio.run(scenario())
     assert _effective_config(log_path)["flags"]["migStrategy"] == "mixed"
+
+
+def test_gfd_enabled_makes_the_plugin_pod_label_its_node(dirs: tuple[str, Path]) -> None:
+    """NVIDIA's ``gfd.enabled``: the rendered pod's plugin writes GPU Feature Discovery's labels
+    into the host directory the chart mounts (here: a temporary one), the same labels
+    ``nvplugin labels`` prints, and removes them when it stops."""
+    plugin_dir, work = dirs
+    rendered = render({"simulate": "dgx-a100", "gfd": {"enabled": True}, "noTimestamp": True})
+    mount = next(m for m in rendered.container["volumeMounts"] if m["name"] == "node-features")
+    host = work / "features.d"
+    host.mkdir()
+    args = _on_host(rendered.container["args"], plugin_dir, work / "no-config")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NVPLUGIN_")} | rendered.env
+    _on_loopback(rendered, env)
+    log_path = work / "serve.log"
+    pod_file = env["GFD_OUTPUT_FILE"]
+    assert os.path.dirname(pod_file) == mount["mountPath"]
+    env["GFD_OUTPUT_FILE"] = str(host / os.path.basename(pod_file))
+    labels_file = Path(env["GFD_OUTPUT_FILE"])
+
+    async def scenario() -> None:
+        async with FakeKubelet(plugin_dir) as kubelet, _plugin(args, env, log_path):
+            try:
+                await kubelet.wait_registered("nvidia.com/gpu", timeout=60)
+                await until(labels_file.exists, "the feature file")
+            except (TimeoutError, AssertionError) as exc:
+                raise AssertionError(f"{exc}\n{log_path.read_text()}") from None
+            text = labels_file.read_text()
+            assert dict(line.split("=", 1) for line in text.splitlines()) == read_fixture(
+                "dgx-a100"
+            )
+        assert not labels_file.exists()
+
+    asyncio.run(scenario())

@@ -141,7 +141,6 @@ def test_wrong_types_fail_at_install_time(values: dict[str, Any], message: str) 
         ),
         ({"gdsEnabled": True}, "values.gdsEnabled: nvplugin does not support gdsEnabled yet"),
         ({"deviceDiscoveryStrategy": "tegra"}, "values.deviceDiscoveryStrategy: nvplugin does"),
-        ({"gfd": {"enabled": True}}, "values.gfd: nvplugin's chart does not deploy gfd"),
         ({"nfd": {"worker": {}}}, "values.nfd: nvplugin's chart does not deploy nfd"),
         ({"mps": {"root": "/run/nvidia/mps"}}, "values.mps: nvplugin's chart does not deploy mps"),
     ],
@@ -200,6 +199,12 @@ def test_schema_choices_are_the_plugins() -> None:
     assert props["log"]["properties"]["level"]["enum"] == ["", *LOG_LEVELS]
 
 
+def _broken_down(name: str, schema: dict[str, Any]) -> bool:
+    """Whether the chart documents an object value key by key: its own objects, and NVIDIA's
+    ``gfd`` (``gfd.enabled``; other keys pass the schema and fail rendering, naming the key)."""
+    return schema.get("additionalProperties") is False or name == "gfd"
+
+
 def _schema_paths(schema: dict[str, Any], prefix: str = "") -> list[str]:
     """Every documented value: leaves, and objects the chart does not break down further."""
     paths = []
@@ -207,9 +212,9 @@ def _schema_paths(schema: dict[str, Any], prefix: str = "") -> list[str]:
         path = f"{prefix}{name}"
         if name == "global":
             continue
-        if sub.get("properties") and sub.get("additionalProperties") is False:
+        if sub.get("properties") and _broken_down(name, sub):
             paths.extend(_schema_paths(sub, path + "."))
-        elif name in ("gfd", "nfd", "mps"):
+        elif name in ("nfd", "mps"):
             continue  # NVIDIA's values nvplugin refuses: in the schema, not in values.yaml
         else:
             paths.append(path)
@@ -220,7 +225,7 @@ def _values_paths(values: dict[str, Any], schema: dict[str, Any], prefix: str = 
     paths = []
     for name, value in values.items():
         sub = schema["properties"][name]
-        if isinstance(value, dict) and sub.get("additionalProperties") is False:
+        if isinstance(value, dict) and _broken_down(name, sub):
             paths.extend(_values_paths(value, sub, f"{prefix}{name}."))
         else:
             paths.append(f"{prefix}{name}")

@@ -254,10 +254,25 @@ The chart values that set the plugin's settings, and how each reaches the plugin
 written from the settings' declarations (nvplugin/config/model.py) by charts/generate_schema.py.
 "args": values passed as a serve flag; "env": values passed as an environment variable ("to":
 env = the value, a list joined with commas; true = "true" when true; address = 0.0.0.0:<port>
-while <x>.enabled); "refused": NVIDIA values nvplugin accepts at some values only.
+while <x>.enabled; when = the entry's constant when true); "refused": NVIDIA values nvplugin
+accepts at some values only.
 */}}
 {{- define "nvplugin.settings" -}}
 {{- .Files.Get "settings.json" }}
+{{- end }}
+
+{{/*
+The feature file the plugin writes the node's labels to with gfd.enabled (settings.json, from the
+declaration of flags.gfd.outputFile); the chart mounts its directory from the host.
+*/}}
+{{- define "nvplugin.featureFile" -}}
+{{- range (include "nvplugin.settings" . | fromJson).env }}
+{{- if eq .setting "flags.gfd.outputFile" }}{{ .constant }}{{ end }}
+{{- end }}
+{{- end }}
+
+{{- define "nvplugin.labelling" -}}
+{{- if (.Values.gfd | default dict).enabled }}true{{ end }}
 {{- end }}
 
 {{/*
@@ -285,10 +300,14 @@ NVIDIA values nvplugin cannot honour fail rendering, saying so.
 {{- if and .Values.config.name .Values.config.map }}
 {{- fail (printf "values.config.name (%q) and values.config.map are both set: the plugin reads config files from one ConfigMap; use config.map for one this chart manages, or config.name for yours" .Values.config.name) }}
 {{- end }}
-{{- range $name := list "gfd" "nfd" "mps" }}
-{{- $v := get $.Values $name }}
-{{- if and $v (not (and (eq $name "gfd") (eq (toJson $v) "{\"enabled\":false}"))) }}
-{{- fail (printf "values.%s: nvplugin's chart does not deploy %s; remove the %s values (GPU Feature Discovery, Node Feature Discovery and MPS are not part of nvplugin)" $name $name $name) }}
+{{- range $key := keys (.Values.gfd | default dict) | sortAlpha }}
+{{- if ne $key "enabled" }}
+{{- fail (printf "values.gfd.%s: nvplugin's chart deploys no GPU Feature Discovery DaemonSet: gfd.enabled makes the plugin pod label its node itself; remove gfd.%s" $key $key) }}
+{{- end }}
+{{- end }}
+{{- range $name := list "nfd" "mps" }}
+{{- if get $.Values $name }}
+{{- fail (printf "values.%s: nvplugin's chart does not deploy %s; remove the %s values (Node Feature Discovery and MPS are not part of nvplugin)" $name $name $name) }}
 {{- end }}
 {{- end }}
 {{- range (include "nvplugin.settings" . | fromJson).refused }}
@@ -321,6 +340,8 @@ NVIDIA's values use NVIDIA's variable names.
 {{- end }}
 {{- else if eq .to "true" }}
 {{- if eq (toJson $v) "true" }}{{ $out = append $out (list .env "true") }}{{ end }}
+{{- else if eq .to "when" }}
+{{- if eq (toJson $v) "true" }}{{ $out = append $out (list .env .constant) }}{{ end }}
 {{- else if include "nvplugin.isSet" $v }}
 {{- $out = append $out (list .env (ternary (join "," $v) $v (kindIs "slice" $v))) }}
 {{- end }}
