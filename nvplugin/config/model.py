@@ -279,7 +279,7 @@ class GfdConfig:
         env=("GFD_NO_TIMESTAMP",),
         reload=Reload.IN_PLACE,
         chart=Chart.env(
-            "noTimestamp",
+            "gfd.noTimestamp",
             None,
             "NVIDIA's (GFD's): leave out the `nvidia.com/gfd.timestamp` label. null: the config "
             "file's, else false.",
@@ -296,7 +296,7 @@ class GfdConfig:
         env=("GFD_SLEEP_INTERVAL",),
         reload=Reload.IN_PLACE,
         chart=Chart.env(
-            "sleepInterval",
+            "gfd.sleepInterval",
             None,
             "NVIDIA's (GFD's): how often the labels are written again when they were removed "
             "(`60s`); they change at once with what is served. null: the config file's, else 60s.",

@@ -69,7 +69,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "no-probes": {"probes": {"enabled": False}, "affinity": None, "tolerations": None},
     "overrides": {"fullnameOverride": "gpu", "namespaceOverride": "gpu-operator"},
     "digest": {"image": {"digest": "sha256:" + "ab" * 32, "pullPolicy": "Always"}},
-    "labels": {"gfd": {"enabled": True}, "noTimestamp": True, "sleepInterval": "5m"},
+    "labels": {"gfd": {"enabled": True, "noTimestamp": True, "sleepInterval": "5m"}},
 }
 
 
@@ -541,8 +541,8 @@ def test_labelling_is_off_by_default(default: Rendered) -> None:
             "values.gfd.nameOverride: nvplugin's chart deploys no GPU Feature Discovery",
         ),
         ({"gfd": {"enabled": "yes"}}, "/gfd/enabled"),
-        ({"sleepInterval": "a minute"}, "/sleepInterval"),
-        ({"noTimestamp": "true"}, "/noTimestamp"),
+        ({"gfd": {"sleepInterval": "a minute"}}, "/gfd/sleepInterval"),
+        ({"gfd": {"noTimestamp": "true"}}, "/gfd/noTimestamp"),
     ],
 )
 def test_gfd_values_nvplugin_cannot_take_fail_rendering(

@@ -363,7 +363,7 @@ def test_gfd_enabled_makes_the_plugin_pod_label_its_node(dirs: tuple[str, Path])
     into the host directory the chart mounts (here: a temporary one), the same labels
     ``nvplugin labels`` prints, and removes them when it stops."""
     plugin_dir, work = dirs
-    rendered = render({"simulate": "dgx-a100", "gfd": {"enabled": True}, "noTimestamp": True})
+    rendered = render({"simulate": "dgx-a100", "gfd": {"enabled": True, "noTimestamp": True}})
     mount = next(m for m in rendered.container["volumeMounts"] if m["name"] == "node-features")
     host = work / "features.d"
     host.mkdir()

@@ -301,7 +301,7 @@ NVIDIA values nvplugin cannot honour fail rendering, saying so.
 {{- fail (printf "values.config.name (%q) and values.config.map are both set: the plugin reads config files from one ConfigMap; use config.map for one this chart manages, or config.name for yours" .Values.config.name) }}
 {{- end }}
 {{- range $key := keys (.Values.gfd | default dict) | sortAlpha }}
-{{- if ne $key "enabled" }}
+{{- if not (has $key (list "enabled" "noTimestamp" "sleepInterval")) }}
 {{- fail (printf "values.gfd.%s: nvplugin's chart deploys no GPU Feature Discovery DaemonSet: gfd.enabled makes the plugin pod label its node itself; remove gfd.%s" $key $key) }}
 {{- end }}
 {{- end }}
