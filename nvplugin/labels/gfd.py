@@ -7,9 +7,9 @@ from what it already knows: the discovered node (:class:`NodeFacts`) and the pla
 serves (:class:`~nvplugin.rm.plan.ResourcePlan`). GFD's rules, restated:
 
 - ``gfd.timestamp``: when the labels were made (seconds), unless ``noTimestamp``.
-- ``gpu.machine``: the machine-type file's first line (the DMI product name) with spaces as
-  ``-``; ``unknown`` when it cannot be read. Both are labelled even without GPUs; the rest only
-  when the node has GPUs.
+- ``gpu.machine``: the machine-type file's first line (the DMI product name), sanitised as
+  ``gpu.product`` is (``VMware7,1`` -> ``VMware71``); ``unknown`` when it cannot be read. Both
+  are labelled even without GPUs; the rest only when the node has GPUs.
 - ``cuda.driver.{major,minor,rev}`` and ``cuda.driver-version.{major,minor,revision,full}``: the
   driver version ``X.Y[.Z]`` (the revision empty without ``.Z``); ``cuda.runtime.{major,minor}``
   and ``cuda.runtime-version.{major,minor,full}``: the newest CUDA version the driver supports.
@@ -101,7 +101,7 @@ def labels_without_gpus(machine: str | None, timestamp: int | None) -> dict[str,
     labels: dict[str, str] = {}
     if timestamp is not None:
         labels[f"{PREFIX}gfd.timestamp"] = str(timestamp)
-    labels[f"{PREFIX}gpu.machine"] = UNKNOWN if machine is None else machine.replace(" ", "-")
+    labels[f"{PREFIX}gpu.machine"] = UNKNOWN if machine is None else sanitise(machine)
     return labels
 
 
@@ -220,10 +220,16 @@ def architecture(major: int, minor: int) -> str:
 _NOT_IN_PRODUCT = re.compile(r"[^A-Za-z0-9\-_. ]")
 
 
+def sanitise(text: str) -> str:
+    """GFD's sanitising of a name into a label value: characters other than letters, digits,
+    ``-_.`` and blanks removed, runs of blanks as one ``-``."""
+    return "-".join(_NOT_IN_PRODUCT.sub("", text).split())
+
+
 def product(parts: Sequence[str], shared: bool) -> str:
-    """``gpu.product``: each part sanitised (see the module docstring), joined with ``-``, and
-    ``-SHARED`` for a replicated resource that is not renamed."""
-    cleaned = ["-".join(_NOT_IN_PRODUCT.sub("", part).split()) for part in parts if part]
+    """``gpu.product``: each part sanitised, joined with ``-``, and ``-SHARED`` for a replicated
+    resource that is not renamed."""
+    cleaned = [sanitise(part) for part in parts]
     cleaned = [part for part in cleaned if part]
     if cleaned and shared:
         cleaned.append("SHARED")

@@ -82,6 +82,22 @@ links: |2
 """A driver without a revision, a machine name with blanks, a board switched to compute mode
 beside one in graphics mode."""
 
+A30_VM = """\
+version: v1
+name: a30-vm
+machine: "VMware7,1"
+driver: {version: "535.183.01", cuda: "12.2"}
+gpus:
+  - {name: NVIDIA A30, memory_mib: 24576, numa_node: 0}
+links: |2
+        GPU0
+  GPU0  X
+"""
+"""A shape this work was not built on: a public report of a GPU Operator node (GFD v0.17.0), an
+A30 in a VMware guest with MIG off under migStrategy single, restated as a node file; its GFD
+labels are the fixture (the operator's own labels -- gpu.deploy.*, gpu.present, mig.config* --
+and GFD's vgpu.present, which nvplugin does not model, left out)."""
+
 
 @dataclass(frozen=True)
 class Scenario:
@@ -110,6 +126,7 @@ SCENARIOS: dict[str, Scenario] = {
     "mixed-a100-t4": Scenario("mixed-a100-t4"),
     "mixed-a100-t4.excluded": Scenario("mixed-a100-t4", EXCLUDED),
     "old-driver": Scenario(OLD_DRIVER),
+    "a30-vm.single": Scenario(A30_VM, mig_strategy="single"),
 }
 
 

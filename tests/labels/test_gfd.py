@@ -13,7 +13,14 @@ from nvplugin.config import ResourceRules, TimeSlicing
 from nvplugin.errors import InputError
 from nvplugin.labels import LabelError, NodeFacts, machine_type_path, node_labels
 from nvplugin.labels.extra import gpus_per_numa_node, nvlink_clique
-from nvplugin.labels.gfd import architecture, gfd_labels, gpu_mode, product, version_labels
+from nvplugin.labels.gfd import (
+    architecture,
+    gfd_labels,
+    gpu_mode,
+    labels_without_gpus,
+    product,
+    version_labels,
+)
 from nvplugin.node.builtin import builtin_names
 from nvplugin.node.gpumodels import PCI_CLASS_3D, PCI_CLASS_VGA
 from nvplugin.node.model import Driver, Link, Pcie
@@ -128,12 +135,28 @@ def test_architecture_family(compute_capability: tuple[int, int], family: str) -
         ),
         (["", "MIG", "3g.20gb"], False, "MIG-3g.20gb"),
         (["Quadro RTX 8000 ™", ""], False, "Quadro-RTX-8000"),
+        (["NVIDIA TITAN X (Pascal)"], False, "NVIDIA-TITAN-X-Pascal"),
     ],
 )
 def test_product_is_sanitised_and_marked_shared(
     parts: list[str], shared: bool, expected: str
 ) -> None:
     assert product(parts, shared) == expected
+
+
+@pytest.mark.parametrize(
+    ("dmi", "label"),
+    [
+        ("Google Compute Engine", "Google-Compute-Engine"),
+        ("VMware20,1", "VMware201"),
+        ("g6.12xlarge", "g6.12xlarge"),
+        ("X9SRA/X9SRA-3", "X9SRAX9SRA-3"),
+        (None, "unknown"),
+    ],
+)
+def test_machine_label_is_sanitised_as_gfd_does(dmi: str | None, label: str) -> None:
+    """Machine types seen on real nodes (DMI product names) and the labels GFD gave them."""
+    assert labels_without_gpus(dmi, None) == {"nvidia.com/gpu.machine": label}
 
 
 def test_driver_versions_with_and_without_revision() -> None:
