@@ -71,6 +71,11 @@ def plugin_config_options(config_help: str) -> Callable[[F], F]:
     return add
 
 
+def config_file_option(help: str) -> Callable[[F], F]:
+    """``--config-file FILE`` (``--config``): NVIDIA's name for the plugin's config file."""
+    return click.option("--config-file", "--config", "config_path", metavar="FILE", help=help)
+
+
 def _simulate_help() -> str:
     from nvplugin.node import builtin_names
 
@@ -118,13 +123,9 @@ def devices(
 
 @main.command()
 @click.option("--simulate", metavar="NODE", help=_SIMULATE_HELP)
-@click.option(
-    "--config-file",
-    "--config",
-    "config_path",
-    metavar="FILE",
-    help="The plugin's config file (nvplugin serve --config-file): MIG strategy, time-slicing, "
-    "resources; the labels describe what it serves.",
+@config_file_option(
+    "The plugin's config file (nvplugin serve --config-file): MIG strategy, time-slicing, "
+    "resources; the labels describe what it serves."
 )
 @click.option(
     "--mig-strategy",
@@ -397,12 +398,8 @@ def _default_text(default: object) -> str:
 
 @main.command()
 @click.option("--simulate", metavar="NODE", help=_SIMULATE_HELP)
-@click.option(
-    "--config-file",
-    "--config",
-    "config_path",
-    metavar="FILE",
-    help="Config file (YAML or JSON; NVIDIA's v1 format plus nvplugin's keys); env CONFIG_FILE.",
+@config_file_option(
+    "Config file (YAML or JSON; NVIDIA's v1 format plus nvplugin's keys); env CONFIG_FILE."
 )
 @setting_options
 @click.option("--discovery-retry-s", type=float, hidden=True)  # tests: shorter waits
