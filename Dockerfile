@@ -3,7 +3,9 @@
 #   docker build -t nvplugin:0.1.0 .      # the chart's default image is nvplugin:<appVersion>
 # It needs no GPU to build. At run time the NVIDIA container runtime injects libnvidia-ml and the
 # GPU device nodes (see NVIDIA_* below); `docker run nvplugin:0.1.0 serve --simulate dgx-a100`
-# serves a simulated node anywhere.
+# serves a simulated node anywhere (it waits for a kubelet on /var/lib/kubelet/device-plugins).
+# It is also a drop-in for NVIDIA's image: a DaemonSet written for NVIDIA's plugin runs it, with
+# its `nvidia-device-plugin` command or none (the entrypoint below serves).
 
 ARG PYTHON_VERSION=3.11
 FROM python:${PYTHON_VERSION}-slim
@@ -16,9 +18,10 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     NVIDIA_DRIVER_CAPABILITIES=utility \
     PATH=/opt/nvplugin/bin:$PATH
 
-# The owner of the installed files: an unprivileged user, not root. In the cluster the plugin runs
-# as uid 0 with every capability dropped (it must use the kubelet's root-owned socket); without
-# CAP_DAC_OVERRIDE/CAP_FOWNER such a root process cannot change files it does not own.
+# The owner of the installed files: an unprivileged user, not root. The plugin runs as uid 0 (it
+# must create its socket in the kubelet's root-owned directory and connect to kubelet.sock); the
+# chart drops every capability, and without CAP_DAC_OVERRIDE/CAP_FOWNER such a root process cannot
+# change files it does not own.
 RUN groupadd --system --gid 10001 nvplugin \
  && useradd --system --uid 10001 --gid nvplugin --no-create-home --home-dir /nonexistent \
       --shell /usr/sbin/nologin nvplugin
@@ -37,7 +40,9 @@ RUN python -m venv /opt/nvplugin \
  && chmod -R a-w /opt/nvplugin \
  && nvplugin --version
 
-# Unprivileged by default (e.g. `docker run ... serve --simulate`); the chart sets the user it needs.
-USER 10001:10001
+# root by default, as NVIDIA's image: NVIDIA's static DaemonSets set no user, and the kubelet's
+# device-plugin directory (0755) and kubelet.sock are root's. Run as another user, the plugin exits
+# 2 naming the user and the fix.
+USER 0:0
 ENTRYPOINT ["nvplugin"]
 CMD ["serve"]

@@ -1,6 +1,7 @@
 """Preferred allocation speed: best-effort on every built-in node and on the
 generated nodes beyond 16 GPUs (tests/support/bignodes.py: PCIe-switch and NVSwitch nodes of 20, 24,
-32, 64 and 128 GPUs, and a 20-GPU node without structure).
+32, 64 and 128 GPUs, L4 servers of 20, 24 and 32 GPUs behind five to eight switches, and a 20-GPU
+node without structure).
 
 Per node: every size 1..N with all GPUs free, plus 300 random queries (random available subset,
 random size, 0-2 must-include GPUs; fixed seed). Each query is timed once, in this process
@@ -8,8 +9,8 @@ random size, 0-2 must-include GPUs; fixed seed). Each query is timed once, in th
 warmed repeat. Start-up (table building) time, table size, tracemalloc peak and RSS growth are
 measured in the fresh process. Targets: 16 GPUs p99 <= 5 ms and max <= 20 ms at every size;
 <= 8 GPUs p99 <= 0.2 ms; start-up <= 1 s and <= 50 MB on 16 GPUs and on the structured nodes
-beyond (method ``counts``; p99 <= 5 ms over gRPC, see ``bench plugin``); the node without
-structure (method ``search``) answers within its budget (0.1 s) per query.
+beyond (methods ``counts`` and ``branch``; p99 <= 5 ms over gRPC, see ``bench plugin``); the
+node without structure (method ``search``) answers within its budget (0.1 s) per query.
 
 Run: ``python -m bench allocator``.
 """
@@ -101,6 +102,14 @@ def child() -> None:
     )
 
 
+def _late(policy: Any, *runs: list[int]) -> set[int]:
+    """Queries that took at least the exact share of the policy's budget in some run."""
+    from nvplugin.allocator.besteffort import EXACT_SHARE
+
+    limit = getattr(policy, "budget_s", 0.0) * EXACT_SHARE * 1e9
+    return {i for run in runs for i, t in enumerate(run) if limit and t >= limit}
+
+
 def _rss() -> int:
     """Current resident set size in bytes (Linux)."""
     pages = int(Path("/proc/self/statm").read_text().split()[1])
@@ -149,12 +158,16 @@ def run() -> None:
     import tempfile
 
     from nvplugin.allocator import make_policy
+    from nvplugin.allocator.besteffort import EXACT_SHARE
     from nvplugin.log import configure
 
     configure("json", "warning")
+    import os
+
     print(
         f"best-effort, per query in µs: all-free sizes 1..N + {RANDOM_QUERIES} random "
-        f"(seed {SEED}); in this process, then in a fresh process per node"
+        f"(seed {SEED}); in this process, then in a fresh process per node; load average "
+        f"{os.getloadavg()[0]:.2f} at start (2 cores shared: figures stretch with it)"
     )
     header = (
         f"{'node':<16}{'GPUs':>5}{'queries':>8} {'method':>7} | {'p50':>8} {'p99':>8} {'max':>8} | "
@@ -164,6 +177,7 @@ def run() -> None:
     print(f"{'':<37} | {'in process':^26} | {'fresh process':^26} | {'fresh process':^49}")
     print(header)
     per_size: dict[str, dict[int, int]] = {}
+    notes: list[str] = []
     directory = tempfile.mkdtemp()
     try:
         for name, source in _nodes(directory):
@@ -174,9 +188,21 @@ def run() -> None:
             method = getattr(policy, "method", "")
             times, answers = _answer_all(policy, work)
             fresh = _fresh(source, work)
-            # A budgeted search may stop at different points in two runs; exact methods may not.
-            if method != "search" and fresh["answers"] != answers:
+            # A budgeted search may stop at different points in two runs; exact methods may not,
+            # but a branch search that passes its budget hands over to that search.
+            late = _late(policy, times, fresh["times_ns"])
+            differ = [
+                i
+                for i, pair in enumerate(zip(answers, fresh["answers"], strict=True))
+                if pair[0] != pair[1]
+            ]
+            if method != "search" and any(i not in late for i in differ):
                 raise SystemExit(f"{name}: fresh-process answers differ from in-process ones")
+            if late and method == "branch":
+                notes.append(
+                    f"{name}: {len(late)} queries took {EXACT_SHARE:.0%} of the budget or more in "
+                    "a run (past it, the local search answers: not proven)"
+                )
             worst: dict[int, int] = {}
             for (_, _, size), t1, t2 in zip(work, times, fresh["times_ns"], strict=True):
                 worst[size] = max(worst.get(size, 0), t1, t2)
@@ -192,12 +218,15 @@ def run() -> None:
     finally:
         shutil.rmtree(directory, ignore_errors=True)
     print(
-        "method = tables (subset tables, <= 16 GPUs), counts (count search, few classes of "
-        "interchangeable GPUs), search (budgeted local search, exact tables up to 16 available); "
+        "method = tables (subset tables, <= 16 GPUs), counts (count search, <= 4 classes of "
+        "interchangeable GPUs), branch (branch and bound over count vectors, <= 8 classes, <= 32 "
+        "GPUs), search (budgeted local search, exact tables up to 16 available); "
         "import = numpy + policy modules; start-up = make_policy (after imports); tables = bytes "
         "the policy keeps; peak = tracemalloc peak while building; RSS+ = resident memory growth "
         "across make_policy. Times in µs unless marked."
     )
+    for note in notes:
+        print(note)
     for name, worst in per_size.items():
         if max(worst.values()) > 8000:
             slowest = sorted(worst, key=lambda size: -worst[size])[:5]

@@ -6,8 +6,10 @@ Prints:
   registration (target <= 1 s); registration waits for the allocation policy's start-up work,
   so this includes it (also on the 128-GPU nodes);
 - RPC round trip p50/p99 of GetDevicePluginOptions and GetPreferredAllocation over the unix socket
-  (target: GPA p99 within 5 ms of the options RPC's), on the DGX-2 and on a 24-GPU PCIe-switch
-  node (the count search);
+  (target: GPA p99 within 5 ms of the options RPC's), on the DGX-2, on a 24-GPU node of four PCIe
+  switches (the count search) and on 24-GPU nodes of six (l4-24, l4-24-uneven: the branch
+  search; also the 32-GPU l4-32), both RPCs interleaved in one run;
+- start -> registered and RSS on the PCIe-switch servers beyond 16 GPUs (l4-20, l4-24, l4-32);
 - on the 20-GPU node without structure: GetPreferredAllocation round trips (target: within the
   0.1 s budget) while another client sends gRPC health checks back to back (target: each
   answered in under 50 ms, the event loop never waits for the search);
@@ -101,11 +103,12 @@ async def _start_to_registered() -> tuple[list[float], list[float]]:
     return starts, restarts
 
 
-async def _registered(node: str, runs: int) -> list[float]:
-    """Spawn -> registered on ``node`` (a node file path), ``runs`` times."""
+async def _registered(node: str, runs: int) -> tuple[list[float], list[float]]:
+    """Spawn -> registered on ``node`` (a built-in name or node file path), ``runs`` times, and
+    the process's RSS once registered (MiB)."""
     from nvplugin.kubelet.kubelet import FakeKubelet
 
-    starts = []
+    starts, rss = [], []
     for _ in range(runs):
         directory = tempfile.mkdtemp()
         async with FakeKubelet(directory) as kubelet:
@@ -114,9 +117,15 @@ async def _registered(node: str, runs: int) -> list[float]:
             try:
                 await kubelet.wait_registered(GPU, timeout=30)
                 starts.append(time.perf_counter() - started)
+                rss.append(_rss_mb(process.pid))
             finally:
                 _stop(process)
-    return starts
+    return starts, rss
+
+
+def _load() -> str:
+    """The 1-minute load average (the machine is shared: every figure says how busy it was)."""
+    return f"{os.getloadavg()[0]:.2f}"
 
 
 @contextlib.contextmanager
@@ -189,7 +198,7 @@ def _print_round_trips(label: str, options_ms: list[float], gpa_ms: list[float])
     print(
         f"   {label}GetPreferredAllocation  p50 {_percentile(gpa_ms, 50):.3f} ms"
         f"  p99 {_percentile(gpa_ms, 99):.3f} ms  max {max(gpa_ms):.3f} ms"
-        f"   (p99 gap {p99_gap:+.3f} ms; target <= 5 ms)"
+        f"   (p99 gap {p99_gap:+.3f} ms; target <= 5 ms; load {_load()})"
     )
 
 
@@ -202,15 +211,23 @@ def _beyond_16() -> None:
     nodes = tempfile.mkdtemp()
     try:
         for name in ("pcie-switch-128", "nvswitch-128"):
-            starts = asyncio.run(_registered(write(nodes, name), LARGE_STARTS))
+            starts, _ = asyncio.run(_registered(write(nodes, name), LARGE_STARTS))
             print(
                 f"   start -> registered ({name}, {LARGE_STARTS} runs): median "
                 f"{statistics.median(starts):.2f} s, max {max(starts):.2f} s   (target <= 1 s)"
             )
-        node = write(nodes, "pcie-switch-24")
-        with _serving(node) as path:
-            options_ms, gpa_ms = _round_trips(path, node)
-        _print_round_trips("pcie-switch-24: ", options_ms, gpa_ms)
+        for name in ("l4-20", "l4-24", "l4-32"):
+            starts, rss = asyncio.run(_registered(write(nodes, name), LARGE_STARTS))
+            print(
+                f"   start -> registered ({name}, {LARGE_STARTS} runs): median "
+                f"{statistics.median(starts):.2f} s, max {max(starts):.2f} s; RSS median "
+                f"{statistics.median(rss):.1f} MB   (targets <= 1 s; load {_load()})"
+            )
+        for name in ("pcie-switch-24", "l4-24", "l4-24-uneven", "l4-32"):
+            node = write(nodes, name)
+            with _serving(node) as path:
+                options_ms, gpa_ms = _round_trips(path, node)
+            _print_round_trips(f"{name}: ", options_ms, gpa_ms)
         node = write(nodes, "mesh-20")
         with _serving(node) as path:
             searches, checks = _search_while_checking(path, node)
@@ -383,6 +400,14 @@ def run() -> None:
         f"{statistics.median(restarts) * 1000:.1f} ms, max {max(restarts) * 1000:.1f} ms"
         "   (target <= 1 s)"
     )
+    for name in (NODE, "dgx-a100"):
+        starts, rss = asyncio.run(_registered(name, STARTS))
+        print(
+            f"   footprint ({name}, {STARTS} runs): start -> registered median "
+            f"{statistics.median(starts):.2f} s, max {max(starts):.2f} s; RSS once registered "
+            f"median {statistics.median(rss):.1f} MiB   (targets <= 0.8 s, <= 60 MiB; load "
+            f"{_load()})"
+        )
 
     directory = tempfile.mkdtemp()
     process = _spawn(directory)

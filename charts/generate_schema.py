@@ -6,12 +6,17 @@ the chart value that sets it).
   (``.Files.Get``) to check every config given in ``config.map`` at render time, including the
   YAML strings Helm's own schema check cannot look into.
 - ``nvplugin/values.schema.json``: the same schema under ``$defs.nvpluginConfig`` for the
-  mappings in ``config.map``, and every chart value that sets a setting, typed with the
-  setting's own choices. The rest of that file (the chart's own values) is kept as it is.
+  mappings in ``config.map``, every chart value that sets a setting, typed with the setting's own
+  choices, and NVIDIA's values the chart honours or accepts at NVIDIA's defaults
+  (``nvplugin/config/chartvalues.py``). The rest of that file (the chart's own values) is kept as
+  it is.
 - ``nvplugin/settings.json``: what the templates turn into the container's flags and environment
-  ("nvplugin.env"), and the values nvplugin accepts at some values only ("nvplugin.validate").
-- ``nvplugin/values.yaml``: the values that set settings, between marker comments.
-- ``nvplugin/README.md``: the table of those values, between marker comments.
+  ("nvplugin.env"), and what "nvplugin.validate" refuses: the values nvplugin accepts at some
+  values only, NVIDIA's values accepted at NVIDIA's defaults only, NVIDIA's image.
+- ``nvplugin/values.yaml``: the values that set settings, and NVIDIA's values the chart honours,
+  between marker comments.
+- ``nvplugin/README.md``: the tables of those values and of every NVIDIA value, between marker
+  comments.
 - ``../README.md``: every key of the config file with its default, flags, variables, chart value
   and what a reload does with it, between marker comments.
 
@@ -34,6 +39,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from nvplugin.config import SCHEMA, SETTINGS
+from nvplugin.config.chartvalues import BY_PATH, NVIDIA_IMAGE, NVIDIA_VALUES, NvidiaValue, Use
 from nvplugin.config.schema import (
     Chart,
     ChartValue,
@@ -137,6 +143,8 @@ def how(v: Value) -> str:
     to = v.chart.to
     if to == "env":
         return f"Passed as `{_env(v)}` ({key})."
+    if to == "true" and v.chart.only_with:
+        return f"`true` with `{v.chart.only_with}` passes `{_env(v)}=true` ({key})."
     if to == "true":
         return f"`true` passes `{_env(v)}=true` ({key})."
     if to == "when":
@@ -179,10 +187,14 @@ def settings_data() -> dict[str, Any]:
             }
             if chart.to == "when":
                 entry["constant"] = chart.constant
+            if chart.only_with:
+                entry["with"] = chart.only_with.split(".")
             env.append(entry)
+    image = BY_PATH["image.repository"]
     return {
         "about": "Written by charts/generate_schema.py from the settings' declarations "
-        "(nvplugin/config/model.py); read by templates/_helpers.tpl. Do not edit.",
+        "(nvplugin/config/model.py) and NVIDIA's chart values (nvplugin/config/chartvalues.py); "
+        "read by templates/_helpers.tpl. Do not edit.",
         "args": [
             {"setting": v.path, "flag": f"--{v.setting.flags[0]}", "value": v.parts}
             for v in values
@@ -199,6 +211,17 @@ def settings_data() -> dict[str, Any]:
             for v in values
             if v.setting.supported is not None
         ],
+        "nvidia": [
+            {
+                "value": n.parts,
+                "defaults": n.defaults(),
+                "skip": sorted(n.skipped()),
+                "message": n.why,
+            }
+            for n in NVIDIA_VALUES
+            if n.use is Use.DEFAULTS
+        ],
+        "image": {"pattern": NVIDIA_IMAGE.pattern, "message": image.why},
     }
 
 
@@ -227,7 +250,10 @@ def config_value() -> dict[str, Any]:
                     "anyOf": [{"type": "string"}, {"$ref": "#/$defs/nvpluginConfig"}]
                 },
             },
-            "default": {"type": "string", "description": "The config file every node uses."},
+            "default": {
+                "type": "string",
+                "description": "The config file of a node without the config label.",
+            },
             "fallbackStrategies": {
                 "type": "array",
                 "items": {"type": "string", "enum": FALLBACK_STRATEGIES},
@@ -237,18 +263,69 @@ def config_value() -> dict[str, Any]:
     }
 
 
+def nvidia_schema(n: NvidiaValue, settings: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The JSON Schema of one of NVIDIA's values the chart declares: a HONOURED value's type;
+    anything for a block accepted at NVIDIA's defaults (the templates check it, naming every
+    key that is not), but the settings' chart values inside it (``settings``: their schemas by
+    key), which keep their types."""
+    if n.use is Use.HONOURED:
+        assert n.schema is not None, n.path
+        return {**n.schema, "description": n.help}
+    schema: dict[str, Any] = {
+        "description": f"NVIDIA's {n.path} values: accepted at NVIDIA's defaults only ({n.why})."
+    }
+    if settings:
+        schema.update(type=["object", "null"], properties=settings)
+    return schema
+
+
+def _below(n: NvidiaValue) -> dict[str, Any]:
+    """The schemas of the settings' chart values below NVIDIA's block ``n``, by key: exactly its
+    declared settings (Stale otherwise: a setting's value inside a block is declared there)."""
+    found = {
+        v.parts[len(n.parts)]: value_schema(v)
+        for v in chart_values()
+        if v.parts[: len(n.parts)] == n.parts and len(v.parts) == len(n.parts) + 1
+    }
+    if sorted(found) != sorted(n.settings):
+        raise Stale(
+            f"NVIDIA's block {n.path} declares settings {sorted(n.settings)}, but the settings' "
+            f"chart values below it are {sorted(found)}"
+        )
+    return found
+
+
+def _place(properties: dict[str, Any], parts: list[str], schema: dict[str, Any]) -> None:
+    node = properties
+    *parents, leaf = parts
+    for parent in parents:
+        group = node.get(parent)
+        if group is None or "properties" not in group:  # new, or once a block of NVIDIA's
+            group = node[parent] = {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {},
+            }
+        node = group["properties"]
+    node[leaf] = schema
+
+
 def values_schema(current: dict[str, Any]) -> dict[str, Any]:
     properties = json.loads(json.dumps(current["properties"]))  # a copy
     properties["config"] = config_value()
     for v in chart_values():
-        node = properties
-        *parents, leaf = v.parts
-        for parent in parents:
-            group = node.setdefault(
-                parent, {"type": "object", "additionalProperties": False, "properties": {}}
+        _place(properties, v.parts, value_schema(v))  # Helm checks values.yaml's default
+    for n in NVIDIA_VALUES:
+        if n.use in (Use.HONOURED, Use.DEFAULTS):
+            _place(
+                properties, n.parts, nvidia_schema(n, _below(n) if n.use is Use.DEFAULTS else {})
             )
-            node = group["properties"]
-        node[leaf] = value_schema(v)  # Helm checks values.yaml's default against it
+        else:  # the chart's own value, written by hand
+            node: Any = {"properties": properties}
+            for part in n.parts:
+                node = node.get("properties", {}).get(part)
+                if node is None:
+                    raise Stale(f"{VALUES_SCHEMA}: NVIDIA's value {n.path} is missing")
     return {
         **{k: v for k, v in current.items() if k not in ("properties", "$defs")},
         "properties": properties,
@@ -355,7 +432,37 @@ def values_yaml(current: str) -> str:
             opened = None
         block.extend(line + "\n" for line in _wrap(describe(v), f"{indent}# -- ", f"{indent}# "))
         block.append(f"{indent}{v.parts[-1]}: {_scalar(v.value.default)}\n")
-    return replace_between(current, VALUES_BEGIN, VALUES_END, "".join(block), VALUES_YAML)
+    written = replace_between(current, VALUES_BEGIN, VALUES_END, "".join(block), VALUES_YAML)
+    return replace_between(written, NVIDIA_BEGIN, NVIDIA_END, nvidia_yaml(), VALUES_YAML)
+
+
+NVIDIA_BEGIN = "# --- NVIDIA's values the chart honours"
+NVIDIA_END = "# --- end of NVIDIA's values the chart honours"
+
+
+def nvidia_yaml() -> str:
+    """values.yaml's block of NVIDIA's values the chart honours, nested as their paths say."""
+    header = (
+        "Written by charts/generate_schema.py from nvplugin/config/chartvalues.py: change them "
+        "there and run it. NVIDIA's values (v0.17 to v0.20) with NVIDIA's meaning; NVIDIA's "
+        "gfd, nfd and mps values are accepted at NVIDIA's defaults only (see README.md)."
+    )
+    block = [line + "\n" for line in _wrap(header, "# ", "# ")] + ["\n"]
+    opened: list[str] = []
+    for n in NVIDIA_VALUES:
+        if n.use is not Use.HONOURED:
+            continue
+        *parents, leaf = n.parts
+        common = 0
+        while common < min(len(opened), len(parents)) and opened[common] == parents[common]:
+            common += 1
+        for depth in range(common, len(parents)):
+            block.append(f"{'  ' * depth}{parents[depth]}:\n")
+        opened = parents
+        indent = "  " * len(parents)
+        block.extend(line + "\n" for line in _wrap(n.help, f"{indent}# -- ", f"{indent}# "))
+        block.append(f"{indent}{leaf}: {_scalar(n.default)}\n")
+    return "".join(block)
 
 
 # --- the chart's README: the table of values that set settings ----------------------------------
@@ -394,6 +501,69 @@ def chart_table() -> str:
             describe(v).replace("|", "\\|"),
         ]
         rows.append(f"| {' | '.join(cells)} |\n")
+    return "".join(rows)
+
+
+NVIDIA_TABLE_BEGIN = "<!-- Every value of NVIDIA's chart"
+NVIDIA_TABLE_END = "<!-- end of every value of NVIDIA's chart -->"
+
+_USE = {
+    Use.SAME: "same",
+    Use.HONOURED: "honoured",
+    Use.DEFAULTS: "accepted at NVIDIA's defaults only",
+    Use.REFUSED: "refused",
+}
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def _nvidia_default(values: list[Any]) -> str:
+    if not values:
+        return "(absent)"
+    texts = [_scalar(value) for value in values]
+    if len(texts) > 1 or len(texts[0]) > 40:
+        return "(a list)" if isinstance(values[0], list) else "(a mapping)"
+    return _cell(f"`{texts[0]}`")
+
+
+def nvidia_table() -> str:
+    """Every value of NVIDIA's chart: the settings' values, then the ones declared in
+    chartvalues.py, with what nvplugin's chart does with each."""
+    rows = ["| NVIDIA's value | NVIDIA's default | nvplugin's chart |\n", "|---|---|---|\n"]
+    for v in chart_values():
+        if v.path.startswith("nvplugin."):
+            continue  # nvplugin's own
+        if v.chart.to == "check":
+            what = f"accepted at `null` or {', '.join(f'`{s}`' for s in _supported(v) or [])} only"
+        else:
+            what = f"same: sets `{v.path}`"
+        default = "null" if v.value.default in (None, "") else _scalar(v.value.default)
+        rows.append(f"| `{v.value.path}` | `{default}` | {_cell(what)} |\n")
+    for n in NVIDIA_VALUES:
+        nvidia = n.defaults()
+        if n.use is Use.DEFAULTS:
+            default = "NVIDIA's defaults of every version"
+        else:
+            default = _nvidia_default(nvidia)
+        what = _USE[n.use] + (f": {n.why}" if n.why else "")
+        star = ".*" if n.use is Use.DEFAULTS else ""
+        rows.append(f"| `{n.path}{star}` | {default} | {_cell(what)} |\n")
+    rows += [
+        "\nThe ones the chart implements (values.yaml holds them at nvplugin's defaults):\n\n",
+        "| Value | Type | Default | Description |\n",
+        "|---|---|---|---|\n",
+    ]
+    for n in NVIDIA_VALUES:
+        if n.use is Use.HONOURED:
+            cells = [
+                f"`{n.path}`",
+                type_text(nvidia_schema(n)),
+                f"`{json.dumps(n.default)}`",
+                _cell(n.help),
+            ]
+            rows.append(f"| {' | '.join(cells)} |\n")
     return "".join(rows)
 
 
@@ -460,7 +630,13 @@ def outputs() -> dict[Path, str]:
         SETTINGS_DATA: render_json(settings_data()),
         VALUES_YAML: values_yaml(VALUES_YAML.read_text()),
         CHART_README: replace_between(
-            CHART_README.read_text(), TABLE_BEGIN, TABLE_END, chart_table(), CHART_README
+            replace_between(
+                CHART_README.read_text(), TABLE_BEGIN, TABLE_END, chart_table(), CHART_README
+            ),
+            NVIDIA_TABLE_BEGIN,
+            NVIDIA_TABLE_END,
+            nvidia_table(),
+            CHART_README,
         ),
         README: replace_between(README.read_text(), KEYS_BEGIN, KEYS_END, readme_keys(), README),
     }

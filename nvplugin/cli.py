@@ -7,10 +7,11 @@ import sys
 
 from nvplugin.plugin.signals import PendingSignals
 
-if sys.argv[1:2] == ["serve"]:
-    # ``nvplugin serve`` handles SIGTERM, SIGINT and SIGHUP from here on, before click and the
-    # rest are imported (a tenth of a second, more on a loaded node), in which SIGHUP's default
-    # action would kill it. ``serve`` takes the recorder over (PendingSignals.current).
+if sys.argv[1:2] == ["serve"] or sys.argv[0].rpartition("/")[2] == "nvidia-device-plugin":
+    # ``nvplugin serve`` (and ``nvidia-device-plugin``) handles SIGTERM, SIGINT and SIGHUP from
+    # here on, before click and the rest are imported (a tenth of a second, more on a loaded
+    # node), in which SIGHUP's default action would kill it. ``serve`` takes the recorder over
+    # (PendingSignals.current).
     PendingSignals.install()
 
 import functools
@@ -25,6 +26,9 @@ from nvplugin.api import DEFAULT_DEVICE_PLUGIN_DIR
 from nvplugin.config.rules import MIG_STRATEGIES
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+NVIDIA_COMMAND = "nvidia-device-plugin"
+"""The name of NVIDIA's plugin command, which nvplugin's package installs too (it serves)."""
 
 
 def user_errors(func: F) -> F:
@@ -47,6 +51,11 @@ def user_errors(func: F) -> F:
 @click.version_option(__version__, prog_name="nvplugin")
 def main() -> None:
     """Kubernetes device plugin for NVIDIA GPUs, with simulated nodes and a fake kubelet."""
+    from nvplugin.log import configure
+
+    # Logs go to stderr, warnings and up, unless a command sets its own (serve: its config's):
+    # stdout carries the command's output alone (--output json is JSON and nothing else).
+    configure(None, "warning")
 
 
 # Commands. Each section below is owned by one part of the package; keep each command a thin
@@ -55,8 +64,15 @@ def main() -> None:
 # --- node: devices, topo, node import, node capture ---
 
 
+def config_file_option(help_text: str) -> Callable[[F], F]:
+    """``--config-file FILE`` (NVIDIA's name) or ``--config FILE``: the plugin's config file.
+    Every command that takes the plugin's config takes both spellings."""
+    return click.option("--config-file", "--config", "config_path", metavar="FILE", help=help_text)
+
+
 def plugin_config_options(config_help: str) -> Callable[[F], F]:
-    """``--config FILE`` and ``--mig-strategy``: the plugin's config a command works with."""
+    """``--config-file``/``--config FILE`` and ``--mig-strategy``: the plugin's config a command
+    works with."""
 
     def add(func: F) -> F:
         func = click.option(
@@ -66,14 +82,78 @@ def plugin_config_options(config_help: str) -> Callable[[F], F]:
             "file's; default: the file's, else none). Under mixed, MIG devices are served as "
             "nvidia.com/mig-<profile>.",
         )(func)
-        return click.option("--config", "config_path", metavar="FILE", help=config_help)(func)
+        return config_file_option(config_help)(func)
 
     return add
 
 
-def config_file_option(help: str) -> Callable[[F], F]:
-    """``--config-file FILE`` (``--config``): NVIDIA's name for the plugin's config file."""
-    return click.option("--config-file", "--config", "config_path", metavar="FILE", help=help)
+def node_config_options(func: F) -> F:
+    """``--config-file-srcdir DIR --node-label-value VALUE``: the config of DIR a node with that
+    label gets under per-node selection (serve --config-file-srcdir), used as --config."""
+    options = [
+        click.option(
+            "--fallback-strategies",
+            metavar="LIST",
+            help="With --config-file-srcdir: serve's fallback strategies (default named,single).",
+        ),
+        click.option(
+            "--default-config",
+            metavar="NAME",
+            help="With --config-file-srcdir: serve's default config (DEFAULT_CONFIG).",
+        ),
+        click.option(
+            "--node-label-value",
+            metavar="VALUE",
+            help="With --config-file-srcdir: the node's nvidia.com/device-plugin.config label "
+            "(absent: a node without it).",
+        ),
+        click.option(
+            "--config-file-srcdir",
+            metavar="DIR",
+            help="Per-node configs (one file per name, the ConfigMap): use the one a node with "
+            "--node-label-value would get; says which on stderr.",
+        ),
+    ]
+    for option in options:
+        func = option(func)
+    return func
+
+
+def _node_config(
+    config_path: str | None,
+    srcdir: str | None,
+    label: str | None,
+    default_config: str | None,
+    fallbacks: str | None,
+) -> str | None:
+    """The config file to use: ``config_path``, or the one per-node selection in ``srcdir``
+    gives a node labelled ``label`` (said on stderr)."""
+    from nvplugin.errors import InputError
+
+    given = {
+        "--node-label-value": label,
+        "--default-config": default_config,
+        "--fallback-strategies": fallbacks,
+    }
+    if srcdir is None:
+        for flag, value in given.items():
+            if value is not None:
+                raise InputError(f"{flag} needs --config-file-srcdir DIR")
+        return config_path
+    if config_path is not None:
+        raise InputError("--config and --config-file-srcdir: give one")
+    from nvplugin.config.select import config_for, read_selection
+
+    flags = {
+        "config_file_srcdir": srcdir,
+        "default_config": default_config,
+        "fallback_strategies": fallbacks,
+    }
+    selection = read_selection(flags, {})
+    assert selection is not None
+    choice = config_for(label, selection)
+    click.echo(f"config: {choice.describe()}", err=True)
+    return choice.path(selection.srcdir)
 
 
 def _simulate_help() -> str:
@@ -95,17 +175,28 @@ _SIMULATE_HELP = _simulate_help()
     "Also show which resource each GPU (MIG device) is served as under this config file "
     "(MIG strategy, resources by model, exclusions, time-slicing replicas)."
 )
+@node_config_options
 @user_errors
 def devices(
-    simulate: str | None, output: str, config_path: str | None, mig_strategy: str | None
+    simulate: str | None,
+    output: str,
+    config_path: str | None,
+    mig_strategy: str | None,
+    config_file_srcdir: str | None,
+    node_label_value: str | None,
+    default_config: str | None,
+    fallback_strategies: str | None,
 ) -> None:
     """List the node's GPUs: index, UUID, model, memory, PCI bus id, NUMA node (and resource);
     MIG devices below them on a node with MIG."""
     from nvplugin.node import load_topology, report
 
+    config_path = _node_config(
+        config_path, config_file_srcdir, node_label_value, default_config, fallback_strategies
+    )
     topo = load_topology(simulate)
     labels = mig_labels = plan_dict = None
-    if config_path is not None or mig_strategy is not None:
+    if config_path is not None or mig_strategy is not None or config_file_srcdir is not None:
         from nvplugin.config import load_config
         from nvplugin.rm.plan import plan_for
 
@@ -357,68 +448,141 @@ def preferred(
 # --- plugin: serve ---
 
 
-def setting_options(func: F) -> F:
-    """Add one ``serve`` option per config setting that has flags (nvplugin/config/model.py),
-    with NVIDIA's names and forms for NVIDIA's settings: ``--flag`` alone or ``--flag=true|false``
-    for booleans, list flags repeatable and comma-separated. Each lands in ``settings`` by key
-    path."""
-    from nvplugin.config import SETTINGS
-    from nvplugin.config.schema import Bool, List, Nullable
+def setting_options(nvidia_only: bool = False) -> Callable[[F], F]:
+    """One option per config setting that has flags (nvplugin/config/model.py), with NVIDIA's
+    names and forms for NVIDIA's settings: ``--flag`` alone or ``--flag=true|false`` for
+    booleans, list flags repeatable and comma-separated. Each lands in ``setting_<n>``, n the
+    setting's number. ``nvidia_only``: NVIDIA's settings only (``nvidia-device-plugin``), their
+    help in NVIDIA's style (``[$MIG_STRATEGY]``)."""
 
-    for number, (path, setting) in reversed(list(enumerate(SETTINGS.items()))):
-        if not setting.flags:
-            continue
-        kind = setting.kind.inner if isinstance(setting.kind, Nullable) else setting.kind
-        env = ", ".join(setting.env)
-        extra: dict[str, Any] = {}
-        if isinstance(kind, Bool):
-            extra = {"is_flag": False, "flag_value": "true", "metavar": "true|false"}
-        elif isinstance(kind, List):
-            extra = {"multiple": True, "metavar": "V[,V]"}
+    def add(func: F) -> F:
+        from nvplugin.config import SETTINGS
+        from nvplugin.config.schema import Bool, List, Nullable
+
+        for number, (path, setting) in reversed(list(enumerate(SETTINGS.items()))):
+            if not setting.flags or (nvidia_only and path.startswith("nvplugin.")):
+                continue
+            kind = setting.kind.inner if isinstance(setting.kind, Nullable) else setting.kind
+            extra: dict[str, Any] = {}
+            if isinstance(kind, Bool):
+                extra = {"is_flag": False, "flag_value": "true", "metavar": "true|false"}
+            elif isinstance(kind, List):
+                extra = {"multiple": True, "metavar": "V[,V]"}
+            default = _default_text(setting)
+            if nvidia_only:
+                names = " ".join(f"[${name}]" for name in setting.env)
+                text = f"{setting.help} ({path}{'; ' + default if default else ''}) {names}"
+            else:
+                env = ", ".join(setting.env)
+                text = (
+                    f"{setting.help} (config {path}; env {env}{'; ' + default if default else ''})"
+                )
+            func = click.option(
+                *(f"--{name}" for name in setting.flags),
+                f"setting_{number}",
+                default=None,
+                help=text,
+                **extra,
+            )(func)
+        return func
+
+    return add
+
+
+def _default_text(setting: Any) -> str:
+    """``default X`` for an option's help (empty for an empty or absent default); durations as
+    the config file writes them (``0.1s``)."""
+    from nvplugin.config.schema import Duration, format_duration
+
+    default = setting.default
+    if default is None or default == () or default == "":
+        return ""
+    if isinstance(setting.kind, Duration):
+        return f"default {format_duration(float(default))}"
+    if isinstance(default, bool):
+        return f"default {str(default).lower()}"
+    if isinstance(default, tuple):
+        return f"default {','.join(str(item) for item in default)}"
+    return f"default {default}"
+
+
+_CONFIG_FILE_HELP = (
+    "Config file (YAML or JSON; NVIDIA's v1 format plus nvplugin's keys); env CONFIG_FILE."
+)
+
+
+def selection_options(func: F) -> F:
+    """``serve``'s per-node config options: NVIDIA's config manager's flags and variables
+    (nvplugin/config/select.py)."""
+    helps = {
+        "config_file_srcdir": "Per-node configs: the directory of configs, one file per name "
+        "(the ConfigMap mounted as a volume); the node's label chooses among them, followed "
+        "while serving.",
+        "node_label": "The node label naming the config (default nvidia.com/device-plugin.config).",
+        "default_config": "The config of a node without the label.",
+        "fallback_strategies": "Without a default config: named (the config called default), "
+        "single (the only one), empty (none), tried in order (default named,single).",
+        "node_name": "This node's name, to read its label (the downward API's spec.nodeName).",
+        "kubeconfig": "A kubeconfig file for the API (default: the in-cluster service account).",
+    }
+    from nvplugin.config.select import FLAGS
+
+    for key, (flag, env) in reversed(FLAGS.items()):
         func = click.option(
-            *(f"--{name}" for name in setting.flags),
-            f"setting_{number}",
-            default=None,
-            help=f"{setting.help} (config {path}; env {env}{_default_text(setting.default)})",
-            **extra,
+            f"--{flag}", f"select_{key}", metavar="V", help=f"{helps[key]} (env {env})"
         )(func)
     return func
 
 
-def _default_text(default: object) -> str:
-    """``; default X`` for an option's help (nothing for an empty or absent default)."""
-    if default is None or default == () or default == "":
-        return ""
-    if isinstance(default, bool):
-        return f"; default {str(default).lower()}"
-    if isinstance(default, tuple):
-        return f"; default {','.join(str(item) for item in default)}"
-    return f"; default {default}"
-
-
 @main.command()
 @click.option("--simulate", metavar="NODE", help=_SIMULATE_HELP)
-@config_file_option(
-    "Config file (YAML or JSON; NVIDIA's v1 format plus nvplugin's keys); env CONFIG_FILE."
-)
-@setting_options
+@config_file_option(_CONFIG_FILE_HELP)
+@selection_options
+@setting_options()
 @click.option("--discovery-retry-s", type=float, hidden=True)  # tests: shorter waits
 @click.option("--socket-give-up-s", type=float, hidden=True)
+@click.option("--api-backoff-s", type=(float, float), hidden=True)  # initial, maximum
+@click.option("--api-watch-s", type=int, hidden=True)
 @user_errors
 def serve(
     simulate: str | None,
     config_path: str | None,
     discovery_retry_s: float | None,
     socket_give_up_s: float | None,
+    api_backoff_s: tuple[float, float] | None,
+    api_watch_s: int | None,
     **options: object,
 ) -> None:
     """Run the device plugin: serve the kubelet, register, follow its restarts and GPU health.
 
     Settings come from flags, then environment variables (NVIDIA's names for NVIDIA's settings,
     NVPLUGIN_* for nvplugin's), then the config file, then defaults. SIGTERM/SIGINT stop it
-    (exit 0); SIGHUP reloads the config. Without a kubelet
+    (exit 0); SIGHUP reloads the config. With --config-file-srcdir it runs the config its node's
+    label names and follows the label and the directory. Without a kubelet
     (--simulate on a laptop), run `nvplugin kubelet --device-plugin-dir DIR` beside it.
     """
+    _serve(
+        simulate,
+        config_path,
+        discovery_retry_s,
+        socket_give_up_s,
+        options,
+        api_backoff_s=api_backoff_s,
+        api_watch_s=api_watch_s,
+    )
+
+
+def _serve(
+    simulate: str | None,
+    config_path: str | None,
+    discovery_retry_s: float | None,
+    socket_give_up_s: float | None,
+    options: dict[str, object],
+    *,
+    api_backoff_s: tuple[float, float] | None = None,
+    api_watch_s: int | None = None,
+) -> None:
+    """``serve``'s work, shared with ``nvidia-device-plugin``."""
     # First, before any import or file read (and usually since this module's first lines): a
     # signal is never fatal (SIGHUP before serving reloads once serving; SIGTERM/SIGINT before
     # serving stop cleanly).
@@ -427,29 +591,175 @@ def serve(
     import os
 
     from nvplugin.config import SETTINGS, load_config
+    from nvplugin.config.select import first_choice, read_selection
+    from nvplugin.errors import InputError
 
     env = dict(os.environ)
     paths = list(SETTINGS)
-    flags = {paths[int(name.split("_")[1])]: value for name, value in options.items()}
+    chosen = {k[len("select_") :]: v for k, v in options.items() if k.startswith("select_")}
+    flags = {
+        paths[int(name.split("_")[1])]: value
+        for name, value in options.items()
+        if name.startswith("setting_")
+    }
     path = config_path or env.get("CONFIG_FILE") or None
 
-    def load() -> Any:
-        return load_config(path, flags=flags, env=env)
+    def load_file(file: str | None) -> Any:
+        return load_config(file, flags=flags, env=env)
 
-    config = load()  # a bad config exits 2 before gRPC is even imported
+    selection = read_selection(chosen, env)
+    following = None
+    if selection is None:
+        config = load_file(path)  # a bad config exits 2 before gRPC is even imported
+    else:
+        if path is not None:
+            raise InputError(
+                f"--config-file (CONFIG_FILE) {path} and --config-file-srcdir "
+                f"(CONFIG_FILE_SRCDIR) {selection.srcdir}: give one; the directory's configs are "
+                "chosen per node by its label"
+            )
+        from nvplugin.plugin.selection import Following
+
+        start = first_choice(selection, load_file)
+        following = Following(selection, start, load_file)
+        config = start.config
     from nvplugin.plugin.daemon import run_daemon
+    from nvplugin.plugin.selection import ApiTiming
 
+    timing: dict[str, Any] = {"discovery_retry_s": discovery_retry_s}
+    timing["serve_give_up_s"] = socket_give_up_s
+    if api_backoff_s is not None or api_watch_s is not None:
+        backoff = api_backoff_s or (ApiTiming.backoff_initial_s, ApiTiming.backoff_max_s)
+        timing["api_timing"] = ApiTiming(*backoff, watch_s=api_watch_s)
     # The daemon's own defaults apply unless a test shortens them.
-    timing = {"discovery_retry_s": discovery_retry_s, "serve_give_up_s": socket_give_up_s}
     sys.exit(
         run_daemon(
             config,
-            reload=load,
+            reload=lambda: load_file(path),
             simulate=simulate,
             pending=pending,
+            following=following,
             **{name: value for name, value in timing.items() if value is not None},
         )
     )
+
+
+@click.command(
+    NVIDIA_COMMAND,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    epilog="nvplugin's own settings: NVPLUGIN_* variables or the config file's nvplugin: block "
+    "(nvplugin serve --help lists them). --simulate NODE serves a simulated node, as "
+    "nvplugin serve does.",
+)
+@config_file_option(
+    "The path to the configuration file to use (NVIDIA's v1 format, plus nvplugin's keys). "
+    "[$CONFIG_FILE]"
+)
+@setting_options(nvidia_only=True)
+@click.option("--simulate", metavar="NODE", hidden=True)
+@click.option("--discovery-retry-s", type=float, hidden=True)
+@click.option("--socket-give-up-s", type=float, hidden=True)
+@click.version_option(__version__, prog_name=f"{NVIDIA_COMMAND} (nvplugin)")
+@user_errors
+def nvidia_device_plugin(
+    simulate: str | None,
+    config_path: str | None,
+    discovery_retry_s: float | None,
+    socket_give_up_s: float | None,
+    **options: object,
+) -> None:
+    """NVIDIA device plugin for Kubernetes -- here nvplugin, which serves exactly as
+    `nvplugin serve` does.
+
+    NVIDIA's command, flags and environment variables, with NVIDIA's meaning: a DaemonSet
+    written for NVIDIA's plugin (command: [nvidia-device-plugin]) runs nvplugin's image
+    unchanged. Settings come from flags, then environment variables, then the config file.
+    """
+    _serve(simulate, config_path, discovery_retry_s, socket_give_up_s, options)
+
+
+def nvidia_device_plugin_main() -> None:
+    """The ``nvidia-device-plugin`` program. NVIDIA's command parses flags as Go does, so
+    ``-mig-strategy=mixed`` means ``--mig-strategy=mixed``: a single-dash long name of one of
+    its options is read as that option."""
+    names = {
+        name
+        for param in nvidia_device_plugin.params
+        if isinstance(param, click.Option)
+        for name in param.opts
+    }
+    argv = []
+    for arg in sys.argv[1:]:
+        if arg.startswith("-") and not arg.startswith("--") and "-" + arg.split("=")[0] in names:
+            arg = "-" + arg
+        argv.append(arg)
+    nvidia_device_plugin.main(argv, prog_name=NVIDIA_COMMAND)
+
+
+# --- migrate ---
+
+
+@main.command()
+@click.option(
+    "--values",
+    "values_file",
+    metavar="FILE",
+    help="A values file of NVIDIA's chart (helm show values, or helm get values RELEASE).",
+)
+@click.option(
+    "--daemonset",
+    "daemonset_file",
+    metavar="FILE",
+    help="A manifest with a DaemonSet written for NVIDIA's image (static, or rendered by "
+    "NVIDIA's chart).",
+)
+@click.option(
+    "--image-repository",
+    metavar="REPO",
+    default="nvplugin",
+    show_default=True,
+    help="Where nvplugin's image is (built from its Dockerfile): what NVIDIA's image becomes.",
+)
+@click.option("--output", type=click.Choice(["yaml", "json"]), default="yaml", show_default=True)
+@user_errors
+def migrate(
+    values_file: str | None, daemonset_file: str | None, image_repository: str, output: str
+) -> None:
+    """Print nvplugin's equivalent of NVIDIA's deployment, and every change, by key path.
+
+    A values file becomes the values for nvplugin's chart; a DaemonSet, the same DaemonSet with
+    nvplugin's image. Above the YAML, as comments: what changed, what was dropped (NVIDIA's
+    defaults of what nvplugin does not do), what differs, what nvplugin refuses (left out; the
+    input as it is would fail), what nvplugin does not know. Exits 2 when something is refused,
+    else 0.
+    """
+    from nvplugin import yamlinput
+    from nvplugin.errors import InputError
+    from nvplugin.migrate import report
+    from nvplugin.migrate.daemonset import migrate_daemonset
+    from nvplugin.migrate.values import migrate_values
+
+    if values_file is None and daemonset_file is None:
+        raise InputError("migrate: give --values FILE, --daemonset FILE, or both")
+    migrations = []
+    if values_file is not None:
+        text = yamlinput.read_text(values_file, f"values file {values_file}")
+        migrations.append(migrate_values(text, values_file, image_repository))
+    if daemonset_file is not None:
+        text = yamlinput.read_text(daemonset_file, f"manifest {daemonset_file}")
+        migrations.append(migrate_daemonset(text, daemonset_file, image_repository))
+    if output == "json":
+        click.echo(report.to_json(migrations), nl=False)
+    else:
+        click.echo(report.to_text(migrations), nl=False)
+    refused = sum(len(m.refused) for m in migrations)
+    if refused:
+        click.echo(
+            f'error: {refused} key(s) nvplugin cannot use ("refused" above): fix them before '
+            "installing",
+            err=True,
+        )
+        sys.exit(2)
 
 
 # --- chart/probe: probe ---
@@ -530,9 +840,10 @@ def probe(socket_path: str, timeout_s: float, service: str, live: bool) -> None:
 )
 @click.option("--reserved-cpus", metavar="LIST", help="CPUs kept for the system, e.g. 0-1.")
 @plugin_config_options(
-    "The plugin's config file (nvplugin serve --config): resources by GPU model, "
+    "The plugin's config file (nvplugin serve --config-file): resources by GPU model, "
     "time-slicing, strategies."
 )
+@node_config_options
 @click.option("--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("--kill-plugin-after", metavar="POD", hidden=True)
 @click.argument("pods_file", metavar="PODS.yaml")
@@ -546,6 +857,10 @@ def admit(
     reserved_cpus: str | None,
     config_path: str | None,
     mig_strategy: str | None,
+    config_file_srcdir: str | None,
+    node_label_value: str | None,
+    default_config: str | None,
+    fallback_strategies: str | None,
     output: str,
     kill_plugin_after: str | None,
     pods_file: str,
@@ -565,6 +880,9 @@ def admit(
     from nvplugin.log import configure
 
     configure(None, "warning")
+    config_path = _node_config(
+        config_path, config_file_srcdir, node_label_value, default_config, fallback_strategies
+    )
     settings = admission.AdmitSettings(
         simulate=simulate,
         topology_manager_policy=topology_manager_policy,

@@ -11,7 +11,8 @@ the tests did or did not clean up.
 The guard: an audit hook records every temporary file or directory made in this process outside
 the run directory (``tempfile.mkdtemp(dir="/tmp")``, say), with the test that made it; at the end
 of the session any of them still there fails the run, named. So do child processes still running
-(a plugin a test forgot to stop).
+(a plugin a test forgot to stop), and MPS control daemons on a pipe directory in the run directory
+(they daemonize away from the plugin that started them, so they are nobody's child here).
 
 The tiers: ``make test`` runs every test, ``make test-fast`` leaves out those marked ``process``
 (they start ``nvplugin`` or another Python program as a child process: ``serve`` beside the fake
@@ -45,6 +46,8 @@ PROCESS_DIRECTORIES = ("e2e", "reliability")
 
 
 SHELLS = ("sh", "bash")
+MPS_CONTROL = "nvidia-cuda-mps-control"
+"""The simulated MPS control program (nvplugin/node/simmps.py) is a Python program too."""
 
 
 def starts_a_program(executable: object, argv: object) -> bool:
@@ -56,7 +59,11 @@ def starts_a_program(executable: object, argv: object) -> bool:
         script = command[command.index("-c") + 1].split()
         program = script[0] if script else ""
     name = os.path.basename(program)
-    return name.startswith("python") or name == "nvplugin" or program == sys.executable
+    return (
+        name.startswith("python")
+        or name in ("nvplugin", "nvidia-device-plugin", MPS_CONTROL)
+        or program == sys.executable
+    )
 
 
 @dataclass
@@ -130,6 +137,10 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         if os.path.lexists(path)
     ]
     problems += [f"process {pid} still running: {command}" for pid, command in _children()]
+    problems += [
+        f"MPS control daemon {pid} still running: {command}"
+        for pid, command in _mps_daemons(scratch.run.root)
+    ]
     if problems:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
@@ -149,6 +160,17 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if scratch is None:
         return
     scratch.run.leave()
+
+
+def _mps_daemons(root: str) -> list[tuple[int, str]]:
+    """Running MPS control daemons (the simulated ones) whose pipe directory is under ``root``."""
+    from nvplugin.plugin.mps import control_daemons  # late: only at the end of the run
+
+    return [
+        (pid, f"{MPS_CONTROL} -d (CUDA_MPS_PIPE_DIRECTORY={pipe})")
+        for pid, pipe in control_daemons()
+        if pipe.startswith(root + os.sep)
+    ]
 
 
 def _children() -> list[tuple[int, str]]:

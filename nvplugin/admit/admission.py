@@ -44,7 +44,7 @@ from typing import Any
 import structlog
 
 from nvplugin.admit.process import PluginProcess, plugin_environment
-from nvplugin.admit.visible import visible_devices
+from nvplugin.admit.visible import MpsShares, mps_shares, visible_devices
 from nvplugin.api import KUBELET_SOCKET
 from nvplugin.errors import InputError, NvpluginError
 from nvplugin.kubelet.cpumanager import POLICIES as CPU_POLICIES
@@ -119,6 +119,7 @@ class ContainerResult:
     cpus: tuple[int, ...]  # exclusive CPUs; empty = the shared pool
     numa_nodes: tuple[int, ...] | None  # stored topology hint; None = none stored / don't care
     mig_devices: tuple[str, ...] = ()  # its MIG devices, ``<gpu>:<mig index>``, in index order
+    mps: MpsShares | None = None  # its MPS limits, when it got replicas of an MPS resource
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -126,6 +127,7 @@ class ContainerResult:
             "devices": {r: list(ids) for r, ids in self.devices.items()},
             "gpu_indices": list(self.gpu_indices),
             "mig_devices": list(self.mig_devices),
+            "mps": None if self.mps is None else self.mps.as_json(),
             "cpus": list(self.cpus),
             "numa_nodes": None if self.numa_nodes is None else list(self.numa_nodes),
         }
@@ -294,6 +296,9 @@ class Admission:
         return PluginProcess(
             self.directory,
             *self.settings.plugin_args(),
+            # MPS control daemons (a config with sharing.mps) under this run's directory.
+            "--mps-root",
+            os.path.join(self.directory, "mps"),
             env=plugin_environment(drop=INHERITED_NOT),
             log_path=os.path.join(self.directory, "serve.log"),
         )
@@ -399,11 +404,13 @@ class Admission:
         responses make visible."""
         devices: dict[str, tuple[str, ...]] = {}
         visible = set()
+        mps = None
         for entry in self.devices.allocations():
             if entry.pod_uid != pod.uid or entry.container != name:
                 continue
             devices[entry.resource] = tuple(self.devices.ordered(entry.resource, entry.device_ids))
             visible.update(visible_devices(self.topology, entry.response))
+            mps = mps_shares(self.topology, entry.response) or mps
         hint = self.manager.stored_affinity(pod.uid, name)
         numa = None
         if hint is not None and hint.numa_affinity is not None:
@@ -415,6 +422,7 @@ class Admission:
             self.cpus.cpus(pod.uid, name),
             numa,
             tuple(v.label for v in sorted(visible, key=lambda v: v.index) if v.mig is not None),
+            mps,
         )
 
 

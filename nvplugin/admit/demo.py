@@ -16,6 +16,9 @@ Two acts, each a real ``nvplugin serve`` process driven by the fake kubelet with
    (``nvidia.com/mig-1g.5gb``, ...) with their parent GPU's NUMA node; the plugin keeps a pod's
    MIG devices on one parent, and single-numa-node refuses a pod whose profile is spread over
    two NUMA nodes.
+4. **mixed-a100-t4** with the A100s shared through MPS and the T4s time-sliced: a pod's MPS
+   shares are its memory and thread limits (two shares of a GPU, twice the memory), run by the MPS
+   control daemon the plugin starts (the simulated node's stand-in).
 
 The acts run concurrently; the report is built from what actually happened (nothing in it is
 canned except the act titles and the one-line stories).
@@ -24,7 +27,11 @@ canned except the act titles and the one-line stories).
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from importlib import resources
 from itertools import combinations
 
@@ -44,6 +51,7 @@ class Act:
     story: str
     sample: str  # file name in nvplugin/kubelet/samples/
     settings: AdmitSettings
+    config: str | None = None  # the plugin's config file in samples/configs/, if the act needs one
 
 
 ACTS = (
@@ -86,7 +94,26 @@ ACTS = (
             mig_strategy="mixed",
         ),
     ),
+    Act(
+        title="MPS shares beside time-slicing",
+        story=(
+            "The A100s are shared through MPS, four shares each: a share is a quarter of the\n"
+            "GPU's memory and SMs, enforced by the MPS control daemon the plugin runs. Shares\n"
+            "are packed (sharedDevicesAllocationPolicy): a pod asking for two gets two of one\n"
+            "GPU, twice the memory and SMs. The T4s are time-sliced (no limits)."
+        ),
+        sample="mixed-a100-t4-mps.yaml",
+        settings=AdmitSettings(
+            simulate="mixed-a100-t4", topology_manager_policy="single-numa-node"
+        ),
+        config="mixed-a100-t4-mps.yaml",
+    ),
 )
+
+
+def sample_config(name: str) -> str:
+    """A sample config file of the plugin's shipped with the package (``samples/configs/``)."""
+    return resources.files("nvplugin.kubelet").joinpath(SAMPLES, "configs", name).read_text()
 
 
 def sample_pods(name: str) -> list[Pod]:
@@ -148,17 +175,37 @@ def explain_choices(report: AdmitReport) -> list[str]:
     return lines
 
 
-async def _run_acts() -> list[AdmitReport]:
+async def _run_acts(configs: dict[str, str]) -> list[AdmitReport]:
     work = []
     for act in ACTS:
         topology = load_topology(act.settings.simulate)
-        work.append(admit_pods(act.settings, sample_pods(act.sample), topology))
+        settings = replace(act.settings, config=configs.get(act.title))
+        work.append(admit_pods(settings, sample_pods(act.sample), topology))
     return list(await asyncio.gather(*work))
+
+
+@contextlib.contextmanager
+def _config_files() -> Iterator[dict[str, str]]:
+    """Each act's config file, written for the run: act title -> path (removed after)."""
+    paths = {}
+    try:
+        for act in ACTS:
+            if act.config is not None:
+                fd, path = tempfile.mkstemp(prefix="nvplugin-demo-", suffix=".yaml")
+                with os.fdopen(fd, "w") as out:
+                    out.write(sample_config(act.config))
+                paths[act.title] = path
+        yield paths
+    finally:
+        for path in paths.values():
+            with contextlib.suppress(OSError):
+                os.unlink(path)
 
 
 def run_demo() -> str:
     """Run every act; the report as text."""
-    reports = asyncio.run(_run_acts())
+    with _config_files() as configs:
+        reports = asyncio.run(_run_acts(configs))
     out = [
         "nvplugin demo: the real device plugin (nvplugin serve, simulated node) driven by the",
         "fake kubelet over its unix sockets, topology manager policy single-numa-node.",

@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 STOP_TIMEOUT_S = 30.0
@@ -40,7 +40,9 @@ class PluginProcess:
     """One ``nvplugin serve`` process serving ``directory`` (see module doc).
 
     ``log_path``: where its output goes (default: a new file in a new temporary directory, which
-    outlives the process so that the log can be read after it ended).
+    outlives the process so that the log can be read after it ended). ``command``: the plugin's
+    command line instead of ``nvplugin serve`` and the arguments above (a DaemonSet's command,
+    say), to which ``args`` are added; it must serve ``directory`` itself.
     """
 
     def __init__(
@@ -49,11 +51,14 @@ class PluginProcess:
         *args: str,
         env: Mapping[str, str] | None = None,
         log_path: str | None = None,
+        command: Sequence[str] | None = None,
     ) -> None:
         self.directory = directory
         self.log_path = log_path or os.path.join(tempfile.mkdtemp(), "serve.log")
-        command = [sys.executable, "-m", "nvplugin", "serve", "--device-plugin-dir", directory]
-        command += ["--log-format", "json", *args]
+        if command is None:
+            command = [sys.executable, "-m", "nvplugin", "serve", "--device-plugin-dir", directory]
+            command += ["--log-format", "json"]
+        command = [*command, *args]
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
                 command,

@@ -74,7 +74,8 @@ def to_table(report: AdmitReport) -> str:
                     result.pod if i == 0 else "",
                     c.name,
                     "admitted" if i == 0 else "",
-                    format_gpus(report.topology, c.gpu_indices, c.mig_devices),
+                    format_gpus(report.topology, c.gpu_indices, c.mig_devices)
+                    + ("" if c.mps is None else f", {c.mps.label()}"),
                     format_cpu_list(c.cpus) or "shared",
                     numa,
                 )

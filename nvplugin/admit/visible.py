@@ -15,6 +15,10 @@ where a name is a GPU's or MIG device's UUID, a GPU's NVML index (``3``) or a MI
 ``<gpu index>:<mig index>`` (``deviceIDStrategy: index``). :func:`visible_devices` collects them
 and resolves each against the node (:class:`~nvplugin.node.model.Topology`); names the node does
 not have, and the runtime's ``all``/``none``/``void``, are left out.
+
+An MPS client (``CUDA_MPS_PIPE_DIRECTORY`` set) has shares: :func:`mps_shares` reads its memory
+limit per device ordinal (the container's GPUs in index order) and its thread percentage as CUDA
+reads them.
 """
 
 from __future__ import annotations
@@ -22,7 +26,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from nvplugin.api.nvidia import CDI_KIND, VISIBLE_DEVICES_ENV, VOLUME_MOUNTS_ROOT
+from nvplugin.api.nvidia import (
+    CDI_KIND,
+    MPS_MEMORY_LIMIT_ENV,
+    MPS_PIPE_ENV,
+    MPS_THREADS_ENV,
+    VISIBLE_DEVICES_ENV,
+    VOLUME_MOUNTS_ROOT,
+)
 from nvplugin.api.v1beta1 import api_pb2
 from nvplugin.node.model import Gpu, MigDevice, Topology
 
@@ -104,3 +115,40 @@ def visible_devices(
     """The node's devices the response makes visible, in index order."""
     found = (resolve(topology, name) for name in device_names(response))
     return sorted({v for v in found if v is not None}, key=lambda v: v.index)
+
+
+@dataclass(frozen=True)
+class MpsShares:
+    """An MPS client's limits: device memory per GPU index, and the percentage of threads."""
+
+    memory: tuple[tuple[int, str], ...]
+    threads: int | None
+
+    def label(self) -> str:
+        """``MPS 20480M 25%`` (one GPU), ``MPS 0:20480M,1:40960M 25%``."""
+        if len(self.memory) == 1:
+            memory = self.memory[0][1]
+        else:
+            memory = ",".join(f"{gpu}:{limit}" for gpu, limit in self.memory)
+        threads = "" if self.threads is None else f" {self.threads}%"
+        return f"MPS {memory}{threads}".rstrip()
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "memory_limits": {str(gpu): limit for gpu, limit in self.memory},
+            "active_thread_percentage": self.threads,
+        }
+
+
+def mps_shares(topology: Topology, response: api_pb2.ContainerAllocateResponse) -> MpsShares | None:
+    """The MPS limits the response gives its container (None: not an MPS client)."""
+    if MPS_PIPE_ENV not in response.envs:
+        return None
+    gpus = sorted({v.gpu for v in visible_devices(topology, response)})
+    memory = []
+    for item in response.envs.get(MPS_MEMORY_LIMIT_ENV, "").split(","):
+        ordinal, _, limit = item.strip().partition("=")
+        if ordinal.isdigit() and int(ordinal) < len(gpus) and limit:
+            memory.append((gpus[int(ordinal)], limit))
+    threads = response.envs.get(MPS_THREADS_ENV, "")
+    return MpsShares(tuple(memory), int(threads) if threads.isdigit() else None)

@@ -4,19 +4,28 @@ NVIDIA's allocator enumerates every partition of the free GPUs (22 million for 1
 3). We never enumerate. The topology is fixed for the life of the process, so the policy picks,
 once, the fastest method that is exact on it:
 
-- ``tables`` (up to :data:`TABLE_GPUS` GPUs): the subset tables of :mod:`nvplugin.allocator.tables`
-  (every subset's score, and per group size the best partition score of every subset), built at
-  start-up (~0.3 s, ~5 MB for 16 GPUs). A query is a few numpy operations over the at most
+- ``tables`` (up to :data:`SMALL_GPUS` GPUs, and up to :data:`TABLE_GPUS` where ``branch``
+  does not apply): the subset tables of :mod:`nvplugin.allocator.tables` (every subset's score,
+  and per group size the best partition score of every subset), built at start-up (~0.3 s and
+  ~11 MiB of resident memory for 16 GPUs). A query is a few numpy operations over the at most
   C(16, 8) = 12870 candidate groups.
-- ``counts`` (beyond that, on nodes whose GPUs fall into at most four classes of interchangeable
-  GPUs, as under PCIe switches or on an NVSwitch fabric): the count search of
+- ``counts`` (beyond 16 GPUs, on nodes whose GPUs fall into at most four classes of
+  interchangeable GPUs, as under PCIe switches or on an NVSwitch fabric): the count search of
   :mod:`nvplugin.allocator.counts`, exact, a few ms per query up to 128 GPUs, from ~2 MB of
   shape arrays built at start-up.
+- ``branch`` (9 to 32 GPUs in up to eight classes: a DGX-2's NVSwitch fabric over PCIe switch
+  pairs, five to eight PCIe switches under one or two sockets): the branch and bound over count
+  vectors of :mod:`nvplugin.allocator.branch`, exact, a few ms per query, from a list of count
+  vectors built at start-up (~20 ms and ~2 MiB for 16-24 GPUs, ~0.3 s and ~15 MiB kept, ~27 MiB
+  at peak, for 32 in eight classes). It replaces the tables from 9 GPUs on: a DGX-2 registers
+  ~0.3-0.5 s sooner and ~11 MiB smaller, for ~2 ms more per query at p99. Should a request's
+  search pass three quarters of its time budget, the local search below answers instead.
 - ``search`` (every other node beyond 16 GPUs): a request with at most 16 available GPUs builds
   the tables over them for its one size, and answers exactly if that finishes within three
   quarters of the request's time budget; otherwise the local search of
   :mod:`nvplugin.allocator.search` answers with the best partition it finds within the budget,
-  and a debug line says the answer is not proven optimal, with the gap to an upper bound on OPT.
+  and, unless its partition meets its upper bound on OPT, a debug line says the answer is not
+  proven optimal, with the gap to that bound.
 
 There is no answer cache: a never-seen request is as fast as a repeated one. Every method is
 pure and read-only after start-up, so one policy serves concurrent requests from several threads.
@@ -30,9 +39,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from nvplugin.allocator import branch, counts
 from nvplugin.allocator.base import Allocation, Request, check_request
+from nvplugin.allocator.branch import BranchSearch
 from nvplugin.allocator.classes import twin_classes
-from nvplugin.allocator.counts import CountSearch, applies, compositions
+from nvplugin.allocator.counts import CountSearch, compositions
 from nvplugin.allocator.search import local_search
 from nvplugin.allocator.tables import OutOfTime, Tables
 from nvplugin.log import get_logger
@@ -42,6 +53,9 @@ TABLE_GPUS = 16
 """Largest node whose tables are built once at start-up (2^16 masks: ~5 MB, ~0.3 s), and the
 most available GPUs a ``search`` request builds tables over."""
 
+SMALL_GPUS = 8
+"""Largest node that always gets the tables (2^8 masks: built in a few ms, the fastest queries)."""
+
 EXACT_SHARE = 0.75
 """Share of a ``search`` request's budget its exact attempt (tables over <= 16 available GPUs)
 may use before the local search takes over."""
@@ -49,9 +63,12 @@ may use before the local search takes over."""
 SEARCH_SHARE = 0.9
 """Share of a ``search`` request's budget after which the local search stops."""
 
+BRANCH_GPUS = 32
+"""Largest node the ``branch`` method takes (the node sizes it is measured on)."""
+
 ALL_CONTENDERS = 4096
-"""Most compositions ``solve`` checks one by one on a ``counts`` node to list every contender;
-beyond it only those with the best own score are listed."""
+"""Most compositions ``solve`` checks one by one on a ``counts`` or ``branch`` node to list every
+contender; beyond it only those with the best own score are listed."""
 
 
 def _indices(mask: int) -> tuple[int, ...]:
@@ -75,13 +92,17 @@ class BestEffort:
         self._budget_s = budget_s
         n = len(topology)
         self._tables: Tables | None = None
-        self._counts: CountSearch | None = None
-        if n <= table_gpus:
-            self._tables = Tables.build(topology.scores, range(1, n + 1))
-        else:
-            classes = twin_classes(topology.scores)
-            if applies(classes):
+        self._counts: CountSearch | BranchSearch | None = None
+        classes = twin_classes(topology.scores) if n > min(SMALL_GPUS, table_gpus) else None
+        if classes is not None and n <= BRANCH_GPUS and branch.applies(classes):
+            if n > table_gpus and counts.applies(classes):
                 self._counts = CountSearch(classes)
+            else:
+                self._counts = BranchSearch(classes)
+        elif n <= table_gpus:
+            self._tables = Tables.build(topology.scores, range(1, n + 1))
+        elif classes is not None and counts.applies(classes):
+            self._counts = CountSearch(classes)
         if n and self.method != "search":
             # One query at start-up runs every code path once (numpy's first calls are slower),
             # so the kubelet's first request is as fast as the rest.
@@ -97,9 +118,11 @@ class BestEffort:
 
     @property
     def method(self) -> str:
-        """``tables``, ``counts`` or ``search`` (module docstring)."""
+        """``tables``, ``counts``, ``branch`` or ``search`` (module docstring)."""
         if self._tables is not None:
             return "tables"
+        if isinstance(self._counts, BranchSearch):
+            return "branch"
         return "counts" if self._counts is not None else "search"
 
     @property
@@ -120,7 +143,11 @@ class BestEffort:
             assert best is not None, "a possible request always has a candidate group"
             return list(_indices(best[0]))
         if self._counts is not None:
-            return list(self._count_group(request)[0])
+            started = time.monotonic()
+            try:
+                return list(self._count_group(request, started)[0])
+            except OutOfTime:
+                return list(self._found_in_time(request, started, explain=False).indices)
         return list(self._search(request, explain=False).indices)
 
     def solve(self, available: Sequence[int], must_include: Sequence[int], size: int) -> Allocation:
@@ -131,7 +158,11 @@ class BestEffort:
         if self._tables is not None:
             return self._table_solve(self._tables, (), request)
         if self._counts is not None:
-            return self._count_solve(request)
+            started = time.monotonic()
+            try:
+                return self._count_solve(request, started)
+            except OutOfTime:
+                return self._found_in_time(request, started, explain=True)
         return self._search(request, explain=True)
 
     def evaluate(self, available: Sequence[int], group: Sequence[int], policy: str) -> Allocation:
@@ -215,15 +246,48 @@ class BestEffort:
 
     # --- counts ---
 
-    def _count_group(self, request: Request) -> tuple[tuple[int, ...], int, int]:
-        """(group, its score, OPT) on a ``counts`` node."""
+    def _count_group(self, request: Request, started: float) -> tuple[tuple[int, ...], int, int]:
+        """(group, its score, OPT) on a ``counts`` or ``branch`` node; a ``branch`` search raises
+        :class:`OutOfTime` past three quarters of the budget from ``started``."""
         assert self._counts is not None
         classes = self._counts.classes
-        found = self._counts.search(
-            classes.counts(request.available), classes.counts(request.must_include), request.size
-        )
-        group = min(self._members(request, found.best))
-        return group, found.own2 // 2, found.opt2 // 2
+        available = classes.counts(request.available)
+        required = classes.counts(request.must_include)
+        if isinstance(self._counts, BranchSearch):
+            deadline = started + self._budget_s * EXACT_SHARE
+            lex = self._lex_key(request)
+            answer = self._counts.search(available, required, request.size, lex, deadline=deadline)
+            opt2, own2, best = answer.opt2, answer.own2, answer.best
+        else:
+            found = self._counts.search(available, required, request.size)
+            opt2, own2, best = found.opt2, found.own2, found.best
+        group = min(self._members(request, best))
+        return group, own2 // 2, opt2 // 2
+
+    def _lex_key(self, request: Request) -> branch.LexKey:
+        """For count vectors, a key that is higher the lex-smaller their groups (R plus the
+        lowest other available GPUs per class): sorted index tuples of one length compare as
+        their bit-reversed masks do, in reverse."""
+        assert self._counts is not None
+        classes = self._counts.classes
+        top = len(self._topology) - 1
+        required = set(request.must_include)
+        prefix: list[list[int]] = [[0] for _ in range(len(classes))]
+        for gpu in request.available:
+            if gpu not in required:
+                chain = prefix[classes.of[gpu]]
+                chain.append(chain[-1] | 1 << (top - gpu))
+        tables = [np.asarray(chain, dtype=np.uint64) for chain in prefix]
+        base = np.uint64(sum(1 << (top - gpu) for gpu in required))
+        taken = classes.counts(request.must_include)
+
+        def key(vectors: np.ndarray) -> np.ndarray:
+            out = np.full(len(vectors), base, dtype=np.uint64)
+            for c, table in enumerate(tables):
+                out |= table[vectors[:, c] - taken[c]]
+            return out
+
+        return key
 
     def _members(self, request: Request, vectors: np.ndarray) -> list[tuple[int, ...]]:
         """For each count vector, the lex-smallest group with those GPUs per class: the
@@ -237,16 +301,16 @@ class BestEffort:
                 free[classes.of[gpu]].append(gpu)
         taken = classes.counts(request.must_include)
         out = []
-        for counts in (vectors - taken).tolist():
+        for vector in (vectors - taken).tolist():
             chosen = list(request.must_include)
-            for c, k in enumerate(counts):
+            for c, k in enumerate(vector):
                 chosen.extend(free[c][:k])
             out.append(tuple(sorted(chosen)))
         return out
 
-    def _count_solve(self, request: Request) -> Allocation:
+    def _count_solve(self, request: Request, started: float) -> Allocation:
         assert self._counts is not None
-        group, _, _ = self._count_group(request)
+        group, _, _ = self._count_group(request, started)
         answer = self._count_explain(request, group)
         classes = self._counts.classes
         available = classes.counts(request.available)
@@ -304,9 +368,6 @@ class BestEffort:
         if forced is not None and not explain:
             return Allocation(self.name, forced, None, None)
         started = time.monotonic()
-        # The search stops a tenth early: what follows it (the answer, the bound) and a thread
-        # switch under load must fit in the budget too.
-        deadline = started + self._budget_s * SEARCH_SHARE
         # The exact tables get three quarters of the budget; the search keeps the rest.
         tables, labels = self._tables_for(request, started + self._budget_s * EXACT_SHARE)
         if tables is not None:
@@ -319,18 +380,34 @@ class BestEffort:
             )
             assert best is not None, "a possible request always has a candidate group"
             return Allocation(self.name, self._out(best[0], labels), best[1], best[2])
+        return self._found_in_time(request, started, explain=explain)
+
+    def _found_in_time(self, request: Request, started: float, *, explain: bool) -> Allocation:
+        """The local search's answer by :data:`SEARCH_SHARE` of the budget from ``started`` (it
+        stops a tenth early: what follows it and a thread switch under load must fit in the
+        budget too), with a debug line saying what is not proven."""
+        forced = _forced(request)
+        if forced is not None and not explain:
+            return Allocation(self.name, forced, None, None)
+        deadline = started + self._budget_s * SEARCH_SHARE
         if forced is not None:  # the answer is known; only its partition is searched for
-            fixed = check_request(len(self._topology), request.available, forced, s)
+            fixed = check_request(len(self._topology), request.available, forced, request.size)
             return self._found(fixed, fixed=True, deadline=deadline)
         answer = self._found(request, fixed=False, deadline=deadline)
+        gap = (answer.bound or 0) - (answer.partition_score or 0)
         get_logger("nvplugin.allocator").debug(
-            "preferred allocation not proven optimal",
-            size=s,
+            # A partition that meets the bound is optimal, but another optimal partition may
+            # hold a group of a higher own score: only the group is then unproven.
+            "preferred allocation not proven optimal"
+            if gap
+            else "preferred allocation from an optimal partition; group not proven the best",
+            method=self.method,
+            size=request.size,
             available=len(request.available),
             budget_s=self._budget_s,
             partition_score=answer.partition_score,
             bound=answer.bound,
-            gap=(answer.bound or 0) - (answer.partition_score or 0),
+            gap=gap,
         )
         return answer
 
@@ -344,6 +421,9 @@ class BestEffort:
             until,
             fixed=fixed,
         )
+        # A partition that meets the bound is optimal; the answer with it only when the group is
+        # given (another optimal partition could hold a group of a higher own score).
+        proven = fixed and found.partition_score == found.bound
         return Allocation(
             self.name,
             found.groups[0],
@@ -352,7 +432,7 @@ class BestEffort:
             found.groups,
             found.leftover,
             contenders=((found.groups[0], found.score),),
-            proven=False,
+            proven=proven,
             bound=found.bound,
         )
 

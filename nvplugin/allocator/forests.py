@@ -171,7 +171,7 @@ class Forests:
         # One product gives each entry before the modulo: residues times the classes on the
         # edge's far side, less the designated and leftover sizes when those lie there too.
         far_sizes = -np.asarray(far, dtype=np.int64).reshape(-1, 2).T
-        self._side = np.vstack([side_matrix, far_sizes]).astype(np.float64)
+        self._side = np.vstack([side_matrix, far_sizes])
         self._kind = np.asarray(edge_kind, dtype=np.int64)
         self._full = self._kind == FULL
         self._pure = np.asarray(pure, dtype=bool)
@@ -225,7 +225,9 @@ class Forests:
         rows = len(columns)
         residue = _modulo(columns, s)
         knowns = np.hstack([residue, np.tile([designated, leftover], (rows, 1))])
-        raw = np.rint(knowns.astype(np.float64) @ self._side).astype(np.int64)
+        # Integers: a float product goes to the BLAS library, whose worker threads spin on a
+        # busy node (milliseconds of wall time for a product of a few thousand cells).
+        raw = knowns @ self._side
         group_sizes = np.asarray([designated, s, leftover], dtype=np.int64)
         sizes = group_sizes[self._kind]
         # A group of one class holds its whole size (the formula gives it modulo s).

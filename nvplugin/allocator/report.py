@@ -61,15 +61,28 @@ def _set(group: tuple[int, ...]) -> str:
     return "{" + ",".join(map(str, group)) + "}"
 
 
+def gap(answer: Allocation) -> int | None:
+    """How far the partition score may be below OPT: 0 when proven, the bound's distance when a
+    time budget cut the search short, None when there is no answer."""
+    if answer.partition_score is None:
+        return None
+    if answer.bound is None:
+        return 0 if answer.proven else None
+    return answer.bound - answer.partition_score
+
+
 def to_json(topology: Topology, answer: Allocation, explain: bool) -> dict[str, Any]:
-    """The ``--output json`` document (the five keys README.md documents, plus ``explain`` on
-    request)."""
+    """The ``--output json`` document (the five keys README.md documents, ``proven_optimal``: the
+    answer is the optimum of docs/allocation.md, proven, and ``gap`` (:func:`gap`), plus
+    ``explain`` on request)."""
     doc: dict[str, Any] = {
         "devices": [topology.gpus[i].uuid for i in answer.indices],
         "indices": list(answer.indices),
         "score": answer.score,
         "partition_score": answer.partition_score,
         "policy": answer.policy,
+        "proven_optimal": answer.proven,
+        "gap": gap(answer),
     }
     if explain:
         doc["explain"] = {
@@ -133,10 +146,16 @@ def to_text(
         leftover = answer.leftover
         lines.append(f"  {_set(leftover):<24} {topology.group_score(leftover):>6}  (leftover)")
     lines.append("")
-    if not answer.proven:
+    if not answer.proven and gap(answer):
         lines.append(
             f"not proven optimal: the best partition found in the time budget scores "
             f"{answer.partition_score}; no partition scores more than {answer.bound}"
+        )
+    elif not answer.proven:
+        lines.append(
+            f"the best partition found in the time budget scores {answer.partition_score}, "
+            "which no partition beats; another such partition may hold a group of a higher "
+            "own score (not searched for)"
         )
     elif answer.policy == "best-effort":
         lines.extend(_why_best_effort(answer, must_include))

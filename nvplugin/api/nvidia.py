@@ -17,3 +17,19 @@ variable then names the directory."""
 CDI_KIND = "nvidia.com/gpu"
 """The CDI kind of the spec ``nvidia-ctk cdi generate`` writes: a device is
 ``nvidia.com/gpu=<name>``."""
+
+# MPS (``sharing.mps``): what a client container of an MPS resource is given, as NVIDIA's plugin
+# gives it, and the CUDA variables that bound a client's share (NVIDIA's MPS documentation).
+MPS_PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
+"""Where the MPS control daemon's pipes are: the daemon's and every client's."""
+MPS_LOG_ENV = "CUDA_MPS_LOG_DIRECTORY"
+"""Where the control daemon writes ``control.log`` (and the servers ``server.log``)."""
+MPS_CONTAINER_ROOT = "/mps"
+"""NVIDIA's container root for MPS: a client's pipe directory is ``/mps/<resource>/pipe``, and
+NVIDIA's charts mount the host's MPS root there in the plugin's container."""
+MPS_SHM_PATH = "/dev/shm"
+"""A client's shared memory: the host's ``<mpsRoot>/shm``, which the MPS server shares too."""
+MPS_MEMORY_LIMIT_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+"""A client's device memory limit per device ordinal: ``0=40960M,1=40960M``."""
+MPS_THREADS_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+"""The percentage of each GPU's threads (SMs) a client may use."""

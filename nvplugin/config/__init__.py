@@ -8,8 +8,9 @@ from nvplugin.config.layout import (
     Exclude,
     GpuPattern,
     ReplicatedResource,
+    ReplicatedResources,
     ResourceRules,
-    TimeSlicing,
+    Sharing,
 )
 from nvplugin.config.loader import env_names, flag_names, load_config
 from nvplugin.config.model import (
@@ -38,8 +39,9 @@ __all__ = [
     "HealthServiceConfig",
     "LogConfig",
     "ReplicatedResource",
+    "ReplicatedResources",
     "ResourceRules",
-    "TimeSlicing",
+    "Sharing",
     "env_names",
     "flag_names",
     "load_config",

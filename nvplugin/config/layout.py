@@ -1,10 +1,11 @@
 """Which resource names a node's GPUs are served under: the config's values for resources by
-model (``resources.gpus``), hidden GPUs (``resources.exclude``) and time-slicing
-(``sharing.timeSlicing``), and the checks that span those keys.
+model (``resources.gpus``), hidden GPUs (``resources.exclude``) and sharing (``sharing.timeSlicing``
+and ``sharing.mps``, the same shape), and the checks that span those keys.
 
 :func:`resolve_layout` runs once, when the config loads: short names are made full and every
-rule across keys is checked (each resulting name valid for the kubelet, time-slicing entries
-naming a served resource once, no two resources under one name or one socket), so a collision is
+rule across keys is checked (each resulting name valid for the kubelet, sharing entries naming a
+served resource once across both blocks, MPS on no MIG resource, no two resources under one name
+or one socket), so a collision is
 an exit-2 error naming the key. Applying the layout to a node's GPUs is the plugin's part
 (:func:`nvplugin.rm.plan.plan_resources`).
 """
@@ -12,7 +13,7 @@ an exit-2 error naming the key. Applying the layout to a node's GPUs is the plug
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from nvplugin.config.schema import Invalid
 from nvplugin.resourcenames import full_name, resource_domain, resource_name_error, socket_name
@@ -29,9 +30,19 @@ SHARED_SUFFIX = ".shared"
 """``renameByDefault`` renames a replicated resource ``<name>.shared`` (NVIDIA's convention)."""
 
 
+TIME_SLICING = "time-slicing"
+MPS = "mps"
+"""The sharing strategies, by NVIDIA's names (GPU Feature Discovery's ``gpu.sharing-strategy``)."""
+SHARING_KEYS = {TIME_SLICING: "sharing.timeSlicing", MPS: "sharing.mps"}
+"""Each strategy's block of the config file."""
+MPS_MAX_REPLICAS = 48
+"""An MPS server takes at most 48 clients per GPU (Volta and later): more MPS replicas of a GPU
+could never all run (NVIDIA's plugin refuses them too)."""
+
+
 @dataclass(frozen=True)
 class ReplicatedResource:
-    """One ``sharing.timeSlicing.resources`` entry: ``name`` (a resource the plugin would
+    """One ``resources`` entry of a sharing block: ``name`` (a resource the plugin would
     advertise) is served as ``replicas`` devices per GPU, under ``rename`` when given."""
 
     name: str
@@ -40,14 +51,21 @@ class ReplicatedResource:
 
 
 @dataclass(frozen=True)
-class TimeSlicing:
-    """``sharing.timeSlicing`` (names are full once the config is loaded) and the allocation
+class ReplicatedResources:
+    """One sharing block, NVIDIA's type of the same name: ``sharing.timeSlicing`` or
+    ``sharing.mps`` (``strategy``; names are full once the config is loaded), and the allocation
     policy for replicas (``flags.plugin.sharedDevicesAllocationPolicy``)."""
 
     rename_by_default: bool = False
     fail_requests_greater_than_one: bool = False
     allocation: str = ALLOCATIONS[0]
     resources: tuple[ReplicatedResource, ...] = ()
+    strategy: str = TIME_SLICING
+
+    @property
+    def key(self) -> str:
+        """The block's key path: ``sharing.timeSlicing`` or ``sharing.mps``."""
+        return SHARING_KEYS[self.strategy]
 
     def entry(self, name: str) -> ReplicatedResource | None:
         """The entry that replicates resource ``name``, if any."""
@@ -62,6 +80,37 @@ class TimeSlicing:
         if entry.rename is not None:
             return entry.rename
         return entry.name + SHARED_SUFFIX if self.rename_by_default else entry.name
+
+
+@dataclass(frozen=True)
+class Sharing:
+    """Both sharing blocks. A resource is shared one way or not at all; two resources of one node
+    may be shared two ways (NVIDIA's plugin takes one block for the whole node)."""
+
+    time_slicing: ReplicatedResources = ReplicatedResources()
+    mps: ReplicatedResources = ReplicatedResources(
+        fail_requests_greater_than_one=True, strategy=MPS
+    )
+
+    @property
+    def blocks(self) -> tuple[ReplicatedResources, ReplicatedResources]:
+        return (self.time_slicing, self.mps)
+
+    def find(self, name: str) -> tuple[ReplicatedResources, int] | None:
+        """The block that replicates resource ``name`` and the entry's number in it, if any."""
+        for block in self.blocks:
+            for number, entry in enumerate(block.resources):
+                if entry.name == name:
+                    return block, number
+        return None
+
+    def served_name(self, name: str) -> str:
+        """The name resource ``name`` is advertised under (its own when not shared)."""
+        found = self.find(name)
+        if found is None:
+            return name
+        block, number = found
+        return block.served_name(block.resources[number])
 
 
 @dataclass(frozen=True)
@@ -106,16 +155,18 @@ def model_matches(pattern: str, model: str) -> bool:
 def resolve_layout(
     resource_name: str,
     rules: ResourceRules,
-    time_slicing: TimeSlicing,
+    sharing: Sharing,
     mig_strategy: str = "none",
-) -> tuple[ResourceRules, TimeSlicing]:
+) -> tuple[ResourceRules, Sharing]:
     """Short names made full, then every rule that spans keys checked; :class:`Invalid` with the
     key path in ``at``.
 
     Under ``mig_strategy`` mixed the names of ``resources.mig`` are served resources too, and a
     time-slicing entry may name any MIG resource (``<domain>/mig-<profile>``): which profiles
     exist is the node's to say, so :func:`nvplugin.rm.plan.plan_resources` checks the
-    rest once the node is known (with :func:`check_served`, the same rule).
+    rest once the node is known (with :func:`check_served`, the same rule). An MPS entry may not
+    name a MIG resource (MPS shares whole GPUs; a MIG device served as the GPU resource under
+    ``single`` is refused by the plan). A resource is named by one sharing block at most.
     """
     patterns = [
         GpuPattern(p.pattern, _full(p.name, resource_name, f"resources.gpus[{n}].name"))
@@ -130,6 +181,7 @@ def resolve_layout(
     for number, pattern in enumerate(patterns):
         origin.setdefault(pattern.name, f"resources.gpus[{number}].name")
     mixed = mig_strategy == "mixed"
+    migs: set[str] = set()
     if mixed:
         for number, pattern in enumerate(mig):
             at = f"resources.mig[{number}].name"
@@ -140,37 +192,43 @@ def resolve_layout(
                     at,
                 )
             origin.setdefault(pattern.name, at)
+            migs.add(pattern.name)
 
-    entries = []
-    seen: dict[str, int] = {}
-    for number, entry in enumerate(time_slicing.resources):
-        at = f"sharing.timeSlicing.resources[{number}]"
-        name = full_name(entry.name, resource_name)
-        if name not in origin and not (mixed and is_mig_resource(name, resource_name)):
-            mig_note = (
-                f", or under migStrategy mixed a MIG resource such as "
-                f"{resource_domain(resource_name)}/{MIG_RESOURCE_PREFIX}1g.5gb"
-                if mixed
-                else ""
-            )
-            raise Invalid(
-                f"{name} is not a resource this plugin serves (have: {', '.join(origin)}"
-                f"{mig_note})",
-                f"{at}.name",
-            )
-        if name in seen:
-            raise Invalid(f"{name} is already replicated by resources[{seen[name]}]", f"{at}.name")
-        seen[name] = number
-        rename = None
-        if entry.rename is not None:
-            rename = _full(entry.rename, resource_name, f"{at}.rename")
-        entries.append(ReplicatedResource(name, entry.replicas, rename))
-    resolved = TimeSlicing(
-        time_slicing.rename_by_default,
-        time_slicing.fail_requests_greater_than_one,
-        time_slicing.allocation,
-        tuple(entries),
-    )
+    seen: dict[str, str] = {}  # resource -> the entry that shares it
+    blocks = []
+    for block in sharing.blocks:
+        entries = []
+        for number, entry in enumerate(block.resources):
+            at = f"{block.key}.resources[{number}]"
+            name = full_name(entry.name, resource_name)
+            mig_name = name in migs or (mixed and is_mig_resource(name, resource_name))
+            if name not in origin and not (mixed and is_mig_resource(name, resource_name)):
+                mig_note = (
+                    f", or under migStrategy mixed a MIG resource such as "
+                    f"{resource_domain(resource_name)}/{MIG_RESOURCE_PREFIX}1g.5gb"
+                    if mixed and block.strategy == TIME_SLICING
+                    else ""
+                )
+                raise Invalid(
+                    f"{name} is not a resource this plugin serves (have: {', '.join(origin)}"
+                    f"{mig_note})",
+                    f"{at}.name",
+                )
+            if block.strategy == MPS and mig_name:
+                raise Invalid(
+                    f"{name} serves MIG devices: MPS shares whole GPUs (NVIDIA's plugin refuses "
+                    "MPS on MIG devices too; sharing.timeSlicing can replicate them)",
+                    f"{at}.name",
+                )
+            if name in seen:
+                raise Invalid(f"{name} is already replicated by {seen[name]}", f"{at}.name")
+            seen[name] = at
+            rename = None
+            if entry.rename is not None:
+                rename = _full(entry.rename, resource_name, f"{at}.rename")
+            entries.append(ReplicatedResource(name, entry.replicas, rename))
+        blocks.append(replace(block, resources=tuple(entries)))
+    resolved = Sharing(*blocks)
     check_served(list(origin.items()), resolved)
     return ResourceRules(tuple(patterns), rules.exclude, tuple(mig)), resolved
 
@@ -184,25 +242,25 @@ def is_mig_resource(name: str, resource_name: str) -> bool:
     return name.startswith(f"{resource_domain(resource_name)}/{MIG_RESOURCE_PREFIX}")
 
 
-def check_served(bases: list[tuple[str, str]], time_slicing: TimeSlicing) -> None:
+def check_served(bases: list[tuple[str, str]], sharing: Sharing) -> None:
     """The names resources are served under -- ``bases`` (base resource, the key path it comes
-    from), renamed by time-slicing -- must be distinct and take distinct sockets; :class:`Invalid`
+    from), renamed by sharing -- must be distinct and take distinct sockets; :class:`Invalid`
     naming the key that made the second one."""
     served: dict[str, str] = {}  # served name -> the key path that produced it
     sockets: dict[str, str] = {}
-    replicated = {entry.name: number for number, entry in enumerate(time_slicing.resources)}
     # Resources served under their own name first, so a collision names the renaming key.
-    for base, base_at in sorted(bases, key=lambda item: item[0] in replicated):
+    for base, base_at in sorted(bases, key=lambda item: sharing.find(item[0]) is not None):
         name, at = base, base_at
-        number = replicated.get(base)
-        if number is not None:
-            entry = time_slicing.resources[number]
-            name = time_slicing.served_name(entry)
+        found = sharing.find(base)
+        if found is not None:
+            block, number = found
+            entry = block.resources[number]
+            name = block.served_name(entry)
             at = (
-                f"sharing.timeSlicing.resources[{number}].rename"
+                f"{block.key}.resources[{number}].rename"
                 if entry.rename is not None
-                else "sharing.timeSlicing.renameByDefault"
-                if time_slicing.rename_by_default
+                else f"{block.key}.renameByDefault"
+                if block.rename_by_default
                 else base_at
             )
             _valid(name, at)

@@ -42,13 +42,16 @@ def load_config(
     *,
     flags: Mapping[str, object] | None = None,
     env: Mapping[str, str] | None = None,
+    text: str | None = None,
 ) -> Config:
     """Merge defaults, the file at ``path``, ``env`` and ``flags`` (key path -> value; a string,
-    or a list of strings for a repeated flag; None or empty = not given). Raises InputError."""
+    or a list of strings for a repeated flag; None or empty = not given). ``text``: the file's
+    content, given (``path`` then only names it in messages: a ConfigMap entry, say). Raises
+    InputError."""
     values: dict[str, object] = {path_: setting.default for path_, setting in SETTINGS.items()}
     notes: list[str] = []
     if path is not None:
-        values.update(_read_file(path, notes))
+        values.update(_read_file(path, notes, text))
     if env is not None:
         values.update(_read_env(env))
     if flags is not None:
@@ -73,9 +76,11 @@ def flag_names() -> dict[str, str]:
 # --- the file ------------------------------------------------------------------------------------
 
 
-def _read_file(path: str, notes: list[str]) -> dict[str, object]:
+def _read_file(path: str, notes: list[str], text: str | None = None) -> dict[str, object]:
     where = f"config file {path}"
-    document = yamlinput.load(yamlinput.read_text(path, where), where)
+    if text is None:
+        text = yamlinput.read_text(path, where)
+    document = yamlinput.load(text, where)
     if document is None:
         return {}
     if not isinstance(document, dict):
@@ -122,21 +127,30 @@ def _read_env(env: Mapping[str, str]) -> dict[str, object]:
 
 
 def _health_env(env: Mapping[str, str]) -> dict[str, object]:
-    """NVIDIA's Xid variables: ``DP_DISABLE_HEALTHCHECKS`` = ``all`` (or ``xids``) turns health
-    checks off, else lists Xids to ignore besides the default ones; ``DP_ENABLE_HEALTHCHECKS``
-    lists Xids that are critical even if ignored (``all``: none ignored)."""
+    """NVIDIA's Xid variables, with NVIDIA's documented meaning: ``DP_DISABLE_HEALTHCHECKS`` =
+    ``all`` (or ``xids``) turns health checks off, else lists Xids to ignore besides the default
+    ones; ``DP_ENABLE_HEALTHCHECKS`` lists Xids that count even if ignored (``all``: none
+    ignored) -- and with ``DP_DISABLE_HEALTHCHECKS=all``, the only Xids that count
+    (``nvplugin.health.xids.only``; NVIDIA's own code checks nothing at all then, against its
+    documentation). Either variable sets the whole Xid policy, over the file's."""
     disable = _xid_items(env, DISABLE_HEALTHCHECKS)
     enable = _xid_items(env, ENABLE_HEALTHCHECKS)
-    out: dict[str, object] = {}
+    if not disable and not enable:
+        return {}
+    out: dict[str, object] = {
+        "nvplugin.health.xids.ignore": (),
+        "nvplugin.health.xids.critical": (),
+        "nvplugin.health.xids.only": (),
+    }
     ignore: tuple[int, ...] = ()
     if "all" in disable or "xids" in disable:
-        if enable:
-            raise InputError(
-                f"environment variables {DISABLE_HEALTHCHECKS}=all and {ENABLE_HEALTHCHECKS}: "
-                "nvplugin does not support watching only chosen Xids yet; list the Xids to "
-                f"ignore in {DISABLE_HEALTHCHECKS} instead"
+        if not enable:
+            out["nvplugin.health.enabled"] = False
+        elif "all" not in enable:
+            out["nvplugin.health.xids.only"] = _xids(
+                enable, ENABLE_HEALTHCHECKS, "nvplugin.health.xids.only"
             )
-        out["nvplugin.health.enabled"] = False
+            return out
     elif disable:
         ignore = _xids(disable, DISABLE_HEALTHCHECKS, "nvplugin.health.xids.ignore")
         out["nvplugin.health.xids.ignore"] = ignore

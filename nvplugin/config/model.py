@@ -39,11 +39,14 @@ from nvplugin.config.layout import (
     ALLOCATIONS,
     MAX_REPLICAS,
     MIN_REPLICAS,
+    MPS,
+    MPS_MAX_REPLICAS,
     Exclude,
     GpuPattern,
     ReplicatedResource,
+    ReplicatedResources,
     ResourceRules,
-    TimeSlicing,
+    Sharing,
     resolve_layout,
 )
 from nvplugin.config.rules import (
@@ -56,7 +59,6 @@ from nvplugin.config.rules import (
     cdi_annotation_prefix_problem,
 )
 from nvplugin.config.schema import (
-    AnyMapping,
     Bool,
     Chart,
     ChartValue,
@@ -86,6 +88,8 @@ DEFAULT_NVIDIA_CTK_PATH = "/usr/bin/nvidia-ctk"
 DEFAULT_MACHINE_TYPE_FILE = "/sys/class/dmi/id/product_name"
 NFD_FEATURE_FILE = "/etc/kubernetes/node-feature-discovery/features.d/gfd"
 """GPU Feature Discovery's output file: in the directory NFD's local source reads."""
+DEFAULT_MPS_ROOT = "/run/nvidia/mps"
+"""NVIDIA's chart's ``mps.root``: where MPS's pipes, logs and shared memory live on the host."""
 
 DISCOVERY_STRATEGIES = ("auto", "nvml")
 """NVIDIA's ``deviceDiscoveryStrategy`` values nvplugin honours (it discovers through NVML)."""
@@ -100,6 +104,10 @@ def _unsupported(what: str, instead: str = "") -> str:
 
 def _absolute(value: str) -> str | None:
     return absolute_path_problem(value)
+
+
+def _absolute_or_unset(value: str) -> str | None:
+    return None if value == "" else absolute_path_problem(value)
 
 
 def _version(value: str) -> str | None:
@@ -138,19 +146,29 @@ class _Devices(Str):
         return _all_devices(super().check(value))
 
 
-_REPLICATED_ENTRY = Obj(
-    {
-        "name": Member(Str(non_empty=True), required=True, help="A resource this plugin serves."),
-        "replicas": Member(
-            Int(MIN_REPLICAS, MAX_REPLICAS), required=True, help="Devices advertised per GPU."
-        ),
-        "rename": Member(
-            Nullable(Str(non_empty=True)), help="Serve the replicas under this name instead."
-        ),
-        "devices": Member(_Devices(), default="all", help=_DEVICES_HELP),
-    },
-    make=_replicated,
-    label="mapping",
+def _replicated_entry(max_replicas: int, replicas_help: str) -> Obj:
+    """A ``resources`` entry of a sharing block (both blocks have NVIDIA's one shape)."""
+    return Obj(
+        {
+            "name": Member(
+                Str(non_empty=True), required=True, help="A resource this plugin serves."
+            ),
+            "replicas": Member(Int(MIN_REPLICAS, max_replicas), required=True, help=replicas_help),
+            "rename": Member(
+                Nullable(Str(non_empty=True)), help="Serve the replicas under this name instead."
+            ),
+            "devices": Member(_Devices(), default="all", help=_DEVICES_HELP),
+        },
+        make=_replicated,
+        label="mapping",
+    )
+
+
+_REPLICATED_ENTRY = _replicated_entry(MAX_REPLICAS, "Devices advertised per GPU.")
+_MPS_ENTRY = _replicated_entry(
+    MPS_MAX_REPLICAS,
+    f"MPS shares per GPU, each 1/replicas of its memory and threads (at most {MPS_MAX_REPLICAS}, "
+    "the MPS server's clients per GPU).",
 )
 _PATTERN_ENTRY = Obj(
     {
@@ -227,6 +245,14 @@ class HealthConfig:
         help="Xids removed from the ignored ones.",
         reload=Reload.IN_PLACE,
     )
+    only_xids: tuple[int, ...] = setting(
+        "nvplugin.health.xids.only",
+        _XIDS,
+        (),
+        help="Only these Xids make a GPU Unhealthy (a lost GPU still is); [] = every Xid not "
+        "ignored. NVIDIA's DP_DISABLE_HEALTHCHECKS=all with DP_ENABLE_HEALTHCHECKS=<Xids>.",
+        reload=Reload.IN_PLACE,
+    )
     recovery_quiet_s: float = setting(
         "nvplugin.health.recovery.quietPeriod",
         Duration(),
@@ -238,7 +264,10 @@ class HealthConfig:
 
     @property
     def ignored_xids(self) -> frozenset[int]:
-        """The default ignored Xids, plus ``ignore``, minus ``critical``."""
+        """The default ignored Xids, plus ``ignore``, minus ``critical`` (with ``only``: those
+        rules do not apply, and this is empty)."""
+        if self.only_xids:
+            return frozenset()
         return (DEFAULT_IGNORED_XIDS | frozenset(self.ignore_xids)) - frozenset(self.critical_xids)
 
     def settings(self) -> HealthSettings:
@@ -246,6 +275,7 @@ class HealthConfig:
             enabled=self.enabled,
             ignored_xids=self.ignored_xids,
             recovery_quiet_s=self.recovery_quiet_s,
+            only_xids=frozenset(self.only_xids) or None,
         )
 
 
@@ -349,12 +379,12 @@ class HealthServiceConfig:
 @dataclass(frozen=True)
 class Config:
     """The effective configuration: a field per setting (declared here), then what the rules
-    across keys derive (``time_slicing``, ``resources``: names resolved). ``source`` names the
+    across keys derive (``sharing``, ``resources``: names resolved). ``source`` names the
     file it was read from (None: none); ``notes`` are said once at start (keys present that are
     not for the plugin).
 
-    The settings under ``resources`` and ``sharing.timeSlicing`` are here as written (short
-    names); the plugin reads them resolved, from ``resources`` and ``time_slicing``.
+    The settings under ``resources``, ``sharing.timeSlicing`` and ``sharing.mps`` are here as
+    written (short names); the plugin reads them resolved, from ``resources`` and ``sharing``.
     """
 
     version: str = setting(
@@ -423,6 +453,14 @@ class Config:
         help="Where the host's /dev/nvidia* are (host path); default: nvidiaDriverRoot.",
         flags=("nvidia-dev-root", "dev-root"),
         env=("NVIDIA_DEV_ROOT",),
+        chart=Chart.env(
+            "nvidiaDevRoot",
+            None,
+            "NVIDIA's: where the host's `/dev/nvidia*` are, the host root of DeviceSpecs' device "
+            "nodes (`/run/nvidia/driver` with the GPU operator's driver container). null: "
+            "`nvidiaDriverRoot`.",
+            schema={"type": "string", "pattern": "^/"},
+        ),
     )
     device_discovery_strategy: str = setting(
         "flags.deviceDiscoveryStrategy",
@@ -446,14 +484,21 @@ class Config:
     )
     mps_root: str = setting(
         "flags.mpsRoot",
-        Str(),
-        "",
-        help="MPS's host directory (MPS is not supported).",
+        Str(rule=_absolute_or_unset),
+        DEFAULT_MPS_ROOT,
+        help="MPS's host directory: <root>/<resource>/pipe and log for each MPS resource's "
+        "control daemon, <root>/shm the shared memory its clients get as /dev/shm.",
         flags=("mps-root",),
         env=("MPS_ROOT",),
-        supported=("",),
-        unsupported=_unsupported("MPS sharing"),
-        inert=True,
+        chart=Chart.env(
+            "mps.root",
+            DEFAULT_MPS_ROOT,
+            "NVIDIA's: the host directory for MPS: each MPS resource's pipe and log directories "
+            "(`<root>/<resource>/pipe`, `.../log`) and `<root>/shm`, a tmpfs the chart mounts "
+            "there, shared by the MPS servers and their clients as `/dev/shm`. Used only when a "
+            "config file shares a resource through `sharing.mps`.",
+            schema={"type": "string", "pattern": "^/"},
+        ),
     )
     gdrcopy_enabled: bool = setting(
         "flags.gdrcopyEnabled",
@@ -491,20 +536,24 @@ class Config:
         inert=True,
         chart=Chart.check("mofedEnabled", "NVIDIA's MOFED value; not supported."),
     )
-    use_node_feature_api: bool | None = setting(
+    use_node_feature_api: bool = setting(
         "flags.useNodeFeatureAPI",
-        Nullable(Bool()),
-        None,
-        help="Publish the node's labels as Node Feature Discovery's NodeFeature object instead "
-        "of the feature file (not supported yet).",
+        Bool(),
+        False,
+        help="Publish the node's labels (flags.gfd) as Node Feature Discovery's NodeFeature "
+        "object nvidia-features-for-<NODE_NAME> in NAMESPACE, owned by the pod POD_NAME, instead "
+        "of the feature file (GPU Feature Discovery's NodeFeature API mode).",
         flags=("use-node-feature-api",),
         env=("GFD_USE_NODE_FEATURE_API", "USE_NODE_FEATURE_API"),
-        supported=(None, False),
-        unsupported=_unsupported(
-            "publishing labels as a NodeFeature object",
-            "write them to NFD's features.d instead (flags.gfd.outputFile)",
-        ),
         reload=Reload.IN_PLACE,
+        chart=Chart.true(
+            "nfd.enableNodeFeatureApi",
+            "NVIDIA's (v0.17, v0.18): with `gfd.enabled`, the plugin pods publish their nodes' "
+            "labels as NFD's NodeFeature objects instead of feature files (NFD must run with "
+            "its NodeFeature API); the chart then grants create/get/update of NodeFeatures and "
+            "get of pods in the release's namespace, nothing more. null: feature files.",
+            only_with="gfd.enabled",
+        ),
     )
     pass_device_specs: bool = setting(
         "flags.plugin.passDeviceSpecs",
@@ -571,6 +620,15 @@ class Config:
             "generating CDI specs", "generate the spec on the node with nvidia-ctk cdi generate"
         ),
         inert=True,
+        chart=Chart.check(
+            "cdi.nvidiaHookPath",
+            "NVIDIA's: the nvidia-cdi-hook for generated CDI specs; nvplugin generates none "
+            "(generate the spec on the node with `nvidia-ctk cdi generate`).",
+            schema={"type": "string"},
+            refused="nvplugin does not generate CDI specs yet, so it has no use for a hook path "
+            "({value}); leave it null and generate the spec on the node with nvidia-ctk cdi "
+            "generate",
+        ),
     )
     container_driver_root: str = setting(
         "flags.plugin.containerDriverRoot",
@@ -609,6 +667,12 @@ class Config:
         supported=((),),
         unsupported=_unsupported("generating CDI specs"),
         inert=True,
+        chart=Chart.check(
+            "cdi.featureFlags",
+            "NVIDIA's: feature flags for generated CDI specs; nvplugin generates none.",
+            refused="nvplugin does not generate CDI specs yet, so it has no use for feature "
+            "flags ({value}); leave it null",
+        ),
     )
     gfd: GfdConfig = field(default_factory=GfdConfig, metadata=GROUP)
     gpu_patterns: tuple[GpuPattern, ...] = setting(
@@ -655,14 +719,25 @@ class Config:
         (),
         help="Resources advertised replicas times per GPU.",
     )
-    mps: Mapping[str, object] | None = setting(
-        "sharing.mps",
-        AnyMapping(),
-        None,
-        help="MPS sharing (not supported).",
-        supported=(None, {}),
-        unsupported=_unsupported("MPS sharing", "use sharing.timeSlicing"),
-        inert=True,
+    mps_rename_by_default: bool = setting(
+        "sharing.mps.renameByDefault",
+        Bool(),
+        False,
+        help="Serve resources shared through MPS as <name>.shared.",
+    )
+    mps_fail_requests_greater_than_one: bool = setting(
+        "sharing.mps.failRequestsGreaterThanOne",
+        Bool(),
+        True,
+        help="Refuse containers asking for more than one MPS replica (NVIDIA's default for MPS: "
+        "true; false: k replicas of a GPU are k shares of it).",
+    )
+    mps_resources: tuple[ReplicatedResource, ...] = setting(
+        "sharing.mps.resources",
+        List(_MPS_ENTRY),
+        (),
+        help="Resources shared through MPS: each GPU served as replicas MPS shares, with the "
+        "control daemon nvplugin runs for the resource.",
     )
     imex_channel_ids: tuple[int, ...] = setting(
         "imex.channelIDs",
@@ -797,7 +872,7 @@ class Config:
     )
 
     # Derived by the rules across keys (build), names resolved:
-    time_slicing: TimeSlicing = field(default_factory=TimeSlicing)
+    sharing: Sharing = field(default_factory=Sharing)
     resources: ResourceRules = field(default_factory=ResourceRules)
     source: str | None = None
     notes: tuple[str, ...] = ()
@@ -836,15 +911,16 @@ class Config:
         plugin = out["flags"]["plugin"]
         plugin["kubeletSocket"] = self.kubelet_socket_path
         out["flags"]["nvidiaDevRoot"] = self.dev_root
-        out["sharing"]["timeSlicing"]["resources"] = [
-            {
-                "name": e.name,
-                "replicas": e.replicas,
-                "rename": e.rename,
-                "servedAs": self.time_slicing.served_name(e),
-            }
-            for e in self.time_slicing.resources
-        ]
+        for block in self.sharing.blocks:
+            out["sharing"][block.key.split(".")[1]]["resources"] = [
+                {
+                    "name": e.name,
+                    "replicas": e.replicas,
+                    "rename": e.rename,
+                    "servedAs": block.served_name(e),
+                }
+                for e in block.resources
+            ]
         for key, patterns in (("gpus", self.resources.gpus), ("mig", self.resources.mig)):
             out["resources"][key] = [{"pattern": p.pattern, "name": p.name} for p in patterns]
         out["nvplugin"]["health"]["xids"]["ignoredEffective"] = sorted(self.health.ignored_xids)
@@ -859,6 +935,8 @@ SECTION_HELP = {
     "resources": "Resource names by GPU model.",
     "resources.exclude": "nvplugin's: GPUs hidden from every resource.",
     "sharing.timeSlicing": "One GPU advertised as several devices.",
+    "sharing.mps": "One GPU advertised as several MPS shares, each with its part of the GPU's "
+    "memory and threads; nvplugin runs the MPS control daemon.",
     "nvplugin": "nvplugin's own settings (NVIDIA's plugin has none of these).",
     "nvplugin.health": "Also set by NVIDIA's DP_DISABLE_HEALTHCHECKS and DP_ENABLE_HEALTHCHECKS.",
     "nvplugin.healthService": "grpc.health.v1 on the plugin socket (nvplugin probe).",
@@ -899,6 +977,18 @@ def _check_ports(metrics: str | None, probes: str | None) -> None:
         )
 
 
+def _check_xids(only: tuple[int, ...], ignore: tuple[int, ...], critical: tuple[int, ...]) -> None:
+    """``only`` names the Xids that count; the ignore rules (``ignore``, ``critical``) are for
+    when it does not, so one config cannot say both."""
+    if only and (ignore or critical):
+        other = "ignore" if ignore else "critical"
+        raise Invalid(
+            f"lists the only Xids that count, so nvplugin.health.xids.{other} has nothing to do: "
+            "give one or the other",
+            "nvplugin.health.xids.only",
+        )
+
+
 def build(values: Mapping[str, object], source: str | None, notes: tuple[str, ...]) -> Config:
     """The effective config from every setting's value by key path (defaults filled in): each
     setting's field, then what the rules across keys derive; :class:`Invalid` (``at`` = the key
@@ -908,24 +998,47 @@ def build(values: Mapping[str, object], source: str | None, notes: tuple[str, ..
         return values[path]
 
     _check_ports(get("nvplugin.metrics.address"), get("nvplugin.healthProbes.address"))
-    resources, time_slicing = resolve_layout(
+    _check_xids(
+        get("nvplugin.health.xids.only"),
+        get("nvplugin.health.xids.ignore"),
+        get("nvplugin.health.xids.critical"),
+    )
+    allocation = get("flags.plugin.sharedDevicesAllocationPolicy")
+    resources, sharing = resolve_layout(
         get("nvplugin.resourceName"),
         ResourceRules(
             get("resources.gpus"),
             Exclude(get("resources.exclude.uuids"), get("resources.exclude.models")),
             get("resources.mig"),
         ),
-        TimeSlicing(
-            rename_by_default=get("sharing.timeSlicing.renameByDefault"),
-            fail_requests_greater_than_one=get("sharing.timeSlicing.failRequestsGreaterThanOne"),
-            allocation=get("flags.plugin.sharedDevicesAllocationPolicy"),
-            resources=get("sharing.timeSlicing.resources"),
+        Sharing(
+            ReplicatedResources(
+                rename_by_default=get("sharing.timeSlicing.renameByDefault"),
+                fail_requests_greater_than_one=get(
+                    "sharing.timeSlicing.failRequestsGreaterThanOne"
+                ),
+                allocation=allocation,
+                resources=get("sharing.timeSlicing.resources"),
+            ),
+            ReplicatedResources(
+                rename_by_default=get("sharing.mps.renameByDefault"),
+                fail_requests_greater_than_one=get("sharing.mps.failRequestsGreaterThanOne"),
+                allocation=allocation,
+                resources=get("sharing.mps.resources"),
+                strategy=MPS,
+            ),
         ),
         get("flags.migStrategy"),
     )
+    if sharing.mps.resources and not get("flags.mpsRoot"):
+        raise Invalid(
+            'is "" but sharing.mps shares resources: MPS needs a host directory for its pipes '
+            f"and shared memory (NVIDIA's chart sets {DEFAULT_MPS_ROOT})",
+            "flags.mpsRoot",
+        )
     return Config(
         **field_values(Config, values),
-        time_slicing=time_slicing,
+        sharing=sharing,
         resources=resources,
         source=source,
         notes=notes,

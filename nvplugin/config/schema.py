@@ -403,7 +403,9 @@ class Chart:
     - ``env``: the value, when set (not null, "" or []), as the setting's first environment
       variable; a list joined with commas.
     - ``true``: ``true`` sets the setting's first variable to ``true``; false or null: nothing
-      (``compatWithCPUManager`` -> ``PASS_DEVICE_SPECS=true``).
+      (``compatWithCPUManager`` -> ``PASS_DEVICE_SPECS=true``). With ``only_with`` (another
+      boolean value's path), only while that one is true too (``nfd.enableNodeFeatureApi`` with
+      ``gfd.enabled`` -> ``GFD_USE_NODE_FEATURE_API=true``).
     - ``address``: two values, ``<x>.enabled`` and ``<x>.port``; enabled: the variable is
       ``0.0.0.0:<port>`` (every interface of the pod's network namespace).
     - ``flag``: the value as the setting's first flag (``--device-plugin-dir <value>``).
@@ -423,6 +425,8 @@ class Chart:
     refused: str = ""
     constant: str = ""
     """What ``when`` passes."""
+    only_with: str = ""
+    """``true``: the other chart value that must be true too (empty: none)."""
 
     TO = ("env", "true", "address", "flag", "check", "when")
 
@@ -439,8 +443,10 @@ class Chart:
         return cls("env", (ChartValue(path, default, help, schema),), refused)
 
     @classmethod
-    def true(cls, path: str, help: str) -> Chart:
-        return cls("true", (ChartValue(path, None, help, {"type": "boolean"}),))
+    def true(cls, path: str, help: str, *, only_with: str = "") -> Chart:
+        return cls(
+            "true", (ChartValue(path, None, help, {"type": "boolean"}),), only_with=only_with
+        )
 
     @classmethod
     def when(cls, path: str, constant: str, help: str) -> Chart:

@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 
 class NodeSession:
     """An open node: its topology, the live NVML session, and the simulation if any.
+    ``driver_root``: where this process sees the driver's files (the host's driver root as
+    mounted, or the simulation's tree; None: not known, the programs' own search applies).
 
     A context manager; :meth:`close` shuts NVML down and uninstalls the simulation.
     """
@@ -31,12 +33,14 @@ class NodeSession:
         nvml: nvml.Nvml,
         sim: sim.SimulatedNvml | None,
         sysfs_root: str,
+        driver_root: str | None = None,
     ) -> None:
         self.scan = scan
         self.topology = scan.topology
         self.nvml = nvml
         self.sim = sim
         self.sysfs_root = sysfs_root
+        self.driver_root = driver_root
 
     def close(self) -> None:
         try:
@@ -77,7 +81,7 @@ def open_node(
     if simulate is None:
         root = sysfs_root or "/sys"
         session, scan = discover(root, platform.node() or "localhost", driver_root)
-        return NodeSession(scan, session, None, root)
+        return NodeSession(scan, session, None, root, driver_root)
 
     from nvplugin.node.nodefile import load_node
     from nvplugin.node.sim import SimulatedNvml
@@ -89,7 +93,7 @@ def open_node(
     except BaseException:
         simulation.uninstall()
         raise
-    return NodeSession(scan, session, simulation, simulation.sysfs_root)
+    return NodeSession(scan, session, simulation, simulation.sysfs_root, simulation.driver_root)
 
 
 def load_topology(simulate: str | None = None, *, sysfs_root: str | None = None) -> Topology:

@@ -4,6 +4,9 @@ The rules, kept here and nowhere else:
 
 - A critical Xid marks that GPU Unhealthy. Xids in :data:`DEFAULT_IGNORED_XIDS` (plus whatever the
   config adds, minus what it forces critical) are application errors, not GPU faults: ignored.
+  When the config names the only Xids that count (``only_xids``: NVIDIA's documented
+  ``DP_DISABLE_HEALTHCHECKS=all`` with ``DP_ENABLE_HEALTHCHECKS=<Xids>``), every other Xid is
+  ignored and the ignore list does not apply.
 - A lost GPU (Xid 79 "fallen off the bus", or NVML reporting GPU_IS_LOST for it) is Unhealthy. A
   lost GPU is a fact, not an error class, so the ignore list does not apply to it.
 - A failing event wait means NVML itself can no longer be trusted: every GPU is reported Unhealthy
@@ -64,6 +67,14 @@ class HealthSettings:
     enabled: bool = True
     ignored_xids: frozenset[int] = DEFAULT_IGNORED_XIDS
     recovery_quiet_s: float = 0.0
+    only_xids: frozenset[int] | None = None
+    """When set, only these Xids make a GPU Unhealthy (a lost GPU still is)."""
+
+    def counts(self, xid: int) -> bool:
+        """Whether Xid ``xid`` makes a GPU Unhealthy (loss aside)."""
+        if self.only_xids is not None:
+            return xid in self.only_xids
+        return xid not in self.ignored_xids
 
 
 class EventSource(Protocol):
@@ -256,7 +267,7 @@ class HealthMonitor:
             except Exception as exc:  # counting must never stop health monitoring
                 _log.error("xid callback failed", error=repr(exc))
         lost = event.lost or event.xid == XID_GPU_LOST
-        if not lost and (event.xid is None or event.xid in self._settings.ignored_xids):
+        if not lost and (event.xid is None or not self._settings.counts(event.xid)):
             if event.xid is not None:
                 _log.debug("ignored xid", gpu=event.index, xid=event.xid)
             return

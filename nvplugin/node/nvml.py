@@ -1,4 +1,5 @@
-"""Everything nvplugin asks NVML: discovery once at start, then health events and probes.
+"""Everything nvplugin asks NVML: discovery once at start, then health events and probes, and
+for MPS the compute mode of the GPUs it shares (set when MPS starts serving them, restored after).
 
 This is the only module that imports ``pynvml``. The simulated NVML (:mod:`nvplugin.node.sim`)
 replaces exactly the pynvml functions called here, so the same code runs on a real node and on a
@@ -84,8 +85,21 @@ CALLED = (
     "nvmlDeviceRegisterEvents",
     "nvmlEventSetWait",
     "nvmlEventSetFree",
+    "nvmlDeviceGetComputeMode",
+    "nvmlDeviceSetComputeMode",
 )
 """The pynvml functions this module calls: the simulated NVML models exactly these."""
+
+COMPUTE_MODES: Mapping[str, int] = MappingProxyType(
+    {
+        "DEFAULT": pynvml.NVML_COMPUTEMODE_DEFAULT,
+        "EXCLUSIVE_THREAD": pynvml.NVML_COMPUTEMODE_EXCLUSIVE_THREAD,
+        "PROHIBITED": pynvml.NVML_COMPUTEMODE_PROHIBITED,
+        "EXCLUSIVE_PROCESS": pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS,
+    }
+)
+"""NVML's compute modes by the names ``nvidia-smi -c`` takes. MPS needs EXCLUSIVE_PROCESS: one
+process, the MPS server, holds the GPU's context on behalf of its clients."""
 
 _LEVEL_TO_PCIE: Mapping[int, Pcie] = MappingProxyType(
     {
@@ -486,6 +500,25 @@ class Nvml:
                 fabric[index] += 1
             elif kind == pynvml.NVML_NVLINK_DEVICE_TYPE_GPU and peer is not None and peer != index:
                 direct[peer] += 1
+
+    # -- compute mode (MPS) ---------------------------------------------------------------------
+    def compute_mode(self, index: int) -> str:
+        """GPU ``index``'s compute mode, by name (:data:`COMPUTE_MODES`)."""
+        mode = _call(
+            f"read GPU {index}'s compute mode",
+            lambda: pynvml.nvmlDeviceGetComputeMode(self._handle(index)),
+        )
+        for name, value in COMPUTE_MODES.items():
+            if value == mode:
+                return name
+        raise NvpluginError(f"NVML reported an unknown compute mode {mode} for GPU {index}")
+
+    def set_compute_mode(self, index: int, mode: str) -> None:
+        """Set GPU ``index``'s compute mode (a name of :data:`COMPUTE_MODES`); needs root."""
+        _call(
+            f"set GPU {index}'s compute mode to {mode}",
+            lambda: pynvml.nvmlDeviceSetComputeMode(self._handle(index), COMPUTE_MODES[mode]),
+        )
 
     # -- health -------------------------------------------------------------------------------
     def _handle(self, index: int) -> Any:

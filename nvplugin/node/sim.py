@@ -24,6 +24,10 @@ Model of the node file:
   engines behind ``nvmlDeviceGetAttributes``. Other GPUs answer NotSupported.
   The driver's ``mig-minors`` file is written under the tree (the simulated driver root) when a
   GPU has MIG on;
+- compute modes: every GPU starts in DEFAULT; ``nvmlDeviceSetComputeMode`` changes it for the
+  rest of the simulation (:attr:`SimulatedNvml.compute_modes`);
+- the driver root (the same generated tree) holds ``usr/bin/nvidia-cuda-mps-control``, the MPS
+  control daemon's stand-in (:mod:`nvplugin.node.simmps`), run by this interpreter;
 - scripted events (``after_s`` from the first simulated ``nvmlInit``): an Xid event is
   delivered once, by the next ``nvmlEventSetWait`` of a set the GPU is registered in; a lost GPU
   raises GpuIsLost on every query until a ``recover`` event, and the next wait raises GpuIsLost
@@ -43,7 +47,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from nvplugin.node import mig, nvml, simtree
+from nvplugin.node import mig, nvml, simmps, simtree
 from nvplugin.node.model import MAX_NVLINKS
 from nvplugin.node.nodespec import NodeSpec
 from nvplugin.node.sysfs import pci_key
@@ -115,6 +119,7 @@ class SimulatedNvml:
         self._next_set = 0
         self._delivered: set[int] = set()  # event numbers already delivered / raised
         self._link_table = [self._links_of(i) for i in range(len(spec.gpus))]
+        self._compute_modes = [self._pynvml.NVML_COMPUTEMODE_DEFAULT] * len(spec.gpus)
 
     # -- install / uninstall ------------------------------------------------------------------
     def install(self) -> SimulatedNvml:
@@ -202,6 +207,8 @@ class SimulatedNvml:
             "nvmlDeviceRegisterEvents": self.nvmlDeviceRegisterEvents,
             "nvmlEventSetWait": self.nvmlEventSetWait,
             "nvmlEventSetFree": self.nvmlEventSetFree,
+            "nvmlDeviceGetComputeMode": self.nvmlDeviceGetComputeMode,
+            "nvmlDeviceSetComputeMode": self.nvmlDeviceSetComputeMode,
         }
 
     # -- sysfs --------------------------------------------------------------------------------
@@ -214,12 +221,20 @@ class SimulatedNvml:
             self._made_root = True
         self.sysfs_root = str(root)
         simtree.write_tree(self.spec, root, numa=self._sysfs_numa)
+        simmps.write_program(str(root))
 
     @property
     def driver_root(self) -> str:
-        """The simulated driver root (``proc/driver/nvidia-caps/mig-minors`` lives under it):
-        the same generated tree as the simulated sysfs, which has no ``proc`` of its own."""
+        """The simulated driver root (``proc/driver/nvidia-caps/mig-minors`` and
+        ``usr/bin/nvidia-cuda-mps-control`` live under it): the same generated tree as the
+        simulated sysfs, which has no ``proc`` or ``usr`` of its own."""
         return self.sysfs_root
+
+    @property
+    def compute_modes(self) -> list[int]:
+        """Each GPU's compute mode now (NVML's values), in index order."""
+        with self._lock:
+            return list(self._compute_modes)
 
     # -- state --------------------------------------------------------------------------------
     def _now(self) -> float:
@@ -516,6 +531,19 @@ class SimulatedNvml:
         if version == 2:
             info.name = f"MIG {entry.name}".encode()
         return info
+
+    def nvmlDeviceGetComputeMode(self, handle: Any) -> int:
+        index = self._device(handle)
+        with self._lock:
+            mode: int = self._compute_modes[index]
+        return mode
+
+    def nvmlDeviceSetComputeMode(self, handle: Any, mode: int) -> None:
+        index = self._device(handle)
+        if mode not in range(self._pynvml.NVML_COMPUTEMODE_COUNT):
+            raise self._error(self._pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        with self._lock:
+            self._compute_modes[index] = mode
 
     def nvmlEventSetCreate(self) -> Any:
         self._require_init()

@@ -56,12 +56,20 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _usable(directory: str) -> bool:
+    """Whether a generated tree may live in ``directory``: writable, and programs can run there."""
+    try:
+        return os.access(directory, os.W_OK) and not os.statvfs(directory).f_flag & os.ST_NOEXEC
+    except OSError:
+        return False
+
+
 def make_root() -> Path:
     """A new, empty directory for a simulated node's tree, named for this process. In memory
-    where the OS offers it (a 256-CPU tree is ~1000 files, 40x faster on tmpfs); the trees of
-    dead owners there are swept first."""
-    shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-    parent = shm if shm is not None else tempfile.gettempdir()
+    where the OS offers it (a 256-CPU tree is ~1000 files, 40x faster on tmpfs), but not where
+    programs cannot run (a container's /dev/shm is noexec): the tree is the driver root too, with
+    the MPS control daemon's stand-in in it. The trees of dead owners there are swept first."""
+    parent = "/dev/shm" if _usable("/dev/shm") else tempfile.gettempdir()
     remove_stale_sysfs_trees(parent)
     return Path(tempfile.mkdtemp(prefix=f"{SYSFS_PREFIX}{os.getpid()}-", dir=parent))
 

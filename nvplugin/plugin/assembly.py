@@ -1,11 +1,14 @@
 """What the daemon serves of a node under one config: for each resource of the plan
 (:func:`nvplugin.rm.plan_for`) its resource manager, DevicePlugin service, gRPC health service,
 socket and registrar; one health monitor for every served GPU, wired to every service; the
-resources' allocation policies, built off the event loop while the sockets already serve.
+resources' allocation policies, built off the event loop while the sockets already serve; for a
+resource shared through MPS, its control daemon (:mod:`.mps`): the resource is registered once the
+daemon is ready, and held (every device Unhealthy) whenever it is not.
 
 :class:`Resources` starts all of that for a config, stops it (keeping the health monitor and what
-it has seen when asked: a reload with the same health rules), and applies in place what can
-change while serving (health rules, the health service's settings).
+it has seen when asked: a reload with the same health rules; and the MPS daemons whose resource is
+served the same way again), and applies in place what can change while serving (health rules,
+the health service's settings).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import os
 import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from nvplugin.allocator import Policy
 from nvplugin.config import Config
@@ -28,9 +31,11 @@ from nvplugin.node.health import HealthMonitor
 from nvplugin.plugin import healthservice
 from nvplugin.plugin.healthservice import PluginHealthService
 from nvplugin.plugin.metrics import Metrics
+from nvplugin.plugin.mps import MpsDaemon, MpsDaemons, daemon_specs
 from nvplugin.plugin.registration import DirWatcher, Registrar
 from nvplugin.plugin.server import DevicePluginService, PluginSocket
 from nvplugin.rm import (
+    MpsAllocation,
     ResourceManager,
     ResourcePlan,
     Responder,
@@ -135,6 +140,7 @@ class Resources:
         self._health: Health | None = None  # one monitor for every served GPU
         self._watcher: DirWatcher | None = None
         self._watcher_task: asyncio.Task[None] | None = None
+        self._mps = MpsDaemons(node.nvml)
 
     @property
     def services(self) -> tuple[DevicePluginService, ...]:
@@ -153,6 +159,7 @@ class Resources:
             self._log.warning("config has no effect on this node", reason=warning)
         if plan.empty:
             self._log.info("not serving resources without GPUs", resources=list(plan.empty))
+        specs = daemon_specs(config, plan.resources, self._node.driver_root, self._node.sim is None)
         if len(plan.resources) > 1 and tuple(config.device_list_strategy) == ("envvar",):
             self._log.warning(
                 "several resources served with deviceListStrategy envvar alone",
@@ -193,9 +200,12 @@ class Resources:
         if not parts:
             self._log.warning("every GPU is excluded; serving no resource")
             policies.cancel()
+            await self._mps.serve([])
             if health is not None:
                 await asyncio.to_thread(health.stop)
             return
+        self.served = parts
+        daemons = await self._mps.serve(specs)
         services = [part.service for part in parts]
         if health is None:
             health = self._new_health(config, services)
@@ -208,7 +218,11 @@ class Resources:
         # the policies' start-up work (built off the loop while the sockets already serve).
         await asyncio.wait({policies})
         for part in parts:
-            self._register(config, part, watcher)
+            daemon = daemons.get(part.service.resource_name)
+            if daemon is None:
+                self._register(config, part, watcher)
+            else:  # registered once its daemon is ready; held whenever it is not
+                daemon.follow(self._held_by(daemon, config, part, watcher))
 
     async def stop(self, *, keep_health: bool) -> Health | None:
         """Stop serving every resource; returns their health monitor if asked to keep it."""
@@ -216,6 +230,7 @@ class Resources:
         registrars, self._registrars = self._registrars, []
         policies, self._policies = self._policies, None
         health, self._health = self._health, None
+        self._mps.detach()  # kept running: the next start reuses what it serves the same way
         if not served:
             return None
         await cancel(registrars)
@@ -231,8 +246,10 @@ class Resources:
         return None
 
     async def close(self) -> None:
-        """Stop serving, the health monitor and the directory watch (shutdown)."""
+        """Stop serving, the MPS daemons, the health monitor and the directory watch
+        (shutdown)."""
         await self.stop(keep_health=False)
+        await self._mps.stop()
         task, self._watcher_task = self._watcher_task, None
         self._watcher = None
         if task is not None:
@@ -263,6 +280,10 @@ class Resources:
         health: Health | None,
     ) -> Served:
         """The service for one resource, serving on its socket (not registered yet)."""
+        if served.replicas.mps:
+            responder = replace(
+                responder, mps=MpsAllocation(served.name, config.mps_root, served.replicas.count)
+            )
         manager = ResourceManager(served, responder)
         service = DevicePluginService(
             manager,
@@ -308,7 +329,6 @@ class Resources:
         task = asyncio.create_task(registrar.run(), name="nvplugin-registrar")
         task.add_done_callback(self._registrar_done)
         self._registrars.append(task)
-        self.served.append(served)
         self._log.info(
             "serving",
             resource=name,
@@ -317,6 +337,22 @@ class Resources:
             replicas=service.manager.replicas.count,
             unhealthy=service.unhealthy_uuids(),
         )
+
+    def _held_by(
+        self, daemon: MpsDaemon, config: Config, served: Served, watcher: DirWatcher
+    ) -> Callable[[str | None], None]:
+        """What follows an MPS daemon's state for its resource: the devices held while it is not
+        ready, the registration started the first time it is."""
+        registered = False
+
+        def follow(state: str | None) -> None:
+            nonlocal registered
+            served.service.hold(None if state is None else f"MPS control daemon: {state}")
+            if state is None and not registered:
+                registered = True
+                self._register(config, served, watcher)
+
+        return follow
 
     def _new_health(self, config: Config, services: Sequence[DevicePluginService]) -> Health:
         """One started health monitor for every served GPU, under ``config``'s health rules."""

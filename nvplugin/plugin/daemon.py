@@ -19,6 +19,10 @@ Labels: with ``flags.gfd.outputFile`` set, the node's labels (GPU Feature Discov
 nvplugin's few) are kept in that file (:mod:`.labelling`): written once the resources serve,
 again after every reload, removed at stop.
 
+Per-node configs (``CONFIG_FILE_SRCDIR``): a :class:`~.selection.ConfigSelector` runs beside the
+serve loop, follows the Node's label and the config directory, and applies what they choose
+through the same reload (one at a time with SIGHUP's); SIGHUP re-reads the chosen file.
+
 Observability: each socket also serves the gRPC health service (registered and a healthy GPU:
 SERVING), every RPC goes through the metrics interceptor, ``nvplugin.metrics.address`` (off by
 default) serves the daemon's private Prometheus registry, and ``nvplugin.healthProbes.address``
@@ -50,6 +54,7 @@ from nvplugin.errors import InputError, NvpluginError
 from nvplugin.log import configure, get_logger
 from nvplugin.node import NodeSession, open_node
 from nvplugin.plugin import healthservice, reload
+from nvplugin.plugin.access import check_device_plugin_access
 from nvplugin.plugin.assembly import Resources, Served, make_dir, serve_socket
 from nvplugin.plugin.endpoints import METRICS, PROBES, Endpoints
 from nvplugin.plugin.healthservice import PluginHealthService
@@ -57,6 +62,7 @@ from nvplugin.plugin.httpendpoint import Response
 from nvplugin.plugin.labelling import Labeller
 from nvplugin.plugin.metrics import Metrics
 from nvplugin.plugin.registration import SERVE_AGAIN_GIVE_UP_S
+from nvplugin.plugin.selection import ApiTiming, ConfigSelector, Following
 from nvplugin.plugin.server import DevicePluginService
 from nvplugin.plugin.signals import HANDLED, PendingSignals
 from nvplugin.resourcenames import socket_name
@@ -82,6 +88,8 @@ class Daemon:
         discovery_retry_s: float = DISCOVERY_RETRY_S,
         opener: NodeOpener | None = None,
         serve_give_up_s: float = SERVE_AGAIN_GIVE_UP_S,
+        following: Following | None = None,
+        api_timing: ApiTiming | None = None,
     ) -> None:
         self.config = config
         self.metrics = Metrics()
@@ -102,6 +110,13 @@ class Daemon:
         # While no GPU is discovered: the health service alone on the plugin socket.
         self._waiting: Served | None = None
         self.labeller = Labeller()
+        self._applying = asyncio.Lock()  # one reload at a time: SIGHUP's or the selector's
+        self.selector: ConfigSelector | None = None
+        if following is not None:
+            self.selector = ConfigSelector(
+                following, self._apply, self.metrics, timing=api_timing or ApiTiming()
+            )
+            self._reload = self.selector.load_active
 
     @property
     def node(self) -> NodeSession | None:
@@ -158,11 +173,21 @@ class Daemon:
         self._log.info("effective config", config=self.config.as_dict(), simulate=self._simulate)
         for note in self.config.notes:  # keys present that are not for the plugin: said once
             self._log.info("config note", note=note)
+        selecting: asyncio.Task[None] | None = None
         try:
+            check_device_plugin_access(
+                self.config.device_plugin_dir, self.config.kubelet_socket_path
+            )
             # The probes first: the startup probe passes as soon as the process answers.
             await self._endpoints.start(self.config)
+            if self.selector is not None:
+                selecting = asyncio.create_task(self.selector.run())
             await self._serve()
         finally:
+            if selecting is not None:
+                selecting.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await selecting
             await self._shutdown()
             if handle_signals:
                 for sig in HANDLED:
@@ -212,8 +237,9 @@ class Daemon:
             serve_give_up_s=self._serve_give_up_s,
             on_fatal=self._on_fatal,
         )
-        await self._resources.start(self.config)
-        await self.labeller.update(self.config, self._node, self._resources.plan)
+        async with self._applying:
+            await self._resources.start(self.config)
+            await self._update_labels()
         while not self._stop.is_set():
             await _first(self._stop, self._hup)
             if self._hup.is_set() and not self._stop.is_set():
@@ -224,9 +250,29 @@ class Daemon:
         if self._reload is None:
             self._log.info("SIGHUP: nothing to reload")
             return
-        self.config = await reload.reload(
-            self.config, self._reload, self._node, self._resources, self._endpoints
-        )
+        async with self._applying:
+            self.config = await reload.reload(
+                self.config, self._reload, self._node, self._resources, self._endpoints
+            )
+            await self._update_labels()
+
+    async def _apply(self, load: Callable[[], Config]) -> bool:
+        """Apply the config ``load`` gives through the reload path (the selector's way in);
+        True when it runs now, False when the running one was kept."""
+        async with self._applying:
+            previous = self.config
+            try:
+                self.config = await reload.reload(
+                    previous, load, self._node, self._resources, self._endpoints
+                )
+            except NvpluginError as exc:  # neither config can be served any more
+                self._on_fatal(exc)
+                return False
+            await self._update_labels()
+            return self.config is not previous
+
+    async def _update_labels(self) -> None:
+        """Bring the node's labels in line with what is served now."""
         resources = self._resources
         await self.labeller.update(
             self.config, self._node, resources.plan if resources is not None else None
@@ -343,6 +389,8 @@ def run_daemon(
     discovery_retry_s: float = DISCOVERY_RETRY_S,
     serve_give_up_s: float = SERVE_AGAIN_GIVE_UP_S,
     pending: PendingSignals | None = None,
+    following: Following | None = None,
+    api_timing: ApiTiming | None = None,
 ) -> int:
     """Configure logging, run the daemon on a fresh event loop, return its exit status.
     ``pending``: the signals recorded since the process started (see :mod:`.signals`)."""
@@ -353,5 +401,7 @@ def run_daemon(
         simulate=simulate,
         discovery_retry_s=discovery_retry_s,
         serve_give_up_s=serve_give_up_s,
+        following=following,
+        api_timing=api_timing,
     )
     return asyncio.run(daemon.run(pending=pending))

@@ -19,7 +19,13 @@ Series (``resource`` is the extended resource name):
   (device plugin and health service), by gRPC method and status code; streams are counted when
   they end, and only unary calls go into the latency histogram (a stream's lifetime is no latency);
 - ``nvplugin_xid_events_total{gpu,xid}``: Xid events NVML delivered, ignored ones included;
-- ``nvplugin_health_serving{resource}``: 1 while the gRPC health service reports SERVING.
+- ``nvplugin_health_serving{resource}``: 1 while the gRPC health service reports SERVING;
+- ``nvplugin_config_selected{config,why}``: under per-node selection, 1 for the config running
+  and why it was chosen (``label``, ``default``, ``fallback-named``/``-single``/``-empty``,
+  ``none``);
+- ``nvplugin_config_rejected_total{reason}``: per-node choices not applied, the running config
+  kept (``unknown``: the label or DEFAULT_CONFIG names no config; ``no-fallback``; ``invalid``:
+  the file does not load; ``not-served``; ``unreadable``: the directory).
 """
 
 from __future__ import annotations
@@ -114,6 +120,18 @@ class Metrics:
             ["resource"],
             registry=r,
         )
+        self.config = Gauge(
+            "nvplugin_config_selected",
+            "Per-node selection: 1 for the config running, by name and why it was chosen.",
+            ["config", "why"],
+            registry=r,
+        )
+        self.config_rejections = Counter(
+            "nvplugin_config_rejected",
+            "Per-node config choices not applied (the running config kept), by reason.",
+            ["reason"],
+            registry=r,
+        )
 
     # --- what the daemon reports ---
 
@@ -147,6 +165,13 @@ class Metrics:
 
     def set_serving(self, resource: str, serving: bool) -> None:
         self.serving.labels(resource).set(1 if serving else 0)
+
+    def config_selected(self, name: str, why: str) -> None:
+        self.config.clear()
+        self.config.labels(name, why).set(1)
+
+    def config_rejected(self, reason: str) -> None:
+        self.config_rejections.labels(reason).inc()
 
     def forget(self, resource: str) -> None:
         """Drop the gauges of a resource no longer served (after a reload renamed it); counters

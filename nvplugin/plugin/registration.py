@@ -82,15 +82,18 @@ async def register(
 
 
 class DirWatcher:
-    """Tells waiters that something in ``directory`` changed (a socket created or deleted).
+    """Tells waiters that something in ``directory`` changed (a socket created or deleted; a file
+    written, or a ConfigMap volume's ``..data`` link swapped: per-node configs watch their
+    directory with it too, ``what`` naming it in the log).
 
     :meth:`wait` returns on the next change or after its timeout, whichever comes first; callers
     re-check what they care about either way, so a missed or spurious wake-up costs nothing but a
     ``stat``. :attr:`poll_s` is the timeout callers should use: short when inotify is unavailable.
     """
 
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str, what: str = "the device-plugin directory") -> None:
         self.directory = directory
+        self.what = what
         self._changed = asyncio.Event()
         self._inotify_ok = False
         self._log = get_logger("nvplugin.registration")
@@ -124,6 +127,7 @@ class DirWatcher:
             | Mask.DELETE
             | Mask.MOVED_TO
             | Mask.MOVED_FROM
+            | Mask.CLOSE_WRITE
             | Mask.ATTRIB
             | Mask.DELETE_SELF
             | Mask.MOVE_SELF
@@ -143,7 +147,7 @@ class DirWatcher:
             except OSError as exc:
                 if not warned:
                     self._log.info(
-                        "cannot watch the device-plugin directory; polling",
+                        f"cannot watch {self.what}; polling",
                         directory=self.directory,
                         error=exc.strerror or str(exc),
                     )

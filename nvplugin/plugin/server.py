@@ -9,6 +9,10 @@ off the event loop -- and the manager's request errors become INVALID_ARGUMENT. 
 touches NVML: a GetPreferredAllocation asks the policy on a worker thread, whatever health is
 doing.
 
+A resource whose devices need something besides their GPUs -- an MPS resource its control
+daemon -- is *held* while that is missing (:meth:`DevicePluginService.hold`): every device is
+Unhealthy, whatever its GPU's health, until the hold is released.
+
 Health changes are coalesced: the first change after a quiet spell is sent at once, later ones
 at most once per interval, with the latest map. A storm of changes (many GPUs failing and
 recovering, on a node advertising thousands of time-sliced replicas) thus costs one device list
@@ -85,9 +89,11 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         self._options = api_pb2.DevicePluginOptions(
             pre_start_required=pre_start_required, get_preferred_allocation_available=True
         )
-        self._health = {gpu: True for gpu in manager.gpus}
+        self._gpu_health = {gpu: True for gpu in manager.gpus}  # as the health monitor says
         if health is not None:
-            self._health.update({i: h for i, h in health.items() if i in self._health})
+            self._gpu_health.update({i: h for i, h in health.items() if i in self._gpu_health})
+        self._held: str | None = None  # why every device is Unhealthy regardless (hold)
+        self._health = dict(self._gpu_health)  # what the devices are: GPU health, unless held
         # What the streams were last sent (``_health`` may be newer while a publish is due).
         self._published = dict(self._health)
         self._version = 0
@@ -114,6 +120,11 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         return dict(self._health)
 
     @property
+    def held(self) -> str | None:
+        """Why every device is Unhealthy regardless of its GPU (None: not held)."""
+        return self._held
+
+    @property
     def options(self) -> api_pb2.DevicePluginOptions:
         return self._options
 
@@ -130,8 +141,20 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         Must run on the event loop thread (the health monitor's thread hands over with
         ``loop.call_soon_threadsafe``). Indices this resource does not advertise are ignored.
         """
-        new = dict(self._health)
-        new.update({i: bool(h) for i, h in health.items() if i in new})
+        self._gpu_health.update({i: bool(h) for i, h in health.items() if i in self._gpu_health})
+        self._take()
+
+    def hold(self, reason: str | None) -> None:
+        """Make every device Unhealthy for ``reason`` (None: release; GPU health applies again),
+        sent as :meth:`set_health` sends a change. Event loop thread only."""
+        if reason == self._held:
+            return
+        self._held = reason
+        self._take()
+
+    def _take(self) -> None:
+        """Take the devices' health now (GPU health, unless held) and publish it when due."""
+        new = {i: h and self._held is None for i, h in self._gpu_health.items()}
         if new == self._health:
             return
         self._health = new
@@ -192,6 +215,7 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         self._log.info(
             "device health changed",
             changed=[{"gpu": i, "healthy": self._published[i]} for i in changed],
+            held=self._held,
             unhealthy=self.unhealthy_uuids(),
             streams=self._streams,
             coalesced=coalesced,

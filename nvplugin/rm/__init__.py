@@ -8,8 +8,10 @@ no event loop.
 - :mod:`~nvplugin.rm.devices`: device units -- a whole GPU, a MIG device, a replica of either --
   with their IDs, NUMA node and the GPU whose health they follow.
 - :mod:`~nvplugin.rm.plan`: what a node serves under a config (:func:`plan_for`): resources by
-  model, exclusions, the MIG strategy (:mod:`~nvplugin.rm.migstrategy`) and time-slicing
-  (:mod:`~nvplugin.rm.sharing`), whole GPUs and MIG devices in the same loops.
+  model, exclusions, the MIG strategy (:mod:`~nvplugin.rm.migstrategy`) and sharing, time-slicing
+  or MPS (:mod:`~nvplugin.rm.sharing`), whole GPUs and MIG devices in the same loops.
+- :mod:`~nvplugin.rm.mps`: what an MPS share is, where an MPS resource's files are, and what its
+  containers' Allocate responses add.
 - :mod:`~nvplugin.rm.policy`: each resource's preferred-allocation policy, through the one
   factory, for every kind of unit.
 - :mod:`~nvplugin.rm.manager`: :class:`ResourceManager`, one served resource as the server sees
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 from nvplugin.rm.devices import REPLICA_SEPARATOR, Device, Kind, replica_id
 from nvplugin.rm.manager import ContainerRequest, RequestError, ResourceManager
+from nvplugin.rm.mps import MpsAllocation
 from nvplugin.rm.plan import ResourcePlan, ServedResource, plan_for, plan_resources
 from nvplugin.rm.policy import resource_policies, resource_policy
 from nvplugin.rm.responses import Responder, check_caps, make_responder
@@ -33,6 +36,7 @@ __all__ = [
     "ContainerRequest",
     "Device",
     "Kind",
+    "MpsAllocation",
     "Replicas",
     "RequestError",
     "ResourceManager",

@@ -3,7 +3,7 @@
 Resources by model (``resources.gpus``: first matching pattern wins, the rest stay the default
 resource; ``resources.exclude`` hides GPUs and MIG devices from all), the MIG strategy
 (``flags.migStrategy``: MIG devices as the GPU resource, or one resource per profile, renamed by
-``resources.mig``) and time-slicing renames make several resource names out of one node. The
+``resources.mig``) and sharing renames make several resource names out of one node. The
 config checks what it can when it loads (:func:`nvplugin.config.layout.resolve_layout`: a
 collision or a bad name is exit 2 naming the key); :func:`plan_resources` applies them to the
 discovered GPUs (one server, socket and registration per non-empty resource), checks what only the
@@ -12,7 +12,8 @@ config do nothing on this node (warnings, logged once at start).
 
 Whole GPUs and MIG devices go through the same loop: the strategy lists the units in node order
 with their default resource, a naming rule per kind renames them (``resources.gpus`` on the GPU's
-model, ``resources.mig`` on the MIG device's profile), time-slicing replicates them.
+model, ``resources.mig`` on the MIG device's profile), sharing replicates them -- time-slicing or
+MPS, the same replicas (:mod:`nvplugin.rm.sharing`); MPS only whole GPUs.
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from nvplugin.config.layout import (
+    MPS,
     GpuPattern,
     ResourceRules,
-    TimeSlicing,
+    Sharing,
     check_served,
     model_matches,
 )
@@ -54,7 +56,7 @@ class ServedResource:
     bases: tuple[Device, ...]
     replicas: Replicas = NOT_SHARED
     base: str = ""
-    """The resource before time-slicing renamed it ("" = same as ``name``)."""
+    """The resource before sharing renamed it ("" = same as ``name``)."""
 
     @property
     def socket(self) -> str:
@@ -89,7 +91,8 @@ class ServedResource:
         if not self.replicas.shared:
             return self.name
         count = self.replicas.count
-        return f"{self.name} x{count} (<uuid>::0..{count - 1})"
+        mps = " MPS shares" if self.replicas.strategy == MPS else ""
+        return f"{self.name} x{count}{mps} (<uuid>::0..{count - 1})"
 
 
 def served_resource(
@@ -167,6 +170,7 @@ class ResourcePlan:
             if served.kind is Kind.MIG:
                 entry["mig_devices"] = [device.label for device in served.bases]
             entry.update(
+                sharing=served.replicas.strategy if served.replicas.shared else None,
                 replicas=served.replicas.count,
                 devices=served.device_count,
                 renamed_from=served.base or None,
@@ -196,10 +200,10 @@ class ResourcePlan:
 
 
 def plan_for(config: Config, gpus: Sequence[Gpu]) -> ResourcePlan:
-    """:func:`plan_resources` with ``config``'s resource name, rules, time-slicing and MIG
+    """:func:`plan_resources` with ``config``'s resource name, rules, sharing and MIG
     strategy: what the plugin serves of ``gpus`` under ``config``."""
     return plan_resources(
-        gpus, config.resource_name, config.resources, config.time_slicing, config.mig_strategy
+        gpus, config.resource_name, config.resources, config.sharing, config.mig_strategy
     )
 
 
@@ -207,7 +211,7 @@ def plan_resources(
     gpus: Sequence[Gpu],
     resource_name: str,
     rules: ResourceRules,
-    time_slicing: TimeSlicing,
+    sharing: Sharing,
     mig_strategy: str = "none",
 ) -> ResourcePlan:
     """Split ``gpus`` into served resources (names already resolved by :func:`resolve_layout`).
@@ -216,8 +220,8 @@ def plan_resources(
     of the rest (:func:`apply_strategy`; InputError when ``single`` does not fit the node): GPUs
     served whole and MIG devices. Each unit is named by the rule of its kind
     (:func:`_resource_of`), excluded MIG devices go nowhere. InputError when two resources would
-    share a name or a socket, or when a time-sliced resource would list more devices than the
-    kubelet can receive (:mod:`nvplugin.rm.listing`).
+    share a name or a socket, when a shared resource would list more devices than the kubelet
+    can receive (:mod:`nvplugin.rm.listing`), or when an MPS resource would serve MIG devices.
     """
     ordered = tuple(sorted(gpus, key=lambda gpu: gpu.index))
     visible = [gpu for gpu in ordered if not rules.exclude.hides(gpu.uuid, gpu.name)]
@@ -227,7 +231,7 @@ def plan_resources(
     warnings += _mig_warnings(rules, mig_strategy, [d for d, _ in layout.units if d.mig])
 
     members: dict[str, list[Device]] = {}
-    base_of: dict[str, str] = {}  # served name -> the resource before time-slicing
+    base_of: dict[str, str] = {}  # served name -> the resource before sharing
     # (base resource, the key path that made it) -> the kind of unit it serves
     origins: dict[tuple[str, str], Kind] = {}
     served_as: dict[str, str | None] = {
@@ -238,46 +242,52 @@ def plan_resources(
             served_as[device.label] = None
             continue
         base, at = _resource_of(device, default, rules, mig_strategy)
-        name = _served_name(time_slicing, base)
+        name = sharing.served_name(base)
         served_as[device.label] = name
         members.setdefault(name, []).append(device)
         base_of[name] = base
         origins.setdefault((base, at), device.kind)
     try:  # a MIG resource under a name already served (whole GPUs, another base) is refused
-        check_served(sorted(origins, key=lambda origin: origins[origin] is Kind.MIG), time_slicing)
+        check_served(sorted(origins, key=lambda origin: origins[origin] is Kind.MIG), sharing)
     except Invalid as exc:
         raise InputError(f'config key "{exc.at}": {exc.message}') from None
 
     resources = sorted(
         (
-            served_resource(name, units, _replicas(time_slicing, base_of[name]), base_of[name])
+            served_resource(name, units, _replicas(sharing, base_of[name]), base_of[name])
             for name, units in members.items()
         ),
         key=lambda served: served.bases[0].order,
     )
-    for resource in resources:  # what the kubelet can receive bounds the replicas
-        if resource.replicas.shared:
-            entry = time_slicing.entry(resource.base or resource.name)
-            number = time_slicing.resources.index(entry) if entry is not None else 0
-            check_listing(
-                resource.name,
-                resource.bases,
-                resource.replicas.count,
-                f"sharing.timeSlicing.resources[{number}].replicas",
+    for resource in resources:
+        found = sharing.find(resource.base or resource.name)
+        if found is None:
+            continue
+        block, number = found
+        at = f"{block.key}.resources[{number}]"
+        if block.strategy == MPS and resource.migs:
+            raise InputError(
+                f'config key "{at}.name": {resource.base or resource.name} serves MIG devices '
+                f"here (migStrategy {mig_strategy}): MPS shares whole GPUs (NVIDIA's plugin "
+                "refuses MPS on MIG devices too); share them with sharing.timeSlicing, or serve "
+                "these GPUs whole"
             )
+        # What the kubelet can receive bounds the replicas.
+        check_listing(resource.name, resource.bases, resource.replicas.count, f"{at}.replicas")
     configured = [resource_name, *(p.name for p in rules.gpus)]
     empty = [
         name
-        for name in dict.fromkeys(_served_name(time_slicing, base) for base in configured)
+        for name in dict.fromkeys(sharing.served_name(base) for base in configured)
         if name not in members
     ]
     served_bases = set(base_of.values())
-    for number, entry in enumerate(time_slicing.resources):
-        if entry.name not in served_bases and entry.name not in configured:
-            warnings.append(
-                f"sharing.timeSlicing.resources[{number}].name {entry.name} is no resource of "
-                "this node (no MIG device is served as it)"
-            )
+    for block in sharing.blocks:
+        for number, entry in enumerate(block.resources):
+            if entry.name not in served_bases and entry.name not in configured:
+                warnings.append(
+                    f"{block.key}.resources[{number}].name {entry.name} is no resource of "
+                    "this node (no MIG device is served as it)"
+                )
     return ResourcePlan(
         tuple(resources), served_as, tuple(empty), tuple(warnings), mig_strategy, ordered
     )
@@ -304,17 +314,16 @@ def _resource_of(
     return patterns[matched].name, f"{key}[{matched}].name"
 
 
-def _served_name(time_slicing: TimeSlicing, base: str) -> str:
-    entry = time_slicing.entry(base)
-    return base if entry is None else time_slicing.served_name(entry)
-
-
-def _replicas(time_slicing: TimeSlicing, base: str) -> Replicas:
-    entry = time_slicing.entry(base)
-    if entry is None:
+def _replicas(sharing: Sharing, base: str) -> Replicas:
+    found = sharing.find(base)
+    if found is None:
         return NOT_SHARED
+    block, number = found
     return Replicas(
-        entry.replicas, time_slicing.fail_requests_greater_than_one, time_slicing.allocation
+        block.resources[number].replicas,
+        block.fail_requests_greater_than_one,
+        block.allocation,
+        block.strategy,
     )
 
 

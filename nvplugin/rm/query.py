@@ -15,7 +15,7 @@ import json
 
 from nvplugin.allocator import DEFAULT_BUDGET_S, explain_allocation, migreport
 from nvplugin.allocator import report as gpu_report
-from nvplugin.config.layout import ResourceRules, TimeSlicing
+from nvplugin.config.layout import ResourceRules, Sharing
 from nvplugin.errors import InputError
 from nvplugin.node.model import Topology
 from nvplugin.resourcenames import DEFAULT_RESOURCE_NAME
@@ -28,7 +28,7 @@ def preferred_resource(topology: Topology, mig_strategy: str, name: str | None) 
     """The resource ``nvplugin preferred`` asks about (see the module docstring); InputError
     naming the MIG resources this node has when ``name`` is none of them, or is needed."""
     plan = plan_resources(
-        topology.gpus, DEFAULT_RESOURCE_NAME, ResourceRules(), TimeSlicing(), mig_strategy
+        topology.gpus, DEFAULT_RESOURCE_NAME, ResourceRules(), Sharing(), mig_strategy
     )
     kind = Kind.MIG if mig_strategy != "none" or name is not None else Kind.GPU
     candidates = [served for served in plan.resources if served.kind is kind]

@@ -13,7 +13,9 @@ configured :class:`Strategy` in a fixed order, whatever order the config lists t
 - ``cdi-cri``: the same CDI names in ``cdi_devices`` (CRI field, containerd >= 1.7 / CRI-O);
 - with ``passDeviceSpecs``: DeviceSpecs for ``/dev/nvidia<minor>`` of each GPU (a MIG device:
   its parent's, and the ``/dev/nvidia-caps/nvidia-cap<N>`` nodes of its GPU instance and compute
-  instance), then the control nodes that exist under the dev root (``flags.nvidiaDevRoot``).
+  instance), then the control nodes that exist under the dev root (``flags.nvidiaDevRoot``);
+- for a resource shared through MPS, last: its pipe directory, shared memory and the container's
+  shares (:mod:`nvplugin.rm.mps`), which count the replicas the container got of each GPU.
 
 IDs are UUIDs or NVML indices (``device_id_strategy``): a MIG device is its ``MIG-`` UUID, or
 ``<gpu index>:<mig index>`` as NVIDIA writes MIG indices. CDI names use the kind ``nvidia.com/gpu``
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
@@ -42,6 +45,7 @@ from nvplugin.config.rules import (
 from nvplugin.errors import NvpluginError
 from nvplugin.node.mig import MIG_MINORS_PATH, caps_device
 from nvplugin.rm.devices import Device
+from nvplugin.rm.mps import MpsAllocation
 
 DEFAULT_DEV_ROOT = DEFAULT_DRIVER_ROOT
 
@@ -212,20 +216,25 @@ def device_id(device: Device, id_strategy: str) -> str:
 
 @dataclass(frozen=True)
 class Responder:
-    """Builds a container's Allocate response by applying each strategy in turn."""
+    """Builds a container's Allocate response by applying each strategy in turn; ``mps``: the
+    MPS part, for a resource shared through MPS (one responder per such resource)."""
 
     strategies: tuple[Strategy, ...] = (EnvvarStrategy(),)
     id_strategy: str = DEVICE_ID_STRATEGIES[0]
+    mps: MpsAllocation | None = None
 
     def container_response(self, devices: Sequence[Device]) -> api_pb2.ContainerAllocateResponse:
         """The response for a container given ``devices`` (replicas of one GPU or MIG device
-        count once: the container sees the device, not its replicas)."""
+        count once: the container sees the device, not its replicas -- except as MPS shares)."""
         unique = {device.uuid: replace(device, id=device.uuid, replica=None) for device in devices}
         ordered = sorted(unique.values(), key=lambda device: device.order)
         ids = [device_id(device, self.id_strategy) for device in ordered]
         response = api_pb2.ContainerAllocateResponse()
         for strategy in self.strategies:
             strategy.apply(ids, ordered, response)
+        if self.mps is not None:
+            shares = Counter(device.uuid for device in devices)
+            self.mps.apply([(device.gpu, shares[device.uuid]) for device in ordered], response)
         return response
 
 

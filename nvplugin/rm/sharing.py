@@ -1,4 +1,4 @@
-"""Time-slicing: one GPU advertised as several devices (replicas), and which replicas a pod gets.
+"""Sharing: one GPU advertised as several devices (replicas), and which replicas a pod gets.
 
 The kubelet counts devices, not GPUs, so sharing a GPU between pods means advertising it several
 times: GPU ``GPU-abc`` with 4 replicas is listed as ``GPU-abc::0`` .. ``GPU-abc::3``, each with
@@ -21,6 +21,13 @@ policy works on top of the resource's unit policy (:mod:`nvplugin.rm.policy`).
 
 The config block is NVIDIA's ``sharing.timeSlicing`` (:mod:`nvplugin.config.layout` holds its
 values), and the policy NVIDIA's ``flags.plugin.sharedDevicesAllocationPolicy``.
+
+MPS (``sharing.mps``) replicates a GPU the same way -- the same IDs, health, NUMA node and
+preferred allocation -- and differs in what a replica is worth: an MPS share, 1/replicas of the
+GPU's memory and threads, enforced by the MPS control daemon the plugin runs for the resource
+(:mod:`nvplugin.rm.mps` says what a container's Allocate response gets for its shares;
+:mod:`nvplugin.plugin.mps` runs the daemon). So a strategy is a property of the replicas, not a
+kind of device.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from nvplugin.config.layout import ALLOCATIONS
+from nvplugin.config.layout import ALLOCATIONS, MPS, SHARING_KEYS, TIME_SLICING
 from nvplugin.rm.devices import Device, replica_id, sorted_replicas
 
 Prefer = Callable[[Sequence[int], Sequence[int], int], list[int]]
@@ -38,11 +45,18 @@ must-include, size."""
 
 @dataclass(frozen=True)
 class Replicas:
-    """How one served resource shares its GPUs. ``count`` 1 = not shared (IDs are UUIDs)."""
+    """How one served resource shares its GPUs. ``count`` 1 = not shared (IDs are UUIDs);
+    ``strategy``: time-slicing or MPS (:data:`~nvplugin.config.layout.SHARING_KEYS`)."""
 
     count: int = 1
     fail_requests_greater_than_one: bool = False
     allocation: str = ALLOCATIONS[0]
+    strategy: str = TIME_SLICING
+
+    @property
+    def mps(self) -> bool:
+        """Replicas are MPS shares."""
+        return self.shared and self.strategy == MPS
 
     @property
     def shared(self) -> bool:
@@ -62,10 +76,14 @@ class Replicas:
     def too_many(self, requested: int) -> str | None:
         """Why a container may not get ``requested`` replicas, or None."""
         if self.shared and self.fail_requests_greater_than_one and requested > 1:
+            why = (
+                "set it false to give a container several shares"
+                if self.mps
+                else "replicas of a time-sliced GPU add no memory or compute"
+            )
             return (
-                f"{requested} replicas requested, but sharing.timeSlicing."
-                "failRequestsGreaterThanOne allows at most 1 per container (replicas of a "
-                "time-sliced GPU add no memory or compute)"
+                f"{requested} replicas requested, but {SHARING_KEYS[self.strategy]}."
+                f"failRequestsGreaterThanOne allows at most 1 per container ({why})"
             )
         return None
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
 from nvplugin.node.nodefile import load_node
+from tests.support.bignodes import write
 
 pytestmark = pytest.mark.process  # runs nvplugin commands as processes
 
@@ -34,6 +36,8 @@ def test_json_answer_dgx1_by_uuid_and_index() -> None:
         "score": 250,
         "partition_score": 920,
         "policy": "best-effort",
+        "proven_optimal": True,
+        "gap": 0,
     }
 
 
@@ -90,6 +94,8 @@ def test_impossible_request_prints_empty_answer() -> None:
         "score": None,
         "partition_score": None,
         "policy": "best-effort",
+        "proven_optimal": True,
+        "gap": None,
     }
     text = _run("--simulate", "workstation-4gpu", "--size", "0")
     assert text.returncode == 0 and "no preferred allocation" in text.stdout
@@ -113,3 +119,39 @@ def test_policy_applies_to_a_mig_resource(policy: str, chosen: list[str], shown:
     assert "--explain is about NVLink groups of GPUs; MIG devices have no NVLink" in (
         explained.stderr
     )
+
+
+@pytest.mark.parametrize(
+    ("node", "size", "proven"),
+    [("mesh-20", 7, False), ("l4-24", 9, True), ("l4-24-uneven", 7, True)],
+)
+def test_json_is_all_that_stdout_carries(node: str, size: int, proven: bool) -> None:
+    """On a node the budgeted search answers (mesh-20) and on PCIe-switch servers the branch
+    search answers exactly: stdout parses as one JSON document saying whether the answer is
+    proven, with the gap; no log line anywhere (debug lines only when asked for)."""
+    path = write(tempfile.mkdtemp(), node)
+    done = _run("--simulate", path, "--size", str(size), "--output", "json")
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["proven_optimal"] is proven and len(doc["indices"]) == size
+    assert isinstance(doc["gap"], int) and doc["gap"] >= 0
+    assert (doc["gap"] == 0) if proven else True
+    assert "preferred allocation" not in done.stderr + done.stdout
+    explained = _run("--simulate", path, "--size", str(size), "--output", "json", "--explain")
+    assert json.loads(explained.stdout)["explain"]["proven_optimal"] is proven
+    text = _run("--simulate", path, "--size", str(size), "--explain")
+    assert ("not proven optimal" in text.stdout) == (not proven and doc["gap"] > 0)
+
+
+@pytest.mark.parametrize("command", [["devices"], ["topo"]])
+def test_other_json_commands_print_json_alone(command: list[str]) -> None:
+    path = write(tempfile.mkdtemp(), "l4-20")
+    done = subprocess.run(
+        [sys.executable, "-m", "nvplugin", *command, "--simulate", path, "--output", "json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    json.loads(done.stdout)

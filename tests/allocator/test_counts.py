@@ -99,11 +99,16 @@ def test_shape_counts() -> None:
     assert len(shapes(1, designated=True, leftover=True)) == 1
 
 
-def test_non_convex_nodes_are_left_to_the_search() -> None:
-    """Pairs across two classes scoring more than pairs within: the vertex argument fails."""
+def test_non_convex_nodes_are_left_to_the_branch_search() -> None:
+    """Pairs across two classes scoring more than pairs within: the vertex argument fails, and
+    the branch search (which needs no convexity) answers, exactly."""
     topology = from_classes("crossed", [3, 3], [[10, 250], [250, 10]])
     assert not applies(twin_classes(topology.scores))
-    assert BestEffort(topology, table_gpus=0).method == "search"
+    policy = BestEffort(topology, table_gpus=0)
+    assert policy.method == "branch"
+    reference = BruteForce(topology)
+    for available, must, size in _queries(6, 3, 40):
+        assert policy.allocate(available, must, size) == reference.answer(available, must, size)
 
 
 @st.composite

@@ -7,7 +7,7 @@ import pytest
 from nvplugin.allocator.besteffort import BestEffort
 from nvplugin.allocator.classes import twin_classes
 from nvplugin.node.nodefile import parse_node
-from tests.support.bignodes import NODES
+from tests.support.bignodes import NODES, SERVERS
 
 
 @pytest.mark.parametrize("name", sorted(NODES))
@@ -19,7 +19,11 @@ def test_generated_node_parses_and_has_its_structure(name: str) -> None:
     elif name.startswith("nvswitch-"):
         assert len(classes) == 2
         assert topology.link(0, len(topology) - 1).cell == "NV18+SYS"
+    elif name in SERVERS:
+        switches = [size for sizes in SERVERS[name] for size in sizes]
+        assert [len(members) for members in classes.members] == switches
+        assert len(topology) == sum(switches)
     else:
         assert len(classes) == len(topology) == 20
-    expected = "search" if name == "mesh-20" else "counts"
+    expected = "search" if name == "mesh-20" else "branch" if name in SERVERS else "counts"
     assert BestEffort(topology).method == expected

@@ -54,7 +54,17 @@ class Rendered:
 
     @property
     def env(self) -> dict[str, str]:
-        return {e["name"]: e["value"] for e in self.container.get("env") or []}
+        """The container's environment variables with a value (not those from a field)."""
+        return {e["name"]: e["value"] for e in self.container.get("env") or [] if "value" in e}
+
+    @property
+    def env_fields(self) -> dict[str, str]:
+        """The container's environment variables taken from a pod field: name -> field path."""
+        return {
+            e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"]
+            for e in self.container.get("env") or []
+            if "valueFrom" in e
+        }
 
     @property
     def notes(self) -> str:

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from nvplugin.config import Config, ReplicatedResource, load_config
+from nvplugin.config.select import config_for, read_selection
 from nvplugin.errors import InputError
 from tests.chart.rendering import Rendered, render, render_error
 
@@ -61,15 +62,25 @@ def _flags(rendered: Rendered) -> dict[str, object]:
     return flags
 
 
-def _load(rendered: Rendered, workdir: Path, name: str) -> Config:
-    """The plugin's config in the pod: the mounted ConfigMap key (if any), flags, environment."""
-    path = None
+def _load(rendered: Rendered, workdir: Path, name: str, label: str | None = None) -> Config:
+    """The plugin's config in the pod of a node labelled ``label``: the ConfigMap mounted as a
+    directory (if any) and the config the plugin's own selection takes from it, flags,
+    environment."""
     volumes = {v["name"]: v for v in rendered.pod["volumes"]}
-    if "config" in volumes:
-        (item,) = volumes["config"]["configMap"]["items"]
-        path = workdir / f"{name}.yaml"
-        path.write_text(rendered.one("ConfigMap")["data"][item["key"]])
-    return load_config(str(path) if path else None, flags=_flags(rendered), env=rendered.env)
+    env = rendered.env
+    if "config" not in volumes:
+        assert "CONFIG_FILE_SRCDIR" not in env
+        return load_config(None, flags=_flags(rendered), env=env)
+    assert "items" not in volumes["config"]["configMap"]  # the whole ConfigMap
+    srcdir = workdir / name
+    srcdir.mkdir(exist_ok=True)
+    for key, text in rendered.one("ConfigMap")["data"].items():
+        (srcdir / key).write_text(text)
+    env = env | {"CONFIG_FILE_SRCDIR": str(srcdir)}
+    selection = read_selection({}, env)
+    assert selection is not None
+    path = config_for(label, selection).path(selection.srcdir)
+    return load_config(path, flags=_flags(rendered), env=env)
 
 
 def _probes_off(config: dict[str, Any]) -> dict[str, Any]:
@@ -94,11 +105,14 @@ def test_nvidia_style_values_arrive_with_nvidias_meaning(workdir: Path) -> None:
     assert config.fail_on_init_error is False  # the value wins over the file
     assert config.driver_root == config.dev_root == "/run/nvidia/driver"
     assert config.mig_strategy == "none"
-    assert config.time_slicing.resources == ()  # config0 is the default, not time-sliced
-    chosen = dict(NVIDIA_STYLE, config={**NVIDIA_STYLE["config"], "default": "time-sliced"})
-    sliced = _load(render(chosen), workdir, "sliced").time_slicing
+    assert config.sharing.time_slicing.resources == ()  # config0 is the default, not time-sliced
+    # The same DaemonSet on a node labelled nvidia.com/device-plugin.config=time-sliced:
+    labelled = _load(render(NVIDIA_STYLE), workdir, "nvidia", label="time-sliced")
+    sliced = labelled.sharing.time_slicing
     assert sliced.resources == (ReplicatedResource("nvidia.com/gpu", 4),)
     assert sliced.served_name(sliced.resources[0]) == "nvidia.com/gpu.shared"
+    chosen = dict(NVIDIA_STYLE, config={**NVIDIA_STYLE["config"], "default": "time-sliced"})
+    assert _load(render(chosen), workdir, "sliced").sharing.time_slicing == sliced
 
 
 def test_nvplugin_values_arrive(workdir: Path) -> None:
@@ -123,7 +137,7 @@ def test_nvplugin_values_arrive(workdir: Path) -> None:
     [
         "version: v1\nflags:\n  plugin:\n    deviceListStrategy: [envvar, magic]\n",
         "flags:\n  gdsEnabled: true\n",
-        "sharing:\n  mps:\n    resources: [{name: nvidia.com/gpu, replicas: 2}]\n",
+        "sharing:\n  mps:\n    resources: [{name: nvidia.com/gpu, replicas: 49}]\n",
         "nvplugin:\n  helth: {}\n",
         "nvplugin:\n  health:\n    recovery:\n      quietPeriod: 30\n",
         "sharing:\n  timeSlicing:\n    resources:\n    - {name: gpu, replicas: 1}\n",

@@ -67,7 +67,10 @@ def test_entrypoint_runs_nvplugin_serve() -> None:
     assert [json.loads(a) for a in _all("CMD")] == [["serve"]]
     project = _pyproject()["project"]
     assert isinstance(project, dict)
-    assert project["scripts"] == {"nvplugin": "nvplugin.cli:main"}
+    assert project["scripts"] == {
+        "nvplugin": "nvplugin.cli:main",
+        "nvidia-device-plugin": "nvplugin.cli:nvidia_device_plugin_main",
+    }
     # The chart leaves the entrypoint alone and passes `serve ...` as args.
     container = render().container
     assert "command" not in container and container["args"][0] == "serve"
@@ -93,13 +96,20 @@ def test_install_step_is_make_install_without_editable_or_dev_extras() -> None:
     assert "-m venv" in makefile and "pip install -q --upgrade pip" in makefile
 
 
-def test_files_are_not_root_owned_and_the_default_user_is_unprivileged() -> None:
+def test_files_are_not_root_owned_and_the_default_user_is_root() -> None:
+    """root by default, as NVIDIA's image (its static DaemonSets set no user, and only root may
+    use the kubelet's directory); the installed files stay an unprivileged user's, read-only;
+    the chart still runs it hardened."""
     (run,) = [r for r in _all("RUN") if "pip install" in r]
     assert "chown -R nvplugin:nvplugin /opt/nvplugin" in run
     assert "chmod -R a-w /opt/nvplugin" in run
     (user,) = _all("USER")
-    assert user.split(":")[0] not in ("0", "root")
+    assert user == "0:0"
     assert any("--uid 10001" in r for r in _all("RUN"))
+    context = render().container["securityContext"]
+    assert context["capabilities"] == {"drop": ["ALL"]}
+    assert context["allowPrivilegeEscalation"] is False
+    assert context["readOnlyRootFilesystem"] is True
 
 
 def _copied() -> list[tuple[list[str], str]]:
@@ -207,6 +217,15 @@ def test_installed_package_is_complete_and_runs(image_site: Path) -> None:
     assert (image_site / "nvplugin" / "api" / "v1beta1" / "api_pb2_grpc.py").is_file()
     entry_points = next(image_site.glob("nvplugin-*.dist-info")) / "entry_points.txt"
     assert "nvplugin = nvplugin.cli:main" in entry_points.read_text()
+    # NVIDIA's command, for DaemonSets written for NVIDIA's image (command: [nvidia-device-plugin])
+    assert "nvidia-device-plugin = nvplugin.cli:nvidia_device_plugin_main" in (
+        entry_points.read_text()
+    )
+    nvidia = _run_installed(
+        image_site, "-c", "from nvplugin.cli import nvidia_device_plugin_main as m; m()", "--help"
+    )
+    assert nvidia.returncode == 0, nvidia.stderr
+    assert "--mig-strategy" in nvidia.stdout and "[$MIG_STRATEGY]" in nvidia.stdout
     # The built-in simulated nodes ship as package data: the installed copy can load one.
     devices = _run_installed(image_site, "-m", "nvplugin", "devices", "--simulate", "dgx-a100")
     assert devices.returncode == 0, devices.stderr

@@ -3,7 +3,6 @@ clean in strict mode, and the fields that decide whether the plugin works on a n
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import helm_python as helm
@@ -13,6 +12,8 @@ import yaml
 
 import nvplugin
 from tests.chart.rendering import CHART_DIR, NAMESPACE, Rendered, render, render_error
+from tests.support.nvidia import VALUES_VERSIONS, with_nvplugin_image
+from tests.support.nvidia import values as nvidia_values
 
 DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 # The oldest Kubernetes the chart supports and the newest schemas kubernetes-validate ships.
@@ -66,10 +67,41 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
             },
         }
     },
+    "mps": {
+        "mps": {"root": "/var/run/nvidia/mps"},
+        "config": {
+            "default": "any",
+            "map": {
+                "default": "version: v1\n",
+                # The GPU Operator's MPS guide, as a config.map entry.
+                "any": "version: v1\nsharing:\n  mps:\n    renameByDefault: true\n"
+                "    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n",
+            },
+        },
+    },
+    # The GPU Operator's time-slicing recipe: a key per GPU type, the node label chooses.
+    "gpu-operator-recipe": {
+        "config": {
+            "default": "any",
+            "map": {
+                "any": "version: v1\nflags:\n  migStrategy: none\n",
+                "a100-40gb": "version: v1\nflags:\n  migStrategy: mixed\nsharing:\n"
+                "  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 8\n"
+                "    - name: nvidia.com/mig-1g.5gb\n      replicas: 2\n",
+                "tesla-t4": "version: v1\nflags:\n  migStrategy: none\nsharing:\n"
+                "  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n",
+            },
+        }
+    },
     "no-probes": {"probes": {"enabled": False}, "affinity": None, "tolerations": None},
     "overrides": {"fullnameOverride": "gpu", "namespaceOverride": "gpu-operator"},
     "digest": {"image": {"digest": "sha256:" + "ab" * 32, "pullPolicy": "Always"}},
     "labels": {"gfd": {"enabled": True, "noTimestamp": True, "sleepInterval": "5m"}},
+    # NVIDIA's values files as they are, with nvplugin's image (tests/fixtures/nvidia/)
+    **{
+        f"nvidia-{version}": with_nvplugin_image(nvidia_values(version))
+        for version in VALUES_VERSIONS
+    },
 }
 
 
@@ -123,10 +155,14 @@ def test_lint_reports_bad_values() -> None:
     assert any("/image/tag" in e for e in report["errors"])
 
 
+RBAC = ["ClusterRole", "ClusterRoleBinding", "ServiceAccount"]
+
+
 def test_objects_rendered(renders: dict[str, Rendered]) -> None:
     assert renders["defaults"].kinds() == ["DaemonSet"]  # no config file: the plugin's defaults
-    assert renders["config-string"].kinds() == ["ConfigMap", "DaemonSet"]
-    assert renders["existing-configmap"].kinds() == ["DaemonSet"]
+    # Config files: per-node selection, which reads the Node.
+    assert renders["config-string"].kinds() == sorted(["ConfigMap", "DaemonSet", *RBAC])
+    assert renders["existing-configmap"].kinds() == sorted(["DaemonSet", *RBAC])
 
 
 # --- the DaemonSet: what reaches the plugin -------------------------------------------------------
@@ -138,6 +174,7 @@ def test_defaults_run_serve_with_the_kubelet_dir(default: Rendered) -> None:
     assert ds["metadata"]["namespace"] == NAMESPACE
     assert default.container["args"] == ["serve", "--device-plugin-dir", DEVICE_PLUGIN_DIR]
     assert default.env == {
+        "MPS_ROOT": "/run/nvidia/mps",  # as NVIDIA's chart sets it, MPS or not
         "NVPLUGIN_RESOURCE_NAME": "nvidia.com/gpu",
         "NVPLUGIN_HEALTH_PROBE_ADDRESS": "0.0.0.0:9401",
     }
@@ -178,57 +215,90 @@ def test_other_kubelet_root_moves_mount_and_flag_together() -> None:
     assert rendered.container["args"][1:3] == ["--device-plugin-dir", path]
 
 
-def test_config_map_entries_and_the_chosen_one(renders: dict[str, Rendered]) -> None:
-    rendered = renders["config-string"]  # one entry: chosen by the "single" fallback
+def test_a_configmap_means_per_node_configs(renders: dict[str, Rendered]) -> None:
+    rendered = renders["config-string"]
     cm = rendered.one("ConfigMap")
     assert cm["metadata"]["name"] == "nvplugin-config"
     assert cm["metadata"]["namespace"] == NAMESPACE
+    # The whole ConfigMap, as a directory the kubelet keeps up to date (no items, no subPath).
     volumes = {v["name"]: v for v in rendered.pod["volumes"]}
-    assert volumes["config"]["configMap"] == {
-        "name": "nvplugin-config",
-        "items": [{"key": "config", "path": "config.yaml"}],
-    }
+    assert volumes["config"]["configMap"] == {"name": "nvplugin-config"}
     mounts = {m["name"]: m for m in rendered.container["volumeMounts"]}
     assert mounts["config"] == {"name": "config", "mountPath": "/etc/nvplugin", "readOnly": True}
-    assert rendered.container["args"][-2:] == ["--config-file", "/etc/nvplugin/config.yaml"]
+    assert "--config-file" not in rendered.container["args"]
+    # NVIDIA's config manager's variables; the node's name from the downward API.
+    assert rendered.env["CONFIG_FILE_SRCDIR"] == "/etc/nvplugin"
+    assert rendered.env["FALLBACK_STRATEGIES"] == "named,single"
+    assert "DEFAULT_CONFIG" not in rendered.env
+    assert rendered.env_fields == {"NODE_NAME": "spec.nodeName"}
     several = renders["several-configs"]
     assert sorted(several.one("ConfigMap")["data"]) == ["default", "t4"]
-    volumes = {v["name"]: v for v in several.pod["volumes"]}
-    assert volumes["config"]["configMap"]["items"] == [{"key": "t4", "path": "config.yaml"}]
-    assert 'key "t4"' in several.notes
+    assert several.env["DEFAULT_CONFIG"] == "t4"
+    assert 'runs "t4" (config.default)' in several.notes
+    assert "nvidia.com/device-plugin.config=KEY" in several.notes
+    assert "every node uses" not in several.notes
 
 
 @pytest.mark.parametrize(
-    ("config", "chosen"),
+    ("config", "env"),
     [
-        ({"map": {"default": "", "other": ""}}, "default"),  # named
-        ({"map": {"only": ""}}, "only"),  # single
-        ({"map": {"a": "", "b": ""}, "fallbackStrategies": ["named", "empty"]}, None),
-        ({"name": "theirs"}, "default"),  # offline: the chart cannot see their keys
-        ({"name": "theirs", "default": "t4"}, "t4"),
+        ({"map": {"default": "", "other": ""}}, {"FALLBACK_STRATEGIES": "named,single"}),
+        (
+            {"map": {"a": "", "b": ""}, "fallbackStrategies": ["named", "empty"]},
+            {"FALLBACK_STRATEGIES": "named,empty"},
+        ),
+        ({"map": {"a": ""}, "default": "a"}, {"DEFAULT_CONFIG": "a"}),
+        ({"name": "theirs", "default": "t4"}, {"DEFAULT_CONFIG": "t4"}),
+        # No default and no fallback that finds one: fine, if every node has the label.
+        ({"map": {"a": "", "b": ""}, "fallbackStrategies": []}, {"FALLBACK_STRATEGIES": ""}),
     ],
 )
-def test_nvidias_fallback_strategies_choose_the_config(
-    config: dict[str, Any], chosen: str | None
+def test_nvidias_default_and_fallbacks_reach_the_plugin(
+    config: dict[str, Any], env: dict[str, str]
 ) -> None:
     rendered = render({"config": config})
-    volumes = {v["name"]: v for v in rendered.pod["volumes"]}
-    if chosen is None:
-        assert "config" not in volumes and "--config-file" not in rendered.container["args"]
-    else:
-        items = volumes["config"]["configMap"]["items"]
-        assert items == [{"key": chosen, "path": "config.yaml"}]
+    assert env.items() <= rendered.env.items()
 
 
-def test_existing_configmap_is_mounted_by_name_and_key(renders: dict[str, Rendered]) -> None:
+def test_existing_configmap_is_mounted_whole_by_name(renders: dict[str, Rendered]) -> None:
     rendered = renders["existing-configmap"]
     volumes = {v["name"]: v for v in rendered.pod["volumes"]}
-    assert volumes["config"]["configMap"] == {
-        "name": "my-nvplugin",
-        "items": [{"key": "plugin", "path": "config.yaml"}],
+    assert volumes["config"]["configMap"] == {"name": "my-nvplugin"}
+    assert rendered.env["DEFAULT_CONFIG"] == "plugin"
+    assert "my-nvplugin (yours)" in rendered.notes
+
+
+def test_per_node_configs_read_the_node_and_nothing_else(renders: dict[str, Rendered]) -> None:
+    rendered = renders["several-configs"]
+    account = rendered.one("ServiceAccount")
+    assert account["metadata"] == {
+        "name": "nvplugin",
+        "namespace": NAMESPACE,
+        "labels": account["metadata"]["labels"],
     }
-    assert "--config-file" in rendered.container["args"]
-    assert "my-nvplugin" in rendered.notes
+    assert rendered.pod["serviceAccountName"] == "nvplugin"
+    assert rendered.pod["automountServiceAccountToken"] is True
+    role = rendered.one("ClusterRole")
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}
+    ]
+    binding = rendered.one("ClusterRoleBinding")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "nvplugin", "namespace": NAMESPACE}
+    ]
+    # Cluster-wide names carry the namespace: two releases in two namespaces do not collide.
+    assert NAMESPACE in role["metadata"]["name"]
+    other = render({"config": {"name": "x"}, "namespaceOverride": "gpu-operator"})
+    assert other.one("ClusterRole")["metadata"]["name"] != role["metadata"]["name"]
+    # Without config files: no account, no role, no token.
+    default = renders["defaults"]
+    assert "serviceAccountName" not in default.pod
+    assert default.pod["automountServiceAccountToken"] is False
 
 
 def test_chart_values_reach_the_plugin_as_its_environment(renders: dict[str, Rendered]) -> None:
@@ -247,6 +317,10 @@ def test_chart_values_reach_the_plugin_as_its_environment(renders: dict[str, Ren
         "DEVICE_LIST_STRATEGY": "envvar,cdi-annotations",
         "DEVICE_ID_STRATEGY": "index",
         "NVIDIA_DRIVER_ROOT": "/run/nvidia/driver",
+        "MPS_ROOT": "/run/nvidia/mps",
+        # config.map: per-node configs
+        "CONFIG_FILE_SRCDIR": "/etc/nvplugin",
+        "FALLBACK_STRATEGIES": "named,single",
     }
     assert rendered.container["args"][-2:] == ["--simulate", "dgx-a100"]
 
@@ -270,7 +344,12 @@ def test_nvidia_driver_root_is_mounted_where_the_plugin_loads_nvml(
 
 
 def test_no_unset_setting_leaks_into_env_or_config(default: Rendered) -> None:
-    assert list(default.env) == ["NVPLUGIN_RESOURCE_NAME", "NVPLUGIN_HEALTH_PROBE_ADDRESS"]
+    # MPS_ROOT: NVIDIA's chart's value, set by default (it mounts nothing without sharing.mps).
+    assert list(default.env) == [
+        "MPS_ROOT",
+        "NVPLUGIN_RESOURCE_NAME",
+        "NVPLUGIN_HEALTH_PROBE_ADDRESS",
+    ]
     assert default.kinds() == ["DaemonSet"]
 
 
@@ -376,7 +455,7 @@ def test_privileged_only_with_device_specs_or_the_host_driver(renders: dict[str,
     assert context["allowPrivilegeEscalation"] is True  # the API rejects privileged without it
     assert "capabilities" not in context
     assert context["readOnlyRootFilesystem"] is True
-    for case in set(VALUE_SETS) - {"everything"}:
+    for case in set(VALUE_SETS) - {"everything", "mps"}:
         assert "privileged" not in renders[case].container["securityContext"], case
     off = render({"compatWithCPUManager": False}).container["securityContext"]
     assert "privileged" not in off
@@ -396,6 +475,80 @@ def test_pass_device_specs_in_the_config_is_privileged_too(config: object) -> No
     off = {"flags": {"plugin": {"passDeviceSpecs": False}}}
     context = render({"config": {"map": {"default": off}}}).container["securityContext"]
     assert "privileged" not in context
+
+
+# --- MPS ------------------------------------------------------------------------------------------
+
+
+def test_mps_mounts_the_root_and_a_tmpfs_for_its_shared_memory(
+    renders: dict[str, Rendered],
+) -> None:
+    rendered = renders["mps"]
+    pod, container = rendered.pod, rendered.container
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["mps-root"]["hostPath"] == {
+        "path": "/var/run/nvidia/mps",
+        "type": "DirectoryOrCreate",
+    }
+    assert volumes["mps-shm"]["hostPath"] == {
+        "path": "/var/run/nvidia/mps/shm",
+        "type": "Directory",
+    }
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts["mps-root"] == {
+        "name": "mps-root",
+        "mountPath": "/mps",  # NVIDIA's container root: the plugin looks there first
+        "mountPropagation": "HostToContainer",
+    }
+    assert mounts["mps-shm"] == {"name": "mps-shm", "mountPath": "/dev/shm"}
+    # The tmpfs NVIDIA's MPS daemon set mounts, made by an init container that puts it on the host.
+    (init,) = pod["initContainers"]
+    assert init["image"] == container["image"]
+    assert init["securityContext"]["privileged"] is True
+    assert init["volumeMounts"] == [
+        {"name": "mps-root", "mountPath": "/mps", "mountPropagation": "Bidirectional"}
+    ]
+    script = init["command"][-1]
+    assert "mount -t tmpfs" in script and "size=64M" in script and "/mps/shm" in script
+    # MPS_ROOT: the host path the plugin names in Allocate; CUDA for the daemon; privileged for
+    # the compute mode. No host IPC or PID namespace: shared memory and pipes are mounted.
+    assert rendered.env["MPS_ROOT"] == "/var/run/nvidia/mps"
+    assert rendered.env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
+    assert container["securityContext"]["privileged"] is True
+    for key in ("hostIPC", "hostPID", "hostNetwork", "shareProcessNamespace"):
+        assert key not in pod
+
+
+def _extra_env_names(values: dict[str, Any]) -> set[str]:
+    """The variables NVIDIA's ``devicePlugin.containers.main.env`` value gives the container."""
+    env = values.get("devicePlugin", {}).get("containers", {}).get("main", {}).get("env", [])
+    return {entry["name"] for entry in env}
+
+
+def test_without_an_mps_config_nothing_of_mps_is_mounted(renders: dict[str, Rendered]) -> None:
+    for case in set(VALUE_SETS) - {"mps"}:
+        pod = renders[case].pod
+        assert "initContainers" not in pod, case
+        assert not {"mps-root", "mps-shm"} & {v["name"] for v in pod["volumes"]}, case
+        given = _extra_env_names(VALUE_SETS[case])  # set by the values themselves
+        assert "NVIDIA_DRIVER_CAPABILITIES" not in set(renders[case].env) - given, case
+    # Any entry counts: a node may be given it.
+    other = render(
+        {
+            "config": {
+                "map": {
+                    "a": "version: v1\n",
+                    "b": {"sharing": {"mps": {"resources": [{"name": "gpu", "replicas": 2}]}}},
+                },
+                "default": "a",
+            }
+        }
+    )
+    assert other.pod["initContainers"][0]["name"] == "mps-shm"
+    empty = render(
+        {"config": {"map": {"a": "sharing:\n  mps:\n", "b": {"sharing": None}}, "default": "a"}}
+    )
+    assert "initContainers" not in empty.pod
 
 
 # --- scheduling -----------------------------------------------------------------------------------
@@ -469,29 +622,16 @@ def test_selector_matches_pod_labels(renders: dict[str, Rendered]) -> None:
     assert labels["example.com/tier"] == "node"
 
 
-def _checksum(rendered: Rendered) -> str:
-    annotations = rendered.daemonset["spec"]["template"]["metadata"]["annotations"]
-    value: str = annotations["checksum/config"]
-    assert re.fullmatch(r"[0-9a-f]{64}", value)
-    return value
-
-
-def test_checksum_follows_the_config_file_only(renders: dict[str, Rendered]) -> None:
-    base = _checksum(renders["defaults"])
-    # Config changes roll the pods...
+def test_config_edits_do_not_roll_the_pods(renders: dict[str, Rendered]) -> None:
+    # The plugin follows the ConfigMap in place: no checksum of it in the pod template.
     one = render({"config": {"map": {"c": "nvplugin:\n  preStartRequired: true\n"}}})
-    assert _checksum(one) != base
     other = render({"config": {"map": {"c": "nvplugin:\n  preStartRequired: false\n"}}})
-    assert _checksum(other) != _checksum(one)
-    # ... other changes do not touch the annotation.
-    assert _checksum(render({"podAnnotations": {"a": "b"}, "log": {"level": "debug"}})) == base
+    assert one.daemonset == other.daemonset
+    for rendered in renders.values():
+        annotations = rendered.daemonset["spec"]["template"]["metadata"]["annotations"]
+        assert not [name for name in annotations if name.startswith("checksum/")]
     annotations = renders["everything"].daemonset["spec"]["template"]["metadata"]["annotations"]
     assert annotations["example.com/team"] == "ml"
-
-
-def test_existing_configmap_checksum_changes_with_its_name() -> None:
-    one = _checksum(render({"config": {"name": "a"}}))
-    assert one != _checksum(render({"config": {"name": "b"}}))
 
 
 def test_notes_tell_the_user_where_to_look(renders: dict[str, Rendered]) -> None:
@@ -537,8 +677,8 @@ def test_labelling_is_off_by_default(default: Rendered) -> None:
     ("values", "message"),
     [
         (
-            {"gfd": {"enabled": True, "nameOverride": "gpu-feature-discovery"}},
-            "values.gfd.nameOverride: nvplugin's chart deploys no GPU Feature Discovery",
+            {"gfd": {"enabled": True, "nameOverride": "gfd"}},
+            'values.gfd.nameOverride: "gfd": nvplugin\'s chart deploys no GPU Feature Discovery',
         ),
         ({"gfd": {"enabled": "yes"}}, "/gfd/enabled"),
         ({"gfd": {"sleepInterval": "a minute"}}, "/gfd/sleepInterval"),

@@ -27,14 +27,16 @@ from typing import Any
 import pytest
 
 from nvplugin.kubelet.kubelet import FakeKubelet
+from nvplugin.plugin.mps import daemon_pids
 from tests import until
 from tests.chart.rendering import Rendered, render
 from tests.labels.scenarios import read_fixture
+from tests.support.configmap import ConfigMapVolume
 
 pytestmark = pytest.mark.process  # runs nvplugin commands as processes
 
 POD_DIR = "/var/lib/kubelet/device-plugins"
-POD_CONFIG = "/etc/nvplugin/config.yaml"
+POD_CONFIGS = "/etc/nvplugin"
 RESOURCE = "example.com/a100"
 VALUES = {
     "simulate": "dgx-a100",
@@ -86,26 +88,27 @@ async def _plugin(args: list[str], env: dict[str, str], log_path: Path) -> Async
     assert code == 0, log_path.read_text()
 
 
-def _on_host(words: list[str], plugin_dir: str, config: Path) -> list[str]:
+def _on_host(words: list[str], plugin_dir: str) -> list[str]:
     """The pod's paths replaced by this test's."""
-    out = []
-    for word in words:
-        word = word.replace(POD_CONFIG, str(config))
-        out.append(word.replace(POD_DIR, plugin_dir))
-    return out
+    return [word.replace(POD_DIR, plugin_dir) for word in words]
 
 
 def _on_this_host(
     rendered: Rendered, plugin_dir: str, work: Path
 ) -> tuple[list[str], dict[str, str], Path]:
-    """The rendered pod's plugin as this test runs it: the config its ConfigMap mounts, written
-    to ``work/config.yaml``; the pod's paths replaced by the test's (args); nothing but what the
-    chart sets reaching the plugin's NVPLUGIN_ reader, and the health endpoint on loopback (env);
-    where its output goes (``work/serve.log``)."""
-    config = work / "config.yaml"
-    config.write_text(_config_text(rendered))
-    args = _on_host(rendered.container["args"], plugin_dir, config)
+    """The rendered pod's plugin as this test runs it: its ConfigMap as the kubelet mounts it
+    (every key a file, ``work/configs``); the pod's paths replaced by the test's (args, the
+    config directory); the node name the downward API gives; nothing but what the chart sets
+    reaching the plugin's NVPLUGIN_ reader, and the health endpoint on loopback (env); where its
+    output goes (``work/serve.log``). No API server here: the plugin runs the default config
+    (tests/e2e/test_pernode.py follows labels)."""
+    volume = ConfigMapVolume(rendered.one("ConfigMap")["data"], str(work / "configs"))
+    args = _on_host(rendered.container["args"], plugin_dir)
     env = {k: v for k, v in os.environ.items() if not k.startswith("NVPLUGIN_")} | rendered.env
+    assert env["CONFIG_FILE_SRCDIR"] == POD_CONFIGS
+    env["CONFIG_FILE_SRCDIR"] = volume.path
+    assert rendered.env_fields == {"NODE_NAME": "spec.nodeName"}
+    env["NODE_NAME"] = "gpu-node-1"
     _on_loopback(rendered, env)
     return args, env, work / "serve.log"
 
@@ -120,7 +123,7 @@ def test_rendered_chart_starts_a_plugin_that_registers_and_passes_its_probe(
     # The pod's 0.0.0.0:9400 is its own network namespace; here: loopback, a port the OS picks.
     assert env["NVPLUGIN_METRICS_ADDRESS"] == "0.0.0.0:9400"
     env["NVPLUGIN_METRICS_ADDRESS"] = "127.0.0.1:0"
-    asyncio.run(_scenario(rendered, args, env, plugin_dir, work / "config.yaml", log_path))
+    asyncio.run(_scenario(rendered, args, env, plugin_dir, work / "configs" / "default", log_path))
 
 
 async def _scenario(
@@ -252,6 +255,44 @@ def test_probes_pass_when_the_config_renames_the_plugin_sockets(
     asyncio.run(scenario())
 
 
+def test_the_rendered_mps_pod_serves_mps_shares(dirs: tuple[str, Path]) -> None:
+    """The GPU Operator's MPS config through the chart: the rendered pod's plugin starts its MPS
+    control daemon under the rendered MPS_ROOT (here a scratch directory, the pod's /mps being
+    absent on this host) and advertises the shares once it answers; stopped, nothing is left."""
+    plugin_dir, work = dirs
+    mps_root = str(work / "mps")
+    values = {
+        "simulate": "dgx-a100",
+        "log": {"format": "json"},
+        "mps": {"root": mps_root},
+        "config": {
+            "map": {
+                "any": "version: v1\nsharing:\n  mps:\n    renameByDefault: true\n"
+                "    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n"
+            }
+        },
+    }
+    rendered = render(values)
+    args, env, log_path = _on_this_host(rendered, plugin_dir, work)
+    assert env["MPS_ROOT"] == mps_root
+
+    async def scenario() -> None:
+        async with FakeKubelet(plugin_dir) as kubelet, _plugin(args, env, log_path):
+            try:
+                await kubelet.wait_registered("nvidia.com/gpu.shared", timeout=60)
+                await kubelet.observer.wait_for(
+                    lambda m: len(m.healthy_devices("nvidia.com/gpu.shared")) == 32, 30, "32"
+                )
+            except TimeoutError as exc:
+                raise AssertionError(f"{exc}\n{log_path.read_text()}") from None
+            (ready,) = _logged(log_path, "MPS control daemon ready")
+            assert ready["pipe_dir"] == f"{mps_root}/nvidia.com/gpu.shared/pipe"
+        assert _logged(log_path, "MPS control daemon stopped")
+        assert daemon_pids(f"{mps_root}/nvidia.com/gpu.shared/pipe") == []
+
+    asyncio.run(scenario())
+
+
 def _logged(log_path: Path, event: str) -> list[dict[str, Any]]:
     """The plugin's JSON log lines ``event`` so far."""
     found = []
@@ -295,14 +336,6 @@ def _effective_config(log_path: Path) -> dict[str, Any]:
         config: dict[str, Any] = record["config"]
         return config
     raise AssertionError(f"no 'effective config' log line in:\n{log_path.read_text()}")
-
-
-def _config_text(rendered: Rendered) -> str:
-    """The ConfigMap entry the pod mounts as its config file."""
-    volumes = {v["name"]: v for v in rendered.pod["volumes"]}
-    (item,) = volumes["config"]["configMap"]["items"]
-    text: str = rendered.one("ConfigMap")["data"][item["key"]]
-    return text
 
 
 MIG_VALUES = {
@@ -367,7 +400,7 @@ def test_gfd_enabled_makes_the_plugin_pod_label_its_node(dirs: tuple[str, Path])
     mount = next(m for m in rendered.container["volumeMounts"] if m["name"] == "node-features")
     host = work / "features.d"
     host.mkdir()
-    args = _on_host(rendered.container["args"], plugin_dir, work / "no-config")
+    args = _on_host(rendered.container["args"], plugin_dir)
     env = {k: v for k, v in os.environ.items() if not k.startswith("NVPLUGIN_")} | rendered.env
     _on_loopback(rendered, env)
     log_path = work / "serve.log"

@@ -18,10 +18,12 @@ import yaml
 
 from nvplugin.allocator import POLICY_NAMES
 from nvplugin.config import LOG_FORMATS, LOG_LEVELS
+from nvplugin.config.chartvalues import NVIDIA_VALUES, Use
 from nvplugin.config.rules import DEVICE_ID_STRATEGIES, DEVICE_LIST_STRATEGIES
 from tests.chart.rendering import CHART_DIR, REPO, render, render_error
 
 SCHEMA_ERROR = "values don't meet the specifications of the schema(s)"
+ACCEPTED_AT_NVIDIAS_DEFAULTS = [v.path for v in NVIDIA_VALUES if v.use is Use.DEFAULTS]
 
 
 @pytest.mark.parametrize(
@@ -78,10 +80,6 @@ def test_wrong_types_fail_at_install_time(values: dict[str, Any], message: str) 
         ({"config": {"map": {"a": "a: [1, 2"}}}, "values.config.map.a: not a YAML mapping"),
         ({"config": {"map": {"a": "- just\n- a list\n"}}}, "values.config.map.a: not a YAML"),
         (
-            {"config": {"map": {"a": "", "b": ""}}},
-            "values.config: no config file chosen from a, b: set config.default",
-        ),
-        (
             {"config": {"map": {"a": ""}, "default": "b"}},
             'values.config.default is "b", but the config files are: a',
         ),
@@ -96,11 +94,11 @@ def test_wrong_types_fail_at_install_time(values: dict[str, Any], message: str) 
                 "config": {
                     "map": {
                         "c": "sharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu"
-                        "\n      replicas: 2\n"
+                        "\n      replicas: 64\n"
                     }
                 }
             },
-            'values.config.map.c: key "sharing.mps": nvplugin does not support MPS sharing yet',
+            'values.config.map.c: key "sharing.mps.resources[0].replicas": 64 is more than 48',
         ),
         (
             {"config": {"map": {"c": "imex:\n  channelIDs: [0]\n"}}},
@@ -141,8 +139,19 @@ def test_wrong_types_fail_at_install_time(values: dict[str, Any], message: str) 
         ),
         ({"gdsEnabled": True}, "values.gdsEnabled: nvplugin does not support gdsEnabled yet"),
         ({"deviceDiscoveryStrategy": "tegra"}, "values.deviceDiscoveryStrategy: nvplugin does"),
-        ({"nfd": {"worker": {}}}, "values.nfd: nvplugin's chart does not deploy nfd"),
-        ({"mps": {"root": "/run/nvidia/mps"}}, "values.mps: nvplugin's chart does not deploy mps"),
+        (
+            {"gfd": {"nameOverride": "gfd"}},
+            'values.gfd.nameOverride: "gfd": nvplugin\'s chart deploys no GPU Feature Discovery',
+        ),
+        ({"nfd": {"enabled": True}}, "values.nfd.enabled: true: nvplugin's chart does not deploy"),
+        (
+            {"mps": {"enableHostPID": False}},
+            "values.mps.enableHostPID: false: nvplugin runs each MPS control daemon in its own pod",
+        ),
+        (
+            {"cdi": {"nvidiaHookPath": "/usr/local/bin/nvidia-cdi-hook"}},
+            "values.cdi.nvidiaHookPath: nvplugin does not generate CDI specs yet",
+        ),
     ],
 )
 def test_values_that_cannot_work_fail_with_a_clear_message(
@@ -164,6 +173,8 @@ def test_nvidia_defaults_of_unsupported_values_render() -> None:
     render(
         {
             "gfd": {"enabled": False},
+            "mps": {"root": "/run/nvidia/mps"},
+            "cdi": {"nvidiaHookPath": None, "featureFlags": None},
             "gdsEnabled": False,
             "mofedEnabled": False,
             "gdrcopyEnabled": False,
@@ -199,10 +210,12 @@ def test_schema_choices_are_the_plugins() -> None:
     assert props["log"]["properties"]["level"]["enum"] == ["", *LOG_LEVELS]
 
 
-def _broken_down(name: str, schema: dict[str, Any]) -> bool:
-    """Whether the chart documents an object value key by key: its own objects, and NVIDIA's
-    ``gfd`` (``gfd.enabled``; other keys pass the schema and fail rendering, naming the key)."""
-    return schema.get("additionalProperties") is False or name == "gfd"
+def _broken_down(path: str, schema: dict[str, Any]) -> bool:
+    """Whether the chart documents an object value key by key: its own objects, and the
+    settings' values inside NVIDIA's blocks (``gfd.enabled``)."""
+    return bool(schema.get("properties")) and (
+        schema.get("additionalProperties") is False or path in ACCEPTED_AT_NVIDIAS_DEFAULTS
+    )
 
 
 def _schema_paths(schema: dict[str, Any], prefix: str = "") -> list[str]:
@@ -212,10 +225,10 @@ def _schema_paths(schema: dict[str, Any], prefix: str = "") -> list[str]:
         path = f"{prefix}{name}"
         if name == "global":
             continue
-        if sub.get("properties") and _broken_down(name, sub):
+        if _broken_down(path, sub):
             paths.extend(_schema_paths(sub, path + "."))
-        elif name in ("nfd", "mps"):
-            continue  # NVIDIA's values nvplugin refuses: in the schema, not in values.yaml
+        elif path in ACCEPTED_AT_NVIDIAS_DEFAULTS:
+            continue  # in the schema, not in values.yaml
         else:
             paths.append(path)
     return paths
@@ -225,7 +238,7 @@ def _values_paths(values: dict[str, Any], schema: dict[str, Any], prefix: str = 
     paths = []
     for name, value in values.items():
         sub = schema["properties"][name]
-        if isinstance(value, dict) and _broken_down(name, sub):
+        if isinstance(value, dict) and _broken_down(f"{prefix}{name}", sub):
             paths.extend(_values_paths(value, sub, f"{prefix}{name}."))
         else:
             paths.append(f"{prefix}{name}")

@@ -168,10 +168,42 @@ def test_nvidia_health_variables(write: Write) -> None:
     assert config.health.ignored_xids == frozenset()
     message = error_of(write, env={"DP_DISABLE_HEALTHCHECKS": "48,x"})
     assert "DP_DISABLE_HEALTHCHECKS" in message and "'x'" in message
-    message = error_of(
-        write, env={"DP_DISABLE_HEALTHCHECKS": "all", "DP_ENABLE_HEALTHCHECKS": "48"}
+    # NVIDIA's documented way to watch only chosen Xids (its own code then watches none).
+    config = load_config(
+        None, env={"DP_DISABLE_HEALTHCHECKS": "all", "DP_ENABLE_HEALTHCHECKS": "48, 13"}
     )
-    assert "does not support watching only chosen Xids yet" in message
+    assert config.health.enabled is True
+    assert config.health.only_xids == (48, 13)
+    settings = config.health.settings()
+    assert [xid for xid in (13, 31, 48, 63, 79) if settings.counts(xid)] == [13, 48]
+    config = load_config(
+        None, env={"DP_DISABLE_HEALTHCHECKS": "all", "DP_ENABLE_HEALTHCHECKS": "all"}
+    )
+    assert config.health.enabled and config.health.ignored_xids == frozenset()
+    message = error_of(
+        write, env={"DP_DISABLE_HEALTHCHECKS": "all", "DP_ENABLE_HEALTHCHECKS": "48,x"}
+    )
+    assert 'DP_ENABLE_HEALTHCHECKS (config key "nvplugin.health.xids.only")' in message
+
+
+def test_nvidia_health_variables_set_the_whole_xid_policy(write: Write) -> None:
+    """The variables win over the file's Xid lists (flags > environment > file), all of them:
+    a file's ``ignore`` does not linger under an environment's ``only``."""
+    path = write("nvplugin:\n  health:\n    xids:\n      ignore: [48]\n")
+    env = {"DP_DISABLE_HEALTHCHECKS": "all", "DP_ENABLE_HEALTHCHECKS": "79"}
+    health = load_config(path, env=env).health
+    assert (health.only_xids, health.ignore_xids) == ((79,), ())
+    path = write("nvplugin:\n  health:\n    xids:\n      only: [48]\n")
+    health = load_config(path, env={"DP_DISABLE_HEALTHCHECKS": "63"}).health
+    assert (health.only_xids, health.ignore_xids) == ((), (63,))
+
+
+def test_only_xids_and_ignore_rules_are_one_or_the_other(write: Write) -> None:
+    message = error_of(
+        write, "nvplugin:\n  health:\n    xids:\n      only: [48]\n      critical: [13]\n"
+    )
+    assert 'key "nvplugin.health.xids.only": lists the only Xids that count' in message
+    assert "nvplugin.health.xids.critical has nothing to do" in message
 
 
 @pytest.mark.parametrize(

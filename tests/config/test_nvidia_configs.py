@@ -88,14 +88,14 @@ def test_the_readme_config_file(write: Write) -> None:
 
 def test_time_slicing(write: Write) -> None:
     config = load_config(write(TIME_SLICING))
-    ts = config.time_slicing
+    ts = config.sharing.time_slicing
     assert ts.resources == (ReplicatedResource("nvidia.com/gpu", 10),)
     assert ts.rename_by_default is False and ts.fail_requests_greater_than_one is False
     assert ts.served_name(ts.resources[0]) == "nvidia.com/gpu"
 
 
 def test_time_slicing_renamed_and_failing_requests_over_one(write: Write) -> None:
-    ts = load_config(write(TIME_SLICING_RENAMED)).time_slicing
+    ts = load_config(write(TIME_SLICING_RENAMED)).sharing.time_slicing
     assert ts.served_name(ts.resources[0]) == "nvidia.com/gpu.shared"
     assert ts.fail_requests_greater_than_one is True
 
@@ -103,7 +103,7 @@ def test_time_slicing_renamed_and_failing_requests_over_one(write: Write) -> Non
 def test_the_gpu_operator_time_slicing_configmap(write: Write) -> None:
     config = load_config(write(GPU_OPERATOR))
     assert config.mig_strategy == "none"
-    assert config.time_slicing.resources == (ReplicatedResource("nvidia.com/gpu", 4),)
+    assert config.sharing.time_slicing.resources == (ReplicatedResource("nvidia.com/gpu", 4),)
 
 
 def test_a_json_config(write: Write) -> None:
@@ -114,7 +114,7 @@ def test_a_json_config(write: Write) -> None:
     }
     config = load_config(write(json.dumps(document), "config.json"))
     assert config.device_id_strategy == "index"
-    assert config.time_slicing.resources == (ReplicatedResource("nvidia.com/gpu", 2),)
+    assert config.sharing.time_slicing.resources == (ReplicatedResource("nvidia.com/gpu", 2),)
 
 
 def test_version_is_optional(write: Write) -> None:
@@ -123,16 +123,15 @@ def test_version_is_optional(write: Write) -> None:
 
 
 def test_gfd_settings_are_read(write: Write) -> None:
-    """GFD's part of a shared file sets where nvplugin serve writes the node's labels; the
-    NodeFeature API is refused by name until nvplugin publishes NodeFeature objects."""
+    """GFD's part of a shared file sets where and how nvplugin serve publishes the node's
+    labels: the feature file, or with useNodeFeatureAPI the NodeFeature object."""
     config = load_config(write(WITH_GFD.replace("  useNodeFeatureAPI: true\n", "")))
     assert config.device_list_strategy == ("envvar", "volume-mounts")
     assert config.gfd.output_file == "/etc/kubernetes/node-feature-discovery/features.d/gfd"
     assert config.gfd.sleep_interval_s == 60.0 and config.gfd.no_timestamp is False
     assert config.gfd.machine_type_file == "/sys/class/dmi/id/product_name"
-    assert config.use_node_feature_api is None and config.notes == ()
-    with pytest.raises(InputError, match=r'key "flags\.useNodeFeatureAPI": nvplugin does not'):
-        load_config(write(WITH_GFD))
+    assert config.use_node_feature_api is False and config.notes == ()
+    assert load_config(write(WITH_GFD)).use_node_feature_api is True
     with pytest.raises(InputError, match=r'key "flags\.gfd\.oneshot": nvplugin does not'):
         load_config(
             write(
@@ -154,9 +153,9 @@ def test_nvidia_driver_and_dev_roots(write: Write) -> None:
 
 def test_shared_devices_allocation_policy(write: Write) -> None:
     text = TIME_SLICING + "flags:\n  plugin:\n    sharedDevicesAllocationPolicy: packed\n"
-    assert load_config(write(text)).time_slicing.allocation == "packed"
+    assert load_config(write(text)).sharing.time_slicing.allocation == "packed"
     env = {"SHARED_DEVICES_ALLOCATION_POLICY": "packed"}
-    assert load_config(None, env=env).time_slicing.allocation == "packed"
+    assert load_config(None, env=env).sharing.time_slicing.allocation == "packed"
 
 
 def test_resources_gpus_are_honoured(write: Write) -> None:
@@ -168,17 +167,10 @@ def test_resources_gpus_are_honoured(write: Write) -> None:
 @pytest.mark.parametrize(
     ("text", "key", "what"),
     [
-        (
-            "version: v1\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n"
-            "      replicas: 10\n",
-            "sharing.mps",
-            "MPS sharing",
-        ),
         ("version: v1\nimex:\n  channelIDs: [0]\n  required: true\n", "imex.channelIDs", "IMEX"),
         ("flags:\n  gdsEnabled: true\n", "flags.gdsEnabled", "GPUDirect Storage"),
         ("flags:\n  mofedEnabled: true\n", "flags.mofedEnabled", "MOFED"),
         ("flags:\n  gdrcopyEnabled: true\n", "flags.gdrcopyEnabled", "GDRCopy"),
-        ("flags:\n  mpsRoot: /run/nvidia/mps\n", "flags.mpsRoot", "MPS"),
         ("flags:\n  deviceDiscoveryStrategy: tegra\n", "flags.deviceDiscoveryStrategy", "device"),
         (
             "flags:\n  plugin:\n    nvidiaCTKPath: /usr/local/bin/nvidia-ctk\n",
@@ -200,7 +192,7 @@ def test_unsupported_settings_are_refused_naming_the_key(
 def test_unsupported_settings_at_their_defaults_are_fine(write: Write) -> None:
     text = (
         "flags:\n  gdsEnabled: false\n  mofedEnabled: false\n  gdrcopyEnabled: false\n"
-        "  deviceDiscoveryStrategy: nvml\n  mpsRoot: ''\n"
+        "  deviceDiscoveryStrategy: nvml\n  mpsRoot: /run/nvidia/mps\n"
         "imex:\n  channelIDs: []\n  required: false\nresources:\n  mig: []\n"
     )
     config = load_config(write(text))
@@ -212,7 +204,6 @@ def test_unsupported_settings_at_their_defaults_are_fine(write: Write) -> None:
     [
         ({"GDS_ENABLED": "true"}, "GDS_ENABLED"),
         ({"MOFED_ENABLED": "1"}, "MOFED_ENABLED"),
-        ({"MPS_ROOT": "/run/nvidia/mps"}, "MPS_ROOT"),
         ({"IMEX_CHANNEL_IDS": "0"}, "IMEX_CHANNEL_IDS"),
         ({"DEVICE_DISCOVERY_STRATEGY": "vfio"}, "DEVICE_DISCOVERY_STRATEGY"),
     ],
@@ -225,5 +216,21 @@ def test_unsupported_nvidia_variables_are_refused(env: dict[str, str], name: str
 
 
 def test_unsupported_nvidia_variables_at_their_defaults_are_fine() -> None:
-    env = {"GDS_ENABLED": "false", "MIG_STRATEGY": "none", "DEVICE_DISCOVERY_STRATEGY": "auto"}
+    env = {
+        "GDS_ENABLED": "false",
+        "MIG_STRATEGY": "none",
+        "DEVICE_DISCOVERY_STRATEGY": "auto",
+        "MPS_ROOT": "/run/nvidia/mps",  # NVIDIA's chart sets it on every plugin container
+    }
     assert load_config(None, env=env) == Config()
+
+
+def test_mps_root_is_accepted_as_nvidias_chart_sets_it(write: Write) -> None:
+    """NVIDIA's chart sets MPS_ROOT in every plugin container, MPS or not: any absolute path is
+    accepted (and not acted on: sharing.mps, MPS itself, is refused)."""
+    assert load_config(None, env={"MPS_ROOT": "/run/nvidia/mps"}) == Config()
+    assert load_config(write("flags:\n  mpsRoot: /var/run/mps\n")).mps_root == "/var/run/mps"
+    with pytest.raises(InputError) as caught:
+        load_config(None, env={"MPS_ROOT": "run/mps"})
+    assert 'environment variable MPS_ROOT (config key "flags.mpsRoot")' in str(caught.value)
+    assert "not an absolute path" in str(caught.value)

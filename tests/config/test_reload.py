@@ -121,6 +121,7 @@ def test_what_is_applied_in_place() -> None:
         "nvplugin.health.enabled",
         "nvplugin.health.xids.ignore",
         "nvplugin.health.xids.critical",
+        "nvplugin.health.xids.only",
         "nvplugin.health.recovery.quietPeriod",
         "nvplugin.healthService.notServingWithoutHealthyGpus",
         "nvplugin.metrics.address",

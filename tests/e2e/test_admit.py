@@ -67,6 +67,7 @@ def test_dgx_a100_samples_single_numa_node_with_static_cpus() -> None:
             "devices": {},
             "gpu_indices": [],
             "mig_devices": [],
+            "mps": None,
             "cpus": [],
             "numa_nodes": None,
         }
@@ -80,6 +81,7 @@ def test_dgx_a100_samples_single_numa_node_with_static_cpus() -> None:
         "devices": {},
         "gpu_indices": [],
         "mig_devices": [],
+        "mps": None,
         "cpus": [],
         "numa_nodes": None,  # single-numa-node turns "any node" into don't care
     }
@@ -411,6 +413,9 @@ def test_the_plugin_serves_every_socket_before_it_registers_any(tmp_path: Path) 
         async with kubelet_with(new_dir(), *args) as (kubelet, serve):
             for resource in ("nvidia.com/a100", "nvidia.com/t4"):
                 await kubelet.wait_registered(resource, WAIT_S)
+            # The kubelet sees a registration before the plugin has logged it (the Register call
+            # returns after): wait for the line.
+            await serve.wait_log("registered with kubelet")
             events = [line["event"] for line in serve.lines()]
             first = events.index("registered with kubelet")
             assert events[:first].count("serving") == 2, events

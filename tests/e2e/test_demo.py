@@ -1,5 +1,5 @@
-"""``nvplugin demo``: the real plugin and the fake kubelet on three simulated DGX nodes (one
-with MIG)."""
+"""``nvplugin demo``: the real plugin and the fake kubelet on four simulated nodes (one with MIG,
+one with MPS shares beside time-slicing)."""
 
 from __future__ import annotations
 
@@ -40,4 +40,12 @@ def test_demo_tells_the_story_and_exits_0() -> None:
     assert any(line.split()[:4] == ["pair", "worker", "admitted", "MIG"] for line in lines)
     assert "  pair/worker: MIG devices 0:0,0:1 on GPU0" in lines
     assert any(line.split()[:3] == ["split", "train", "rejected"] for line in lines)
+    # MPS: a share is a quarter of an A100 80GB; two packed shares of one GPU, twice that.
+    assert "== 4. MPS shares beside time-slicing (mixed-a100-t4) ==" in out
+    assert any(
+        line.split()[:3] == ["infer-small", "serve", "admitted"] and "MPS 20480M 25%" in line
+        for line in lines
+    )
+    assert any(line.split()[:1] == ["infer-large"] and "MPS 40960M 50%" in line for line in lines)
+    assert any(line.split()[:3] == ["notebook", "lab", "admitted"] for line in lines)
     assert "error" not in out

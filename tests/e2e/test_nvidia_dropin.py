@@ -135,14 +135,9 @@ def test_nvidia_flag_forms() -> None:
 def test_unsupported_nvidia_settings_exit_2_naming_them() -> None:
     config_dir = new_dir()
     try:
-        mps = Path(config_dir) / "mps.yaml"
-        mps.write_text(
-            "version: v1\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n"
-            "      replicas: 10\n"
-        )
         imex = Path(config_dir) / "imex.yaml"
         imex.write_text("version: v1\nimex:\n  channelIDs: [0]\n  required: true\n")
-        for path, key in ((mps, "sharing.mps"), (imex, "imex.channelIDs")):
+        for path, key in ((imex, "imex.channelIDs"),):
             done = run_serve("--simulate", NODE, "--config-file", str(path))
             assert done.returncode == 2, done.stderr
             assert f'key "{key}": nvplugin does not support' in done.stderr

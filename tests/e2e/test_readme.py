@@ -2,7 +2,12 @@
 every ``nvplugin`` line of its ``sh`` blocks, with the files the README shows saved under the
 names it gives them ("saved as (`my-node.yaml`):"). Lines marked ``# on a GPU node`` need one and
 are left out; ``serve`` and ``kubelet`` run forever, so they run together, as the README pairs
-them, until the kubelet sees the plugin's GPUs."""
+them, until the kubelet sees the plugin's GPUs.
+
+And the output the README shows is the output they print: each ``console`` block's ``$ nvplugin
+...`` runs and prints what the block shows (a line ``...`` stands for lines left out, `` ... ``
+in a line for columns left out), and the demo's transcript is ``nvplugin demo``'s output. The
+commands in the sample pod files' comments run from the repository's root too."""
 
 from __future__ import annotations
 
@@ -169,3 +174,148 @@ def test_help_shows_what_a_newcomer_needs() -> None:
     assert f"[{'|'.join(POLICY_NAMES)}]" in helped("preferred")
     assert "nvplugin/kubelet/samples/" in helped("admit")
     assert "import" in helped("node") and "capture" in helped("node")
+
+
+# --- what the README shows them print ----------------------------------------------------------
+
+
+def _console_examples() -> list[tuple[str, list[str]]]:
+    """(command, the lines shown after it) of every ``$ nvplugin`` in a console block."""
+    out: list[tuple[str, list[str]]] = []
+    for language, body, _ in _blocks():
+        if language != "console":
+            continue
+        for line in body.splitlines():
+            if line.startswith("$ "):
+                out.append((line[2:], []))
+            else:
+                assert out, f"console block without a command: {body[:80]!r}"
+                out[-1][1].append(line)
+    return out
+
+
+CONSOLE = _console_examples()
+
+
+def _matches(expected: list[str], actual: list[str]) -> bool:
+    """Whether ``actual`` is ``expected`` with its elisions: a line ``...`` stands for any lines
+    (none too); `` ... `` inside a line for the columns between its two sides."""
+    if not expected:
+        return not actual
+    first, rest = expected[0], expected[1:]
+    if first == "...":
+        return any(_matches(rest, actual[n:]) for n in range(len(actual) + 1))
+    if not actual:
+        return False
+    line = actual[0].rstrip()
+    if " ... " in first:
+        parts = first.split(" ... ")
+        at = 0
+        for number, part in enumerate(parts):
+            found = line.find(part, at)
+            if found < 0 or (number == 0 and found != 0):
+                return False
+            at = found + len(part)
+        ok = line.endswith(parts[-1].rstrip())
+    else:
+        ok = line == first.rstrip()
+    return ok and _matches(rest, actual[1:])
+
+
+def test_the_readme_shows_its_outputs() -> None:
+    commands = [command.split()[:2] for command, _ in CONSOLE]
+    assert ["nvplugin", "devices"] in commands and ["nvplugin", "migrate"] in commands
+    assert ["nvplugin", "preferred"] in commands
+
+
+@pytest.mark.parametrize(("command", "shown"), CONSOLE, ids=lambda c: str(c)[:60])
+def test_readme_output_is_what_the_command_prints(
+    command: str, shown: list[str], workdir: str
+) -> None:
+    done = subprocess.run(
+        ["bash", "-c", command],
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(),
+    )
+    assert done.returncode == 0, f"{command}\n{done.stderr[-2000:]}"
+    actual = (done.stderr + done.stdout).splitlines()
+    assert _matches(shown, actual), (
+        f"{command}: the README shows\n"
+        + "\n".join(shown)
+        + "\nbut it prints\n"
+        + "\n".join(actual)
+    )
+
+
+def test_elisions_match_what_they_stand_for() -> None:
+    assert _matches(["a", "...", "d"], ["a", "b", "c", "d"])
+    assert _matches(["a", "...", "b"], ["a", "b"])
+    assert not _matches(["a", "...", "d"], ["a", "b", "c"])
+    assert _matches(["0  GPU-1  A100 ... 3  on"], ["0  GPU-1  A100  80 GB  bus  3  on"])
+    assert not _matches(["0  GPU-1 ... 4  on"], ["0  GPU-1  A100  3  on"])
+
+
+def test_the_demo_transcript_is_what_demo_prints() -> None:
+    (transcript,) = [
+        body
+        for language, body, before in _blocks()
+        if language == "text" and "It prints:" in before
+    ]
+    done = subprocess.run(
+        [str(BIN / "nvplugin"), "demo"], capture_output=True, text=True, timeout=300, env=_env()
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == transcript
+    acts = [line for line in transcript.splitlines() if line.startswith("== ")]
+    assert len(acts) == 4
+    assert "four built-in nodes" in README
+
+
+def _sample_commands() -> list[str]:
+    """The ``nvplugin admit`` command in each sample pod file's opening comment."""
+    out = []
+    for path in sorted((ROOT / "nvplugin" / "kubelet" / "samples").glob("*.yaml")):
+        header = []
+        for line in path.read_text().splitlines():
+            if not line.startswith("#"):
+                break  # the file's opening comment only
+            header.append(line[1:].strip())
+        text = " ".join(header).replace("\\ ", "")
+        out.append(text[text.index("nvplugin admit ") :])
+    return out
+
+
+@pytest.mark.parametrize("command", _sample_commands(), ids=lambda c: c.split()[-1])
+def test_sample_comments_run_from_the_repository_root(command: str) -> None:
+    done = subprocess.run(
+        ["bash", "-c", command], cwd=ROOT, capture_output=True, text=True, timeout=120, env=_env()
+    )
+    assert done.returncode == 0, f"{command}\n{done.stderr[-2000:]}"
+    assert "admitted" in done.stdout
+
+
+def test_every_command_that_takes_the_plugins_config_takes_both_spellings() -> None:
+    for command in ("serve", "devices", "admit"):
+        done = subprocess.run(
+            [str(BIN / "nvplugin"), command, "--help"], capture_output=True, text=True, timeout=60
+        )
+        assert "--config-file, --config FILE" in done.stdout, command
+    done = subprocess.run(
+        [str(BIN / "nvplugin"), "devices", "--simulate", "dgx-1", "--config-file", "/nonexistent"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "config file /nonexistent" in done.stderr
+
+
+def test_help_and_readme_say_durations_alike() -> None:
+    done = subprocess.run(
+        [str(BIN / "nvplugin"), "serve", "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert "default 0.1s" in " ".join(done.stdout.split())
+    assert "`nvplugin.allocationBudget` (`0.1s`)" in README
+    assert "100ms" not in README

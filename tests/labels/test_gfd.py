@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from nvplugin.config import ResourceRules, TimeSlicing
+from nvplugin.config import ReplicatedResources, ResourceRules, Sharing
 from nvplugin.errors import InputError
 from nvplugin.labels import LabelError, NodeFacts, machine_type_path, node_labels
 from nvplugin.labels.extra import gpus_per_numa_node, nvlink_clique
@@ -190,7 +190,10 @@ def _plan(facts: NodeFacts, replicas: int = 1):  # type: ignore[no-untyped-def]
 
     entries = (ReplicatedResource("nvidia.com/gpu", replicas),) if replicas > 1 else ()
     rules, slicing = resolve_layout(
-        "nvidia.com/gpu", ResourceRules(), TimeSlicing(resources=entries), "none"
+        "nvidia.com/gpu",
+        ResourceRules(),
+        Sharing(time_slicing=ReplicatedResources(resources=entries)),
+        "none",
     )
     return plan_resources(facts.topology.gpus, "nvidia.com/gpu", rules, slicing)
 

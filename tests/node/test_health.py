@@ -183,6 +183,24 @@ def test_configured_ignore_list_is_used(nvml: FakeNvml, changes: Changes) -> Non
         m.stop()
 
 
+def test_only_listed_xids_count(nvml: FakeNvml, changes: Changes) -> None:
+    """NVIDIA's DP_DISABLE_HEALTHCHECKS=all + DP_ENABLE_HEALTHCHECKS=48,13: an Xid not listed
+    changes nothing, a listed one counts even if ignored by default, a loss still counts."""
+    settings = HealthSettings(only_xids=frozenset({48, 13}))
+    m = monitor(nvml, changes, settings=settings)
+    m.start()
+    try:
+        nvml.script.put([GpuEvent(0, xid=63), GpuEvent(0, xid=31)])  # not listed
+        nvml.script.put([GpuEvent(1, xid=13)])  # listed, though an application Xid
+        assert changes.next() == healthy(4, 1)
+        nvml.script.put([GpuEvent(2, xid=48)])
+        assert changes.next() == healthy(4, 1, 2)
+        nvml.script.put([GpuEvent(3, lost=True)])
+        assert changes.next() == healthy(4, 1, 2, 3)
+    finally:
+        m.stop()
+
+
 def test_lost_gpu_is_unhealthy_even_when_xid_79_is_ignored(
     nvml: FakeNvml, changes: Changes
 ) -> None:

@@ -8,7 +8,7 @@ import grpc
 import pytest
 
 from nvplugin.api.v1beta1 import api_pb2
-from nvplugin.config import TimeSlicing, load_config
+from nvplugin.config import ReplicatedResources, load_config
 from nvplugin.errors import InputError
 from nvplugin.rm import Replicas, replica_id
 from tests.plugin.test_responses import ENV, TOPOLOGY, allocate_request, write_config
@@ -65,6 +65,30 @@ def test_list_advertises_every_replica_with_its_gpus_numa_node_and_health() -> N
             s.service.set_health({1: True})
             third = await stream.read()
             assert all(d.health == "Healthy" for d in third.devices)
+            stream.cancel()
+
+    run(body)
+
+
+def test_a_held_resource_lists_every_replica_unhealthy_until_released() -> None:
+    """What an MPS resource does while its control daemon is down: held, whatever the GPUs'
+    health; released, the GPUs' health applies again (an Xid meanwhile is not forgotten)."""
+
+    async def body() -> None:
+        async with serving(TOPOLOGY, replicas=Replicas(2, strategy="mps")) as s:
+            stream = s.stub.ListAndWatch(api_pb2.Empty())
+            first = await stream.read()
+            assert all(d.health == "Healthy" for d in first.devices)
+            s.service.hold("MPS control daemon: control daemon 42 exited")
+            held = await stream.read()
+            assert {d.health for d in held.devices} == {"Unhealthy"}
+            assert s.service.held == "MPS control daemon: control daemon 42 exited"
+            s.service.set_health({2: False})  # an Xid on GPU 2 while held: nothing to send
+            s.service.hold(None)
+            released = await stream.read()
+            unhealthy = [d.ID for d in released.devices if d.health == "Unhealthy"]
+            assert unhealthy == [rid(s, 2, 0), rid(s, 2, 1)]
+            assert s.service.held is None
             stream.cancel()
 
     run(body)
@@ -205,7 +229,7 @@ sharing:
 def test_time_slicing_config_in_nvidias_format(rename_by_default: bool, served: str) -> None:
     text = SHARED.format(rename_by_default=str(rename_by_default).lower())
     config = load_config(write_config(text))
-    slicing = config.time_slicing
+    slicing = config.sharing.time_slicing
     assert slicing.fail_requests_greater_than_one is True
     assert slicing.allocation == "packed"
     (entry,) = slicing.resources
@@ -222,9 +246,9 @@ def test_short_names_and_rename() -> None:
             "      - {name: gpu, replicas: 2, rename: gpu-shared}\n"
         )
     )
-    (entry,) = config.time_slicing.resources
+    (entry,) = config.sharing.time_slicing.resources
     assert (entry.name, entry.rename) == ("nvidia.com/gpu", "nvidia.com/gpu-shared")
-    assert TimeSlicing().served_name(entry) == "nvidia.com/gpu-shared"
+    assert ReplicatedResources().served_name(entry) == "nvidia.com/gpu-shared"
 
 
 def slicing(entries: str, extra: str = "", top: str = "") -> str:

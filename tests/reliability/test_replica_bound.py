@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from nvplugin.api.v1beta1 import api_pb2
-from nvplugin.config import ReplicatedResource, ResourceRules, TimeSlicing
+from nvplugin.config import ReplicatedResource, ReplicatedResources, ResourceRules, Sharing
 from nvplugin.errors import InputError
 from nvplugin.node import load_topology
 from nvplugin.rm import Replicas, plan_resources
@@ -55,9 +55,11 @@ def test_the_bound_is_the_largest_count_that_fits() -> None:
 def test_the_plan_refuses_more_naming_the_key_and_limit() -> None:
     fit = max_replicas(DGX2.gpus)
     rules = ResourceRules()
-    ok = TimeSlicing(resources=(ReplicatedResource("nvidia.com/gpu", fit),))
+    ok = Sharing(ReplicatedResources(resources=(ReplicatedResource("nvidia.com/gpu", fit),)))
     assert plan_resources(DGX2.gpus, "nvidia.com/gpu", rules, ok).resources
-    too_many = TimeSlicing(resources=(ReplicatedResource("nvidia.com/gpu", fit + 1),))
+    too_many = Sharing(
+        ReplicatedResources(resources=(ReplicatedResource("nvidia.com/gpu", fit + 1),))
+    )
     with pytest.raises(InputError) as caught:
         plan_resources(DGX2.gpus, "nvidia.com/gpu", rules, too_many)
     message = str(caught.value)

@@ -101,6 +101,7 @@ def test_mixed_serves_one_resource_per_profile_beside_the_gpus_with_mig_off() ->
         "socket": "nvplugin-mig-3g.20gb.sock",
         "gpus": [2, 3],
         "mig_devices": ["2:0", "3:0", "3:1"],
+        "sharing": None,
         "replicas": 1,
         "devices": 3,
         "renamed_from": None,

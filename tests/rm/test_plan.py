@@ -25,7 +25,7 @@ T4 = [2, 3, 6, 7]
 
 
 def plan_of(config: Config) -> ResourcePlan:
-    return plan_resources(MIXED.gpus, config.resource_name, config.resources, config.time_slicing)
+    return plan_resources(MIXED.gpus, config.resource_name, config.resources, config.sharing)
 
 
 def config_of(text: str) -> Config:
@@ -238,6 +238,7 @@ def test_devices_json_has_the_plan() -> None:
             "name": "nvidia.com/a100",
             "socket": "nvplugin-a100.sock",
             "gpus": A100,
+            "sharing": None,
             "replicas": 1,
             "devices": 4,
             "renamed_from": None,
@@ -246,6 +247,7 @@ def test_devices_json_has_the_plan() -> None:
             "name": "nvidia.com/t4-shared",
             "socket": "nvplugin-t4-shared.sock",
             "gpus": [2, 3, 6],
+            "sharing": "time-slicing",
             "replicas": 4,
             "devices": 12,
             "renamed_from": "nvidia.com/gpu",

@@ -10,6 +10,9 @@ better written by code than by hand).
 - ``mesh-20``: twenty GPUs where no two are interchangeable: GPU pairs share a PCIe switch, ten
   per socket, and NVLink bridges join each GPU to the next (two links) and, for every third GPU,
   to the one seven further (one link): the node without structure.
+- ``l4-20``, ``l4-24``, ``l4-24-uneven``, ``l4-32``: 4U servers of single-slot L4 cards behind
+  five to eight PCIe switches under two sockets (:data:`SERVERS`: the switch sizes per socket;
+  PIX within a switch, NODE between switches of a socket, SYS across): five to eight classes.
 """
 
 from __future__ import annotations
@@ -94,10 +97,45 @@ def mesh(n: int = 20) -> str:
     return _document(f"mesh-{n}", comment, gpus, cells)
 
 
+SERVERS: dict[str, tuple[tuple[int, ...], ...]] = {
+    "l4-20": ((4, 4, 4), (4, 4)),
+    "l4-24": ((4, 4, 4), (4, 4, 4)),
+    "l4-24-uneven": ((6, 4, 2), (6, 4, 2)),
+    "l4-32": ((4, 4, 4, 4), (4, 4, 4, 4)),
+}
+"""PCIe-switch servers: GPUs per switch, switches per socket."""
+
+
+def server(name: str) -> str:
+    """A :data:`SERVERS` node (module docstring)."""
+    sockets = SERVERS[name]
+    where = [
+        (socket, switch)
+        for socket, sizes in enumerate(sockets)
+        for switch, size in enumerate(sizes)
+        for _ in range(size)
+    ]
+    n = len(where)
+
+    def cell(i: int, j: int) -> str:
+        if i == j:
+            return "X"
+        if where[i] == where[j]:
+            return "PIX"
+        return "NODE" if where[i][0] == where[j][0] else "SYS"
+
+    cells = [[cell(i, j) for j in range(n)] for i in range(n)]
+    gpus = [_gpu("NVIDIA L4", where[i][0]) for i in range(n)]
+    layout = " + ".join("(" + ", ".join(map(str, sizes)) + ")" for sizes in sockets)
+    comment = f"{n} L4 GPUs behind PCIe switches of {layout} GPUs, per socket (generated)."
+    return _document(name, comment, gpus, cells)
+
+
 NODES: dict[str, Callable[[], str]] = {
     **{f"pcie-switch-{n}": (lambda n=n: pcie_switch(n)) for n in SIZES},
     **{f"nvswitch-{n}": (lambda n=n: nvswitch(n)) for n in SIZES},
     "mesh-20": mesh,
+    **{name: (lambda name=name: server(name)) for name in SERVERS},
 }
 """Every generated node by name."""
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 from nvplugin.node.model import Topology
 
@@ -211,6 +212,87 @@ class CountReference:
         return min(self._lowest(avail, must_include, x) for x in chosen)
 
     def _lowest(self, avail: list[int], must: Sequence[int], x: tuple[int, ...]) -> list[int]:
+        group = list(must)
+        for c, members in enumerate(self.classes):
+            free = [i for i in avail if i in members and i not in must]
+            group.extend(free[: x[c] - sum(1 for i in must if i in members)])
+        return sorted(group)
+
+
+class LatticeReference:
+    """The same objective on a node of twin classes, by a plain bottom-up table over every count
+    vector below the available counts (no bounds, no symmetry, no memo): vectorised, so it reaches
+    the 18-32 GPU nodes that :class:`CountReference` is too slow for, as long as the available
+    counts span at most some tens of thousands of vectors.
+
+    ``classes`` and ``scores`` as for :class:`CountReference`, written down by the test.
+    """
+
+    CHUNK = 1 << 21
+    """Most (state, group, class) cells one array operation holds."""
+
+    def __init__(self, classes: Sequence[Sequence[int]], scores: Sequence[Sequence[int]]) -> None:
+        import numpy as np
+
+        self.classes = [tuple(c) for c in classes]
+        self.scores = np.asarray(scores, dtype=np.int64)
+
+    def twice(self, x: Any) -> Any:
+        """Twice each row's group score (the inside score counts for pairs of one class)."""
+        inner = self.scores.diagonal()
+        return ((x @ self.scores) * x).sum(axis=-1) - x @ inner
+
+    def answer(self, available: Sequence[int], must_include: Sequence[int], size: int) -> list[int]:
+        import numpy as np
+
+        avail = sorted(available)
+        if impossible(avail, must_include, size):
+            return []
+        a = np.asarray([sum(1 for i in avail if i in c) for c in self.classes], dtype=np.int64)
+        r = np.asarray([sum(1 for i in must_include if i in c) for c in self.classes])
+        shape = tuple(int(v) + 1 for v in a)
+        vectors = np.indices(shape).reshape(len(a), -1).T.astype(np.int64)
+        stride = np.asarray([int(np.prod(shape[c + 1 :])) for c in range(len(a))], dtype=np.int64)
+        rest = self._rest(vectors, stride, size)
+        x = vectors[(vectors.sum(axis=1) == size) & (vectors >= r).all(axis=1)]
+        own = self.twice(x)
+        total = own + rest[(a - x) @ stride]
+        best = (total == total.max()) & (own == own[total == total.max()].max())
+        return min(self._lowest(avail, must_include, g) for g in x[best].tolist())
+
+    def _rest(self, vectors: Any, stride: Any, s: int) -> Any:
+        """R of every vector (indexed by its mixed-radix digits), lowest totals first."""
+        import numpy as np
+
+        totals = vectors.sum(axis=1)
+        rest = np.zeros(len(vectors), dtype=np.int64)
+        small = totals <= s
+        if s > 1:
+            rest[small] = self.twice(vectors[small])
+        first = np.argmax(vectors > 0, axis=1)
+        for total in range(s + 1, int(totals.max(initial=0)) + 1):
+            if s == 1:
+                break
+            states = np.flatnonzero(totals == total)
+            best = np.full(len(states), -1, dtype=np.int64)
+            for k in {s, total % s} - {0}:
+                groups = vectors[totals == k]
+                gains = self.twice(groups)
+                step = max(1, self.CHUNK // max(1, len(groups) * vectors.shape[1]))
+                for start in range(0, len(states), step):
+                    chunk = states[start : start + step]
+                    y = vectors[chunk]
+                    fits = (groups[None, :, :] <= y[:, None, :]).all(axis=2)
+                    fits &= groups[:, first[chunk]].T >= 1  # holds the state's first class
+                    child = chunk[:, None] - (groups @ stride)[None, :]
+                    value = np.where(fits, gains[None, :] + rest[np.where(fits, child, 0)], -1)
+                    best[start : start + step] = np.maximum(
+                        best[start : start + step], value.max(axis=1)
+                    )
+            rest[states] = best
+        return rest
+
+    def _lowest(self, avail: list[int], must: Sequence[int], x: Sequence[int]) -> list[int]:
         group = list(must)
         for c, members in enumerate(self.classes):
             free = [i for i in avail if i in members and i not in must]

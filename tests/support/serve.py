@@ -41,8 +41,14 @@ class Serve(PluginProcess):
     """One ``nvplugin serve`` process with its stderr (the log) in a file, and its JSON log
     lines. ``env`` adds to (or overrides) the environment it inherits without ``NVPLUGIN_*``."""
 
-    def __init__(self, directory: str, *args: str, env: dict[str, str] | None = None) -> None:
-        super().__init__(directory, *args, env=plugin_environment(env))
+    def __init__(
+        self,
+        directory: str,
+        *args: str,
+        env: dict[str, str] | None = None,
+        command: list[str] | None = None,
+    ) -> None:
+        super().__init__(directory, *args, env=plugin_environment(env), command=command)
 
     def lines(self) -> list[dict[str, Any]]:
         """The JSON log lines so far (other lines, e.g. an ``error:`` line, are skipped)."""
@@ -91,13 +97,17 @@ class Serve(PluginProcess):
 
 @contextlib.asynccontextmanager
 async def kubelet_with(
-    directory: str, *args: str, env: dict[str, str] | None = None
+    directory: str,
+    *args: str,
+    env: dict[str, str] | None = None,
+    command: list[str] | None = None,
 ) -> AsyncIterator[tuple[FakeKubelet, Serve]]:
-    """The fake kubelet on ``directory`` and ``nvplugin serve ARGS`` beside it. On the way out
-    the plugin is stopped with SIGTERM and must exit 0 (its log is in the message if not); the
-    log stays readable after the block (it lives in the run's scratch directory)."""
+    """The fake kubelet on ``directory`` and ``nvplugin serve ARGS`` (or ``command ARGS``)
+    beside it. On the way out the plugin is stopped with SIGTERM and must exit 0 (its log is in
+    the message if not); the log stays readable after the block (it lives in the run's scratch
+    directory)."""
     async with FakeKubelet(directory) as kubelet:
-        serve = Serve(directory, *args, env=env)
+        serve = Serve(directory, *args, env=env, command=command)
         try:
             yield kubelet, serve
         finally:

@@ -29,16 +29,41 @@ annotation changes exactly when the file does.
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
+{{/*
+Labels. The pods' labels are name and instance, plus NVIDIA's selectorLabelsOverride (which, when
+set, is the DaemonSet's whole selector, as in NVIDIA's chart) and, with NVIDIA's
+componentSelectorLabels.enabled, app.kubernetes.io/component. As JSON maps, merged without
+duplicate keys.
+*/}}
+{{- define "nvplugin.templateLabels" -}}
+{{- $labels := dict "app.kubernetes.io/name" (include "nvplugin.name" .) "app.kubernetes.io/instance" .Release.Name }}
+{{- $labels = merge (deepCopy (.Values.selectorLabelsOverride | default dict)) $labels }}
+{{- $labels = merge (include "nvplugin.componentLabel" . | fromJson) $labels }}
+{{- toJson $labels }}
+{{- end }}
+
+{{- define "nvplugin.componentLabel" -}}
+{{- if (.Values.componentSelectorLabels | default dict).enabled }}
+{{- dict "app.kubernetes.io/component" "device-plugin" | toJson }}
+{{- else }}
+{{- dict | toJson }}
+{{- end }}
+{{- end }}
+
 {{- define "nvplugin.selectorLabels" -}}
-app.kubernetes.io/name: {{ include "nvplugin.name" . }}
-app.kubernetes.io/instance: {{ .Release.Name }}
+{{- if .Values.selectorLabelsOverride }}
+{{- merge (include "nvplugin.componentLabel" . | fromJson) (deepCopy .Values.selectorLabelsOverride) | toYaml }}
+{{- else }}
+{{- merge (include "nvplugin.componentLabel" . | fromJson) (dict "app.kubernetes.io/name" (include "nvplugin.name" .) "app.kubernetes.io/instance" .Release.Name) | toYaml }}
+{{- end }}
 {{- end }}
 
 {{- define "nvplugin.labels" -}}
-helm.sh/chart: {{ include "nvplugin.chart" . }}
-{{ include "nvplugin.selectorLabels" . }}
-app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
-app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- $labels := include "nvplugin.templateLabels" . | fromJson }}
+{{- $_ := set $labels "helm.sh/chart" (include "nvplugin.chart" .) }}
+{{- $_ := set $labels "app.kubernetes.io/version" .Chart.AppVersion }}
+{{- $_ := set $labels "app.kubernetes.io/managed-by" .Release.Service }}
+{{- toYaml $labels }}
 {{- end }}
 
 {{- define "nvplugin.image" -}}
@@ -58,7 +83,6 @@ The plugin socket: <devicePluginPath>/nvplugin-<part of resourceName after "/">.
 {{- end }}
 
 {{- define "nvplugin.configDir" -}}/etc/nvplugin{{- end }}
-{{- define "nvplugin.configFile" -}}config.yaml{{- end }}
 {{- define "nvplugin.driverRoot" -}}/driver-root{{- end }}
 
 {{- define "nvplugin.configMapName" -}}
@@ -195,26 +219,46 @@ from the plugin's config model by charts/generate_schema.py). Returns the entrie
 {name: YAML text}.
 */}}
 {{- define "nvplugin.configEntries" -}}
-{{- $schema := .Files.Get "config.schema.json" | fromJson }}
+{{- $problems := include "nvplugin.configProblems" . | fromJsonArray }}
+{{- if $problems }}{{ fail (first $problems) }}{{ end }}
 {{- $out := dict }}
 {{- range $name, $value := .Values.config.map }}
-{{- $cfg := include "nvplugin.parseConfig" (dict "name" $name "value" $value) | fromJson }}
-{{- $err := include "nvplugin.schemaError" (dict "value" $cfg "schema" $schema "path" "") }}
-{{- if $err }}
-{{- fail (printf "values.config.map.%s: %s (nvplugin's config file: NVIDIA's v1 format plus nvplugin's keys)" $name $err) }}
-{{- end }}
 {{- $_ := set $out $name (ternary $value (toYaml $value) (kindIs "string" $value)) }}
 {{- end }}
 {{- $out | toJson }}
 {{- end }}
 
+{{/* What the plugin would refuse in config.map's entries, one message per entry (JSON list). */}}
+{{- define "nvplugin.configProblems" -}}
+{{- $schema := .Files.Get "config.schema.json" | fromJson }}
+{{- $out := list }}
+{{- range $name, $value := .Values.config.map }}
+{{- $cfg := include "nvplugin.parseConfig" (dict "name" $name "value" $value) | fromJson }}
+{{- $err := include "nvplugin.schemaError" (dict "value" $cfg "schema" $schema "path" "") }}
+{{- if $err }}
+{{- $out = append $out (printf "values.config.map.%s: %s (nvplugin's config file: NVIDIA's v1 format plus nvplugin's keys)" $name $err) }}
+{{- end }}
+{{- end }}
+{{- toJson $out }}
+{{- end }}
+
 {{/*
-The config file every node uses: its key in the ConfigMap, or "" for none. config.default when
-set, else NVIDIA's fallback strategies in order: named (the entry "default"), single (the only
-entry), empty (no config file). With config.name the chart sees the ConfigMap's keys only in a
-cluster (lookup); offline it takes "default" for named.
+Per-node configs: on whenever the chart has a ConfigMap of config files (config.map or
+config.name), as NVIDIA's chart runs its config manager then. The whole ConfigMap is mounted as
+the plugin's CONFIG_FILE_SRCDIR; each node's plugin runs the file its nvidia.com/device-plugin.config
+label names, else config.default, else the first of config.fallbackStrategies that finds one, and
+follows the label and the ConfigMap while it runs.
 */}}
-{{- define "nvplugin.configKey" -}}
+{{- define "nvplugin.perNode" -}}
+{{- if or .Values.config.name .Values.config.map }}true{{ end }}
+{{- end }}
+
+{{/*
+config.default must name a config file, where the chart can see them (config.map; config.name in
+a cluster through lookup). Returns the problem (nvplugin.validate lists it), or nothing.
+*/}}
+{{- define "nvplugin.defaultProblem" -}}
+{{- if .Values.config.default }}
 {{- $keys := list }}
 {{- $known := true }}
 {{- if .Values.config.name }}
@@ -223,38 +267,29 @@ cluster (lookup); offline it takes "default" for named.
 {{- else }}
 {{- $keys = keys .Values.config.map | sortAlpha }}
 {{- end }}
-{{- $chosen := "" }}
-{{- $done := false }}
-{{- if .Values.config.default }}
 {{- if and $known (not (has .Values.config.default $keys)) }}
-{{- fail (printf "values.config.default is %q, but the config files are: %s" .Values.config.default (join ", " $keys)) }}
-{{- end }}
-{{- $chosen = .Values.config.default }}
-{{- $done = true }}
-{{- end }}
-{{- range .Values.config.fallbackStrategies }}
-{{- if not $done }}
-{{- if and (eq . "named") (or (has "default" $keys) (not $known)) }}
-{{- $chosen = "default" }}{{ $done = true }}
-{{- else if and (eq . "single") (eq (len $keys) 1) }}
-{{- $chosen = first $keys }}{{ $done = true }}
-{{- else if eq . "empty" }}
-{{- $done = true }}
+{{- printf "values.config.default is %q, but the config files are: %s" .Values.config.default (join ", " $keys) }}
 {{- end }}
 {{- end }}
 {{- end }}
-{{- if and (not $done) (or $keys .Values.config.name) }}
-{{- fail (printf "values.config: no config file chosen from %s: set config.default (fallbackStrategies %s found none)" (join ", " $keys) (toJson .Values.config.fallbackStrategies)) }}
+
+{{/* The ServiceAccount the plugin reads its Node with (per-node configs only). */}}
+{{- define "nvplugin.serviceAccountName" -}}
+{{- include "nvplugin.fullname" . }}
 {{- end }}
-{{- $chosen }}
+
+{{/* The ClusterRole and its binding: cluster-wide names, so the namespace is part of them. */}}
+{{- define "nvplugin.clusterRoleName" -}}
+{{- printf "%s-%s-node-reader" (include "nvplugin.namespace" .) (include "nvplugin.fullname" .) | trunc 253 }}
 {{- end }}
 
 {{/*
 The chart values that set the plugin's settings, and how each reaches the plugin: settings.json,
 written from the settings' declarations (nvplugin/config/model.py) by charts/generate_schema.py.
 "args": values passed as a serve flag; "env": values passed as an environment variable ("to":
-env = the value, a list joined with commas; true = "true" when true; address = 0.0.0.0:<port>
-while <x>.enabled; when = the entry's constant when true); "refused": NVIDIA values nvplugin
+env = the value, a list joined with commas; true = "true" when true, and its "with" value too;
+address = 0.0.0.0:<port> while <x>.enabled; when = the entry's constant when true); "refused":
+NVIDIA values nvplugin
 accepts at some values only.
 */}}
 {{- define "nvplugin.settings" -}}
@@ -276,12 +311,14 @@ declaration of flags.gfd.outputFile); the chart mounts its directory from the ho
 {{- end }}
 
 {{/*
-A chart value by its path (["log", "level"]), as {"v": value}; "" when it is absent. args: Values,
-path.
+A chart value by its path (["log", "level"]), as {"v": value}; null when it is absent. args:
+Values, path.
 */}}
 {{- define "nvplugin.value" -}}
 {{- $v := .Values }}
-{{- range .path }}{{ $v = get (ternary $v dict (kindIs "map" $v)) . }}{{ end }}
+{{- range .path }}
+{{- $v = ternary (index (ternary $v dict (kindIs "map" $v)) .) nil (and (kindIs "map" $v) (hasKey (ternary $v dict (kindIs "map" $v)) .)) }}
+{{- end }}
 {{- dict "v" $v | toJson }}
 {{- end }}
 
@@ -291,37 +328,88 @@ path.
 {{- end }}
 
 {{/*
-NVIDIA values nvplugin cannot honour fail rendering, saying so.
+Every value the chart cannot use, found at once and refused in one render error that lists them
+all with their key paths: NVIDIA's values nvplugin's chart accepts at NVIDIA's defaults only
+(settings.json "nvidia", from nvplugin/config/chartvalues.py), NVIDIA's image, the settings'
+values nvplugin accepts at some values only ("refused"), config files the plugin would refuse,
+and values that contradict each other.
 */}}
 {{- define "nvplugin.validate" -}}
+{{- $problems := list }}
+{{- $data := include "nvplugin.settings" . | fromJson }}
 {{- if and .Values.metrics.enabled .Values.probes.enabled (eq (int .Values.metrics.port) (int .Values.probes.port)) }}
-{{- fail (printf "values.metrics.port and values.probes.port are both %d: the metrics and the health probes each need their own port" (int .Values.probes.port)) }}
+{{- $problems = append $problems (printf "values.metrics.port and values.probes.port are both %d: the metrics and the health probes each need their own port" (int .Values.probes.port)) }}
 {{- end }}
 {{- if and .Values.config.name .Values.config.map }}
-{{- fail (printf "values.config.name (%q) and values.config.map are both set: the plugin reads config files from one ConfigMap; use config.map for one this chart manages, or config.name for yours" .Values.config.name) }}
+{{- $problems = append $problems (printf "values.config.name (%q) and values.config.map are both set: the plugin reads config files from one ConfigMap; use config.map for one this chart manages, or config.name for yours" .Values.config.name) }}
 {{- end }}
-{{- range $key := keys (.Values.gfd | default dict) | sortAlpha }}
-{{- if not (has $key (list "enabled" "noTimestamp" "sleepInterval")) }}
-{{- fail (printf "values.gfd.%s: nvplugin's chart deploys no GPU Feature Discovery DaemonSet: gfd.enabled makes the plugin pod label its node itself; remove gfd.%s" $key $key) }}
+{{- $problems = concat $problems (include "nvplugin.configProblems" . | fromJsonArray) }}
+{{- with include "nvplugin.defaultProblem" . }}{{ $problems = append $problems . }}{{ end }}
+{{- if regexMatch $data.image.pattern (.Values.image.repository | toString) }}
+{{- $problems = append $problems (printf "values.image.repository: %q %s" .Values.image.repository $data.image.message) }}
+{{- end }}
+{{- if and (eq (include "nvplugin.namespace" .) "default") (not .Values.allowDefaultNamespace) }}
+{{- $problems = append $problems "values.allowDefaultNamespace: the release's namespace is \"default\"; install into another namespace (-n kube-system), or set allowDefaultNamespace=true" }}
+{{- end }}
+{{- range $data.nvidia }}
+{{- $entry := . }}
+{{- $v := (include "nvplugin.value" (dict "Values" $.Values "path" .value) | fromJson).v }}
+{{- range (include "nvplugin.offDefaults" (dict "value" $v "defaults" .defaults "path" (join "." .value) "skip" .skip) | fromJsonArray) }}
+{{- $leaf := (include "nvplugin.value" (dict "Values" $.Values "path" (splitList "." .)) | fromJson).v }}
+{{- $problems = append $problems (printf "values.%s: %s: %s" . (toJson $leaf | trunc 80) $entry.message) }}
 {{- end }}
 {{- end }}
-{{- range $name := list "nfd" "mps" }}
-{{- if get $.Values $name }}
-{{- fail (printf "values.%s: nvplugin's chart does not deploy %s; remove the %s values (Node Feature Discovery and MPS are not part of nvplugin)" $name $name $name) }}
-{{- end }}
-{{- end }}
-{{- range (include "nvplugin.settings" . | fromJson).refused }}
+{{- range $data.refused }}
 {{- $v := (include "nvplugin.value" (dict "Values" $.Values "path" .value) | fromJson).v }}
 {{- if and (include "nvplugin.isSet" $v) (not (has (toJson $v) .supported)) }}
 {{- $shown := ternary (printf "%q" $v) (toJson $v) (kindIs "string" $v) }}
-{{- fail (printf "values.%s: %s" (join "." .value) (replace "{value}" $shown .message)) }}
+{{- $problems = append $problems (printf "values.%s: %s" (join "." .value) (replace "{value}" $shown .message)) }}
 {{- end }}
 {{- end }}
-{{- range .Values.config.fallbackStrategies }}
-{{- if not (has . (list "named" "single" "empty")) }}
-{{- fail (printf "values.config.fallbackStrategies: %q needs NVIDIA's config manager (per-node selection by node label), which nvplugin's chart does not run" .) }}
+{{- $mine := list }}
+{{- range (include "nvplugin.env" . | fromJsonArray) }}{{ $mine = append $mine (index . 0) }}{{ end }}
+{{- range (include "nvplugin.extraEnv" . | fromJsonArray) }}
+{{- if has .name $mine }}
+{{- $problems = append $problems (printf "values.devicePlugin.containers.main.env: %s is set by the chart from a value (settings.json); set that value instead" .name) }}
 {{- end }}
 {{- end }}
+{{- if $problems }}
+{{- fail (printf "nvplugin's chart cannot use these values (%d):\n  - %s" (len $problems) (join "\n  - " $problems)) }}
+{{- end }}
+{{- end }}
+
+{{/*
+The key paths below .path where .value is not one of NVIDIA's .defaults (a list): null is "not
+set"; a mapping is compared key by key against the mappings among the defaults; the key paths in
+.skip (settings' chart values inside NVIDIA's block: gfd.enabled) are left alone. The rule of
+nvplugin/config/chartvalues.py (off_defaults), which `nvplugin migrate` applies. Returns a JSON
+list.
+*/}}
+{{- define "nvplugin.offDefaults" -}}
+{{- $v := .value }}
+{{- $out := list }}
+{{- $same := kindIs "invalid" $v }}
+{{- range .defaults }}{{ if eq (toJson .) (toJson $v) }}{{ $same = true }}{{ end }}{{ end }}
+{{- if not $same }}
+{{- $maps := list }}
+{{- range .defaults }}{{ if kindIs "map" . }}{{ $maps = append $maps . }}{{ end }}{{ end }}
+{{- if and (kindIs "map" $v) $maps }}
+{{- range $key := keys $v | sortAlpha }}
+{{- $below := list }}
+{{- range $maps }}{{ if hasKey . $key }}{{ $below = append $below (get . $key) }}{{ end }}{{ end }}
+{{- $sub := printf "%s.%s" $.path $key }}
+{{- if has $sub ($.skip | default list) }}
+{{- else if $below }}
+{{- $out = concat $out (include "nvplugin.offDefaults" (dict "value" (get $v $key) "defaults" $below "path" $sub "skip" $.skip) | fromJsonArray) }}
+{{- else }}
+{{- $out = append $out $sub }}
+{{- end }}
+{{- end }}
+{{- else }}
+{{- $out = append $out .path }}
+{{- end }}
+{{- end }}
+{{- toJson $out }}
 {{- end }}
 
 {{/*
@@ -339,7 +427,8 @@ NVIDIA's values use NVIDIA's variable names.
 {{- $out = append $out (list .env (printf "0.0.0.0:%d" (int $port))) }}
 {{- end }}
 {{- else if eq .to "true" }}
-{{- if eq (toJson $v) "true" }}{{ $out = append $out (list .env "true") }}{{ end }}
+{{- $with := ternary (include "nvplugin.value" (dict "Values" $.Values "path" (.with | default list)) | fromJson).v true (hasKey . "with") }}
+{{- if and (eq (toJson $v) "true") (eq (toJson $with) "true") }}{{ $out = append $out (list .env "true") }}{{ end }}
 {{- else if eq .to "when" }}
 {{- if eq (toJson $v) "true" }}{{ $out = append $out (list .env .constant) }}{{ end }}
 {{- else if include "nvplugin.isSet" $v }}
@@ -347,6 +436,16 @@ NVIDIA's values use NVIDIA's variable names.
 {{- end }}
 {{- end }}
 {{- toJson $out }}
+{{- end }}
+
+{{/* NVIDIA's devicePlugin.enabled: false renders no plugin. */}}
+{{- define "nvplugin.enabled" -}}
+{{- if ne (toJson (.Values.devicePlugin | default dict).enabled) "false" }}true{{ end }}
+{{- end }}
+
+{{/* NVIDIA's devicePlugin.containers.main.env: extra variables of the plugin container. */}}
+{{- define "nvplugin.extraEnv" -}}
+{{- dig "containers" "main" "env" list (.Values.devicePlugin | default dict) | toJson }}
 {{- end }}
 
 {{/*
@@ -363,30 +462,42 @@ Chart values that reach the plugin as serve flags: [flag, value], only the ones 
 
 {{/*
 Whether the container must be privileged: DeviceSpecs (compatWithCPUManager, or passDeviceSpecs in
-the chosen config file) name host device nodes only a privileged container sees, and with the
-driver mounted from the host but no NVIDIA runtime, NVML needs the /dev/nvidia* nodes.
+any config.map entry, since any may be chosen for a node) name host device nodes only a privileged
+container sees, with the driver mounted from the host but no NVIDIA runtime NVML needs the
+/dev/nvidia* nodes, and MPS sets the GPUs' compute mode (see nvplugin.mps).
 */}}
 {{- define "nvplugin.privileged" -}}
-{{- $key := include "nvplugin.configKey" . }}
 {{- $specs := false }}
-{{- if and $key (hasKey .Values.config.map $key) }}
-{{- $cfg := include "nvplugin.parseConfig" (dict "name" $key "value" (get .Values.config.map $key)) | fromJson }}
-{{- $specs = eq (toJson (dig "flags" "plugin" "passDeviceSpecs" false $cfg)) "true" }}
+{{- range $name, $value := .Values.config.map }}
+{{- $cfg := include "nvplugin.parseConfig" (dict "name" $name "value" $value) | fromJson }}
+{{- if eq (toJson (dig "flags" "plugin" "passDeviceSpecs" false $cfg)) "true" }}{{ $specs = true }}{{ end }}
 {{- end }}
-{{- if or .Values.compatWithCPUManager $specs (and .Values.nvidiaDriverRoot (not .Values.runtimeClassName)) }}true{{ end }}
+{{- if or .Values.compatWithCPUManager $specs (and .Values.nvidiaDriverRoot (not .Values.runtimeClassName)) (include "nvplugin.mps" .) }}true{{ end }}
 {{- end }}
 
 {{/*
-Changes whenever the config files change, so the pods roll. For an existing ConfigMap the chart
-can only see its content at install/upgrade time in a cluster (lookup; empty offline).
+Whether a config file shares a resource through MPS (sharing.mps.resources): the plugin then runs
+an MPS control daemon per such resource, which needs the MPS root and its shared memory from the
+host, the compute capability from the NVIDIA runtime, and a privileged container (it sets the GPUs'
+compute mode). Every entry of config.map counts, as a node may be given any of them; with
+config.name the chart sees the ConfigMap's entries only in a cluster (lookup).
 */}}
-{{- define "nvplugin.configChecksum" -}}
+{{- define "nvplugin.mps" -}}
+{{- $entries := .Values.config.map | default dict }}
 {{- if .Values.config.name }}
 {{- $cm := lookup "v1" "ConfigMap" (include "nvplugin.namespace" .) .Values.config.name }}
-{{- printf "%s/%s/%s" .Values.config.name (include "nvplugin.configKey" .) (toJson (dig "data" dict ($cm | default dict))) | sha256sum }}
-{{- else }}
-{{- printf "%s/%s" (include "nvplugin.configKey" .) (include "nvplugin.configEntries" .) | sha256sum }}
+{{- $entries = get ($cm | default dict) "data" | default dict }}
 {{- end }}
+{{- $mps := false }}
+{{- range $name, $value := $entries }}
+{{- $cfg := include "nvplugin.parseConfig" (dict "name" $name "value" $value) | fromJson }}
+{{- $sharing := get $cfg "sharing" }}
+{{- if kindIs "map" $sharing }}
+{{- $block := get $sharing "mps" }}
+{{- if and (kindIs "map" $block) (get $block "resources") }}{{ $mps = true }}{{ end }}
+{{- end }}
+{{- end }}
+{{- if $mps }}true{{ end }}
 {{- end }}
 
 {{/*

@@ -1,0 +1,750 @@
+"""The exact best-effort objective on nodes of up to eight classes of interchangeable GPUs, by
+branch and bound over count vectors.
+
+On such a node (:mod:`nvplugin.allocator.classes`: a PCIe switch's cards, an NVSwitch fabric's
+GPUs of one socket) a group is a count vector x (GPUs per class) and its score ``f(x)`` depends on
+nothing else. With a the available GPUs per class, r the must-include ones and s the size,
+docs/allocation.md's objective reads:
+
+- ``R(y)``: the best score of a partition of the count vector y into groups of s and one leftover
+  group of ``|y| mod s``. Some group holds a GPU of the first class c0 that y has, so
+  ``R(y) = max f(g) + R(y - g)`` over the groups g (of s, or of the leftover size) with
+  ``g[c0] >= 1``: a recursion over count vectors, not over GPUs.
+- ``OPT = max f(x) + R(a - x)`` over the full groups x with ``r <= x <= a`` (without must-include
+  GPUs: ``R(a)``), and the answer is, among the x reaching OPT, one with the highest ``f(x)``,
+  then the lex-smallest group (:mod:`nvplugin.allocator.counts` says why the lowest members per
+  class give it).
+
+The space of count vectors is small (at most 5^8 = 390 625 vectors of 32 GPUs in 8 classes), but a
+request does not walk it. Three things keep the search to a few dozen states:
+
+- **A bound that is exact for PCIe trees.** Pair scores are sums of threshold steps: with the
+  distinct scores t_1 < t_2 < ..., a pair scoring t contributes ``t_i - t_(i-1)`` for every
+  ``t_i <= t``. At threshold t_i the classes joined by scores ``>= t_i`` fall into connected
+  components, and a pair of GPUs in one group counts at t_i only if both lie in one component.
+  The most pairs a partition can put inside a component of ``k`` GPUs is ``C(s, 2)`` per full
+  group of s it could fill plus ``C(k mod s, 2)``, so ``R(y) <= sum_i (t_i - t_(i-1)) *
+  sum_components Cmax(GPUs of y in it)``. On a PCIe tree the components are the tree's subtrees,
+  and the bound is the score of packing every subtree as tightly as the group size allows: it is
+  met whenever the subtrees' counts divide well, and close otherwise. Where scores do not nest
+  (an NVSwitch fabric over part of a PCIe tree) the components still bound, less tightly.
+- **Symmetry.** Classes with the same scores to every other class and the same score inside
+  (sibling switches) are interchangeable: R does not change when their counts are permuted, so
+  a state is stored by its counts sorted within each such set, and a group is branched on once
+  per arrangement of equal counts.
+- **Fail-soft memo.** Each state remembers its exact value, or an upper bound once a search below
+  it was cut off because it could not reach what its caller needed; a later visit with a lower
+  need searches again, one with a higher need stops at once. Children are tried best bound
+  first, and a state stops the moment the next child's bound cannot beat its best.
+
+Everything is integer numpy arithmetic (doubled scores, so pairs count whole): a float product
+would go through the BLAS library, whose worker threads spin on a busy node.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from nvplugin.allocator.classes import Classes
+from nvplugin.allocator.tables import OutOfTime
+
+IntArray = NDArray[np.int64]
+
+MAX_CLASSES = 8
+"""Most classes the branch search takes."""
+
+MAX_VECTORS = 5**8
+"""Most count vectors (the product of class sizes + 1) whose groups are listed at start-up: 32
+GPUs in 8 classes never exceed it (~10 MB of arrays at the limit)."""
+
+CHUNK = 1 << 16
+"""Count vectors per array operation at start-up."""
+
+FEW = 48
+"""Most groups a node's slice may have to be walked in Python rather than with arrays."""
+
+LexKey = Callable[[IntArray], NDArray[np.uint64]]
+"""For count vectors (rows), a key that orders their groups lexicographically: higher first."""
+
+
+def vectors(classes: Classes) -> int:
+    """How many count vectors a node's classes have (every vector below the class sizes)."""
+    return int(np.prod([len(members) + 1 for members in classes.members], dtype=np.int64))
+
+
+def applies(classes: Classes) -> bool:
+    """Whether the branch search takes a node with these classes."""
+    return len(classes) <= MAX_CLASSES and vectors(classes) <= MAX_VECTORS
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A request's answer in count vectors: OPT and the answer's own score (both doubled), and
+    the count vectors that reach both, the answer's first (by the request's lex key)."""
+
+    opt2: int
+    own2: int
+    best: IntArray
+
+
+class BranchSearch:
+    """The branch and bound over one node's classes (see the module docstring). Read-only after
+    construction: each request keeps its own memo, so threads may share one."""
+
+    def __init__(self, classes: Classes) -> None:
+        self.classes = classes
+        sizes = [len(members) for members in classes.members]
+        m = len(sizes)
+        self._m = m
+        self._scores = classes.scores.astype(np.int64)
+        self._inner = np.diag(self._scores).copy()
+        self._twins = _twin_sets(self._scores, sizes)
+        self._pairs = [pair for twins in self._twins for pair in itertools.pairwise(twins)]
+        # Every count vector below the class sizes (row i: the vector whose mixed-radix digits
+        # are i), and the memo key of each: the same for vectors that differ by a permutation
+        # of twin classes' counts. Worked through in chunks, so start-up memory stays a few MB
+        # above what is kept.
+        # The key is the index of one arrangement: the counts sorted down, given to the twins
+        # in decreasing size (it fits: the k-th largest count is at most the k-th largest size).
+        grid = np.indices([size + 1 for size in sizes], dtype=np.int8).reshape(m, -1).T
+        self._stride = np.cumprod([1] + [size + 1 for size in sizes[:0:-1]])[::-1].astype(np.int64)
+        self._keys = np.empty(len(grid), dtype=np.int32)
+        by_size = [sorted(twins, key=lambda c: -sizes[c]) for twins in self._twins]
+        for start in range(0, len(grid), CHUNK):
+            chunk = grid[start : start + CHUNK].astype(np.int64)
+            arranged = chunk.copy()
+            for twins, ranked in zip(self._twins, by_size, strict=True):
+                arranged[:, ranked] = -np.sort(-chunk[:, twins], axis=1)
+            self._keys[start : start + CHUNK] = arranged @ self._stride
+        # The same vectors ordered by size and then by first class, so the groups of size k
+        # whose first class is c are one slice; with each one's index above, twice its score
+        # and which pairs of twins it takes out of order (a bit per pair).
+        total = grid.sum(axis=1, dtype=np.int32)
+        first = np.where(total > 0, np.argmax(grid > 0, axis=1), m).astype(np.int32)
+        keys = total * np.int32(m + 1) + first
+        order = np.argsort(keys, kind="stable")
+        self._groups = np.ascontiguousarray(grid[order])
+        self._index = order.astype(np.int32)
+        self._slices = np.searchsorted(keys[order], np.arange((sum(sizes) + 1) * (m + 1) + 1))
+        self._position = np.empty(len(order), dtype=np.int32)
+        self._position[order] = np.arange(len(order), dtype=np.int32)
+        del grid, total, first, keys, order
+        self._twice = np.empty(len(self._groups), dtype=np.int64)
+        self._disorder = np.zeros(len(self._groups), dtype=np.uint16)
+        for start in range(0, len(self._groups), CHUNK):
+            chunk = self._groups[start : start + CHUNK].astype(np.int64)
+            self._twice[start : start + CHUNK] = self.twice(chunk)
+            for bit, (c, d) in enumerate(self._pairs):
+                flags = (chunk[:, c] < chunk[:, d]).astype(np.uint16) << bit
+                self._disorder[start : start + CHUNK] |= flags
+        self._bound = _Bound(self._scores, sizes, self._groups)
+        # Slices of a few groups are walked in Python (cheaper than a dozen array operations):
+        # (position, index, twice the score, disorder, counts, index in each tabulated part).
+        self._few: dict[tuple[int, int], list[_Entry]] = {}
+        for size in range(sum(sizes) + 1):
+            for lead in range(m):
+                row = size * (m + 1) + lead
+                lo, hi = int(self._slices[row]), int(self._slices[row + 1])
+                if 0 < hi - lo <= FEW:
+                    self._few[(size, lead)] = [
+                        _Entry(
+                            p,
+                            int(self._index[p]),
+                            int(self._twice[p]),
+                            int(self._disorder[p]),
+                            tuple(self._groups[p].tolist()),
+                            self._bound.indices(p),
+                        )
+                        for p in range(lo, hi)
+                    ]
+
+    @property
+    def nbytes(self) -> int:
+        arrays = (self._groups, self._index, self._position, self._twice, self._disorder)
+        return sum(a.nbytes for a in (*arrays, self._keys)) + self._bound.nbytes
+
+    def twice(self, x: IntArray) -> IntArray:
+        """Twice the score of each group (count vector) in ``x``."""
+        result: IntArray = ((x @ self._scores) * x).sum(axis=-1) - x @ self._inner
+        return result
+
+    def groups(
+        self,
+        size: int,
+        high: IntArray,
+        sides: list[list[int]],
+        *,
+        first: int | None = None,
+        low: IntArray | None = None,
+    ) -> NDArray[np.intp]:
+        """Positions (in the size-ordered list) of the count vectors of ``size`` GPUs between
+        ``low`` and ``high`` (whose first class is ``first``, when given): one arrangement of
+        the counts of twins that are equal on every side in ``sides``, non-increasing there."""
+        row = size * (self._m + 1)
+        start, stop = (row, row + self._m + 1) if first is None else (row + first, row + first + 1)
+        lo, hi = int(self._slices[start]), int(self._slices[stop])
+        groups = self._groups[lo:hi]  # int8: compared as such
+        fits = (groups <= high.astype(np.int8)).all(axis=1)
+        if low is not None:
+            fits &= (groups >= low.astype(np.int8)).all(axis=1)
+        equal = sum(
+            1 << bit
+            for bit, (c, d) in enumerate(self._pairs)
+            if all(side[c] == side[d] for side in sides)
+        )
+        if equal:
+            fits &= (self._disorder[lo:hi] & np.uint16(equal)) == 0
+        positions: NDArray[np.intp] = np.flatnonzero(fits) + lo
+        return positions
+
+    def search(
+        self,
+        available: IntArray,
+        required: IntArray,
+        size: int,
+        lex: LexKey,
+        *,
+        deadline: float | None = None,
+        every: bool = False,
+    ) -> Answer:
+        """The answer to a possible request (``required <= available``, ``sum(required) <=
+        size <= sum(available)``); with ``every``, every count vector reaching OPT with the best
+        own score, else the first by ``lex``. Raises :class:`OutOfTime` past ``deadline``."""
+        query = _Query(self, int(available.sum()), size, deadline)
+        sides = [available.tolist(), required.tolist()]
+        top = query.state(available)
+        kids = query.children_of(top, self.groups(size, available, sides, low=required))
+        if required.any():
+            opt, _ = query.best_child(top, kids, 0, -1)
+        else:
+            opt, _ = query.rest(top, 0)
+        # The answer: the highest own score whose group reaches OPT, then the lex-smallest.
+        reach: list[int] = []
+        level = None
+        for i in _descending(kids.own):
+            f = kids.own[i]
+            if level is not None and f < level:
+                break
+            if kids.bounds[i] < opt:
+                continue
+            value, exact = query.rest(query.child(top, kids, i), opt - f)
+            if exact and value + f == opt:
+                reach.append(kids.positions[i])
+                level = f
+        assert level is not None, "the best partition's group reaches OPT"
+        best = _arrangements(self._groups[reach].astype(np.int64), sides, self._twins)
+        if not every:
+            best = best[[int(np.argmax(lex(best)))]]
+        return Answer(opt, level, best)
+
+    def totals(self, available: IntArray, candidates: IntArray, size: int) -> IntArray:
+        """Twice the best score of a partition of ``available`` that has each candidate as a
+        full group (exact: for ``--explain``, not for requests)."""
+        query = _Query(self, int(available.sum()), size, None)
+        out = self.twice(candidates)
+        for i, row in enumerate(available - candidates):
+            value, exact = query.rest(query.state(row), 0)
+            assert exact
+            out[i] += value
+        return out
+
+    def partition(self, rest: IntArray, size: int) -> tuple[list[IntArray], IntArray]:
+        """A best partition of ``rest`` (counts per class): its full groups and its leftover, as
+        count vectors (for ``--explain``)."""
+        query = _Query(self, int(rest.sum()), size, None)
+        full: list[IntArray] = []
+        y = rest.copy()
+        while y.any():
+            total = int(y.sum())
+            if total <= size:
+                if total == size:
+                    full.append(y)
+                    return full, np.zeros_like(y)
+                return full, y
+            state = query.state(y)
+            value, _ = query.rest(state, 0)
+            group = query.best_group(state, value)
+            if int(group.sum()) == size:
+                full.append(group)
+                y = y - group
+            else:  # the leftover holds the first class; the rest divides into full groups
+                inner, _ = self.partition(y - group, size)
+                return full + inner, group
+        return full, y
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """A group of a small slice (:data:`FEW`), unpacked for Python."""
+
+    position: int
+    index: int
+    twice: int
+    disorder: int
+    counts: tuple[int, ...]
+    parts: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class _State:
+    """A count vector to partition: its counts, index (mixed-radix digits), total, memo key."""
+
+    counts: tuple[int, ...]
+    index: int
+    total: int
+    key: int
+
+    @property
+    def y(self) -> IntArray:
+        return np.asarray(self.counts, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class _Children:
+    """The states one group below a state: the groups' positions (size-ordered list), their own
+    scores (twice), the children's memo keys and totals, and twice an upper bound on each
+    child's ``own + R`` (exact for children that hold at most one group)."""
+
+    positions: list[int]
+    own: list[int]
+    keys: list[int]
+    totals: list[int]
+    bounds: list[int]
+
+
+class _Query:
+    """One request's search state: the group size, the bound's constants and the memo."""
+
+    def __init__(self, search: BranchSearch, gpus: int, size: int, deadline: float | None) -> None:
+        self._search = search
+        self._size = size
+        self._deadline = deadline
+        t = np.arange(gpus + 1, dtype=np.int64)
+        whole, part = np.divmod(t, size)
+        self._cmax = whole * (size * (size - 1)) + part * (part - 1)
+        self._cmax_list: list[int] = self._cmax.tolist()
+        self._memo: dict[int, tuple[int, bool]] = {}
+
+    def state(self, y: IntArray) -> _State:
+        index = int(y @ self._search._stride)
+        return _State(tuple(y.tolist()), index, int(y.sum()), int(self._search._keys[index]))
+
+    def child(self, parent: _State, children: _Children, i: int) -> _State:
+        search = self._search
+        position = children.positions[i]
+        group = search._groups[position].tolist()
+        counts = tuple(a - b for a, b in zip(parent.counts, group, strict=True))
+        index = parent.index - int(search._index[position])
+        return _State(counts, index, children.totals[i], children.keys[i])
+
+    def children_of(self, parent: _State, positions: NDArray[np.intp]) -> _Children:
+        """The children through the groups at ``positions`` (arrays)."""
+        search = self._search
+        own = search._twice[positions]
+        index = parent.index - search._index[positions].astype(np.int64)
+        keys = search._keys[index]
+        totals = parent.total - (search._groups[positions].sum(axis=1, dtype=np.int64))
+        bounds = own + search._bound.of(
+            parent, positions, totals, self._size, self._cmax, search._groups
+        )
+        terminal = totals <= self._size
+        if terminal.any():  # one group or none left: exact
+            value = search._twice[search._position[index[terminal]]]
+            bounds[terminal] = own[terminal] + (value if self._size > 1 else 0)
+        return _Children(
+            positions.tolist(), own.tolist(), keys.tolist(), totals.tolist(), bounds.tolist()
+        )
+
+    def children(self, parent: _State) -> _Children:
+        """The children through the groups holding the parent's first class (one per
+        arrangement of twins): of the group size, and of the leftover's when one is due."""
+        search = self._search
+        counts = parent.counts
+        first = next(c for c, count in enumerate(counts) if count)
+        sizes = sorted({self._size, parent.total % self._size} - {0})
+        if all((k, first) in search._few for k in sizes):
+            return self._few(parent, sizes, first)
+        found = [search.groups(k, parent.y, [list(counts)], first=first) for k in sizes]
+        positions = found[0] if len(found) == 1 else np.concatenate(found)
+        return self.children_of(parent, positions)
+
+    def _few(self, parent: _State, sizes: list[int], first: int) -> _Children:
+        """:meth:`children` for small slices, in Python."""
+        search, size, counts = self._search, self._size, parent.counts
+        equal = sum(1 << bit for bit, (c, d) in enumerate(search._pairs) if counts[c] == counts[d])
+        starts = search._bound.starts(counts)
+        keys_of, twice, position = search._keys, search._twice, search._position
+        out = _Children([], [], [], [], [])
+        for k in sizes:
+            total = parent.total - k
+            for entry in search._few[(k, first)]:
+                if entry.disorder & equal:
+                    continue
+                if any(g > c for g, c in zip(entry.counts, counts, strict=True)):
+                    continue
+                index = parent.index - entry.index
+                if total <= size:  # exact
+                    bound = entry.twice + (int(twice[position[index]]) if size > 1 else 0)
+                else:
+                    bound = entry.twice + search._bound.one(
+                        starts, entry, counts, total, size, self._cmax_list
+                    )
+                out.positions.append(entry.position)
+                out.own.append(entry.twice)
+                out.keys.append(int(keys_of[index]))
+                out.totals.append(total)
+                out.bounds.append(bound)
+        return out
+
+    def rest(self, state: _State, need: int) -> tuple[int, bool]:
+        """Twice R(y) and True; or, when R(y) < ``need``, possibly an upper bound below ``need``
+        and False."""
+        known = self._memo.get(state.key)
+        if known is not None and (known[1] or known[0] < need):
+            return known
+        if self._deadline is not None and time.monotonic() > self._deadline:
+            raise OutOfTime
+        if state.total <= self._size or self._size == 1:
+            value = 0 if self._size == 1 else int(self._search.twice(state.y[None, :])[0])
+            result = (value, True)
+        else:
+            best, upper = self.best_child(state, self.children(state), need, -1)
+            result = (best, True) if upper <= best else (upper, False)
+        self._memo[state.key] = result
+        return result
+
+    def best_child(
+        self, parent: _State, children: _Children, need: int, best: int
+    ) -> tuple[int, int]:
+        """Over the children: the best exact ``own + R(child)`` (at least ``best``) and an upper
+        bound on the children not solved exactly (-1 when every one that could beat the best
+        was)."""
+        upper = -1
+        bounds, own, keys, totals = children.bounds, children.own, children.keys, children.totals
+        memo = self._memo
+        for j in _descending(bounds):
+            bound = bounds[j]
+            if bound <= best:
+                break  # no child left can beat the best
+            if totals[j] <= self._size:  # its bound is its value
+                best = bound
+                continue
+            if bound < need:
+                upper = max(upper, bound)
+                break  # none left can reach what the caller needs
+            f = own[j]
+            known = memo.get(keys[j])
+            if known is not None and not known[1]:  # a bound learnt below: tighter
+                if known[0] + f <= best:
+                    continue
+                if known[0] + f < need:
+                    upper = max(upper, known[0] + f)
+                    continue
+            value, exact = self.rest(self.child(parent, children, j), max(need, best + 1) - f)
+            if exact:
+                best = max(best, value + f)
+            elif value + f > best:
+                upper = max(upper, value + f)
+        return best, upper
+
+    def best_group(self, state: _State, value: int) -> IntArray:
+        """A group g holding y's first class with ``f(g) + R(y - g) = value`` (``value`` = R(y))."""
+        children = self.children(state)
+        for i, f in enumerate(children.own):
+            child, exact = self.rest(self.child(state, children, i), value - f)
+            if exact and child + f == value:
+                found: IntArray = self._search._groups[children.positions[i]].astype(np.int64)
+                return found
+        raise AssertionError("R(y) is reached by some group")
+
+
+PART_VECTORS = 4096
+"""Most count vectors a part of the node may have for :class:`_Bound` to tabulate it."""
+
+
+class _Bound:
+    """Twice an upper bound on R (module docstring), tightened where the classes split into
+    parts joined by low scores (sockets): with W the highest score between two parts, every
+    group's pairs score W each, plus, inside each part, what the part's own scores less W add.
+    A part's share is at most the best split of its GPUs into pieces of at most s, whatever
+    their number (the pieces of the groups that cross it), which is tabulated at start-up for
+    every size over the part's count vectors (a few thousand at most): exact for the part,
+    where the components bound only each level of it."""
+
+    def __init__(self, scores: IntArray, sizes: list[int], groups: NDArray[np.int8]) -> None:
+        self.low, parts = _split(scores)
+        self._parts: list[_Part] = []
+        for classes in parts:
+            inner = scores[np.ix_(classes, classes)] - self.low
+            self._parts.append(_Part(classes, inner, [sizes[c] for c in classes], groups))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(part.nbytes for part in self._parts)
+
+    def indices(self, position: int) -> tuple[int, ...]:
+        """The group at ``position``: its index among each tabulated part's count vectors."""
+        return tuple(int(part.index[position]) if len(part.index) else 0 for part in self._parts)
+
+    def starts(self, counts: tuple[int, ...]) -> tuple[int, ...]:
+        """A state's index among each part's count vectors."""
+        return tuple(
+            sum(counts[c] * step for c, step in zip(part.classes, part.steps, strict=True))
+            for part in self._parts
+        )
+
+    def one(
+        self,
+        starts: tuple[int, ...],
+        entry: _Entry,
+        counts: tuple[int, ...],
+        total: int,
+        size: int,
+        cmax: list[int],
+    ) -> int:
+        """:meth:`of` for one child (``counts`` less ``entry``'s), in Python."""
+        value = self.low * cmax[total]
+        if size == 1:
+            return value
+        for part, start, index in zip(self._parts, starts, entry.parts, strict=True):
+            table = part.listed(size)
+            if table is not None:
+                value += table[start - index]
+            else:
+                child = [counts[c] - entry.counts[c] for c in part.classes]
+                value += part.scalar(child, size, cmax)
+        return value
+
+    def of(
+        self,
+        parent: _State,
+        positions: NDArray[np.intp],
+        totals: IntArray,
+        size: int,
+        cmax: IntArray,
+        groups: NDArray[np.int8],
+    ) -> IntArray:
+        """For the children of ``parent`` through the groups at ``positions`` (totals
+        ``totals``)."""
+        result: IntArray = self.low * cmax[totals]
+        if size == 1:
+            return result
+        rows: IntArray | None = None
+        for part in self._parts:
+            table = part.table(size)
+            if table is not None:
+                start = int(parent.y[part.classes] @ part.stride)
+                result += table[start - part.index[positions]]
+                continue
+            if rows is None:
+                rows = parent.y - groups[positions]
+            result += part.bound(rows[:, part.classes], size, cmax)
+        return result
+
+
+class _Part:
+    """One part of :class:`_Bound`: its classes, its scores less the parts' link, and either
+    the table of its best split into pieces per size or the components bound."""
+
+    def __init__(
+        self, classes: list[int], scores: IntArray, sizes: list[int], groups: NDArray[np.int8]
+    ) -> None:
+        self.classes = classes
+        self._scores = scores
+        self._score_list: list[list[int]] = scores.tolist()
+        self._inner = np.diag(scores).copy()
+        self._gpus = sum(sizes)
+        # Where no pair inside scores below the link (nested scores: PCIe trees), one piece of
+        # every GPU is the best split once the size allows it; otherwise that is tabulated too.
+        self._merge = bool((scores >= 0).all())
+        self.stride = np.cumprod([1] + [s + 1 for s in sizes[:0:-1]])[::-1].astype(np.int64)
+        self.steps: list[int] = self.stride.tolist()
+        self._tables: dict[int, IntArray] = {}
+        self.index = np.zeros(0, dtype=np.int32)
+        vectors = int(np.prod([s + 1 for s in sizes]))
+        if vectors <= PART_VECTORS:
+            wanted = range(2, self._gpus if self._merge else self._gpus + 1)
+            self._tables = _pieces(scores, sizes, wanted)
+            if self._tables:  # each group's index among the part's count vectors
+                self.index = np.empty(len(groups), dtype=np.int32)
+                for start in range(0, len(groups), CHUNK):
+                    chunk = groups[start : start + CHUNK][:, classes].astype(np.int64)
+                    self.index[start : start + CHUNK] = chunk @ self.stride
+        self._lists = {size: table.tolist() for size, table in self._tables.items()}
+        self._components, self._steps = _components(np.maximum(scores, 0), sizes)
+        self._members = [np.flatnonzero(column).tolist() for column in self._components.T]
+        self._weights: list[int] = self._steps.tolist()
+
+    @property
+    def nbytes(self) -> int:
+        return self.index.nbytes + sum(table.nbytes for table in self._tables.values())
+
+    def listed(self, size: int) -> list[int] | None:
+        """:meth:`table` as a list (for single lookups)."""
+        if size >= self._gpus and self._merge:
+            return None
+        return self._lists.get(min(size, self._gpus))
+
+    def scalar(self, counts: list[int], size: int, cmax: list[int]) -> int:
+        """:meth:`bound` for one row, in Python."""
+        if size >= self._gpus and self._merge:
+            scores = self._score_list
+            k = len(counts)
+            return sum(
+                counts[c] * (counts[d] - (c == d)) * scores[c][d]
+                for c in range(k)
+                for d in range(k)
+            )
+        return sum(
+            weight * cmax[sum(counts[c] for c in members)]
+            for members, weight in zip(self._members, self._weights, strict=True)
+        )
+
+    def table(self, size: int) -> IntArray | None:
+        """The tabulated share for ``size``, if any (None where :meth:`bound` computes it)."""
+        if size >= self._gpus and self._merge:
+            return None
+        return self._tables.get(min(size, self._gpus))
+
+    def bound(self, rows: IntArray, size: int, cmax: IntArray) -> IntArray:
+        """Twice an upper bound on the part's share of R for each row (its counts)."""
+        if size >= self._gpus and self._merge:
+            one: IntArray = ((rows @ self._scores) * rows).sum(axis=1) - rows @ self._inner
+            return one
+        levels: IntArray = cmax[rows @ self._components] @ self._steps
+        return levels
+
+
+def _split(scores: IntArray) -> tuple[int, list[list[int]]]:
+    """The lowest score that, kept as the only link, still splits the classes: the components
+    of the classes joined by higher scores, and the highest score between two of them (the
+    whole set and 0 when no score splits them)."""
+    m = len(scores)
+    for t in sorted({int(scores[c, d]) for c in range(m) for d in range(m) if c != d}):
+        label = list(range(m))
+        for c in range(m):
+            for d in range(c + 1, m):
+                if scores[c, d] > t:
+                    old, new = label[d], label[c]
+                    label = [new if x == old else x for x in label]
+        parts = [[c for c in range(m) if label[c] == x] for x in sorted(set(label))]
+        if len(parts) > 1:
+            return t, parts
+    return 0, [list(range(m))]
+
+
+def _pieces(scores: IntArray, sizes: list[int], wanted: range) -> dict[int, IntArray]:
+    """For each size in ``wanted``: twice the best score of a split of each count vector (of
+    classes of these sizes, indexed by mixed-radix digits) into pieces of at most that many
+    GPUs, any number of them. Which pieces fit which vector is worked out once for all sizes."""
+    shape = [s + 1 for s in sizes]
+    vectors = np.indices(shape).reshape(len(sizes), -1).T.astype(np.int64)
+    stride = np.cumprod([1, *shape[:0:-1]])[::-1].astype(np.int64)
+    twice = ((vectors @ scores) * vectors).sum(axis=1) - vectors @ np.diag(scores)
+    totals = vectors.sum(axis=1)
+    first = np.argmax(vectors > 0, axis=1)
+    index = vectors @ stride
+    tables = {size: np.zeros(len(vectors), dtype=np.int64) for size in wanted}
+    lowest = np.iinfo(np.int64).min
+    for total in range(1, int(totals.max(initial=0)) + 1):
+        states = np.flatnonzero(totals == total)
+        pieces = np.flatnonzero((totals >= 1) & (totals <= total))
+        piece_vectors, piece_sizes = vectors[pieces], totals[pieces]
+        step = max(1, CHUNK // max(1, len(pieces)))
+        for start in range(0, len(states), step):
+            chunk = states[start : start + step]
+            fits = (piece_vectors[None, :, :] <= vectors[chunk][:, None, :]).all(axis=2)
+            fits &= piece_vectors[:, first[chunk]].T >= 1  # holds the state's first class
+            rest = np.where(fits, index[chunk][:, None] - index[pieces][None, :], 0)
+            for size, best in tables.items():
+                allowed = fits & (piece_sizes <= size)[None, :]
+                value = np.where(allowed, twice[pieces][None, :] + best[rest], lowest)
+                best[chunk] = value.max(axis=1)
+    return tables
+
+
+def _descending(values: list[int]) -> list[int]:
+    """Positions of ``values`` from the highest, ties in order (numpy sorts long lists)."""
+    if len(values) <= FEW:
+        return sorted(range(len(values)), key=values.__getitem__, reverse=True)
+    order: list[int] = np.argsort(-np.asarray(values), kind="stable").tolist()
+    return order
+
+
+def _twin_sets(scores: IntArray, sizes: list[int]) -> list[list[int]]:
+    """Sets of two or more interchangeable classes: the same score to every other class, the
+    same score inside (and both of one GPU, or both of more: a class of one GPU has no inside
+    score)."""
+    m = len(sizes)
+    out: list[list[int]] = []
+    placed: set[int] = set()
+    for c in range(m):
+        if c in placed:
+            continue
+        same = [c]
+        for d in range(c + 1, m):
+            if d in placed or scores[c, c] != scores[d, d] or (sizes[c] > 1) != (sizes[d] > 1):
+                continue
+            if all(scores[c, e] == scores[d, e] for e in range(m) if e not in (c, d)):
+                same.append(d)
+                placed.add(d)
+        if len(same) > 1:
+            out.append(same)
+    return out
+
+
+def _arrangements(groups: IntArray, sides: list[list[int]], twins: list[list[int]]) -> IntArray:
+    """Every arrangement of each group (the inverse of :meth:`BranchSearch.groups`' choice of
+    one), once."""
+    out = {tuple(g) for g in groups.tolist()}
+    for same in twins:
+        blocks: dict[tuple[int, ...], list[int]] = {}
+        for c in same:
+            blocks.setdefault(tuple(int(side[c]) for side in sides), []).append(c)
+        for block in blocks.values():
+            if len(block) < 2:
+                continue
+            grown = set()
+            for g in out:
+                for values in set(itertools.permutations([g[c] for c in block])):
+                    h = list(g)
+                    for c, v in zip(block, values, strict=True):
+                        h[c] = v
+                    grown.add(tuple(h))
+            out = grown
+    return np.asarray(sorted(out), dtype=np.int64).reshape(-1, groups.shape[1])
+
+
+def _components(scores: IntArray, sizes: list[int]) -> tuple[IntArray, IntArray]:
+    """The bound's columns (module docstring): a 0/1 matrix of classes x components and each
+    component's weight (the sum of its threshold steps)."""
+    m = len(sizes)
+    values = sorted(
+        {int(scores[c, d]) for c in range(m) for d in range(m) if c != d or sizes[c] > 1}
+    )
+    weights: dict[tuple[int, ...], int] = {}
+    previous = 0
+    for t in values:
+        step, previous = t - previous, t
+        label = list(range(m))
+        for c in range(m):
+            for d in range(c + 1, m):
+                if scores[c, d] >= t:
+                    old, new = label[d], label[c]
+                    label = [new if x == old else x for x in label]
+        for label_ in sorted(set(label)):
+            members = tuple(c for c in range(m) if label[c] == label_)
+            root = members[0]
+            if len(members) == 1 and not (sizes[root] > 1 and scores[root, root] >= t):
+                continue
+            weights[members] = weights.get(members, 0) + step
+    matrix = np.zeros((m, len(weights)), dtype=np.int64)
+    for j, members in enumerate(weights):
+        matrix[list(members), j] = 1
+    return matrix, np.asarray(list(weights.values()), dtype=np.int64)

@@ -1,0 +1,270 @@
+"""Per-node configs: which config file of a directory a node runs, chosen by its node label.
+
+The directory is the ConfigMap mounted as a volume: one file per config name (the ConfigMap's
+keys), beside the kubelet's own ``..data`` link and ``..<timestamp>`` directory. The names and
+rules are NVIDIA's config manager's (``config-manager`` in NVIDIA's device plugin), so a values
+file or a DaemonSet written for it means the same here:
+
+- ``CONFIG_FILE_SRCDIR`` (``--config-file-srcdir``): the directory; setting it turns per-node
+  selection on;
+- ``NODE_LABEL`` (``--node-label``): the label naming the config, by default
+  ``nvidia.com/device-plugin.config``;
+- ``DEFAULT_CONFIG`` (``--default-config``): the config of a node without the label;
+- ``FALLBACK_STRATEGIES`` (``--fallback-strategies``): without a default, tried in order:
+  ``named`` (the config called ``default``), ``single`` (the only config), ``empty`` (no config
+  file: the built-in defaults); by default ``named,single``;
+- ``NODE_NAME`` (``--node-name``, the downward API's ``spec.nodeName``) and ``KUBECONFIG``
+  (``--kubeconfig``; else the in-cluster service account) say which Node to read the label from.
+
+:func:`choose` is the rule, pure: a label naming a config -> that config; a label naming none ->
+:class:`NoConfig` (the caller keeps the running config); no label -> the default, else the first
+fallback that finds one. Reading the selection's own settings (flags > environment) is here too:
+only the config package reads the environment.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from nvplugin.config.model import Config
+from nvplugin.errors import InputError, show
+from nvplugin.kube.access import ApiAccess
+from nvplugin.yamlinput import MAX_BYTES
+
+DEFAULT_NODE_LABEL = "nvidia.com/device-plugin.config"
+FALLBACKS = ("named", "single", "empty")
+"""NVIDIA's fallback strategies, the only ones there are."""
+DEFAULT_FALLBACKS = ("named", "single")
+NAMED_FALLBACK = "default"
+"""The config the ``named`` strategy looks for."""
+MAX_CONFIGS = 1000
+"""Most config names read from the directory (a ConfigMap of 1 MiB holds far fewer)."""
+
+WHY_LABEL = "label"
+WHY_DEFAULT = "default"
+WHY_NONE = "none"
+"""No config could be chosen: the built-in defaults (and flags, environment) are served."""
+
+FLAGS = {
+    "config_file_srcdir": ("config-file-srcdir", "CONFIG_FILE_SRCDIR"),
+    "node_label": ("node-label", "NODE_LABEL"),
+    "default_config": ("default-config", "DEFAULT_CONFIG"),
+    "fallback_strategies": ("fallback-strategies", "FALLBACK_STRATEGIES"),
+    "node_name": ("node-name", "NODE_NAME"),
+    "kubeconfig": ("kubeconfig", "KUBECONFIG"),
+}
+"""Each selection setting: its ``serve`` flag and environment variable (NVIDIA's names)."""
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The settings of per-node selection (see the module docstring)."""
+
+    srcdir: str
+    node_label: str = DEFAULT_NODE_LABEL
+    default_config: str | None = None
+    fallbacks: tuple[str, ...] = DEFAULT_FALLBACKS
+    node_name: str | None = None
+    access: ApiAccess = field(default_factory=ApiAccess)
+
+    def api_problem(self) -> str | None:
+        """Why the node's label cannot be read (None: it can be tried)."""
+        if not self.node_name:
+            return "NODE_NAME is not set (the downward API's spec.nodeName)"
+        return self.access.problem()
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A chosen config: its name in the directory (None: no config file) and why: ``label``,
+    ``default``, ``fallback-named``/``-single``/``-empty``, or ``none``."""
+
+    name: str | None
+    why: str
+
+    def path(self, srcdir: str) -> str | None:
+        return None if self.name is None else os.path.join(srcdir, self.name)
+
+    def describe(self) -> str:
+        return f"{self.name or '(no config file)'} ({self.why})"
+
+
+class NoConfig(Exception):
+    """No config can be chosen; ``reason`` is a fixed word for the metric, the message says
+    why."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def choose(label: str | None, names: tuple[str, ...], selection: Selection) -> Choice:
+    """The config for a node whose label is ``label`` (None or "": not set), among ``names``
+    (the directory's configs). Raises :class:`NoConfig`."""
+    if label:
+        if label in names:
+            return Choice(label, WHY_LABEL)
+        raise NoConfig(
+            "unknown",
+            f"label {selection.node_label}={show(label)} names no config in "
+            f"{selection.srcdir} (configs: {_listing(names)})",
+        )
+    if selection.default_config:
+        if selection.default_config in names:
+            return Choice(selection.default_config, WHY_DEFAULT)
+        raise NoConfig(
+            "unknown",
+            f"DEFAULT_CONFIG {show(selection.default_config)} names no config in "
+            f"{selection.srcdir} (configs: {_listing(names)})",
+        )
+    for strategy in selection.fallbacks:
+        if strategy == "named" and NAMED_FALLBACK in names:
+            return Choice(NAMED_FALLBACK, "fallback-named")
+        if strategy == "single" and len(names) == 1:
+            return Choice(names[0], "fallback-single")
+        if strategy == "empty":
+            return Choice(None, "fallback-empty")
+    raise NoConfig(
+        "no-fallback",
+        f"no label {selection.node_label}, no DEFAULT_CONFIG, and the fallback strategies "
+        f"{','.join(selection.fallbacks) or '(none)'} found none among the configs in "
+        f"{selection.srcdir}: {_listing(names)}",
+    )
+
+
+def _listing(names: tuple[str, ...]) -> str:
+    shown = ", ".join(show(name, 60) for name in names[:20])
+    more = f", ... ({len(names)} in all)" if len(names) > 20 else ""
+    return (shown + more) if names else "none"
+
+
+def available(srcdir: str) -> tuple[str, ...]:
+    """The config names in ``srcdir``, sorted: its regular files (or links to one, as in a
+    ConfigMap volume), without the kubelet's ``..`` entries. Raises OSError when the directory
+    cannot be read."""
+    names = []
+    with os.scandir(srcdir) as entries:
+        for entry in entries:
+            if entry.name.startswith(".."):
+                continue
+            try:
+                if not stat.S_ISREG(os.stat(entry.path).st_mode):
+                    continue
+            except OSError:  # a dangling link mid-swap
+                continue
+            names.append(entry.name)
+            if len(names) > MAX_CONFIGS:
+                break
+    return tuple(sorted(names)[:MAX_CONFIGS])
+
+
+def digest(path: str | None, max_bytes: int) -> str | None:
+    """What a config file holds now, as a hash (None: no file, or it cannot be read), to tell a
+    content edit from an unrelated change in the directory."""
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read(max_bytes + 1)).hexdigest()
+    except OSError:
+        return None
+
+
+def read_selection(flags: Mapping[str, object], env: Mapping[str, str]) -> Selection | None:
+    """The selection settings from ``flags`` (by :data:`FLAGS` key; None or "" = not given) and
+    ``env``; None when ``CONFIG_FILE_SRCDIR`` is not set (per-node selection off). Raises
+    InputError for a value that cannot work."""
+
+    def value(key: str) -> str | None:
+        given = flags.get(key)
+        if given not in (None, ""):
+            return str(given)
+        return env.get(FLAGS[key][1]) or None
+
+    srcdir = value("config_file_srcdir")
+    if srcdir is None:
+        return None
+    if not os.path.isabs(srcdir):
+        srcdir = os.path.abspath(srcdir)
+    label = value("node_label") or DEFAULT_NODE_LABEL
+    fallbacks: tuple[str, ...] = DEFAULT_FALLBACKS
+    text = value("fallback_strategies")
+    if text is not None:
+        fallbacks = tuple(item.strip() for item in text.split(",") if item.strip())
+        for item in fallbacks:
+            if item not in FALLBACKS:
+                raise InputError(
+                    f"FALLBACK_STRATEGIES (--fallback-strategies): unknown strategy {show(item)}; "
+                    f"the strategies are {', '.join(FALLBACKS)}"
+                )
+    access = ApiAccess(
+        kubeconfig=value("kubeconfig"),
+        service_host=env.get("KUBERNETES_SERVICE_HOST") or None,
+        service_port=env.get("KUBERNETES_SERVICE_PORT") or None,
+    )
+    return Selection(
+        srcdir=srcdir,
+        node_label=label,
+        default_config=value("default_config"),
+        fallbacks=fallbacks,
+        node_name=value("node_name"),
+        access=access,
+    )
+
+
+@dataclass(frozen=True)
+class Start:
+    """What ``serve`` starts with under per-node selection: the choice made before the API is
+    asked (the default or a fallback), its file's digest and its config; when that choice cannot
+    be served, the built-in defaults, ``problem`` saying why (``reason``: the metric's word) and
+    ``refused`` the choice that was tried (with its digest)."""
+
+    choice: Choice
+    digest: str | None
+    config: Config
+    problem: str | None = None
+    reason: str | None = None
+    refused: tuple[Choice, str | None] | None = None
+
+
+def first_choice(selection: Selection, load: Callable[[str | None], Config]) -> Start:
+    """The config to start with, before the node's label is known (see :class:`Start`).
+    InputError when the directory cannot be read, or the flags and environment alone are
+    bad: nothing to serve then."""
+    try:
+        names = available(selection.srcdir)
+    except OSError as exc:
+        raise InputError(
+            f"CONFIG_FILE_SRCDIR {selection.srcdir}: cannot read it: {exc.strerror or exc}"
+        ) from None
+    none = Choice(None, WHY_NONE)
+    try:
+        choice = choose(None, names, selection)
+    except NoConfig as exc:
+        return Start(none, None, load(None), str(exc), exc.reason)
+    path = choice.path(selection.srcdir)
+    hashed = digest(path, MAX_BYTES)
+    try:
+        config = load(path)
+    except InputError as exc:
+        return Start(none, None, load(None), str(exc), "invalid", (choice, hashed))
+    return Start(choice, hashed, config)
+
+
+def config_for(label: str | None, selection: Selection) -> Choice:
+    """Which config a node labelled ``label`` gets (``nvplugin devices``/``admit``: an admin
+    checks before labelling); InputError when it gets none."""
+    try:
+        names = available(selection.srcdir)
+    except OSError as exc:
+        raise InputError(
+            f"--config-file-srcdir {selection.srcdir}: cannot read it: {exc.strerror or exc}"
+        ) from None
+    try:
+        return choose(label, names, selection)
+    except NoConfig as exc:
+        raise InputError(str(exc)) from None

@@ -1,0 +1,182 @@
+"""The plugin's own Node: read it, and follow its labels for as long as the plugin runs.
+
+:func:`follow_labels` is an informer for one object, written out: LIST the Node with
+``fieldSelector=metadata.name=<node>`` (its labels, and the resourceVersion to watch from), then
+WATCH from there. When the watch ends -- the server's ``timeoutSeconds``, a dropped connection, an
+API server restart -- it is resumed from the last resourceVersion seen, so no change is missed or
+seen twice; when the server answers that the version is too old (410 Gone, as an HTTP status or
+as an ``ERROR`` event carrying a Status with code 410), it lists again. While the API cannot be
+reached it retries with capped exponential backoff (:class:`Backoff`), and says so once per
+outage, not once per attempt. Every request has a deadline; nothing is kept but the last
+resourceVersion and the last labels.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+import httpx2
+from lightkube import ApiError, AsyncClient
+from lightkube.resources.core_v1 import Node
+
+from nvplugin.errors import reason
+from nvplugin.kube.client import REQUEST_S, WATCH_S
+from nvplugin.log import get_logger
+
+BOOKMARK = "BOOKMARK"
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Capped exponential backoff, with jitter, between attempts while the API is away."""
+
+    initial_s: float = 0.5
+    maximum_s: float = 10.0
+
+    def after(self, current: float) -> float:
+        """The wait after one that lasted ``current`` (0: the first)."""
+        if current <= 0:
+            return self.initial_s
+        return min(current * 2, self.maximum_s)
+
+    def jittered(self, wait: float) -> float:
+        return wait * random.uniform(0.8, 1.0)
+
+
+@dataclass(frozen=True)
+class NodeLabels:
+    """A Node's labels as last seen, or ``exists=False`` when there is no such Node."""
+
+    exists: bool
+    labels: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+    @classmethod
+    def of(cls, node: Node | None) -> NodeLabels:
+        if node is None:
+            return cls(False)
+        labels = node.metadata.labels if node.metadata is not None else None
+        return cls(True, MappingProxyType(dict(labels or {})))
+
+
+async def get_node(client: AsyncClient, name: str, *, request_s: float = REQUEST_S) -> NodeLabels:
+    """GET the Node ``name`` once (``exists=False`` on 404). Raises on any other failure."""
+    try:
+        async with asyncio.timeout(request_s):
+            node = await client.get(Node, name=name)
+    except ApiError as exc:
+        if exc.status.code == 404:
+            return NodeLabels(False)
+        raise
+    return NodeLabels.of(node)
+
+
+async def follow_labels(
+    client: AsyncClient,
+    name: str,
+    *,
+    backoff: Backoff = Backoff(),
+    watch_s: int = WATCH_S,
+    request_s: float = REQUEST_S,
+) -> AsyncIterator[NodeLabels]:
+    """The Node's labels now, then each time they change (or the Node appears or goes), until
+    the caller stops iterating. Never raises for the API's sake: see the module docstring."""
+    log = get_logger("nvplugin.kube", node=name)
+    loop = asyncio.get_running_loop()
+    selector: dict[str, Any] = {"metadata.name": name}
+    version: str | None = None  # None: list (again) before watching
+    last: NodeLabels | None = None
+    outage = _Outage(backoff, log)
+    while True:
+        try:
+            if version is None:
+                async with asyncio.timeout(request_s):
+                    listed = client.list(Node, fields=selector)
+                    nodes = [node async for node in listed]
+                    version = listed.resourceVersion
+                outage.over()
+                state = NodeLabels.of(nodes[0] if nodes else None)
+                if state != last:
+                    last = state
+                    yield state
+            watch = client.watch(
+                Node, fields=selector, resource_version=version, server_timeout=watch_s
+            )
+            async with contextlib.aclosing(watch) as events:  # type: ignore[type-var]
+                async for kind, node in events:
+                    outage.over()
+                    if node.metadata is not None and node.metadata.resourceVersion:
+                        version = node.metadata.resourceVersion
+                    if kind == BOOKMARK:
+                        continue
+                    state = NodeLabels.of(None if kind == "DELETED" else node)
+                    if state != last:
+                        last = state
+                        yield state
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if _gone(exc):
+                log.info("watch too old (410 Gone); listing the node again")
+                version = None
+                continue
+            await asyncio.sleep(outage.failed(exc, loop.time()))
+
+
+class _Outage:
+    """Failures in a row and what to say about them: a watch the server dropped is resumed
+    quietly; a few failures in a row (or any before the first answer) are an outage, said once,
+    and its end is said too."""
+
+    SAY_AFTER = 3
+
+    def __init__(self, backoff: Backoff, log: Any) -> None:
+        self._backoff = backoff
+        self._log = log
+        self._wait = 0.0
+        self._failures = 0
+        self._last_failure = 0.0
+        self._answered = False
+        self._said = False
+
+    def over(self) -> None:
+        """The API answered."""
+        self._answered = True
+        self._wait = 0.0
+        self._failures = 0
+        if self._said:
+            self._log.info("kubernetes api answering again")
+            self._said = False
+
+    def failed(self, exc: BaseException, now: float) -> float:
+        """Count a failure at ``now``; the seconds to wait before the next attempt."""
+        if now - self._last_failure > 2 * self._backoff.maximum_s:
+            self._failures = 0  # an isolated drop long after the last one
+        self._failures += 1
+        self._last_failure = now
+        self._wait = self._backoff.after(self._wait)
+        outage = self._failures >= self.SAY_AFTER or not self._answered
+        if outage and not self._said:
+            self._log.warning(
+                "kubernetes api failing (unreachable or refusing); still serving, retrying",
+                error=reason(exc),
+                retry_max_s=self._backoff.maximum_s,
+            )
+            self._said = True
+        else:
+            self._log.debug("kubernetes api request failed; retrying", error=reason(exc))
+        return self._backoff.jittered(self._wait)
+
+
+def _gone(exc: BaseException) -> bool:
+    """410 Gone: the resourceVersion is older than what the API server still keeps."""
+    if isinstance(exc, ApiError):
+        return exc.status is not None and exc.status.code == 410
+    if isinstance(exc, httpx2.HTTPStatusError):
+        return exc.response.status_code == 410
+    return False

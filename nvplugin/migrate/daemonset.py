@@ -1,0 +1,206 @@
+"""A DaemonSet manifest written for NVIDIA's image -> the same with nvplugin's image.
+
+nvplugin's image runs such a DaemonSet as it is: its entrypoint serves, and it has NVIDIA's
+``nvidia-device-plugin`` command. What can still stop it is read here the way the plugin reads it:
+each flag and environment variable of the plugin container by the plugin's own loader (a value
+nvplugin refuses is named, with the variable), the user it runs as (root only: the kubelet's
+directory is root's), and the containers of NVIDIA's image that are not the plugin (the config
+manager, GPU Feature Discovery).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from nvplugin import __version__, yamlinput
+from nvplugin.config import flag_names, load_config
+from nvplugin.config.chartvalues import NVIDIA_IMAGE
+from nvplugin.config.loader import DISABLE_HEALTHCHECKS, ENABLE_HEALTHCHECKS, env_names
+from nvplugin.errors import InputError
+from nvplugin.migrate.report import Migration, Status
+
+RUNTIME_ENV = ("NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "NVIDIA_MIG_MONITOR_DEVICES")
+"""Read by the NVIDIA container runtime, not by the plugin."""
+PLUGIN_COMMANDS = ((), ("nvidia-device-plugin",))
+"""The plugin container's command: none (the image's entrypoint) or NVIDIA's command."""
+OTHER_COMMANDS = {
+    "config-manager": "NVIDIA's config manager (a config per node, chosen by node label) is not "
+    "in nvplugin's image yet: every node uses the one config file",
+    "gpu-feature-discovery": "GPU Feature Discovery is not in nvplugin's image yet",
+    "mps-control-daemon": "nvplugin does not run MPS yet",
+}
+
+
+def migrate_daemonset(text: str, source: str, repository: str) -> Migration:
+    """The migration of the manifests in ``text`` (named ``source``): every DaemonSet's
+    containers of NVIDIA's image; other objects pass unchanged."""
+    documents = [doc for doc in yamlinput.load_all(text, source) if doc is not None]
+    if not any(isinstance(doc, dict) and doc.get("kind") == "DaemonSet" for doc in documents):
+        raise InputError(f"{source}: no DaemonSet in it")
+    migration = Migration(
+        "daemonset",
+        f"nvplugin migrate: NVIDIA's DaemonSet {source} -> with nvplugin's image "
+        "(kubectl apply -f THIS_FILE)",
+        documents,
+    )
+    image = f"{repository}:{__version__}"
+    for doc in documents:
+        if isinstance(doc, dict) and doc.get("kind") == "DaemonSet":
+            _daemonset(doc, migration, image)
+    return migration
+
+
+def _containers(pod: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    for field in ("initContainers", "containers"):
+        for container in pod.get(field) or []:
+            if isinstance(container, dict):
+                yield f"{field}[{container.get('name', '?')}]", container
+
+
+def _daemonset(doc: dict[str, Any], migration: Migration, image: str) -> None:
+    meta = doc.get("metadata") or {}
+    name = f"DaemonSet {meta.get('namespace', 'default')}/{meta.get('name', '?')}"
+    pod = ((doc.get("spec") or {}).get("template") or {}).get("spec") or {}
+    for where, container in _containers(pod):
+        key = f"{name}: {where}"
+        if not NVIDIA_IMAGE.search(str(container.get("image", "")).rsplit(":", 1)[0]):
+            continue
+        command = tuple(container.get("command") or ())
+        if command not in PLUGIN_COMMANDS:
+            why = OTHER_COMMANDS.get(command[0].rpartition("/")[2], "not NVIDIA's plugin command")
+            migration.add(f"{key}.command", Status.REFUSED, why, list(command))
+            continue
+        migration.add(
+            f"{key}.image",
+            Status.CHANGED,
+            f"NVIDIA's plugin image -> {image}, nvplugin's (its entrypoint serves, and it has "
+            "NVIDIA's nvidia-device-plugin command)",
+            container.get("image"),
+        )
+        container["image"] = image
+        if not command and container.get("args"):
+            # NVIDIA's image's entrypoint is nvidia-device-plugin, nvplugin's is nvplugin: flags
+            # given as args need NVIDIA's command named.
+            migration.add(
+                f"{key}.command",
+                Status.CHANGED,
+                "(none) -> [nvidia-device-plugin]: the args are NVIDIA's flags, which NVIDIA's "
+                "image's entrypoint took; nvplugin's image's entrypoint is nvplugin",
+            )
+            container["command"] = ["nvidia-device-plugin"]
+        _user(key, container, pod, migration)
+        _settings(key, container, migration)
+
+
+def _user(key: str, container: dict[str, Any], pod: dict[str, Any], migration: Migration) -> None:
+    for where, context in (("securityContext", container), ("pod securityContext", pod)):
+        sc = context.get("securityContext") or {}
+        user = sc.get("runAsUser")
+        if user not in (None, 0):
+            migration.add(
+                f"{key}.{where}.runAsUser",
+                Status.REFUSED,
+                "the plugin must run as root (the kubelet's device-plugin directory and "
+                "kubelet.sock are root's); as another user it exits 2 saying so",
+                user,
+            )
+            return
+        if sc.get("runAsNonRoot") is True:
+            migration.add(
+                f"{key}.{where}.runAsNonRoot",
+                Status.REFUSED,
+                "the plugin runs as root (the image's default user, as NVIDIA's), which "
+                "runAsNonRoot forbids",
+                True,
+            )
+            return
+
+
+def _settings(key: str, container: dict[str, Any], migration: Migration) -> None:
+    """The container's flags and environment, each read by the plugin's loader on its own
+    (every problem named, not just the first), then together (rules across keys)."""
+    env = {
+        e["name"]: str(e["value"])
+        for e in container.get("env") or []
+        if isinstance(e, dict) and "name" in e and "value" in e
+    }
+    known = env_names()
+    before = len(migration.refused)
+    everything: dict[str, str] = {}
+    for name, value in env.items():
+        if name in RUNTIME_ENV or name == "CONFIG_FILE":
+            continue
+        if name == ENABLE_HEALTHCHECKS and DISABLE_HEALTHCHECKS in env:
+            continue  # read with DP_DISABLE_HEALTHCHECKS: the pair means one thing
+        if name in (DISABLE_HEALTHCHECKS, ENABLE_HEALTHCHECKS):
+            one = {n: env[n] for n in (DISABLE_HEALTHCHECKS, ENABLE_HEALTHCHECKS) if n in env}
+        elif name in known or name.startswith("NVPLUGIN_"):
+            one = {name: value}
+        else:
+            migration.add(f"{key}.env.{name}", Status.UNKNOWN, "not read by nvplugin; kept", value)
+            continue
+        everything.update(one)
+        _load(f"{key}.env.{name}", migration, env=one)
+    flags, problems = _parse_args([str(a) for a in container.get("args") or []])
+    for arg, problem in problems:
+        migration.add(f"{key}.args", Status.REFUSED, problem, arg)
+    for path, (arg, given) in flags.items():
+        _load(f"{key}.args", migration, flags={path: given}, arg=arg)
+    if len(migration.refused) == before:
+        _load(f"{key}", migration, env=everything, flags={p: v for p, (_, v) in flags.items()})
+
+
+def _load(
+    key: str,
+    migration: Migration,
+    *,
+    env: dict[str, str] | None = None,
+    flags: dict[str, object] | None = None,
+    arg: str | None = None,
+) -> None:
+    try:
+        load_config(None, env=env, flags=flags)
+    except InputError as exc:
+        migration.add(key, Status.REFUSED, str(exc), arg)
+
+
+def _parse_args(args: list[str]) -> tuple[dict[str, tuple[str, object]], list[tuple[str, str]]]:
+    """NVIDIA's flags as its command reads them (``--flag=value``, ``--flag value``, a boolean
+    flag alone, one dash or two; a list flag repeated) -> key path -> (the argument, its value);
+    and the arguments that are no flag of it. ``--config-file`` names a file in the pod: it is
+    left to the plugin."""
+    from nvplugin.config import SETTINGS
+    from nvplugin.config.schema import List, Nullable
+
+    names = flag_names()
+    given: dict[str, tuple[str, list[str]]] = {}
+    problems: list[tuple[str, str]] = []
+    position = 0
+    while position < len(args):
+        arg = args[position]
+        position += 1
+        if not arg.startswith("-"):
+            problems.append((arg, "not a flag of nvidia-device-plugin"))
+            continue
+        name, equals, value = arg.lstrip("-").partition("=")
+        if name in ("config-file", "config"):
+            position += 0 if equals else 1
+            continue
+        path = names.get(name)
+        if path is None:
+            problems.append((arg, "not a flag of nvidia-device-plugin"))
+            continue
+        if not equals:
+            following = args[position] if position < len(args) else None
+            if following is not None and not following.startswith("-"):
+                value, position = following, position + 1
+            else:
+                value = "true"  # a boolean flag alone
+        given.setdefault(path, (arg, []))[1].append(value)
+    flags: dict[str, tuple[str, object]] = {}
+    for path, (arg, values) in given.items():
+        kind = SETTINGS[path].kind
+        kind = kind.inner if isinstance(kind, Nullable) else kind
+        flags[path] = (arg, values if isinstance(kind, List) else values[-1])
+    return flags, problems

@@ -1,0 +1,211 @@
+"""A values file of NVIDIA's chart -> the values for nvplugin's chart.
+
+Each key is read against the declarations the chart itself refuses values with: a setting's
+chart value (:data:`nvplugin.config.SETTINGS`, checked by the setting), or one of NVIDIA's values
+(:mod:`nvplugin.config.chartvalues`: same, honoured, accepted at NVIDIA's defaults, refused);
+``config.map``'s config files are read by the plugin's own loader. What the chart would refuse is
+reported as refused and left out; NVIDIA's defaults of what nvplugin does not do are dropped;
+NVIDIA's image becomes nvplugin's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from nvplugin import yamlinput
+from nvplugin.config import SETTINGS, load_config
+from nvplugin.config.chartvalues import (
+    BY_PATH,
+    NVIDIA_IMAGE,
+    NvidiaValue,
+    Use,
+    covering,
+    off_defaults,
+)
+from nvplugin.config.schema import Invalid, Setting
+from nvplugin.errors import InputError, describe
+from nvplugin.migrate.report import Migration, Status
+
+DEFAULT_REPOSITORY = "nvplugin"
+"""nvplugin's chart's default image.repository (values.yaml)."""
+
+
+def _setting_values() -> dict[str, tuple[str, Setting]]:
+    """Chart value path -> (key path, setting), for every setting the chart sets."""
+    out = {}
+    for path, setting in SETTINGS.items():
+        if setting.chart is not None:
+            for value in setting.chart.values:
+                out[value.path] = (path, setting)
+    return out
+
+
+def migrate_values(text: str, source: str, repository: str = DEFAULT_REPOSITORY) -> Migration:
+    """The migration of NVIDIA's values file ``text`` (named ``source``); ``repository``:
+    where nvplugin's image is. InputError when it is no YAML mapping."""
+    document = yamlinput.load(text, source)
+    if document is None:
+        document = {}
+    if not isinstance(document, dict):
+        raise InputError(f"{source}: expected a mapping of chart values, got {describe(document)}")
+    migration = Migration(
+        "values",
+        f"nvplugin migrate: NVIDIA's chart values {source} -> nvplugin's chart values "
+        "(helm install nvplugin charts/nvplugin -n kube-system -f THIS_FILE)",
+        {},
+    )
+    _walk(document, "", migration, _setting_values(), repository)
+    if "image" not in document or "repository" not in (document.get("image") or {}):
+        _put(migration.output, "image.repository", repository)
+    return migration
+
+
+def _walk(
+    node: Mapping[str, Any],
+    prefix: str,
+    migration: Migration,
+    settings: dict[str, tuple[str, Setting]],
+    repository: str,
+) -> None:
+    for key, value in node.items():
+        path = f"{prefix}.{key}" if prefix else str(key)
+        if value is None:
+            continue  # null: not set, as Helm takes it
+        if path in settings:
+            _setting_value(path, value, migration, *settings[path])
+        elif (declared := covering(path)) is not None:
+            if declared.path == path and declared.settings and isinstance(value, dict):
+                value = _block_settings(value, path, declared, migration, settings)
+                if not value:
+                    continue
+            _nvidia_value(path, value, declared.path, migration, repository)
+        elif isinstance(value, dict) and value:
+            _walk(value, path, migration, settings, repository)
+        else:
+            migration.add(
+                f"values.{path}",
+                Status.UNKNOWN,
+                "not one of NVIDIA's chart values (v0.17-v0.20) nvplugin knows; kept as it is "
+                "(nvplugin's chart checks it against its schema)",
+                value,
+            )
+            _put(migration.output, path, value)
+
+
+def _block_settings(
+    value: dict[str, Any],
+    path: str,
+    declared: NvidiaValue,
+    migration: Migration,
+    settings: dict[str, tuple[str, Setting]],
+) -> dict[str, Any]:
+    """NVIDIA's block ``value`` at ``path`` less the settings' chart values inside it
+    (``declared.settings``: ``gfd.enabled``), each read as the setting's; one at NVIDIA's
+    default stays in the block, which is then dropped as NVIDIA's defaults."""
+    defaults = [d for d in declared.defaults() if isinstance(d, dict)]
+    rest = dict(value)
+    for key in declared.settings:
+        given = value.get(key)
+        if given is None or any(d.get(key) == given for d in defaults):
+            continue
+        _setting_value(f"{path}.{key}", given, migration, *settings[f"{path}.{key}"])
+        del rest[key]
+    return rest
+
+
+def _setting_value(
+    path: str, value: object, migration: Migration, key: str, setting: Setting
+) -> None:
+    """A setting's chart value: checked by the setting, as the plugin would check it."""
+    assert setting.chart is not None
+    if value == "" or value == [] or (setting.chart.to == "check" and value is False):
+        return  # not set, or NVIDIA's "off": nothing to pass
+    if setting.chart.to in ("when", "true") and not isinstance(value, bool):
+        migration.add(f"values.{path}", Status.REFUSED, "expected true or false", value)
+        return
+    if setting.chart.to == "when":  # a switch for a constant the chart passes
+        _put(migration.output, path, value)
+        return
+    try:
+        setting.check(value)
+    except Invalid as exc:
+        message = setting.chart.refused.replace("{value}", repr(value)) or exc.message
+        migration.add(f"values.{path}", Status.REFUSED, message, value)
+        return
+    if setting.chart.to == "check":
+        return  # accepted, and not passed to the plugin
+    _put(migration.output, path, value)
+
+
+def _nvidia_value(
+    path: str, value: object, declared: str, migration: Migration, repository: str
+) -> None:
+    entry = BY_PATH[declared]
+    key = f"values.{path}"
+    if path == "image.tag" and value and _nvidias_image(migration):
+        migration.add(
+            key,
+            Status.CHANGED,
+            "NVIDIA's version -> \"\": nvplugin's (the chart's appVersion)",
+            value,
+        )
+        _put(migration.output, path, "")
+        return
+    if entry.use is Use.REFUSED:
+        if path == "image.repository" and isinstance(value, str) and NVIDIA_IMAGE.search(value):
+            migration.add(
+                key,
+                Status.CHANGED,
+                f"NVIDIA's plugin image -> {repository}, nvplugin's (built from its Dockerfile "
+                "and pushed there; --image-repository says where)",
+                value,
+            )
+            _put(migration.output, path, repository)
+        else:
+            _put(migration.output, path, value)
+        return
+    if entry.use is Use.DEFAULTS:
+        off = off_defaults(value, entry.defaults(), path, entry.skipped())
+        for leaf in off:
+            migration.add(f"values.{leaf}", Status.REFUSED, entry.why, _get(value, leaf, path))
+        if not off:
+            migration.add(key, Status.DROPPED, f"NVIDIA's defaults; {entry.why.split(';')[0]}")
+        return
+    if path == "config.map" and isinstance(value, dict):
+        _config_map(value, migration)
+    if entry.why and entry.use in (Use.SAME, Use.HONOURED):
+        migration.add(key, Status.DIFFERS, entry.why, value)
+    _put(migration.output, path, value)
+
+
+def _nvidias_image(migration: Migration) -> bool:
+    """Whether the input's image.repository (read before image.tag) was NVIDIA's."""
+    return any(f.key == "values.image.repository" for f in migration.findings)
+
+
+def _config_map(entries: Mapping[str, Any], migration: Migration) -> None:
+    """Each config file in ``config.map``, read by the plugin's loader as the plugin would."""
+    import yaml
+
+    for name, entry in entries.items():
+        text = entry if isinstance(entry, str) else yaml.safe_dump(entry)
+        try:
+            load_config(f"config.map.{name}", text=text)
+        except InputError as exc:
+            message = str(exc).removeprefix(f"config file config.map.{name}: ")
+            migration.add(f"values.config.map.{name}", Status.REFUSED, message)
+
+
+def _get(value: object, leaf: str, prefix: str) -> object:
+    for part in leaf[len(prefix) + 1 :].split(".") if leaf != prefix else []:
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
+def _put(out: dict[str, Any], path: str, value: object) -> None:
+    *parents, leaf = path.split(".")
+    node = out
+    for parent in parents:
+        node = node.setdefault(parent, {})
+    node[leaf] = value

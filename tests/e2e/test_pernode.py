@@ -1,0 +1,294 @@
+"""Per-node configs as a cluster runs them: ``nvplugin serve`` as a real subprocess beside the
+fake kubelet, reading its Node's ``nvidia.com/device-plugin.config`` label from a real HTTP API
+server (tests/support/kubeapi.py, through the client library) and its configs from a ConfigMap
+volume written the kubelet's way (tests/support/configmap.py).
+
+The configs are the GPU Operator's time-slicing recipe: one ConfigMap, a key per GPU type, the
+label choosing among them; the A100 key also turns MIG mixed on, so a label change re-serves
+different resources.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+import urllib.request
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from nvplugin.kubelet.devicemanager import DeviceManager
+from nvplugin.kubelet.kubelet import FakeKubelet
+from tests import WAIT_S, until
+from tests.support.configmap import ConfigMapVolume
+from tests.support.kubeapi import KubeApiServer
+from tests.support.serve import (
+    Serve,
+    admit,
+    kubelet_with,
+    new_dir,
+    pods_file,
+    run_nvplugin,
+    run_serve,
+)
+
+NODE = "dgx-a100-7"
+LABEL = "nvidia.com/device-plugin.config"
+GPU = "nvidia.com/gpu"
+MIG_SMALL = "nvidia.com/mig-1g.5gb"
+FAILING = "kubernetes api failing (unreachable or refusing); still serving, retrying"
+
+DEFAULT = "version: v1\nflags:\n  migStrategy: none\n"
+A100 = "version: v1\nflags:\n  migStrategy: mixed\n"
+
+
+def t4(replicas: int) -> str:
+    return (
+        "version: v1\nflags:\n  migStrategy: none\nsharing:\n  timeSlicing:\n    resources:\n"
+        f"    - name: nvidia.com/gpu\n      replicas: {replicas}\n"
+    )
+
+
+CONFIGS = {"default": DEFAULT, "a100-40gb": A100, "tesla-t4": t4(4)}
+
+
+def run(body: Callable[[], Awaitable[None]], timeout: float = 150) -> None:
+    asyncio.run(asyncio.wait_for(body(), timeout))
+
+
+def gpus(count: int) -> Callable[[DeviceManager], bool]:
+    """nvidia.com/gpu advertises ``count`` devices (8 GPUs: 8 whole, 32 or 16 replicas; under
+    MIG mixed, the 2 GPUs without MIG)."""
+    return lambda m: m.is_registered(GPU) and len(m.devices(GPU)) == count
+
+
+def mig_mixed(m: DeviceManager) -> bool:
+    return m.is_registered(MIG_SMALL) and len(m.devices(MIG_SMALL)) == 16 and gpus(2)(m)
+
+
+def selected(config: str | None, why: str) -> Callable[[dict[str, Any]], bool]:
+    return lambda line: line.get("config") == config and line.get("why") == why
+
+
+@contextlib.asynccontextmanager
+async def plugin(
+    api: KubeApiServer, volume: ConfigMapVolume, *extra: str, node: str = NODE
+) -> AsyncIterator[tuple[FakeKubelet, Serve]]:
+    directory = new_dir()
+    env = {
+        "CONFIG_FILE_SRCDIR": volume.path,
+        "NODE_NAME": node,
+        "KUBECONFIG": api.kubeconfig(),
+        "NVPLUGIN_METRICS_ADDRESS": "127.0.0.1:0",
+    }
+    args = ("--simulate", "dgx-a100-mig", "--api-backoff-s", "0.05", "0.5", *extra)
+    async with kubelet_with(directory, *args, env=env) as (kubelet, serve):
+        yield kubelet, serve
+
+
+async def scrape(serve: Serve) -> str:
+    port = int((await serve.wait_log("serving metrics"))["port"])
+
+    def get() -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=WAIT_S) as r:
+            return str(r.read().decode())
+
+    return await asyncio.to_thread(get)
+
+
+def test_follows_the_label_and_the_configmap_and_keeps_the_running_config_on_a_bad_choice() -> None:
+    async def body() -> None:
+        volume = ConfigMapVolume(CONFIGS)
+        async with KubeApiServer() as api:
+            api.add_node(NODE, {LABEL: "a100-40gb"})
+            async with plugin(api, volume) as (kubelet, serve):
+                # The label at start: MIG mixed.
+                await kubelet.observer.wait_for(mig_mixed, WAIT_S, "MIG mixed")
+                await serve.wait_log("config selected", where=selected("a100-40gb", "label"))
+                metrics = await scrape(serve)
+                assert 'nvplugin_config_selected{config="a100-40gb",why="label"} 1.0' in metrics
+
+                # The label changes: re-served, MIG resources gone, time-slicing replicas.
+                api.label(NODE, LABEL, "tesla-t4")
+                await kubelet.observer.wait_for(gpus(32), WAIT_S, "4 replicas per GPU")
+                await kubelet.observer.wait_for(
+                    lambda m: not m.is_registered(MIG_SMALL), WAIT_S, "MIG unregistered"
+                )
+
+                # The ConfigMap's content changes (the kubelet's ..data swap): applied.
+                volume.update({**CONFIGS, "tesla-t4": t4(2)})
+                await kubelet.observer.wait_for(gpus(16), WAIT_S, "2 replicas per GPU")
+
+                # A label naming no config: rejected, the running config kept.
+                api.label(NODE, LABEL, "h100-80gb")
+                line = await serve.wait_log(
+                    "config choice rejected; keeping the running config",
+                    where=lambda line: line.get("reason") == "unknown",
+                )
+                assert "h100-80gb" in line["error"] and line["running"] == "tesla-t4"
+
+                # The chosen config turns bad: rejected with the file's error, kept.
+                volume.update({**CONFIGS, "tesla-t4": t4(0)})
+                api.label(NODE, LABEL, "tesla-t4")
+                line = await serve.wait_log(
+                    "config choice rejected; keeping the running config",
+                    where=lambda line: line.get("reason") == "invalid",
+                )
+                assert "replicas" in line["error"] and "tesla-t4" in line["error"]
+                assert gpus(16)(kubelet.devices)
+                metrics = await scrape(serve)
+                assert 'nvplugin_config_rejected_total{reason="unknown"} 1.0' in metrics
+                assert 'nvplugin_config_rejected_total{reason="invalid"} 1.0' in metrics
+
+                # The label removed: the fallback (the config named "default").
+                api.label(NODE, LABEL, None)
+                await kubelet.observer.wait_for(gpus(8), WAIT_S, "the default config")
+                await serve.wait_log("config selected", where=selected("default", "fallback-named"))
+                assert serve.process.poll() is None
+                assert "Traceback" not in serve.text()
+
+    run(body)
+
+
+def test_serves_at_once_when_the_api_is_down_and_follows_once_it_is_back() -> None:
+    async def body() -> None:
+        volume = ConfigMapVolume(CONFIGS)
+        async with KubeApiServer() as api:
+            api.add_node(NODE, {LABEL: "a100-40gb"})
+            await api.down()
+            async with plugin(api, volume, "--default-config", "tesla-t4") as (kubelet, serve):
+                # Down at start: DEFAULT_CONFIG served at once, the outage said, retried.
+                await kubelet.observer.wait_for(gpus(32), WAIT_S, "the default config")
+                await serve.wait_log("config selected", where=selected("tesla-t4", "default"))
+                await serve.wait_log(FAILING)
+
+                await api.up()
+                await kubelet.observer.wait_for(mig_mixed, WAIT_S, "the label's config")
+                await serve.wait_log("kubernetes api answering again")
+
+                # A dropped watch is resumed (quietly: no outage): the next change arrives.
+                await api.wait_for(lambda: api.open_watches == 1)
+                outages = len(serve.events(FAILING))
+                api.drop_watches()
+                api.label(NODE, LABEL, "tesla-t4")
+                await kubelet.observer.wait_for(gpus(32), WAIT_S, "the new label's config")
+                assert len(serve.events(FAILING)) == outages
+
+                # Down later: serving goes on; the change made meanwhile is seen after.
+                outages = len(serve.events(FAILING))
+                await api.down()
+                api.label(NODE, LABEL, "a100-40gb")
+                await until(lambda: len(serve.events(FAILING)) > outages, "the outage")
+                assert gpus(32)(kubelet.devices) and serve.process.poll() is None
+                await api.up()
+                await kubelet.observer.wait_for(mig_mixed, WAIT_S, "the label set meanwhile")
+
+                # History compacted while the watch was away: 410, listed again, followed.
+                await api.wait_for(lambda: api.open_watches == 1)
+                api.compact()
+                api.drop_watches()
+                api.label(NODE, LABEL, None)
+                await kubelet.observer.wait_for(gpus(32), WAIT_S, "back to the default")
+                assert "410" in serve.text() or "listing the node again" in serve.text()
+                assert "Traceback" not in serve.text()
+
+    run(body)
+
+
+def test_no_node_name_turns_the_label_off_once_and_serves_the_default() -> None:
+    async def body() -> None:
+        volume = ConfigMapVolume(CONFIGS)
+        async with KubeApiServer() as api:
+            api.add_node(NODE, {LABEL: "a100-40gb"})
+            async with plugin(api, volume, node="") as (kubelet, serve):
+                await kubelet.observer.wait_for(gpus(8), WAIT_S, "the default config")
+                line = await serve.wait_log("per-node config by node label off")
+                assert "NODE_NAME" in line["reason"]
+                # The directory is still followed.
+                volume.update({**CONFIGS, "default": t4(2)})
+                await kubelet.observer.wait_for(gpus(16), WAIT_S, "the edited default")
+                assert len(serve.events("per-node config by node label off")) == 1
+                assert api.requests == []
+                # SIGHUP re-reads the chosen file (not a --config-file there is none of).
+                serve.send(signal.SIGHUP)
+                line = await serve.wait_log("config reloaded")
+                assert line["config"]["source"] == f"{volume.path}/default"
+                assert gpus(16)(kubelet.devices)
+
+    run(body)
+
+
+def test_config_file_and_srcdir_together_exit_2() -> None:
+    volume = ConfigMapVolume(CONFIGS)
+    done = run_serve(
+        "--simulate",
+        "dgx-a100-mig",
+        "--config-file",
+        f"{volume.path}/default",
+        "--config-file-srcdir",
+        volume.path,
+    )
+    assert done.returncode == 2
+    assert "give one" in done.stderr
+
+
+MIG_POD = """apiVersion: v1
+kind: Pod
+metadata: {name: inference}
+spec:
+  containers:
+    - name: triton
+      image: nvcr.io/nvidia/tritonserver:24.05-py3
+      resources:
+        limits: {nvidia.com/mig-1g.5gb: 1}
+"""
+
+
+def test_admit_and_devices_answer_for_a_label_before_it_is_set() -> None:
+    volume = ConfigMapVolume(CONFIGS)
+    srcdir = ("--config-file-srcdir", volume.path)
+    pods = pods_file(MIG_POD)
+    # The A100 label: MIG mixed, the pod is admitted on a 1g.5gb device.
+    a100 = admit(
+        "--output",
+        "json",
+        "--simulate",
+        "dgx-a100-mig",
+        *srcdir,
+        "--node-label-value",
+        "a100-40gb",
+        pods,
+    )
+    assert a100.returncode == 0, a100.stderr
+    assert "config: a100-40gb (label)" in a100.stderr
+    [result] = json.loads(a100.stdout)
+    assert result["admitted"], result
+    assert len(result["containers"][0]["devices"][MIG_SMALL]) == 1
+    # No label: the default (MIG none): no plugin serves the resource, no device given.
+    plain = admit("--output", "json", "--simulate", "dgx-a100-mig", *srcdir, pods)
+    assert "config: default (fallback-named)" in plain.stderr
+    assert json.loads(plain.stdout)[0]["containers"][0]["devices"] == {}
+    # devices: which resource each GPU would be; a label naming no config exits 2.
+    t4 = run_nvplugin(
+        "devices",
+        "--simulate",
+        "workstation-4gpu",
+        *srcdir,
+        "--node-label-value",
+        "tesla-t4",
+        timeout=WAIT_S,
+    )
+    assert t4.returncode == 0 and "nvidia.com/gpu x4" in t4.stdout
+    assert "config: tesla-t4 (label)" in t4.stderr
+    bad = run_nvplugin(
+        "devices",
+        "--simulate",
+        "workstation-4gpu",
+        *srcdir,
+        "--node-label-value",
+        "h100",
+        timeout=WAIT_S,
+    )
+    assert bad.returncode == 2
+    assert "names no config" in bad.stderr and "tesla-t4" in bad.stderr

@@ -1,0 +1,240 @@
+"""``nvplugin migrate`` on NVIDIA's deployments as users have them: every change listed by key
+path, its values render with real Helm, and it refuses exactly what nvplugin's chart refuses
+(both read the same declarations)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from nvplugin.migrate import Migration, Status
+from nvplugin.migrate.daemonset import migrate_daemonset
+from nvplugin.migrate.values import migrate_values
+from tests.chart.rendering import render, render_error
+from tests.support.nvidia import (
+    FIXTURES,
+    NVIDIA_IMAGE,
+    NVPLUGIN_IMAGE,
+    VALUES_VERSIONS,
+    values,
+)
+
+
+def _values(data: dict[str, Any]) -> Migration:
+    return migrate_values(yaml.safe_dump(data, sort_keys=False), "values.yaml", NVPLUGIN_IMAGE)
+
+
+def _by_status(migration: Migration) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for finding in migration.findings:
+        out.setdefault(finding.status.value, []).append(finding.key)
+    return out
+
+
+@pytest.mark.parametrize("version", VALUES_VERSIONS)
+def test_nvidias_values_file_lists_every_change_and_renders(version: str) -> None:
+    migration = _values(values(version))
+    found = _by_status(migration)
+    assert found["changed"] == ["values.image.repository"]
+    assert found["dropped"][:2] == ["values.gfd", "values.nfd"]
+    assert set(found["dropped"][2:]) <= {"values.mps.enableHostPID", "values.mps.enableHostNetwork"}
+    assert "refused" not in found and "unknown" not in found
+    assert {"values.securityContext", "values.resources", "values.image.tag"} <= set(
+        found["differs"]
+    )
+    out = migration.output
+    assert out["image"]["repository"] == NVPLUGIN_IMAGE
+    assert not {"gfd", "nfd", "cdi"} & set(out)  # NVIDIA's defaults: nothing to say
+    assert out.get("mps", {}).get("root", "/run/nvidia/mps") == "/run/nvidia/mps"  # mps.root kept
+    rendered = render(out)
+    assert rendered.container["image"] == f"{NVPLUGIN_IMAGE}:0.1.0"
+
+
+def _cannot(version: str) -> dict[str, Any]:
+    data = values(version)
+    data["gfd"]["enabled"] = True  # honoured: kept
+    data["gfd"]["nameOverride"] = "gfd"
+    data["nfd"]["worker"]["config"]["sources"]["pci"]["deviceClassWhitelist"] = ["03"]
+    data["mps"]["enableHostPID"] = False
+    data["gdsEnabled"] = True
+    data["deviceDiscoveryStrategy"] = "tegra"
+    data["cdi"]["featureFlags"] = "disable-nvsandboxutils"
+    data["migStrategy"] = "mixed"  # fine: kept
+    return data
+
+
+@pytest.mark.parametrize("version", VALUES_VERSIONS)
+def test_it_refuses_exactly_what_the_chart_refuses(version: str) -> None:
+    data = _cannot(version)
+    migration = _values(data)
+    refused = sorted(f.key.removeprefix("values.") for f in migration.refused)
+    error = render_error(data)  # NVIDIA's image too, which migrate changes instead
+    listed = sorted(re.findall(r"^  - values\.([A-Za-z0-9_.]+):", error, re.M))
+    assert listed == sorted([*refused, "image.repository"])
+    assert migration.output["migStrategy"] == "mixed"
+    assert migration.output["gfd"] == {"enabled": True}
+    render(migration.output)  # what is left renders
+
+
+def test_a_config_file_the_plugin_would_refuse_is_named() -> None:
+    data = values("v0.20.0")
+    data["config"]["map"] = {
+        "default": "version: v1\nflags:\n  migStrategy: none\n",
+        "a100": "version: v1\nimex:\n  channelIDs: [1]\n",
+    }
+    migration = _values(data)
+    (refused,) = migration.refused
+    assert refused.key == "values.config.map.a100"
+    assert refused.message.startswith('key "imex.channelIDs": nvplugin does not support IMEX')
+
+
+def test_values_nvidia_never_had_are_kept_and_said() -> None:
+    migration = _values({"legacyDaemonsetAPI": False, "image": {"repository": NVIDIA_IMAGE}})
+    assert _by_status(migration)["unknown"] == ["values.legacyDaemonsetAPI"]
+    assert migration.output["legacyDaemonsetAPI"] is False
+
+
+# --- DaemonSets ---------------------------------------------------------------------------------
+
+
+def _daemonset(name: str, change: Any = None) -> Migration:
+    docs = list(yaml.safe_load_all((FIXTURES / name).read_text()))
+    if change is not None:
+        change(docs[0]["spec"]["template"]["spec"]["containers"][0])
+    return migrate_daemonset(yaml.safe_dump_all(docs), name, NVPLUGIN_IMAGE)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "static-nvidia-device-plugin-v0.17.1.yml",
+        "static-compat-with-cpumanager-v0.20.1.yml",
+        "chart-v0.20.0-defaults.yaml",
+        "chart-v0.20.0-mig-mixed.yaml",
+    ],
+)
+def test_nvidias_daemonsets_need_only_the_image(name: str) -> None:
+    migration = _daemonset(name)
+    ((key, status),) = [(f.key, f.status) for f in migration.findings]
+    assert status is Status.CHANGED and key.endswith("containers[nvidia-device-plugin-ctr].image")
+    (daemonset,) = migration.output
+    (container,) = daemonset["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == f"{NVPLUGIN_IMAGE}:0.1.0"
+
+
+def test_what_stops_a_daemonset_is_named_by_its_key() -> None:
+    def change(container: dict[str, Any]) -> None:
+        container["env"] += [
+            {"name": "GDS_ENABLED", "value": "true"},
+            {"name": "NODE_NAME", "value": "gpu-1"},
+            {"name": "DP_DISABLE_HEALTHCHECKS", "value": "all"},
+            {"name": "DP_ENABLE_HEALTHCHECKS", "value": "48"},
+        ]
+        container["args"] = ["-mig-strategy=split", "--device-id-strategy", "index", "--gpus"]
+        container["securityContext"]["runAsUser"] = 10001
+
+    migration = _daemonset("chart-v0.20.0-defaults.yaml", change)
+    prefix = "DaemonSet nvidia-device-plugin/nvdp-nvidia-device-plugin: "
+    found = {(f.status.value, f.key.removeprefix(prefix)): f for f in migration.findings}
+    ctr = "containers[nvidia-device-plugin-ctr]"
+    assert set(found) == {
+        ("changed", f"{ctr}.image"),
+        ("refused", f"{ctr}.env.GDS_ENABLED"),
+        ("unknown", f"{ctr}.env.NODE_NAME"),
+        ("refused", f"{ctr}.args"),
+        ("refused", f"{ctr}.securityContext.runAsUser"),
+    }
+    assert (
+        "environment variable GDS_ENABLED" in found[("refused", f"{ctr}.env.GDS_ENABLED")].message
+    )
+    args = [f for f in migration.refused if f.key.endswith(".args")]
+    assert sorted(str(f.value) for f in args) == ["--gpus", "-mig-strategy=split"]
+
+
+def test_config_manager_and_gfd_containers_are_refused() -> None:
+    docs = list(yaml.safe_load_all((FIXTURES / "chart-v0.20.0-defaults.yaml").read_text()))
+    pod = docs[0]["spec"]["template"]["spec"]
+    sidecar = {"name": "nvidia-device-plugin-sidecar", "image": pod["containers"][0]["image"]}
+    pod["containers"].append({**sidecar, "command": ["config-manager"]})
+    pod["initContainers"] = [{**sidecar, "name": "init", "command": ["config-manager"]}]
+    migration = migrate_daemonset(yaml.safe_dump_all(docs), "ds.yaml", NVPLUGIN_IMAGE)
+    refused = [f.key.split(": ", 1)[1] for f in migration.refused]
+    assert refused == [
+        "initContainers[init].command",
+        "containers[nvidia-device-plugin-sidecar].command",
+    ]
+    assert "config manager" in migration.refused[0].message
+
+
+# --- the command ---------------------------------------------------------------------------------
+
+
+def _migrate(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "nvplugin", "migrate", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.process
+def test_the_command_prints_installable_values_and_exits_by_what_it_found() -> None:
+    fixture = str(FIXTURES / "values-v0.18.2.yaml")
+    done = _migrate("--values", fixture, "--image-repository", NVPLUGIN_IMAGE)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"# nvplugin migrate: NVIDIA's chart values {fixture}")
+    assert "# changed  values.image.repository" in done.stdout
+    assert yaml.safe_load(done.stdout)["image"]["repository"] == NVPLUGIN_IMAGE
+    both = _migrate(
+        "--values",
+        fixture,
+        "--daemonset",
+        str(FIXTURES / "chart-v0.20.0-defaults.yaml"),
+        "--output",
+        "json",
+    )
+    assert both.returncode == 0, both.stderr
+    data = json.loads(both.stdout)
+    assert set(data) == {"values", "daemonset"}
+    assert data["values"]["output"]["image"]["repository"] == "nvplugin"
+    work = Path(tempfile.mkdtemp())
+    try:
+        bad = copy.deepcopy(values("v0.18.2"))
+        bad["gfd"]["nameOverride"] = "gfd"
+        (work / "bad.yaml").write_text(yaml.safe_dump(bad))
+        refused = _migrate("--values", str(work / "bad.yaml"))
+        assert refused.returncode == 2
+        assert '# refused  values.gfd.nameOverride "gfd":' in refused.stdout
+        assert refused.stderr.startswith("error: 1 key(s) nvplugin cannot use")
+        nothing = _migrate()
+        assert nothing.returncode == 2 and "give --values FILE, --daemonset FILE" in nothing.stderr
+    finally:
+        for path in work.iterdir():
+            path.unlink()
+        work.rmdir()
+
+
+def test_flags_as_args_without_a_command_get_nvidias_command() -> None:
+    """NVIDIA's manifests before v0.12 passed flags as args to the image's entrypoint
+    (nvidia-device-plugin); nvplugin's entrypoint is nvplugin, so the command is named."""
+
+    def change(container: dict[str, Any]) -> None:
+        container["args"] = ["--fail-on-init-error=false"]
+        del container["env"]
+
+    migration = _daemonset("static-nvidia-device-plugin-v0.17.1.yml", change)
+    changed = {f.key.rsplit(".", 1)[1] for f in migration.findings if f.status is Status.CHANGED}
+    assert changed == {"image", "command"} and migration.refused == []
+    (container,) = migration.output[0]["spec"]["template"]["spec"]["containers"]
+    assert container["command"] == ["nvidia-device-plugin"]
+    assert container["args"] == ["--fail-on-init-error=false"]
