@@ -13,16 +13,18 @@ serves (:class:`~nvplugin.rm.plan.ResourcePlan`). GFD's rules, restated:
 - ``cuda.driver.{major,minor,rev}`` and ``cuda.driver-version.{major,minor,revision,full}``: the
   driver version ``X.Y[.Z]`` (the revision empty without ``.Z``); ``cuda.runtime.{major,minor}``
   and ``cuda.runtime-version.{major,minor,full}``: the newest CUDA version the driver supports.
-- ``mig.capable``: whether any GPU supports MIG; ``mps.capable``: ``false`` unless the GPUs are
-  shared through MPS; ``gpu.mode``: ``compute`` when every GPU is a PCI 3D controller,
-  ``graphics`` when every one is a VGA controller, else ``unknown``.
+- ``mig.capable``: whether any GPU supports MIG; ``mps.capable``: ``true`` when GPUs are shared
+  through MPS (``sharing.mps`` with replicas > 1), else ``false``; ``gpu.mode``: ``compute``
+  when every GPU is a PCI 3D controller, ``graphics`` when every one is a VGA controller, else
+  ``unknown``.
 - ``gpu.{product,count,replicas,sharing-strategy,memory,family,compute.major,compute.minor}``:
   one GPU model. GPUs with MIG off win over GPUs with MIG on; ``count`` counts every GPU of the
   model (MIG on or off). ``product`` is the model name with characters other than letters,
   digits, ``-_.`` and blanks removed and blanks runs as one ``-``, plus ``-SHARED`` when it is
   replicated and not renamed. ``replicas`` is the replicas per GPU of the resource its GPUs are
   served as (1 unshared; 0 when every GPU of the model has MIG on: MIG-enabled GPUs are not
-  shared), ``sharing-strategy`` ``time-slicing`` (or ``mps``) when replicas > 1, else ``none``.
+  shared), ``sharing-strategy`` ``time-slicing`` or ``mps`` (the block that replicates it) when
+  replicas > 1, else ``none``; ``-SHARED`` is added for MPS as for time-slicing.
   ``memory`` is MiB; ``family`` comes from the compute capability (``ampere`` for 8.0, ...).
 - ``mig.strategy``: ``single`` or ``mixed`` (nothing under ``none``). Under ``single`` the MIG
   devices override ``gpu.product`` (``<model>-MIG-<profile>``), ``count`` (MIG devices),
@@ -37,7 +39,11 @@ those of the resource the GPUs are served as (``resources.gpus`` and ``resources
 not change the label keys, which are GFD's), and a node whose MIG layout ``single`` cannot serve
 is refused by the plan (GFD would label it ``<model>-MIG-INVALID``). On a node with several GPU
 models GFD labels one chosen by chance; here it is the model of the lowest-indexed GPU with MIG
-off (else with MIG on), and :func:`other_models` names the rest for a warning.
+off (else with MIG on), and :func:`other_models` names the rest for a warning. GFD takes one
+sharing block for the whole node (MPS when ``sharing.mps`` replicates anything); nvplugin may
+share two resources two ways, and each resource's labels say its own. GFD fails to label a node
+that has MPS sharing and a GPU with MIG on; nvplugin serves MPS on whole GPUs only, so such a
+node's labels say ``mps.capable=true`` for its MPS-shared GPUs.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from nvplugin.config.layout import TIME_SLICING
 from nvplugin.errors import NvpluginError
 from nvplugin.node.gpumodels import PCI_CLASS_3D, PCI_CLASS_VGA
 from nvplugin.node.model import Driver, Gpu, MigDevice, Topology
@@ -57,7 +64,6 @@ GPU = f"{PREFIX}gpu"
 """GFD's label keys for whole GPUs (and MIG devices under ``single``), whatever the resource."""
 
 NONE = "none"
-TIME_SLICING = "time-slicing"
 UNKNOWN = "unknown"
 
 
@@ -86,7 +92,7 @@ def gfd_labels(node: NodeFacts, plan: ResourcePlan | None, timestamp: int | None
         return labels
     labels.update(version_labels(node.driver))
     labels[f"{PREFIX}mig.capable"] = _bool(any(gpu.mig_capable for gpu in gpus))
-    labels[f"{PREFIX}mps.capable"] = "false"
+    labels[f"{PREFIX}mps.capable"] = _bool(any(served.replicas.mps for served in plan.resources))
     labels.update(gpu_model_labels(gpus, plan))
     if plan.mig_strategy != NONE:
         labels[f"{PREFIX}mig.strategy"] = plan.mig_strategy
@@ -258,11 +264,12 @@ def _base(
     replicas = 0 if not shareable else served.replicas.count if served is not None else 1
     shared = replicas > 1
     renamed = served is not None and bool(served.base)
+    strategy = served.replicas.strategy if served is not None else TIME_SLICING
     return {
         keys("product"): product(parts, shared and not renamed),
         keys("count"): str(count),
         keys("replicas"): str(replicas),
-        keys("sharing-strategy"): TIME_SLICING if shared else NONE,
+        keys("sharing-strategy"): strategy if shared else NONE,
     }
 
 

@@ -38,6 +38,21 @@ sharing:
         rename: nvidia.com/gpu-shared
         replicas: 4
 """
+MPS = """
+sharing:
+  mps:
+    resources:
+      - name: nvidia.com/gpu
+        replicas: 4
+"""
+MPS_RENAMED = """
+sharing:
+  mps:
+    resources:
+      - name: nvidia.com/gpu
+        rename: nvidia.com/gpu-mps
+        replicas: 4
+"""
 MIG_TIME_SLICED = """
 sharing:
   timeSlicing:
@@ -111,7 +126,10 @@ SCENARIOS: dict[str, Scenario] = {
     "dgx-a100.time-sliced": Scenario("dgx-a100", TIME_SLICED),
     "dgx-a100.renamed-by-default": Scenario("dgx-a100", RENAMED_BY_DEFAULT),
     "dgx-a100.renamed": Scenario("dgx-a100", RENAMED),
+    "dgx-a100.mps": Scenario("dgx-a100", MPS),
+    "dgx-a100.mps.renamed": Scenario("dgx-a100", MPS_RENAMED),
     "dgx-a100-mig.none": Scenario("dgx-a100-mig"),
+    "dgx-a100-mig.mixed.mps": Scenario("dgx-a100-mig", MPS, "mixed"),
     "dgx-a100-mig.mixed": Scenario("dgx-a100-mig", mig_strategy="mixed"),
     "dgx-a100-mig.mixed.time-sliced": Scenario("dgx-a100-mig", MIG_TIME_SLICED, "mixed"),
     "all-1g.single": Scenario(ALL_1G_5GB, mig_strategy="single"),

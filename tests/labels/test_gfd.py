@@ -26,7 +26,16 @@ from nvplugin.node.gpumodels import PCI_CLASS_3D, PCI_CLASS_VGA
 from nvplugin.node.model import Driver, Link, Pcie
 from nvplugin.node.nodefile import load_node
 from nvplugin.rm.plan import plan_resources
-from tests.labels.scenarios import SCENARIOS, Scenario, compute, read_fixture
+from tests.labels.scenarios import (
+    MPS,
+    MPS_RENAMED,
+    RENAMED,
+    SCENARIOS,
+    TIME_SLICED,
+    Scenario,
+    compute,
+    read_fixture,
+)
 from tests.support.topologies import from_links
 
 # What NVIDIA's own end-to-end test expects of a GFD-labelled node, restated: each key present
@@ -86,6 +95,51 @@ def test_every_builtin_node_has_gfds_label_set(name: str, strategy: str) -> None
         == str(sum(1 for gpu in spec.gpus if gpu.name == spec.gpus[0].name))
         or strategy == "single"
     )
+
+
+SHARINGS = {
+    "time-slicing": (TIME_SLICED, "time-slicing", False),
+    "time-slicing renamed": (RENAMED, "time-slicing", True),
+    "mps": (MPS, "mps", False),
+    "mps renamed": (MPS_RENAMED, "mps", True),
+}
+
+
+@pytest.mark.parametrize("name", builtin_names())
+@pytest.mark.parametrize("sharing", sorted(SHARINGS))
+@pytest.mark.parametrize("strategy", ["none", "single", "mixed"])
+def test_every_builtin_node_shared_as_gfd_labels_sharing(
+    name: str, sharing: str, strategy: str
+) -> None:
+    """GFD's sharing rules on every built-in node, nvidia.com/gpu replicated 4 ways by time-slicing
+    or MPS, renamed or not, under every MIG strategy that can serve it: the resource the gpu.*
+    labels describe has replicas 4 and the block's strategy, its product ends -SHARED exactly when
+    it is not renamed, and mps.capable is true exactly when MPS shares something. GPUs with MIG on
+    are not shared (replicas 0 when every GPU of the model has MIG on); MIG profiles under mixed
+    are not shared (the config names nvidia.com/gpu only)."""
+    config, kind, renamed = SHARINGS[sharing]
+    try:
+        labels = compute(Scenario(name, config, strategy))
+    except InputError as exc:  # single refuses a node that is not cut alike
+        assert strategy == "single" and "migStrategy single" in str(exc)
+        return
+    spec = load_node(name)
+    model = [gpu for gpu in spec.gpus if gpu.name == spec.gpus[0].name]
+    # Shared: GPUs of the model with MIG off, or under single the MIG devices served as the GPU.
+    whole = strategy == "single" or any(gpu.mig is None for gpu in model)
+    replicas = labels["nvidia.com/gpu.replicas"]
+    if not whole:
+        assert replicas == "0" and labels["nvidia.com/gpu.sharing-strategy"] == "none"
+    else:
+        assert replicas == "4", labels
+        assert labels["nvidia.com/gpu.sharing-strategy"] == kind
+        assert labels["nvidia.com/gpu.product"].endswith("-SHARED") != renamed
+    assert labels["nvidia.com/mps.capable"] == str(kind == "mps" and replicas == "4").lower()
+    for key, value in labels.items():
+        if key.startswith("nvidia.com/mig-") and key.endswith(".sharing-strategy"):
+            assert value == "none" and not labels[
+                key.replace("sharing-strategy", "product")
+            ].endswith("-SHARED")
 
 
 def test_single_on_a_node_not_cut_alike_is_refused_not_labelled_invalid() -> None:
