@@ -623,6 +623,7 @@ def _serve(
         start = first_choice(selection, load_file)
         following = Following(selection, start, load_file)
         config = start.config
+    from nvplugin.config.pod import read_pod
     from nvplugin.plugin.daemon import run_daemon
     from nvplugin.plugin.selection import ApiTiming
 
@@ -639,6 +640,7 @@ def _serve(
             simulate=simulate,
             pending=pending,
             following=following,
+            pod=read_pod(chosen, env),
             **{name: value for name, value in timing.items() if value is not None},
         )
     )

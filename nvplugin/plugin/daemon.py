@@ -17,7 +17,9 @@ sockets, the kubelet's streams and the registrations stay, so no request fails m
 
 Labels: with ``flags.gfd.outputFile`` set, the node's labels (GPU Feature Discovery's, and
 nvplugin's few) are kept in that file (:mod:`.labelling`): written once the resources serve,
-again after every reload, removed at stop.
+again after every reload (SIGHUP's or a per-node config's), removed at stop; with
+``flags.useNodeFeatureAPI``, in NFD's NodeFeature object instead (:mod:`.nodefeature`: the pod's
+``NODE_NAME``, ``NAMESPACE``, ``POD_NAME``), published in the background.
 
 Per-node configs (``CONFIG_FILE_SRCDIR``): a :class:`~.selection.ConfigSelector` runs beside the
 serve loop, follows the Node's label and the config directory, and applies what they choose
@@ -50,6 +52,7 @@ import os
 from collections.abc import Callable, Sequence
 
 from nvplugin.config import Config
+from nvplugin.config.pod import PodIdentity
 from nvplugin.errors import InputError, NvpluginError
 from nvplugin.log import configure, get_logger
 from nvplugin.node import NodeSession, open_node
@@ -61,6 +64,7 @@ from nvplugin.plugin.healthservice import PluginHealthService
 from nvplugin.plugin.httpendpoint import Response
 from nvplugin.plugin.labelling import Labeller
 from nvplugin.plugin.metrics import Metrics
+from nvplugin.plugin.nodefeature import NodeFeaturePublisher
 from nvplugin.plugin.registration import SERVE_AGAIN_GIVE_UP_S
 from nvplugin.plugin.selection import ApiTiming, ConfigSelector, Following
 from nvplugin.plugin.server import DevicePluginService
@@ -90,6 +94,7 @@ class Daemon:
         serve_give_up_s: float = SERVE_AGAIN_GIVE_UP_S,
         following: Following | None = None,
         api_timing: ApiTiming | None = None,
+        pod: PodIdentity | None = None,
     ) -> None:
         self.config = config
         self.metrics = Metrics()
@@ -109,7 +114,13 @@ class Daemon:
         self._resources: Resources | None = None  # once the node is discovered
         # While no GPU is discovered: the health service alone on the plugin socket.
         self._waiting: Served | None = None
-        self.labeller = Labeller()
+        timing = api_timing or ApiTiming()
+        publisher = NodeFeaturePublisher(
+            pod or PodIdentity(),
+            self.metrics,
+            backoff=(timing.backoff_initial_s, timing.backoff_max_s),
+        )
+        self.labeller = Labeller(publisher=publisher)
         self._applying = asyncio.Lock()  # one reload at a time: SIGHUP's or the selector's
         self.selector: ConfigSelector | None = None
         if following is not None:
@@ -391,6 +402,7 @@ def run_daemon(
     pending: PendingSignals | None = None,
     following: Following | None = None,
     api_timing: ApiTiming | None = None,
+    pod: PodIdentity | None = None,
 ) -> int:
     """Configure logging, run the daemon on a fresh event loop, return its exit status.
     ``pending``: the signals recorded since the process started (see :mod:`.signals`)."""
@@ -403,5 +415,6 @@ def run_daemon(
         serve_give_up_s=serve_give_up_s,
         following=following,
         api_timing=api_timing,
+        pod=pod,
     )
     return asyncio.run(daemon.run(pending=pending))

@@ -1,5 +1,7 @@
 """``nvplugin serve`` keeping the node's labels current, as GPU Feature Discovery does: in NFD's
-feature file named by ``flags.gfd.outputFile`` (``GFD_OUTPUT_FILE``).
+feature file named by ``flags.gfd.outputFile`` (``GFD_OUTPUT_FILE``), or, with
+``flags.useNodeFeatureAPI`` (``GFD_USE_NODE_FEATURE_API``), as NFD's NodeFeature object
+(:mod:`.nodefeature`; the file is then not written, as GFD writes one or the other).
 
 The labels are :func:`nvplugin.labels.node_labels` of what is served now. The daemon calls
 :meth:`Labeller.update` whenever that may have changed -- the resources served at start, after
@@ -14,8 +16,8 @@ The timestamp (``nvidia.com/gfd.timestamp``) is when the labels last changed: GF
 labels once per start and per SIGHUP; here a reload that changes nothing keeps the stamp.
 
 Failures never stop the plugin: a file that cannot be written (no such directory, a read-only
-mount) is logged and tried again at the next change or interval. File work runs off the event
-loop.
+mount) is logged and tried again at the next change or interval; the NodeFeature object is
+published by a background task that retries with backoff. File work runs off the event loop.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from nvplugin.labels.gfd import NodeFacts, labelled_model
 from nvplugin.labels.output import remove, write_atomically
 from nvplugin.log import get_logger
 from nvplugin.node import NodeSession
+from nvplugin.plugin.nodefeature import NodeFeaturePublisher
 from nvplugin.rm.plan import ResourcePlan
 
 
@@ -52,10 +55,17 @@ class _Written:
 
 
 class Labeller:
-    """Keeps the feature file current (see the module docstring). ``clock`` gives seconds since
-    the epoch (tests pass their own)."""
+    """Keeps the feature file or the NodeFeature object current (see the module docstring).
+    ``clock`` gives seconds since the epoch (tests pass their own); ``publisher``: where the
+    NodeFeature mode publishes (None: that mode is logged as unavailable)."""
 
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.time,
+        publisher: NodeFeaturePublisher | None = None,
+    ) -> None:
+        self._publisher = publisher
+        self._published: tuple[dict[str, str], int | None] | None = None
         self._clock = clock
         self._log = get_logger("nvplugin.labels")
         self._config: Config | None = None
@@ -84,12 +94,15 @@ class Labeller:
         self._wake.set()  # the interval counts from now, with the new settings
 
     async def close(self) -> None:
-        """Stop refreshing and remove the feature file."""
+        """Stop refreshing and remove the feature file (the NodeFeature object stays: its pod
+        owns it)."""
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self._publisher is not None:
+            await self._publisher.close()
         async with self._lock:
             written, self._written = self._written, None
             if written is not None:
@@ -112,26 +125,26 @@ class Labeller:
             config = self._config
             if config is None:
                 return
-            path = config.gfd.output_file
+            api = config.use_node_feature_api
+            path = None if api else config.gfd.output_file
             written = self._written
             if written is not None and written.path != path:
                 await self._remove(written.path)
                 self._written = written = None
-            if path is None:
+            if path is None and not api:
                 return
             try:
                 labels = await asyncio.to_thread(self._labels, config)
             except NvpluginError as exc:
                 self._log.error("cannot label the node", error=reason(exc))
                 return
-            stamp: int | None = int(self._clock())
-            if config.gfd.no_timestamp:
-                stamp = None
-            elif written is not None and written.labels == labels and written.stamp is not None:
-                stamp = written.stamp  # nothing changed: the labels keep their time
-            stamped = dict(labels)
-            if stamp is not None:
-                stamped["nvidia.com/gfd.timestamp"] = str(stamp)
+            if api:
+                self._publish(config, labels)
+                return
+            assert path is not None
+            last = (written.labels, written.stamp) if written is not None else None
+            stamp = self._stamp(config, labels, last)
+            stamped = _stamped(labels, stamp)
             try:
                 changed = await asyncio.to_thread(write_atomically, path, feature_text(stamped))
             except NvpluginError as exc:
@@ -143,6 +156,26 @@ class Labeller:
                 log = self._log.warning if again else self._log.info
                 what = "rewrote the node's labels" if again else "labelled the node"
                 log(what, file=path, labels=len(stamped))
+
+    def _publish(self, config: Config, labels: dict[str, str]) -> None:
+        """The NodeFeature mode: hand the labels to the publisher (it never blocks)."""
+        if self._publisher is None:
+            self._log.error("cannot publish the NodeFeature object: no Kubernetes API access")
+            return
+        stamp = self._stamp(config, labels, self._published)
+        self._published = (labels, stamp)
+        self._publisher.want(_stamped(labels, stamp))
+
+    def _stamp(
+        self, config: Config, labels: dict[str, str], last: tuple[dict[str, str], int | None] | None
+    ) -> int | None:
+        """The timestamp label's value: None with noTimestamp; ``last``'s (labels, stamp) stamp
+        while the labels are unchanged; else now."""
+        if config.gfd.no_timestamp:
+            return None
+        if last is not None and last[0] == labels and last[1] is not None:
+            return last[1]  # nothing changed: the labels keep their time
+        return int(self._clock())
 
     def _labels(self, config: Config) -> dict[str, str]:
         """The labels without the timestamp (file I/O: the machine type; off the loop)."""
@@ -169,3 +202,11 @@ class Labeller:
                 self._log.info("removed the node's labels", file=path)
         except NvpluginError as exc:
             self._log.error("cannot remove the node's labels", error=reason(exc))
+
+
+def _stamped(labels: dict[str, str], stamp: int | None) -> dict[str, str]:
+    """``labels`` with the timestamp label, unless ``stamp`` is None."""
+    stamped = dict(labels)
+    if stamp is not None:
+        stamped["nvidia.com/gfd.timestamp"] = str(stamp)
+    return stamped
