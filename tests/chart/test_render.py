@@ -97,6 +97,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "overrides": {"fullnameOverride": "gpu", "namespaceOverride": "gpu-operator"},
     "digest": {"image": {"digest": "sha256:" + "ab" * 32, "pullPolicy": "Always"}},
     "labels": {"gfd": {"enabled": True, "noTimestamp": True, "sleepInterval": "5m"}},
+    "nodefeatures": {"gfd": {"enabled": True}, "nfd": {"enableNodeFeatureApi": True}},
     # NVIDIA's values files as they are, with nvplugin's image (tests/fixtures/nvidia/)
     **{
         f"nvidia-{version}": with_nvplugin_image(nvidia_values(version))
@@ -665,6 +666,57 @@ def test_gfd_enabled_labels_from_the_plugin_pod(renders: dict[str, Rendered]) ->
     assert rendered.pod["automountServiceAccountToken"] is False
     assert "Node Feature Discovery's worker" in rendered.notes
     assert "kubectl get pods -A -l app.kubernetes.io/name=node-feature-discovery" in rendered.notes
+
+
+NODEFEATURE_RULES = [
+    {
+        "apiGroups": ["nfd.k8s-sigs.io"],
+        "resources": ["nodefeatures"],
+        "verbs": ["create", "get", "update"],
+    },
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
+]
+
+
+def test_nodefeature_mode_gets_a_namespaced_role_and_nothing_more(
+    renders: dict[str, Rendered],
+) -> None:
+    """gfd.enabled with NVIDIA's (v0.17, v0.18) nfd.enableNodeFeatureApi: the plugin publishes a
+    NodeFeature object; the chart passes GFD_USE_NODE_FEATURE_API and the pod's node, namespace
+    and name (the downward API), and grants create/get/update of NodeFeatures and get of pods
+    in the release's namespace: a Role, no ClusterRole, no list/watch/delete. No host directory."""
+    rendered = renders["nodefeatures"]
+    assert rendered.kinds() == ["DaemonSet", "Role", "RoleBinding", "ServiceAccount"]
+    assert rendered.env["GFD_USE_NODE_FEATURE_API"] == "true"
+    assert rendered.env_fields == {
+        "NODE_NAME": "spec.nodeName",
+        "NAMESPACE": "metadata.namespace",
+        "POD_NAME": "metadata.name",
+    }
+    role = rendered.one("Role")
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert role["rules"] == NODEFEATURE_RULES
+    binding = rendered.one("RoleBinding")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "nvplugin", "namespace": NAMESPACE}
+    ]
+    assert rendered.pod["serviceAccountName"] == "nvplugin"
+    assert rendered.pod["automountServiceAccountToken"] is True
+    assert all(v["name"] != "node-features" for v in rendered.pod["volumes"])
+    assert "kubectl get crd nodefeatures.nfd.k8s-sigs.io" in rendered.notes
+    # With per-node configs too: both grants, NODE_NAME once.
+    both = render({**VALUE_SETS["nodefeatures"], "config": {"name": "my-nvplugin"}})
+    assert both.kinds() == sorted(["DaemonSet", "Role", "RoleBinding", *RBAC])
+    names = [e["name"] for e in both.container["env"]]
+    assert names.count("NODE_NAME") == 1 and "NAMESPACE" in names
+    # Without gfd.enabled, enableNodeFeatureApi (NFD's own setting too) changes nothing here.
+    alone = render({"nfd": {"enableNodeFeatureApi": True}})
+    assert alone.kinds() == ["DaemonSet"] and "GFD_USE_NODE_FEATURE_API" not in alone.env
 
 
 def test_labelling_is_off_by_default(default: Rendered) -> None:

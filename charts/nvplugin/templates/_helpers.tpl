@@ -311,6 +311,25 @@ declaration of flags.gfd.outputFile); the chart mounts its directory from the ho
 {{- end }}
 
 {{/*
+GFD's NodeFeature API mode (gfd.enabled with v0.17/v0.18's nfd.enableNodeFeatureApi): the plugin
+publishes its node's labels as a NodeFeature object through the API (settings.json passes
+GFD_USE_NODE_FEATURE_API), instead of the feature file.
+*/}}
+{{- define "nvplugin.nodeFeatureApi" -}}
+{{- if and (include "nvplugin.labelling" .) (eq (toJson (.Values.nfd | default dict).enableNodeFeatureApi) "true") }}true{{ end }}
+{{- end }}
+
+{{/* Whether the pods talk to the API at all: per-node configs, or NodeFeature objects. */}}
+{{- define "nvplugin.usesApi" -}}
+{{- if or (include "nvplugin.perNode" .) (include "nvplugin.nodeFeatureApi" .) }}true{{ end }}
+{{- end }}
+
+{{/* The Role and its binding for NodeFeature objects (namespaced). */}}
+{{- define "nvplugin.nodeFeatureRoleName" -}}
+{{- printf "%s-nodefeature-writer" (include "nvplugin.fullname" .) | trunc 253 }}
+{{- end }}
+
+{{/*
 A chart value by its path (["log", "level"]), as {"v": value}; null when it is absent. args:
 Values, path.
 */}}
