@@ -9,8 +9,11 @@ import tempfile
 from pathlib import Path
 
 from nvplugin.config import Config, load_config
+from nvplugin.config.pod import PodIdentity
 from nvplugin.node import open_node
 from nvplugin.plugin.labelling import Labeller
+from nvplugin.plugin.metrics import Metrics
+from nvplugin.plugin.nodefeature import NodeFeaturePublisher
 from nvplugin.rm.plan import plan_for
 from tests.labels.scenarios import read_fixture
 
@@ -93,5 +96,30 @@ def test_unset_output_file_removes_it_and_a_bad_one_is_only_logged() -> None:
             await labeller.update(bad, node, plan)  # logged, not raised
             assert labeller.path is None and os.listdir(directory) == []
             await labeller.close()
+
+    asyncio.run(body())
+
+
+def test_nodefeature_mode_removes_the_file_and_without_node_name_is_only_logged() -> None:
+    """Switching to the NodeFeature mode by a reload removes the feature file (GFD writes one or
+    the other); without NODE_NAME nothing can be published: said once, serving goes on."""
+
+    async def body() -> None:
+        output = Path(tempfile.mkdtemp()) / "gfd"
+        publisher = NodeFeaturePublisher(PodIdentity(namespace="gpu-system"), Metrics())
+        labeller = Labeller(Clock(), publisher=publisher)
+        with open_node("dgx-a100") as node:
+            try:
+                config = _config(output)
+                await labeller.update(config, node, plan_for(config, node.topology.gpus))
+                assert output.exists()
+                api = _config(output, GFD_USE_NODE_FEATURE_API="true")
+                assert api.use_node_feature_api
+                await labeller.update(api, node, plan_for(api, node.topology.gpus))
+                await labeller.update(api, node, plan_for(api, node.topology.gpus))
+                assert not output.exists() and publisher.published is None
+            finally:
+                await labeller.close()
+        os.rmdir(output.parent)
 
     asyncio.run(body())
