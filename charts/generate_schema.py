@@ -143,8 +143,12 @@ def how(v: Value) -> str:
     to = v.chart.to
     if to == "env":
         return f"Passed as `{_env(v)}` ({key})."
+    if to == "true" and v.chart.only_with:
+        return f"`true` with `{v.chart.only_with}` passes `{_env(v)}=true` ({key})."
     if to == "true":
         return f"`true` passes `{_env(v)}=true` ({key})."
+    if to == "when":
+        return f"`true` passes `{_env(v)}={v.chart.constant}` ({key})."
     if to == "flag":
         return f"Passed as `--{v.setting.flags[0]}` ({key})."
     if to == "check":
@@ -174,15 +178,18 @@ def settings_data() -> dict[str, Any]:
     for path in dict.fromkeys(v.path for v in values):
         mine = [v for v in values if v.path == path]
         chart = mine[0].chart
-        if chart.to in ("env", "true", "address"):
-            env.append(
-                {
-                    "setting": path,
-                    "to": chart.to,
-                    "env": _env(mine[0]),
-                    "values": [v.parts for v in mine],
-                }
-            )
+        if chart.to in ("env", "true", "address", "when"):
+            entry: dict[str, Any] = {
+                "setting": path,
+                "to": chart.to,
+                "env": _env(mine[0]),
+                "values": [v.parts for v in mine],
+            }
+            if chart.to == "when":
+                entry["constant"] = chart.constant
+            if chart.only_with:
+                entry["with"] = chart.only_with.split(".")
+            env.append(entry)
     image = BY_PATH["image.repository"]
     return {
         "about": "Written by charts/generate_schema.py from the settings' declarations "
@@ -205,7 +212,12 @@ def settings_data() -> dict[str, Any]:
             if v.setting.supported is not None
         ],
         "nvidia": [
-            {"value": n.parts, "defaults": n.defaults(), "message": n.why}
+            {
+                "value": n.parts,
+                "defaults": n.defaults(),
+                "skip": sorted(n.skipped()),
+                "message": n.why,
+            }
             for n in NVIDIA_VALUES
             if n.use is Use.DEFAULTS
         ],
@@ -251,16 +263,36 @@ def config_value() -> dict[str, Any]:
     }
 
 
-def nvidia_schema(n: NvidiaValue) -> dict[str, Any]:
+def nvidia_schema(n: NvidiaValue, settings: dict[str, Any] | None = None) -> dict[str, Any]:
     """The JSON Schema of one of NVIDIA's values the chart declares: a HONOURED value's type;
     anything for a block accepted at NVIDIA's defaults (the templates check it, naming every
-    key that is not)."""
+    key that is not), but the settings' chart values inside it (``settings``: their schemas by
+    key), which keep their types."""
     if n.use is Use.HONOURED:
         assert n.schema is not None, n.path
         return {**n.schema, "description": n.help}
-    return {
+    schema: dict[str, Any] = {
         "description": f"NVIDIA's {n.path} values: accepted at NVIDIA's defaults only ({n.why})."
     }
+    if settings:
+        schema.update(type=["object", "null"], properties=settings)
+    return schema
+
+
+def _below(n: NvidiaValue) -> dict[str, Any]:
+    """The schemas of the settings' chart values below NVIDIA's block ``n``, by key: exactly its
+    declared settings (Stale otherwise: a setting's value inside a block is declared there)."""
+    found = {
+        v.parts[len(n.parts)]: value_schema(v)
+        for v in chart_values()
+        if v.parts[: len(n.parts)] == n.parts and len(v.parts) == len(n.parts) + 1
+    }
+    if sorted(found) != sorted(n.settings):
+        raise Stale(
+            f"NVIDIA's block {n.path} declares settings {sorted(n.settings)}, but the settings' "
+            f"chart values below it are {sorted(found)}"
+        )
+    return found
 
 
 def _place(properties: dict[str, Any], parts: list[str], schema: dict[str, Any]) -> None:
@@ -285,7 +317,9 @@ def values_schema(current: dict[str, Any]) -> dict[str, Any]:
         _place(properties, v.parts, value_schema(v))  # Helm checks values.yaml's default
     for n in NVIDIA_VALUES:
         if n.use in (Use.HONOURED, Use.DEFAULTS):
-            _place(properties, n.parts, nvidia_schema(n))
+            _place(
+                properties, n.parts, nvidia_schema(n, _below(n) if n.use is Use.DEFAULTS else {})
+            )
         else:  # the chart's own value, written by hand
             node: Any = {"properties": properties}
             for part in n.parts:

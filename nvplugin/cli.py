@@ -224,6 +224,66 @@ def devices(
 
 @main.command()
 @click.option("--simulate", metavar="NODE", help=_SIMULATE_HELP)
+@config_file_option(
+    "The plugin's config file (nvplugin serve --config-file): MIG strategy, time-slicing, "
+    "resources; the labels describe what it serves."
+)
+@click.option(
+    "--mig-strategy",
+    type=click.Choice(MIG_STRATEGIES),
+    help="The MIG strategy (overrides the config file's; default: the file's, else none).",
+)
+@click.option("--no-timestamp", is_flag=True, help="Leave out nvidia.com/gfd.timestamp.")
+@click.option(
+    "--machine-type-file",
+    metavar="FILE",
+    help="The file holding the machine type (default: the config file's, else the DMI product "
+    "name, /sys/class/dmi/id/product_name; under --simulate, /sys is the simulated node's).",
+)
+@user_errors
+def labels(
+    simulate: str | None,
+    config_path: str | None,
+    mig_strategy: str | None,
+    no_timestamp: bool,
+    machine_type_file: str | None,
+) -> None:
+    """Print the node's labels as GPU Feature Discovery writes them (key=value, NFD's feature-file
+    format), for what the plugin serves under the config: nvidia.com/ labels, then nvplugin's.
+
+    nvplugin serve keeps the same labels in NFD's features.d when flags.gfd.outputFile
+    (GFD_OUTPUT_FILE) is set.
+    """
+    import time
+
+    from nvplugin.config import load_config
+    from nvplugin.labels import feature_text, node_facts, node_labels, other_models
+    from nvplugin.node import open_node
+    from nvplugin.rm.plan import plan_for
+
+    flags: dict[str, object] = {
+        "flags.migStrategy": mig_strategy,
+        "flags.gfd.noTimestamp": "true" if no_timestamp else None,
+        "flags.gfd.machineTypeFile": machine_type_file,
+    }
+    config = load_config(config_path, flags=flags)
+    with open_node(simulate) as node:  # the machine-type file may be in its simulated /sys
+        scan = node.scan
+        facts = node_facts(
+            scan.topology, scan.driver, config.gfd.machine_type_file, node.sysfs_root
+        )
+    plan = plan_for(config, scan.topology.gpus)
+    for warning in plan.warnings:
+        click.echo(f"warning: {warning}", err=True)
+    others = other_models(scan.topology.gpus)
+    if others:
+        click.echo(f"warning: nvidia.com/gpu.* labels describe one model, not {others}", err=True)
+    stamp = None if config.gfd.no_timestamp else int(time.time())
+    click.echo(feature_text(node_labels(facts, plan, stamp)), nl=False)
+
+
+@main.command()
+@click.option("--simulate", metavar="NODE", help=_SIMULATE_HELP)
 @click.option(
     "--output",
     type=click.Choice(["matrix", "json", "mermaid"]),
@@ -573,6 +633,7 @@ def _serve(
         start = first_choice(selection, load_file)
         following = Following(selection, start, load_file)
         config = start.config
+    from nvplugin.config.pod import read_pod
     from nvplugin.plugin.daemon import run_daemon
     from nvplugin.plugin.selection import ApiTiming
 
@@ -589,6 +650,7 @@ def _serve(
             simulate=simulate,
             pending=pending,
             following=following,
+            pod=read_pod(chosen, env),
             **{name: value for name, value in timing.items() if value is not None},
         )
     )

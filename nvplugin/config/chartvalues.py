@@ -19,8 +19,8 @@ chart unchanged; each of its keys is one of these:
   not nvplugin).
 
 The chart's templates refuse every value they cannot use in one render error that lists them
-all, with their key paths (``values.gfd.enabled``, ...); ``nvplugin migrate`` reads a values file
-against the same declarations.
+all, with their key paths (``values.gfd.nameOverride``, ...); ``nvplugin migrate`` reads a values
+file against the same declarations.
 """
 
 from __future__ import annotations
@@ -70,13 +70,15 @@ def thawed(value: object) -> Any:
 @dataclass(frozen=True)
 class NvidiaValue:
     """One of NVIDIA's chart values (``path`` as in values.yaml, ``devicePlugin.enabled``), or a
-    whole block of them (``gfd``: every key below it).
+    whole block of them (``nfd``: every key below it).
 
     ``nvidia``: NVIDIA's default(s) across v0.17-v0.20, as :func:`frozen` data (several when the
     versions differ; empty: absent from NVIDIA's values.yaml). ``why``: for DEFAULTS and REFUSED,
     the reason a value is refused; for SAME and HONOURED, how nvplugin's chart differs from
     NVIDIA's (empty: it does not). HONOURED values also declare nvplugin's ``default`` (written
-    into values.yaml), their JSON ``schema`` and ``help``.
+    into values.yaml), their JSON ``schema`` and ``help``. ``settings``: keys below a DEFAULTS
+    block that are settings' chart values (declared with the setting: ``gfd.enabled``), honoured
+    at any value rather than compared with NVIDIA's defaults.
     """
 
     path: str
@@ -86,6 +88,7 @@ class NvidiaValue:
     default: object = None
     schema: JsonSchema | None = None
     help: str = ""
+    settings: tuple[str, ...] = ()
 
     @property
     def parts(self) -> list[str]:
@@ -94,6 +97,10 @@ class NvidiaValue:
     def defaults(self) -> list[Any]:
         """NVIDIA's defaults as JSON data."""
         return [thawed(value) for value in self.nvidia]
+
+    def skipped(self) -> frozenset[str]:
+        """The key paths of :attr:`settings`, which :func:`off_defaults` leaves alone."""
+        return frozenset(f"{self.path}.{key}" for key in self.settings)
 
 
 def _v(path: str, use: Use, *nvidia: object, **rest: Any) -> NvidiaValue:
@@ -136,9 +143,7 @@ _NFD = {
 }
 _NFD_UNTIL_V019 = {**_NFD, "enableNodeFeatureApi": False}
 """v0.17 and v0.18 also had ``nfd.enableNodeFeatureApi`` (GFD uses the NodeFeature API by
-default from v0.19)."""
-
-_NOT_YET = "nvplugin's chart does not {what} yet; leave {key} at NVIDIA's defaults or remove it"
+default from v0.19); nvplugin honours it as the chart value of ``flags.useNodeFeatureAPI``."""
 
 NVIDIA_VALUES: tuple[NvidiaValue, ...] = (
     _v("config.name", Use.SAME, ""),
@@ -281,7 +286,10 @@ NVIDIA_VALUES: tuple[NvidiaValue, ...] = (
             "securityContext": {"privileged": True},
             "enableHostNetwork": False,
         },
-        why=_NOT_YET.format(what="label nodes as GPU Feature Discovery does", key="gfd.*"),
+        why="nvplugin's chart deploys no GPU Feature Discovery DaemonSet (gfd.enabled makes the "
+        "plugin pods label their nodes themselves); leave the other gfd.* values at NVIDIA's "
+        "defaults or remove them",
+        settings=("enabled", "noTimestamp", "sleepInterval"),
     ),
     _v(
         "nfd",
@@ -290,6 +298,7 @@ NVIDIA_VALUES: tuple[NvidiaValue, ...] = (
         _NFD_UNTIL_V019,
         why="nvplugin's chart does not deploy Node Feature Discovery (deploy it on its own, with "
         "its own chart); leave nfd.* at NVIDIA's defaults or remove it",
+        settings=("enableNodeFeatureApi",),
     ),
     _v(
         "mps.enableHostPID",
@@ -314,7 +323,7 @@ BY_PATH: Mapping[str, NvidiaValue] = MappingProxyType({v.path: v for v in NVIDIA
 
 
 def covering(path: str) -> NvidiaValue | None:
-    """The declaration of ``path`` or of a block above it (``gfd`` covers ``gfd.enabled``)."""
+    """The declaration of ``path`` or of a block above it (``gfd`` covers ``gfd.nameOverride``)."""
     parts = path.split(".")
     for end in range(len(parts), 0, -1):
         found = BY_PATH.get(".".join(parts[:end]))
@@ -323,11 +332,14 @@ def covering(path: str) -> NvidiaValue | None:
     return None
 
 
-def off_defaults(value: object, defaults: list[Any], path: str) -> list[str]:
+def off_defaults(
+    value: object, defaults: list[Any], path: str, skip: frozenset[str] = frozenset()
+) -> list[str]:
     """The key paths under ``path`` where ``value`` is not one of NVIDIA's ``defaults`` (null is
     "not set", always accepted): a mapping is compared key by key against the mappings among
-    the defaults, so a partial block at NVIDIA's defaults passes. The chart's templates apply
-    the same rule ("nvplugin.offDefaults")."""
+    the defaults, so a partial block at NVIDIA's defaults passes; the key paths in ``skip`` (a
+    block's :attr:`NvidiaValue.settings`) are not compared. The chart's templates apply the same
+    rule ("nvplugin.offDefaults")."""
     if value is None or _json(value) in {_json(d) for d in defaults}:
         return []
     maps = [d for d in defaults if isinstance(d, dict)]
@@ -335,9 +347,11 @@ def off_defaults(value: object, defaults: list[Any], path: str) -> list[str]:
         return [path]
     out: list[str] = []
     for key in sorted(value):
-        below = [d[key] for d in maps if key in d]
         sub = f"{path}.{key}"
-        out.extend(off_defaults(value[key], below, sub) if below else [sub])
+        if sub in skip:
+            continue
+        below = [d[key] for d in maps if key in d]
+        out.extend(off_defaults(value[key], below, sub, skip) if below else [sub])
     return out
 
 

@@ -59,7 +59,6 @@ from nvplugin.config.rules import (
     cdi_annotation_prefix_problem,
 )
 from nvplugin.config.schema import (
-    AnyMapping,
     Bool,
     Chart,
     ChartValue,
@@ -86,6 +85,9 @@ DEFAULT_DEVICE_LIST_STRATEGY = ("envvar",)
 DEFAULT_DRIVER_ROOT = "/"
 DEFAULT_CONTAINER_DRIVER_ROOT = "/driver-root"
 DEFAULT_NVIDIA_CTK_PATH = "/usr/bin/nvidia-ctk"
+DEFAULT_MACHINE_TYPE_FILE = "/sys/class/dmi/id/product_name"
+NFD_FEATURE_FILE = "/etc/kubernetes/node-feature-discovery/features.d/gfd"
+"""GPU Feature Discovery's output file: in the directory NFD's local source reads."""
 DEFAULT_MPS_ROOT = "/run/nvidia/mps"
 """NVIDIA's chart's ``mps.root``: where MPS's pipes, logs and shared memory live on the host."""
 
@@ -278,6 +280,89 @@ class HealthConfig:
 
 
 @dataclass(frozen=True)
+class GfdConfig:
+    """GPU Feature Discovery's settings (``flags.gfd``, GFD's flags and variables): where and how
+    ``serve`` writes the node's labels (:mod:`nvplugin.labels`). Labelling is on when
+    ``output_file`` is set. Applied in place on SIGHUP: the labels move or change, the
+    resources stay."""
+
+    oneshot: bool = setting(
+        "flags.gfd.oneshot",
+        Bool(),
+        False,
+        help="Label once and exit (GFD's); nvplugin serve keeps its labels current: use "
+        "nvplugin labels to print them once.",
+        flags=("oneshot",),
+        env=("GFD_ONESHOT",),
+        supported=(False,),
+        unsupported=_unsupported(
+            "labelling once and exiting", "nvplugin labels prints the labels once"
+        ),
+        reload=Reload.IN_PLACE,
+    )
+    no_timestamp: bool = setting(
+        "flags.gfd.noTimestamp",
+        Bool(),
+        False,
+        help="Leave out the nvidia.com/gfd.timestamp label.",
+        flags=("no-timestamp",),
+        env=("GFD_NO_TIMESTAMP",),
+        reload=Reload.IN_PLACE,
+        chart=Chart.env(
+            "gfd.noTimestamp",
+            None,
+            "NVIDIA's (GFD's): leave out the `nvidia.com/gfd.timestamp` label. null: the config "
+            "file's, else false.",
+        ),
+    )
+    sleep_interval_s: float = setting(
+        "flags.gfd.sleepInterval",
+        Duration(minimum=1.0),
+        60.0,
+        help="How often the labels are written again although nothing changed (a feature file "
+        "removed meanwhile comes back); they are rewritten at once when what is served "
+        "changes.",
+        flags=("sleep-interval",),
+        env=("GFD_SLEEP_INTERVAL",),
+        reload=Reload.IN_PLACE,
+        chart=Chart.env(
+            "gfd.sleepInterval",
+            None,
+            "NVIDIA's (GFD's): how often the labels are written again when they were removed "
+            "(`60s`); they change at once with what is served. null: the config file's, else 60s.",
+        ),
+    )
+    output_file: str | None = setting(
+        "flags.gfd.outputFile",
+        Nullable(Str(rule=_absolute)),
+        None,
+        help="Write the node's labels (GPU Feature Discovery's) to this file, written "
+        "atomically and removed at exit: NFD's features.d/<name>. null: no labels.",
+        flags=("output-file",),
+        env=("GFD_OUTPUT_FILE",),
+        reload=Reload.IN_PLACE,
+        chart=Chart.when(
+            "gfd.enabled",
+            NFD_FEATURE_FILE,
+            "NVIDIA's: label the node with GPU Feature Discovery's labels -- from the plugin pod "
+            "itself, no second DaemonSet -- through Node Feature Discovery's feature files: the "
+            "host's `/etc/kubernetes/node-feature-discovery/features.d` is mounted read-write. "
+            "NFD is yours to deploy (this chart does not).",
+        ),
+    )
+    machine_type_file: str = setting(
+        "flags.gfd.machineTypeFile",
+        Str(rule=_absolute),
+        DEFAULT_MACHINE_TYPE_FILE,
+        help="The file whose first line is the nvidia.com/gpu.machine label (the DMI product "
+        "name); a path under /sys is read under a simulated node's sysfs.",
+        flags=("machine-type-file",),
+        env=("GFD_MACHINE_TYPE_FILE",),
+        reload=Reload.IN_PLACE,
+    )
+
+
+@dataclass(frozen=True)
 class HealthServiceConfig:
     """The gRPC health service's settings (``nvplugin.healthService``): NOT_SERVING while
     unregistered, and, with ``not_serving_without_healthy_gpus``, while no GPU is Healthy."""
@@ -451,14 +536,24 @@ class Config:
         inert=True,
         chart=Chart.check("mofedEnabled", "NVIDIA's MOFED value; not supported."),
     )
-    use_node_feature_api: bool | None = setting(
+    use_node_feature_api: bool = setting(
         "flags.useNodeFeatureAPI",
-        Nullable(Bool()),
-        None,
-        help="GPU Feature Discovery's setting; not read by the plugin.",
-        note="flags.useNodeFeatureAPI is GPU Feature Discovery's setting; the plugin does not "
-        "read it",
-        inert=True,
+        Bool(),
+        False,
+        help="Publish the node's labels (flags.gfd) as Node Feature Discovery's NodeFeature "
+        "object nvidia-features-for-<NODE_NAME> in NAMESPACE, owned by the pod POD_NAME, instead "
+        "of the feature file (GPU Feature Discovery's NodeFeature API mode).",
+        flags=("use-node-feature-api",),
+        env=("GFD_USE_NODE_FEATURE_API", "USE_NODE_FEATURE_API"),
+        reload=Reload.IN_PLACE,
+        chart=Chart.true(
+            "nfd.enableNodeFeatureApi",
+            "NVIDIA's (v0.17, v0.18): with `gfd.enabled`, the plugin pods publish their nodes' "
+            "labels as NFD's NodeFeature objects instead of feature files (NFD must run with "
+            "its NodeFeature API); the chart then grants create/get/update of NodeFeatures and "
+            "get of pods in the release's namespace, nothing more. null: feature files.",
+            only_with="gfd.enabled",
+        ),
     )
     pass_device_specs: bool = setting(
         "flags.plugin.passDeviceSpecs",
@@ -579,14 +674,7 @@ class Config:
             "flags ({value}); leave it null",
         ),
     )
-    gfd: Mapping[str, object] | None = setting(
-        "flags.gfd",
-        AnyMapping(),
-        None,
-        help="GPU Feature Discovery's settings; not read by the plugin.",
-        note="flags.gfd holds GPU Feature Discovery's settings; the plugin does not read them",
-        inert=True,
-    )
+    gfd: GfdConfig = field(default_factory=GfdConfig, metadata=GROUP)
     gpu_patterns: tuple[GpuPattern, ...] = setting(
         "resources.gpus",
         List(_PATTERN_ENTRY),
@@ -843,6 +931,7 @@ SECTION_HELP = {
     "": "nvplugin config: NVIDIA's device plugin config (version v1) plus nvplugin's settings.",
     "flags": "Command-line settings (NVIDIA's flags).",
     "flags.plugin": "Settings of the device plugin only.",
+    "flags.gfd": "GPU Feature Discovery's settings: the node's labels, which serve writes.",
     "resources": "Resource names by GPU model.",
     "resources.exclude": "nvplugin's: GPUs hidden from every resource.",
     "sharing.timeSlicing": "One GPU advertised as several devices.",

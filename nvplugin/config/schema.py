@@ -194,8 +194,11 @@ def format_duration(seconds: float) -> str:
     return f"{seconds:g}s"
 
 
+@dataclass(frozen=True)
 class Duration(Kind):
-    """A duration string (``30s``), stored as seconds (float)."""
+    """A duration string (``30s``), stored as seconds (float); at least ``minimum`` seconds."""
+
+    minimum: float = 0.0
 
     name = "duration"
 
@@ -203,9 +206,12 @@ class Duration(Kind):
         if not isinstance(value, str):
             raise Invalid(f"expected a duration string such as 30s, got {describe(value)}")
         try:
-            return parse_duration(value)
+            seconds = parse_duration(value)
         except ValueError as exc:
             raise Invalid(str(exc)) from None
+        if seconds < self.minimum:
+            raise Invalid(f"{show(value)} is shorter than {format_duration(self.minimum)}")
+        return seconds
 
     def schema(self) -> JsonSchema:
         return {"type": "string", "pattern": f"^(?:{DURATION_PATTERN})$"}
@@ -397,10 +403,14 @@ class Chart:
     - ``env``: the value, when set (not null, "" or []), as the setting's first environment
       variable; a list joined with commas.
     - ``true``: ``true`` sets the setting's first variable to ``true``; false or null: nothing
-      (``compatWithCPUManager`` -> ``PASS_DEVICE_SPECS=true``).
+      (``compatWithCPUManager`` -> ``PASS_DEVICE_SPECS=true``). With ``only_with`` (another
+      boolean value's path), only while that one is true too (``nfd.enableNodeFeatureApi`` with
+      ``gfd.enabled`` -> ``GFD_USE_NODE_FEATURE_API=true``).
     - ``address``: two values, ``<x>.enabled`` and ``<x>.port``; enabled: the variable is
       ``0.0.0.0:<port>`` (every interface of the pod's network namespace).
     - ``flag``: the value as the setting's first flag (``--device-plugin-dir <value>``).
+    - ``when``: a boolean value; ``true`` sets the setting's first variable to ``constant``
+      (``gfd.enabled`` -> ``GFD_OUTPUT_FILE=<NFD's features.d>/gfd``).
     - ``check``: not passed; only checked, for NVIDIA values nvplugin accepts at some values only.
 
     A value outside the setting's ``supported`` values fails rendering with ``refused`` (default:
@@ -413,8 +423,12 @@ class Chart:
     to: str
     values: tuple[ChartValue, ...]
     refused: str = ""
+    constant: str = ""
+    """What ``when`` passes."""
+    only_with: str = ""
+    """``true``: the other chart value that must be true too (empty: none)."""
 
-    TO = ("env", "true", "address", "flag", "check")
+    TO = ("env", "true", "address", "flag", "check", "when")
 
     @classmethod
     def env(
@@ -429,8 +443,14 @@ class Chart:
         return cls("env", (ChartValue(path, default, help, schema),), refused)
 
     @classmethod
-    def true(cls, path: str, help: str) -> Chart:
-        return cls("true", (ChartValue(path, None, help, {"type": "boolean"}),))
+    def true(cls, path: str, help: str, *, only_with: str = "") -> Chart:
+        return cls(
+            "true", (ChartValue(path, None, help, {"type": "boolean"}),), only_with=only_with
+        )
+
+    @classmethod
+    def when(cls, path: str, constant: str, help: str) -> Chart:
+        return cls("when", (ChartValue(path, False, help, {"type": "boolean"}),), constant=constant)
 
     @classmethod
     def address(cls, enabled: ChartValue, port: ChartValue) -> Chart:

@@ -201,11 +201,7 @@ def read_selection(flags: Mapping[str, object], env: Mapping[str, str]) -> Selec
                     f"FALLBACK_STRATEGIES (--fallback-strategies): unknown strategy {show(item)}; "
                     f"the strategies are {', '.join(FALLBACKS)}"
                 )
-    access = ApiAccess(
-        kubeconfig=value("kubeconfig"),
-        service_host=env.get("KUBERNETES_SERVICE_HOST") or None,
-        service_port=env.get("KUBERNETES_SERVICE_PORT") or None,
-    )
+    access = ApiAccess.of(value("kubeconfig"), env)
     return Selection(
         srcdir=srcdir,
         node_label=label,

@@ -9,9 +9,11 @@ time and memory, see the README). Nothing else in the package imports lightkube.
   resourceVersion; resume a dropped watch, list again on 410 Gone; capped backoff while the API
   is away).
 
-Room is left for what GPU Feature Discovery will need (creating and updating a namespaced custom
-object, a NodeFeature) beside :mod:`.node`, on the same client. :mod:`.client` and :mod:`.node`
-import lightkube; import them only where the API is used.
+- :mod:`.nodefeature`: GPU Feature Discovery's NodeFeature object (NFD's
+  ``nfd.k8s-sigs.io/v1alpha1``): created or updated to say the node's labels, owned by the pod.
+
+:mod:`.client`, :mod:`.node` and :mod:`.nodefeature` import lightkube; import them only where the
+API is used (``plugin/selection.py``, ``plugin/nodefeature.py``, lazily).
 """
 
 from nvplugin.kube.access import ApiAccess

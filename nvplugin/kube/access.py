@@ -5,6 +5,7 @@ with the ``KUBERNETES_SERVICE_HOST``/``PORT`` it sets. Pure: no client library i
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
@@ -20,6 +21,16 @@ class ApiAccess:
     service_host: str | None = None
     service_port: str | None = None
     service_account_dir: str = SERVICE_ACCOUNT_DIR
+
+    @classmethod
+    def of(cls, kubeconfig: str | None, env: Mapping[str, str]) -> ApiAccess:
+        """``kubeconfig`` (``--kubeconfig`` / ``KUBECONFIG``) when set, else the service account
+        with the ``KUBERNETES_SERVICE_HOST``/``PORT`` of ``env``."""
+        return cls(
+            kubeconfig=kubeconfig,
+            service_host=env.get("KUBERNETES_SERVICE_HOST") or None,
+            service_port=env.get("KUBERNETES_SERVICE_PORT") or None,
+        )
 
     @property
     def token_file(self) -> str:

@@ -91,7 +91,7 @@ async def follow_labels(
     selector: dict[str, Any] = {"metadata.name": name}
     version: str | None = None  # None: list (again) before watching
     last: NodeLabels | None = None
-    outage = _Outage(backoff, log)
+    outage = Outage(backoff, log)
     while True:
         try:
             if version is None:
@@ -128,7 +128,7 @@ async def follow_labels(
             await asyncio.sleep(outage.failed(exc, loop.time()))
 
 
-class _Outage:
+class Outage:
     """Failures in a row and what to say about them: a watch the server dropped is resumed
     quietly; a few failures in a row (or any before the first answer) are an outage, said once,
     and its end is said too."""

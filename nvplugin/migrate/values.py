@@ -15,7 +15,14 @@ from typing import Any
 
 from nvplugin import yamlinput
 from nvplugin.config import SETTINGS, load_config
-from nvplugin.config.chartvalues import BY_PATH, NVIDIA_IMAGE, Use, covering, off_defaults
+from nvplugin.config.chartvalues import (
+    BY_PATH,
+    NVIDIA_IMAGE,
+    NvidiaValue,
+    Use,
+    covering,
+    off_defaults,
+)
 from nvplugin.config.schema import Invalid, Setting
 from nvplugin.errors import InputError, describe
 from nvplugin.migrate.report import Migration, Status
@@ -68,6 +75,10 @@ def _walk(
         if path in settings:
             _setting_value(path, value, migration, *settings[path])
         elif (declared := covering(path)) is not None:
+            if declared.path == path and declared.settings and isinstance(value, dict):
+                value = _block_settings(value, path, declared, migration, settings)
+                if not value:
+                    continue
             _nvidia_value(path, value, declared.path, migration, repository)
         elif isinstance(value, dict) and value:
             _walk(value, path, migration, settings, repository)
@@ -82,6 +93,27 @@ def _walk(
             _put(migration.output, path, value)
 
 
+def _block_settings(
+    value: dict[str, Any],
+    path: str,
+    declared: NvidiaValue,
+    migration: Migration,
+    settings: dict[str, tuple[str, Setting]],
+) -> dict[str, Any]:
+    """NVIDIA's block ``value`` at ``path`` less the settings' chart values inside it
+    (``declared.settings``: ``gfd.enabled``), each read as the setting's; one at NVIDIA's
+    default stays in the block, which is then dropped as NVIDIA's defaults."""
+    defaults = [d for d in declared.defaults() if isinstance(d, dict)]
+    rest = dict(value)
+    for key in declared.settings:
+        given = value.get(key)
+        if given is None or any(d.get(key) == given for d in defaults):
+            continue
+        _setting_value(f"{path}.{key}", given, migration, *settings[f"{path}.{key}"])
+        del rest[key]
+    return rest
+
+
 def _setting_value(
     path: str, value: object, migration: Migration, key: str, setting: Setting
 ) -> None:
@@ -89,6 +121,12 @@ def _setting_value(
     assert setting.chart is not None
     if value == "" or value == [] or (setting.chart.to == "check" and value is False):
         return  # not set, or NVIDIA's "off": nothing to pass
+    if setting.chart.to in ("when", "true") and not isinstance(value, bool):
+        migration.add(f"values.{path}", Status.REFUSED, "expected true or false", value)
+        return
+    if setting.chart.to == "when":  # a switch for a constant the chart passes
+        _put(migration.output, path, value)
+        return
     try:
         setting.check(value)
     except Invalid as exc:
@@ -128,7 +166,7 @@ def _nvidia_value(
             _put(migration.output, path, value)
         return
     if entry.use is Use.DEFAULTS:
-        off = off_defaults(value, entry.defaults(), path)
+        off = off_defaults(value, entry.defaults(), path, entry.skipped())
         for leaf in off:
             migration.add(f"values.{leaf}", Status.REFUSED, entry.why, _get(value, leaf, path))
         if not off:

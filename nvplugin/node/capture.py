@@ -1,30 +1,34 @@
 """``nvplugin node capture``: the node file of this machine, read through NVML and sysfs.
 
-Everything a node file can say is read, none of it guessed: each GPU's model, UUID, memory, bus
-id and NUMA node, the PCIe relation of every pair -- also where NVLink joins them, which
-``nvidia-smi topo -m`` hides -- the NVLinks of every pair and how many of each GPU's go into an
-NVSwitch fabric, the NUMA distances and the CPUs, and each MIG-enabled GPU's MIG devices as
-``mig: [profiles]`` in MIG index order. Discovery does the reading (the same code the plugin
-runs, :meth:`nvplugin.node.nvml.Nvml.scan`); this module only writes it down, so a capture of a
-simulated node gives back its node file's content.
+Everything a node file can say is read, none of it guessed: the driver's version and CUDA version,
+the machine's DMI product name, each GPU's model, UUID, memory, bus id, NUMA node, compute
+capability and PCI class (written where they differ from the model's), the PCIe relation of every
+pair -- also where NVLink joins them, which ``nvidia-smi topo -m`` hides -- the NVLinks of every
+pair and how many of each GPU's go into an NVSwitch fabric, the NUMA distances and the CPUs, and
+each MIG-enabled GPU's MIG devices as ``mig: [profiles]`` in MIG index order. Discovery does the
+reading (the same code the plugin runs, :meth:`nvplugin.node.nvml.Nvml.scan`); this module only
+writes it down, so a capture of a simulated node gives back its node file's content.
 
-Not captured: scripted health events (a node file's ``events``). A node file's MIG layout is
-one compute instance spanning each GPU instance, placed as :func:`nvplugin.node.mig.lay_out`
-places them: a smaller compute instance is written as its GPU instance, and a layout the
-profile tables cannot hold (a model not tabled, a profile variant such as ``+gfx``) is left out
-with a comment on that GPU, never a failed capture.
+Not captured: scripted health events (a node file's ``events``). A node file's MIG layout is one
+compute instance spanning each GPU instance, placed as :func:`nvplugin.node.mig.lay_out` places
+them: a smaller compute instance is written as its GPU instance, and a layout the profile tables
+cannot hold (a model not tabled, a profile variant such as ``+gfx``) is left out with a comment on
+that GPU, never a failed capture.
 """
 
 from __future__ import annotations
 
+import os
 import re
 
 from nvplugin.errors import InputError, NvpluginError, shortened
 from nvplugin.node import open_node
 from nvplugin.node.cpuspec import describe_layout
+from nvplugin.node.gpumodels import default_compute_capability, default_pci_class
 from nvplugin.node.mig import MigLayoutError, lay_out, mig_model
-from nvplugin.node.model import Gpu, Topology
+from nvplugin.node.model import Driver, Gpu, Topology
 from nvplugin.node.nodefile import parse_node
+from nvplugin.node.sysfs import DMI_PRODUCT_NAME, read_machine_type
 from nvplugin.node.writer import GpuDraft, NodeDraft, render
 
 
@@ -32,9 +36,10 @@ def capture(simulate: str | None = None, *, sysfs_root: str | None = None) -> st
     """The node file of this machine (or of the simulated node ``simulate``), as text."""
     with open_node(simulate, sysfs_root=sysfs_root) as node:
         scan = node.scan
+        machine = read_machine_type(os.path.join(node.sysfs_root, DMI_PRODUCT_NAME))
         memory = node.sim.spec.memory_mib if node.sim is not None else host_memory_mib()
     origin = f"simulated node {simulate}" if simulate is not None else f"host {scan.topology.name}"
-    return write_capture(scan.topology, scan.nvswitch_links, origin, memory)
+    return write_capture(scan.topology, scan.nvswitch_links, origin, scan.driver, machine, memory)
 
 
 def host_memory_mib(meminfo: str = "/proc/meminfo") -> int | None:
@@ -50,10 +55,15 @@ def host_memory_mib(meminfo: str = "/proc/meminfo") -> int | None:
 
 
 def write_capture(
-    topology: Topology, nvswitch_links: tuple[int, ...], origin: str, memory_mib: int | None = None
+    topology: Topology,
+    nvswitch_links: tuple[int, ...],
+    origin: str,
+    driver: Driver | None = None,
+    machine: str | None = None,
+    memory_mib: int | None = None,
 ) -> str:
-    """Node-file text for a discovered ``topology`` (on a host of ``memory_mib``); checked by
-    reading it back."""
+    """Node-file text for a discovered ``topology`` (and the node's driver, DMI product name and
+    memory, when known); checked by reading it back."""
     form, cpu_note = describe_layout(topology.cpus, len(topology.numa_distances))
     gpus = []
     for gpu in topology.gpus:
@@ -69,6 +79,13 @@ def write_capture(
         profiles, note = mig_profiles(gpu)
         if profiles is not None:
             fields.append(("mig", profiles))
+        if gpu.compute_capability != default_compute_capability(gpu.name):
+            compute = gpu.compute_capability
+            fields.append(
+                ("compute_capability", None if compute is None else f"{compute[0]}.{compute[1]}")
+            )
+        if gpu.pci_class is not None and gpu.pci_class != default_pci_class(gpu.name):
+            fields.append(("pci_class", f"0x{gpu.pci_class:06x}"))
         gpus.append(GpuDraft(tuple(fields), note))
     cells = tuple(
         tuple("X" if link is None else link.cell for link in row) for row in topology.links
@@ -85,7 +102,15 @@ def write_capture(
     if memory_mib is not None:
         notes["memory_mib"] = ["The host's memory (MiB, MemTotal), as the kubelet reports it."]
     draft = NodeDraft(
-        topology.name, tuple(gpus), cells, topology.numa_distances, form, notes, memory_mib
+        topology.name,
+        tuple(gpus),
+        cells,
+        topology.numa_distances,
+        form,
+        notes,
+        memory_mib=memory_mib,
+        machine=machine,
+        driver=driver,
     )
     text = render(draft)
     try:

@@ -26,12 +26,12 @@ import re
 import uuid as uuidlib
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from nvplugin.errors import InputError, show
 from nvplugin.log import get_logger
-from nvplugin.node.model import Gpu, MigCaps, MigDevice
+from nvplugin.node.model import Gpu, MigCaps, MigDevice, MigUnits
 from nvplugin.yamlinput import read_text
 
 # NVML's GPU instance profile enum (NVML_GPU_INSTANCE_PROFILE_*): stable ABI values, named here so
@@ -102,7 +102,8 @@ class MigProfile:
 
     ``gi_profile`` is NVML's profile enum, ``id`` the profile ID nvidia-smi shows (NVML's
     ``nvmlGpuInstanceProfileInfo_t.id``); ``placements`` the memory slices an instance may
-    start at (``-lgipp``), each taking ``memory_slices``.
+    start at (``-lgipp``), each taking ``memory_slices``; ``units`` its multiprocessors and
+    engines.
     """
 
     name: str
@@ -113,6 +114,7 @@ class MigProfile:
     memory_mib: int
     instances: int
     placements: tuple[int, ...]
+    units: MigUnits = field(default_factory=MigUnits)
 
     @property
     def media_extensions(self) -> bool:
@@ -152,24 +154,51 @@ def _eight_slices(
     memory_mib: int,
     mib: tuple[int, int, int, int],
     gb: tuple[int, int, int, int],
+    units: tuple[MigUnits, ...],
 ) -> MigModel:
     """A model with 7 compute and 8 memory slices (A100, H100, H200, B200): its seven profiles.
 
     ``mib``: instance memory of 1, 2, 4 and 8 memory slices; ``gb``: the same as profile names
-    say it. IDs, limits and placements are the same on all of these models.
+    say it; ``units``: each profile's multiprocessors and engines, in the order below. IDs,
+    limits and placements are the same on all of these models.
     """
     one, two, four, eight = mib
     gb1, gb2, gb4, gb8 = gb
+    u1, u1me, u1x2, u2, u3, u4, u7 = units
     profiles = (
-        MigProfile(f"1g.{gb1}gb", GI_PROFILE_1_SLICE, 19, 1, 1, one, 7, _ONE_SLICE_STARTS),
-        MigProfile(f"1g.{gb1}gb+me", GI_PROFILE_1_SLICE_REV1, 20, 1, 1, one, 1, _ONE_SLICE_STARTS),
-        MigProfile(f"1g.{gb2}gb", GI_PROFILE_1_SLICE_REV2, 15, 1, 2, two, 4, (0, 2, 4, 6)),
-        MigProfile(f"2g.{gb2}gb", GI_PROFILE_2_SLICE, 14, 2, 2, two, 3, (0, 2, 4)),
-        MigProfile(f"3g.{gb4}gb", GI_PROFILE_3_SLICE, 9, 3, 4, four, 2, (0, 4)),
-        MigProfile(f"4g.{gb4}gb", GI_PROFILE_4_SLICE, 5, 4, 4, four, 1, (0,)),
-        MigProfile(f"7g.{gb8}gb", GI_PROFILE_7_SLICE, 0, 7, 8, eight, 1, (0,)),
+        MigProfile(f"1g.{gb1}gb", GI_PROFILE_1_SLICE, 19, 1, 1, one, 7, _ONE_SLICE_STARTS, u1),
+        MigProfile(
+            f"1g.{gb1}gb+me", GI_PROFILE_1_SLICE_REV1, 20, 1, 1, one, 1, _ONE_SLICE_STARTS, u1me
+        ),
+        MigProfile(f"1g.{gb2}gb", GI_PROFILE_1_SLICE_REV2, 15, 1, 2, two, 4, (0, 2, 4, 6), u1x2),
+        MigProfile(f"2g.{gb2}gb", GI_PROFILE_2_SLICE, 14, 2, 2, two, 3, (0, 2, 4), u2),
+        MigProfile(f"3g.{gb4}gb", GI_PROFILE_3_SLICE, 9, 3, 4, four, 2, (0, 4), u3),
+        MigProfile(f"4g.{gb4}gb", GI_PROFILE_4_SLICE, 5, 4, 4, four, 1, (0,), u4),
+        MigProfile(f"7g.{gb8}gb", GI_PROFILE_7_SLICE, 0, 7, 8, eight, 1, (0,), u7),
     )
     return MigModel(label, names, memory_mib, 7, 8, profiles)
+
+
+_A100_UNITS = (
+    MigUnits(14, 1, 0, 0, 0, 0),
+    MigUnits(14, 1, 1, 0, 1, 1),
+    MigUnits(14, 1, 1, 0, 0, 0),
+    MigUnits(28, 2, 1, 0, 0, 0),
+    MigUnits(42, 3, 2, 0, 0, 0),
+    MigUnits(56, 4, 2, 0, 0, 0),
+    MigUnits(98, 7, 5, 0, 1, 1),
+)
+"""A100's profiles, in :func:`_eight_slices`' order: SMs, CE, DEC, ENC, JPEG, OFA."""
+_H100_UNITS = (
+    MigUnits(16, 1, 1, 0, 1, 0),
+    MigUnits(16, 1, 1, 0, 1, 1),
+    MigUnits(26, 1, 1, 0, 1, 0),
+    MigUnits(32, 2, 2, 0, 2, 0),
+    MigUnits(60, 3, 3, 0, 3, 0),
+    MigUnits(64, 4, 4, 0, 4, 0),
+    MigUnits(132, 8, 7, 0, 7, 1),
+)
+"""H100's profiles (also used for H200 and B200), in :func:`_eight_slices`' order."""
 
 
 MIG_MODELS: tuple[MigModel, ...] = (
@@ -180,11 +209,37 @@ MIG_MODELS: tuple[MigModel, ...] = (
         4,
         4,
         (
-            MigProfile("1g.6gb", GI_PROFILE_1_SLICE, 14, 1, 1, 5952, 4, (0, 1, 2, 3)),
-            MigProfile("1g.6gb+me", GI_PROFILE_1_SLICE_REV1, 21, 1, 1, 5952, 1, (0, 1, 2, 3)),
-            MigProfile("2g.12gb", GI_PROFILE_2_SLICE, 5, 2, 2, 11968, 2, (0, 2)),
-            MigProfile("2g.12gb+me", GI_PROFILE_2_SLICE_REV1, 6, 2, 2, 11968, 1, (0, 2)),
-            MigProfile("4g.24gb", GI_PROFILE_4_SLICE, 0, 4, 4, 24000, 1, (0,)),
+            MigProfile(
+                "1g.6gb", GI_PROFILE_1_SLICE, 14, 1, 1, 5952, 4, (0, 1, 2, 3), MigUnits(14, 1)
+            ),
+            MigProfile(
+                "1g.6gb+me",
+                GI_PROFILE_1_SLICE_REV1,
+                21,
+                1,
+                1,
+                5952,
+                1,
+                (0, 1, 2, 3),
+                MigUnits(14, 1, 1, 0, 1, 1),
+            ),
+            MigProfile(
+                "2g.12gb", GI_PROFILE_2_SLICE, 5, 2, 2, 11968, 2, (0, 2), MigUnits(28, 2, 2)
+            ),
+            MigProfile(
+                "2g.12gb+me",
+                GI_PROFILE_2_SLICE_REV1,
+                6,
+                2,
+                2,
+                11968,
+                1,
+                (0, 2),
+                MigUnits(28, 2, 2, 0, 1, 1),
+            ),
+            MigProfile(
+                "4g.24gb", GI_PROFILE_4_SLICE, 0, 4, 4, 24000, 1, (0,), MigUnits(56, 4, 4, 0, 1, 1)
+            ),
         ),
     ),
     _eight_slices(
@@ -193,6 +248,7 @@ MIG_MODELS: tuple[MigModel, ...] = (
         40960,
         (4864, 9856, 20096, 40448),
         (5, 10, 20, 40),
+        _A100_UNITS,
     ),
     _eight_slices(
         "A100 80GB",
@@ -200,6 +256,7 @@ MIG_MODELS: tuple[MigModel, ...] = (
         81920,
         (9728, 19968, 40192, 81152),
         (10, 20, 40, 80),
+        _A100_UNITS,
     ),
     _eight_slices(
         "H100 80GB",
@@ -207,6 +264,7 @@ MIG_MODELS: tuple[MigModel, ...] = (
         81559,
         (9984, 20096, 40448, 81152),
         (10, 20, 40, 80),
+        _H100_UNITS,
     ),
     _eight_slices(
         "H200 141GB",
@@ -214,15 +272,23 @@ MIG_MODELS: tuple[MigModel, ...] = (
         143771,
         (16384, 33280, 71424, 142976),
         (18, 35, 71, 141),
+        _H100_UNITS,
     ),
     _eight_slices(
-        "B200 180GB", ("NVIDIA B200",), 183359, (22784, 45056, 90112, 182272), (23, 45, 90, 180)
+        "B200 180GB",
+        ("NVIDIA B200",),
+        183359,
+        (22784, 45056, 90112, 182272),
+        (23, 45, 90, 180),
+        _H100_UNITS,
     ),
 )
 """MIG-capable models nvplugin can simulate. Profile names, IDs, limits and placements are
 NVIDIA's (MIG user guide, ``nvidia-smi mig -lgip``/``-lgipp``); instance memory is what
 ``-lgip`` reports for A100 and H100 and an approximation that gives the same names for A30,
-H200 and B200 (only the names and slices matter to the plugin)."""
+H200 and B200 (only the names and slices matter to the plugin). Multiprocessors and engines
+(what GPU Feature Discovery labels) follow the MIG user guide's tables for A30 and A100 and
+``-lgip`` for H100; H200 and B200 reuse H100's, an approximation."""
 
 
 def mig_model(gpu_name: str) -> MigModel | None:
@@ -378,6 +444,8 @@ def simulated_devices(
                 caps_minor(minor, inst.gpu_instance),
                 caps_minor(minor, inst.gpu_instance, inst.compute_instance),
             ),
+            compute_slices=inst.profile.compute_slices,
+            units=inst.profile.units,
         )
         for n, inst in enumerate(instances)
     )

@@ -84,6 +84,21 @@ class MigCaps:
 
 
 @dataclass(frozen=True, slots=True)
+class MigUnits:
+    """What a MIG device gets of its GPU besides memory: streaming multiprocessors (SM), copy
+    engines (CE), video decoders (DEC) and encoders (ENC), JPEG decoders and optical-flow
+    accelerators (OFA), as ``nvidia-smi mig -lgip`` lists them per profile and NVML's device
+    attributes report them per MIG device (``nvmlDeviceGetAttributes``)."""
+
+    multiprocessors: int = 0
+    copy_engines: int = 0
+    decoders: int = 0
+    encoders: int = 0
+    jpeg: int = 0
+    ofa: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class MigDevice:
     """One MIG device (a GPU instance with a compute instance) as NVML reports it.
 
@@ -92,7 +107,9 @@ class MigDevice:
     ``<parent>:<index>``. ``profile`` is the name NVIDIA's plugin and nvidia-smi use (``1g.5gb``,
     ``1c.3g.20gb``, ``1g.10gb+me``); ``slices`` the GPU instance's compute slices; ``placement``
     its (start, size) in memory slices. ``caps`` is None when the driver's ``mig-minors`` file
-    could not be read. The NUMA node is the parent's: a MIG device has no PCI function of its own.
+    could not be read; ``compute_slices`` its compute instance's slices (``slices`` or fewer)
+    and ``units`` its multiprocessors and engines. The NUMA node is the parent's: a MIG device
+    has no PCI function of its own.
     """
 
     parent: int
@@ -105,6 +122,8 @@ class MigDevice:
     slices: int
     placement: tuple[int, int]
     caps: MigCaps | None = None
+    compute_slices: int = 0
+    units: MigUnits = MigUnits()
 
     @property
     def label(self) -> str:
@@ -118,7 +137,9 @@ class Gpu:
 
     ``mig_enabled`` is the current MIG mode (a GPU without MIG support reports False);
     ``mig_devices`` its MIG devices in MIG index order (none when MIG is off, and possibly none
-    when it is on: instances are created separately).
+    when it is on: instances are created separately); ``mig_capable``: the GPU supports MIG.
+    ``compute_capability`` is CUDA's (major, minor), None when NVML cannot tell; ``pci_class``
+    the PCI function's class (``0x030200``: a 3D controller), None when sysfs cannot tell.
 
     ``name`` is kept printable (:func:`nvplugin.errors.printable`), whoever made the GPU (NVML,
     a node file): it is printed in tables, reports and logs, and a driver's or a file's control
@@ -134,9 +155,21 @@ class Gpu:
     numa_node: int | None
     mig_enabled: bool = False
     mig_devices: tuple[MigDevice, ...] = ()
+    mig_capable: bool = False
+    compute_capability: tuple[int, int] | None = None
+    pci_class: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "name", printable(self.name))
+
+
+@dataclass(frozen=True, slots=True)
+class Driver:
+    """The node's NVIDIA driver: its version (``550.54.15``) and the newest CUDA version it
+    supports, (major, minor)."""
+
+    version: str
+    cuda: tuple[int, int]
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,11 @@ Defaults, chosen so a pasted matrix "just works":
 The node's own memory, ``memory_mib`` at the top level (MiB, optional), is what the kubelet
 reports as its memory capacity: ``nvplugin admit`` checks pods' memory requests against it (and
 does not when it is not given). GPUs' memory is each GPU's ``memory_mib``.
+What GPU Feature Discovery reads of a node: ``driver: {version: "550.54.15", cuda: "12.4"}``
+(default :data:`~nvplugin.node.nodespec.DEFAULT_DRIVER`), ``machine`` (the DMI product name; none
+by default), and per GPU ``compute_capability`` (``"8.0"``; null: NVML cannot tell) and
+``pci_class`` (``"0x030200"``), by default its model's (:mod:`nvplugin.node.gpumodels`; no
+compute capability for a model not tabled).
 
 MIG: a GPU may carry ``mig: [<profile>, ...]``. The key present means MIG mode on (``mig: []``:
 on, no instances yet), absent means off. Each profile is one GPU instance with one compute
@@ -52,6 +57,8 @@ from nvplugin.errors import InputError, shortened
 from nvplugin.errors import show as show_value
 from nvplugin.node.builtin import builtin_names
 from nvplugin.node.cpuspec import CpuForm, CpuLists, CpuSpec, layout_of
+from nvplugin.node.gpumodels import default_compute_capability, default_pci_class
+from nvplugin.node.linksblock import block_start, links_hint
 from nvplugin.node.mig import MIG_MODELS, MigInstance, MigLayoutError, lay_out, mig_model
 from nvplugin.node.model import (
     MAX_CPUS,
@@ -59,11 +66,12 @@ from nvplugin.node.model import (
     MAX_NUMA_NODES,
     MAX_NVLINKS,
     CpuLayout,
+    Driver,
     Link,
     Pcie,
     parse_cpu_list,
 )
-from nvplugin.node.nodespec import EventSpec, GpuSpec, NodeSpec
+from nvplugin.node.nodespec import DEFAULT_DRIVER, EventSpec, GpuSpec, NodeSpec
 from nvplugin.node.topotext import (
     TopoTable,
     TopoTextError,
@@ -82,6 +90,8 @@ _TOP_KEYS = (
     "version",
     "name",
     "memory_mib",
+    "machine",
+    "driver",
     "numa_distances",
     "cpus",
     "gpus",
@@ -90,7 +100,22 @@ _TOP_KEYS = (
 )
 MAX_HOST_MEMORY_MIB = 1 << 32
 """The most host memory a node file may give (4 PiB)."""
-_GPU_KEYS = ("name", "uuid", "memory_mib", "pci_bus_id", "numa_node", "nvswitch_links", "mig")
+_GPU_KEYS = (
+    "name",
+    "uuid",
+    "memory_mib",
+    "pci_bus_id",
+    "numa_node",
+    "nvswitch_links",
+    "mig",
+    "compute_capability",
+    "pci_class",
+)
+_DRIVER_KEYS = ("version", "cuda")
+_DRIVER_RE = re.compile(r"^[0-9]{1,4}\.[0-9]{1,4}(\.[0-9]{1,4})?$")
+_VERSION_PAIR_RE = re.compile(r"^([0-9]{1,3})\.([0-9]{1,2})$")
+_PCI_CLASS_RE = re.compile(r"^0x[0-9a-fA-F]{6}$")
+MAX_MACHINE = 200
 _CPU_KEYS = ("sockets", "cores_per_socket", "threads_per_core", "numa_cpus", "socket_cpus")
 _EVENT_KEYS = ("after_s", "gpu", "xid", "lost", "recover", "wait_error", "for_s")
 _PCI_RE = re.compile(r"^([0-9a-fA-F]{1,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$")
@@ -123,72 +148,6 @@ def load_node(name_or_path: str) -> NodeSpec:
 def parse_node(text: str, source: str) -> NodeSpec:
     """Parse and validate node-file text; ``source`` names it in error messages."""
     return _Parser(source).parse(text)
-
-
-_LINKS_PLAIN_BLOCK_RE = re.compile(r"^links:[ \t]*\|[-+]?[ \t]*(#.*)?$")
-
-
-def _links_hint(text: str) -> str:
-    """Why a node file with a pasted matrix may not be YAML, when that is the likely cause.
-
-    YAML takes a ``|`` block's indentation from its first line, and PyYAML refuses a tab right
-    after that indentation. ``nvidia-smi topo -m`` starts its header row with a tab (current
-    drivers) or indents it further than the rows below it (older ones): either way a paste
-    under a plain ``|`` fails, and under ``|2`` (indentation given) it loads.
-    """
-    lines = text.splitlines()
-    for n, line in enumerate(lines):
-        if not _LINKS_PLAIN_BLOCK_RE.match(line):
-            continue
-        body = [b for b in lines[n + 1 :] if b.strip()]
-        indents = []
-        for row in body:
-            indent = len(row) - len(row.lstrip(" "))
-            if indent == 0:
-                break
-            indents.append(indent)
-        tab_first = bool(body) and body[0].lstrip(" ").startswith("\t")
-        if tab_first or (len(indents) > 1 and indents[0] > min(indents)):
-            return (
-                f" (line {n + 1}: a pasted nvidia-smi topo -m starts with a tab or with its "
-                f"header indented further than its rows; write `links: |2` so that YAML takes "
-                f"the indentation from the indicator)"
-            )
-        break
-    return ""
-
-
-def _block_start(text: str) -> tuple[int, str] | None:
-    """(0-based line of the links value's first content line, its style) in the file text."""
-    import yaml
-
-    depth = 0
-    expect_key = False
-    key_is_links = False
-    for event in yaml.parse(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
-        if isinstance(event, yaml.CollectionStartEvent):
-            if depth == 1 and not expect_key and key_is_links:
-                return None
-            depth += 1
-            expect_key = isinstance(event, yaml.MappingStartEvent) and depth == 1
-            continue
-        if isinstance(event, yaml.CollectionEndEvent):
-            depth -= 1
-            if depth == 1:
-                expect_key = True
-            continue
-        if isinstance(event, yaml.ScalarEvent | yaml.AliasEvent) and depth == 1:
-            if expect_key:
-                key_is_links = isinstance(event, yaml.ScalarEvent) and event.value == "links"
-            elif key_is_links and isinstance(event, yaml.ScalarEvent):
-                style = event.style or ""
-                mark = event.start_mark
-                if mark is None:
-                    return None
-                first = mark.line + 1 if style in ("|", ">") else mark.line
-                return first, style
-            expect_key = not expect_key
-    return None
 
 
 class _Parser:
@@ -239,7 +198,7 @@ class _Parser:
         try:
             data = yamlinput.load(text, self.source)
         except InputError as exc:
-            raise InputError(f"{exc}{_links_hint(text)}") from None
+            raise InputError(f"{exc}{links_hint(text)}") from None
         top = self.keys(data, "", _TOP_KEYS)
         for required in ("version", "name", "gpus", "links"):
             if required not in top:
@@ -279,7 +238,50 @@ class _Parser:
         memory = None
         if "memory_mib" in top:
             memory = self.integer(top["memory_mib"], "memory_mib", 1, MAX_HOST_MEMORY_MIB)
-        return NodeSpec(name, self.source, gpus, links, distances, cpus, layout, events, memory)
+        driver = self.driver(top["driver"]) if "driver" in top else DEFAULT_DRIVER
+        machine = self.machine(top["machine"]) if "machine" in top else None
+        return NodeSpec(
+            name,
+            self.source,
+            gpus,
+            links,
+            distances,
+            cpus,
+            layout,
+            events,
+            memory_mib=memory,
+            driver=driver,
+            machine=machine,
+        )
+
+    def driver(self, raw: Any) -> Driver:
+        """``driver``: its version (``X.Y[.Z]``, as NVML prints it) and the CUDA version it
+        supports (``M.m``); each defaults to :data:`DEFAULT_DRIVER`'s."""
+        data = self.keys(raw, "driver", _DRIVER_KEYS)
+        version = DEFAULT_DRIVER.version
+        if "version" in data:
+            version = self.string(data["version"], "driver.version")
+            if not _DRIVER_RE.match(version):
+                self.fail("driver.version", "must look like 550.54.15 (X.Y or X.Y.Z)", version)
+        cuda = DEFAULT_DRIVER.cuda
+        if "cuda" in data:
+            cuda = self.version_pair(data["cuda"], "driver.cuda", "12.4")
+        return Driver(version, cuda)
+
+    def machine(self, raw: Any) -> str:
+        text = self.string(raw, "machine")
+        if len(text) > MAX_MACHINE or "\n" in text or not text.isprintable():
+            self.fail("machine", f"must be one printable line of at most {MAX_MACHINE} characters")
+        return text.strip()
+
+    def version_pair(self, raw: Any, field: str, example: str) -> tuple[int, int]:
+        """``"8.0"`` (or the number 8.0 as YAML reads it) -> (8, 0)."""
+        if isinstance(raw, float) and not isinstance(raw, bool):
+            raw = repr(raw)
+        match = _VERSION_PAIR_RE.match(raw) if isinstance(raw, str) else None
+        if match is None:
+            self.fail(field, f'must be a version such as "{example}" (major.minor)', raw)
+        return int(match.group(1)), int(match.group(2))
 
     def gpu_fields(self, raw: Any, i: int) -> dict[str, Any]:
         field = f"gpus[{i}]"
@@ -316,7 +318,7 @@ class _Parser:
 
     def links_place(self, text: str, raw: str, exc: TopoTextError) -> str:
         """``links, line L, column C`` of the file where it can be told, else of the block."""
-        start = _block_start(text)
+        start = block_start(text)
         if start is not None and start[1] == "|":
             file_lines = text.splitlines()
             block_lines = raw.splitlines()
@@ -414,7 +416,20 @@ class _Parser:
                 switch = self.integer(
                     data["nvswitch_links"], f"{field}.nvswitch_links", 0, MAX_NVLINKS
                 )
-            gpus.append(GpuSpec(i, name, uuid, memory, bus_id, numa[i], switch, mig))
+            compute = default_compute_capability(name)
+            if "compute_capability" in data:  # null: NVML cannot tell
+                raw = data["compute_capability"]
+                at = f"{field}.compute_capability"
+                compute = None if raw is None else self.version_pair(raw, at, "8.0")
+            pci_class = default_pci_class(name)
+            if "pci_class" in data:
+                raw_class = data["pci_class"]
+                if not isinstance(raw_class, str) or not _PCI_CLASS_RE.match(raw_class):
+                    self.fail(f"{field}.pci_class", 'must look like "0x030200"', raw_class)
+                pci_class = int(raw_class, 16)
+            gpus.append(
+                GpuSpec(i, name, uuid, memory, bus_id, numa[i], switch, mig, compute, pci_class)
+            )
         return tuple(gpus)
 
     def mig(

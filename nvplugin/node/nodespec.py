@@ -7,15 +7,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nvplugin.node.cpuspec import CpuForm
-from nvplugin.node.mig import MigInstance
+from nvplugin.node.gpumodels import PCI_CLASS_3D
+from nvplugin.node.mig import MigInstance, mig_model
 from nvplugin.node.mig import simulated_devices as simulated_mig_devices
-from nvplugin.node.model import CpuLayout, Gpu, Link, Topology
+from nvplugin.node.model import CpuLayout, Driver, Gpu, Link, Topology
+
+DEFAULT_DRIVER = Driver("550.127.05", (12, 4))
+"""The driver a simulated node has unless its node file says otherwise (``driver``)."""
 
 
 @dataclass(frozen=True, slots=True)
 class GpuSpec:
     """One simulated GPU. ``nvswitch_links`` = NVLinks into an NVSwitch fabric (0 = none);
-    ``mig`` its MIG instances (None: MIG mode off)."""
+    ``mig`` its MIG instances (None: MIG mode off); ``compute_capability`` None: NVML cannot
+    tell; ``pci_class`` what its sysfs ``class`` file says."""
 
     index: int
     name: str
@@ -25,6 +30,13 @@ class GpuSpec:
     numa_node: int | None
     nvswitch_links: int = 0
     mig: tuple[MigInstance, ...] | None = None
+    compute_capability: tuple[int, int] | None = None
+    pci_class: int = PCI_CLASS_3D
+
+    @property
+    def mig_capable(self) -> bool:
+        """Whether the simulated GPU supports MIG: its model has a MIG profile table."""
+        return mig_model(self.name) is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +61,8 @@ class EventSpec:
 class NodeSpec:
     """A validated node file: what the simulated NVML and sysfs present.
 
-    ``links[i][j]`` holds the link as discovery must find it (NVSwitch pairs included).
+    ``links[i][j]`` holds the link as discovery must find it (NVSwitch pairs included);
+    ``machine`` the DMI product name (None: the simulated sysfs has none).
     """
 
     name: str
@@ -62,6 +75,8 @@ class NodeSpec:
     events: tuple[EventSpec, ...] = ()
     memory_mib: int | None = None
     """The host's memory (the kubelet's node memory capacity); None: the file does not say."""
+    driver: Driver = DEFAULT_DRIVER
+    machine: str | None = None
 
     def direct_nvlinks(self, a: int, b: int) -> int:
         """NVLinks the fake NVML reports as direct GPU-GPU links between ``a`` and ``b``.
@@ -88,6 +103,9 @@ class NodeSpec:
                 g.numa_node,
                 g.mig is not None,
                 simulated_mig_devices(g.index, g.index, g.uuid, g.mig or ()),
+                g.mig_capable,
+                g.compute_capability,
+                g.pci_class,
             )
             for g in self.gpus
         )

@@ -3,8 +3,10 @@ for MPS the compute mode of the GPUs it shares (set when MPS starts serving them
 
 This is the only module that imports ``pynvml``. The simulated NVML (:mod:`nvplugin.node.sim`)
 replaces exactly the pynvml functions called here, so the same code runs on a real node and on a
-laptop. Discovery reads the rest of the node (NUMA node of each GPU, NUMA distances, CPU layout)
-from sysfs, under a configurable root, the same way in both cases.
+laptop. Discovery reads the rest of the node (NUMA node and PCI class of each GPU, NUMA
+distances, CPU layout) from sysfs (:mod:`nvplugin.node.sysfs`), under a configurable root, the
+same way in both cases. Besides the GPUs it reads the driver's version and the CUDA version it
+supports, and each GPU's compute capability: what GPU Feature Discovery's labels say of a node.
 
 MIG: for each GPU, its current MIG mode and, when on, each MIG device (index, UUID, GPU and
 compute instance IDs, attributes, and the GPU instance's profile for the name suffix: the calls
@@ -21,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,15 +35,21 @@ from nvplugin.errors import NvpluginError
 from nvplugin.node import mig
 from nvplugin.node.model import (
     MAX_NVLINKS,
-    Cpu,
-    CpuLayout,
+    Driver,
     Gpu,
     Link,
     MigCaps,
     MigDevice,
+    MigUnits,
     Pcie,
     Topology,
-    parse_cpu_list,
+)
+from nvplugin.node.sysfs import (
+    pci_key,
+    read_cpu_layout,
+    read_numa_distances,
+    read_numa_node,
+    read_pci_class,
 )
 
 T = TypeVar("T")
@@ -50,6 +57,8 @@ T = TypeVar("T")
 CALLED = (
     "nvmlInit",
     "nvmlShutdown",
+    "nvmlSystemGetDriverVersion",
+    "nvmlSystemGetCudaDriverVersion",
     "nvmlDeviceGetCount",
     "nvmlDeviceGetHandleByIndex",
     "nvmlDeviceGetUUID",
@@ -57,6 +66,7 @@ CALLED = (
     "nvmlDeviceGetMemoryInfo",
     "nvmlDeviceGetPciInfo",
     "nvmlDeviceGetMinorNumber",
+    "nvmlDeviceGetCudaComputeCapability",
     "nvmlDeviceGetTopologyCommonAncestor",
     "nvmlDeviceGetNvLinkState",
     "nvmlDeviceGetNvLinkRemotePciInfo",
@@ -105,8 +115,6 @@ PCIE_TO_LEVEL: Mapping[Pcie, int] = MappingProxyType(
 )
 """NVML common-ancestor level of each PCIe relation (the simulated NVML answers with these)."""
 
-_PCI_RE = re.compile(r"^([0-9a-fA-F]+):([0-9a-fA-F]+):([0-9a-fA-F]+)\.([0-9a-fA-F]+)$")
-
 NVML_LIBRARY = "libnvidia-ml.so.1"
 LIBRARY_DIRS = (
     "usr/lib64",
@@ -142,10 +150,12 @@ class GpuEvent:
 
 @dataclass(frozen=True)
 class Scan:
-    """What discovery read: the topology, and each GPU's NVLinks into an NVSwitch fabric."""
+    """What discovery read: the topology, each GPU's NVLinks into an NVSwitch fabric, and the
+    driver's version and CUDA version."""
 
     topology: Topology
     nvswitch_links: tuple[int, ...]
+    driver: Driver
 
 
 class EventWaitError(NvpluginError):
@@ -160,24 +170,6 @@ def _text(value: str | bytes) -> str:
 def _address(pointer: Any) -> int:
     """The address an opaque NVML handle points at: how an event's device is matched."""
     return int(ctypes.cast(pointer, ctypes.c_void_p).value or 0)
-
-
-def pci_key(bus_id: str) -> tuple[int, int, int, int] | None:
-    """(domain, bus, device, function) of a PCI bus id in any width, or None if malformed."""
-    match = _PCI_RE.match(bus_id.strip())
-    if not match:
-        return None
-    domain, bus, dev, fn = (int(part, 16) for part in match.groups())
-    return domain, bus, dev, fn
-
-
-def sysfs_pci_name(bus_id: str) -> str:
-    """NVML's ``00000000:07:00.0`` as sysfs names it: ``0000:07:00.0`` (4-digit, lower case)."""
-    key = pci_key(bus_id)
-    if key is None:
-        return bus_id.lower()
-    domain, bus, dev, fn = key
-    return f"{domain:04x}:{bus:02x}:{dev:02x}.{fn:x}"
 
 
 def driver_library(driver_root: str) -> str | None:
@@ -322,7 +314,14 @@ class Nvml:
                 links[i][j] = links[j][i] = link
         cpus = read_cpu_layout(self.sysfs_root)
         topology = Topology(name, gpus, tuple(tuple(row) for row in links), numa_distances, cpus)
-        return Scan(topology, tuple(fabric))
+        return Scan(topology, tuple(fabric), self.driver())
+
+    def driver(self) -> Driver:
+        """The driver's version and the newest CUDA version it supports (NVML encodes that as
+        1000 * major + 10 * minor)."""
+        version = _text(_call("read the driver version", pynvml.nvmlSystemGetDriverVersion))
+        cuda = int(_call("read the CUDA version", pynvml.nvmlSystemGetCudaDriverVersion))
+        return Driver(version, (cuda // 1000, cuda % 1000 // 10))
 
     def _gpu(self, index: int, handle: Any, numa_count: int, minors: _MinorsOnce) -> Gpu:
         what = f"read GPU {index}"
@@ -335,7 +334,7 @@ class Nvml:
         numa = read_numa_node(self.sysfs_root, bus_id)
         if numa is not None and numa >= numa_count:
             numa = None  # a node sysfs does not list: treat as unknown rather than fail
-        enabled, migs = self._mig(index, handle, int(minor), int(memory.total), minors)
+        capable, enabled, migs = self._mig(index, handle, int(minor), int(memory.total), minors)
         return Gpu(
             index,
             uuid,
@@ -346,24 +345,39 @@ class Nvml:
             numa,
             enabled,
             migs,
+            capable,
+            self._compute_capability(index, handle),
+            read_pci_class(self.sysfs_root, bus_id),
         )
+
+    def _compute_capability(self, index: int, handle: Any) -> tuple[int, int] | None:
+        """GPU ``index``'s CUDA compute capability; None when NVML cannot tell."""
+        try:
+            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+        except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound):
+            return None
+        except pynvml.NVMLError as exc:
+            raise _failure(exc, f"read GPU {index}'s compute capability") from None
+        return int(major), int(minor)
 
     def _mig(
         self, index: int, handle: Any, minor: int, total_bytes: int, minors: _MinorsOnce
-    ) -> tuple[bool, tuple[MigDevice, ...]]:
-        """GPU ``index``'s MIG mode (current, not pending) and its MIG devices in index order.
+    ) -> tuple[bool, bool, tuple[MigDevice, ...]]:
+        """Whether GPU ``index`` supports MIG, its MIG mode (current, not pending) and its MIG
+        devices in index order.
 
-        A GPU without MIG answers NotSupported: MIG off. Indices up to the GPU's maximum MIG
-        device count that hold no device answer NotFound and are skipped (as go-nvlib does).
+        A GPU without MIG answers NotSupported: not capable, MIG off. Indices up to the GPU's
+        maximum MIG device count that hold no device answer NotFound and are skipped (as
+        go-nvlib does).
         """
         try:
             current, _pending = pynvml.nvmlDeviceGetMigMode(handle)
         except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound):
-            return False, ()
+            return False, False, ()
         except pynvml.NVMLError as exc:
             raise _failure(exc, f"read GPU {index}'s MIG mode") from None
         if current != pynvml.NVML_DEVICE_MIG_ENABLE:
-            return False, ()
+            return True, False, ()
         what = f"read GPU {index}'s MIG devices"
         count = _call(what, pynvml.nvmlDeviceGetMaxMigDeviceCount, handle)
         gi_profiles: dict[int, int] | None = None  # profile ID -> NVML profile enum, read once
@@ -380,7 +394,7 @@ class Nvml:
             devices.append(
                 self._mig_device(index, n, handle, device, minor, total_bytes, gi_profiles, minors)
             )
-        return True, tuple(devices)
+        return True, True, tuple(devices)
 
     def _gi_profiles(self, index: int, handle: Any) -> dict[int, int]:
         """GPU ``index``'s GPU instance profiles: profile ID -> NVML profile enum."""
@@ -434,7 +448,18 @@ class Nvml:
             if gi_minor is not None and ci_minor is not None:
                 caps = MigCaps(gi_minor, ci_minor)
         placement = (int(info.placement.start), int(info.placement.size))
-        return MigDevice(index, n, uuid, name, gi, ci, memory_mib, gi_slices, placement, caps)
+        units = MigUnits(
+            int(attributes.multiprocessorCount),
+            int(attributes.sharedCopyEngineCount),
+            int(attributes.sharedDecoderCount),
+            int(attributes.sharedEncoderCount),
+            int(attributes.sharedJpegCount),
+            int(attributes.sharedOfaCount),
+        )
+        ci_slices = int(attributes.computeInstanceSliceCount)
+        return MigDevice(
+            index, n, uuid, name, gi, ci, memory_mib, gi_slices, placement, caps, ci_slices, units
+        )
 
     def _walk_nvlinks(
         self,
@@ -602,89 +627,3 @@ class _MinorsOnce:
             self._read = True
             self._table = mig.read_mig_minors(self._paths)
         return self._table
-
-
-# -- sysfs ------------------------------------------------------------------------------------
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text()
-    except (OSError, UnicodeDecodeError):
-        return None
-
-
-def read_numa_node(sysfs_root: str, bus_id: str) -> int | None:
-    """NUMA node of a PCI device from sysfs: None when negative (-1) or unreadable."""
-    path = Path(sysfs_root, "bus/pci/devices", sysfs_pci_name(bus_id), "numa_node")
-    text = _read(path)
-    try:
-        node = int(text) if text is not None else -1
-    except ValueError:
-        return None
-    return node if node >= 0 else None
-
-
-def _node_ids(sysfs_root: str) -> list[int]:
-    try:
-        entries = os.listdir(Path(sysfs_root, "devices/system/node"))
-    except OSError:
-        return []
-    return sorted(int(e[4:]) for e in entries if e.startswith("node") and e[4:].isdigit())
-
-
-def read_numa_distances(sysfs_root: str) -> tuple[tuple[int, ...], ...]:
-    """SLIT distances between NUMA nodes 0..k-1 from ``devices/system/node/node*/distance``.
-
-    Without node directories (a kernel without NUMA), one node 0 at distance 10. Node ids
-    missing from a sparse numbering get rows of 255 (unreachable) so ids stay 0..k-1.
-    """
-    ids = _node_ids(sysfs_root)
-    if not ids:
-        return ((10,),)
-    count = ids[-1] + 1
-    rows = [[10 if a == b else 255 for b in range(count)] for a in range(count)]
-    for a in ids:
-        text = _read(Path(sysfs_root, f"devices/system/node/node{a}/distance")) or ""
-        try:
-            values = [int(v) for v in text.split()]
-        except ValueError:
-            values = []
-        for b, value in zip(ids, values, strict=False):
-            rows[a][b] = value
-    return tuple(tuple(row) for row in rows)
-
-
-def read_cpu_layout(sysfs_root: str) -> CpuLayout:
-    """Logical CPUs with socket, core and NUMA node from sysfs (``devices/system/cpu``).
-
-    A CPU in no node's cpulist is on node 0. Without readable CPU topology (not Linux): one
-    socket of ``os.cpu_count()`` single-threaded cores on node 0.
-    """
-    node_of: dict[int, int] = {}
-    for node in _node_ids(sysfs_root):
-        text = _read(Path(sysfs_root, f"devices/system/node/node{node}/cpulist")) or ""
-        try:
-            for cpu in parse_cpu_list(text):
-                node_of[cpu] = node
-        except ValueError:
-            continue
-    base = Path(sysfs_root, "devices/system/cpu")
-    try:
-        entries = os.listdir(base)
-    except OSError:
-        entries = []
-    cpus = []
-    for entry in entries:
-        if not (entry.startswith("cpu") and entry[3:].isdigit()):
-            continue
-        cpu_id = int(entry[3:])
-        socket = _read(base / entry / "topology/physical_package_id")
-        core = _read(base / entry / "topology/core_id")
-        if socket is None or core is None:
-            continue  # offline CPU: no topology
-        try:
-            cpus.append(Cpu(cpu_id, int(socket), int(core), node_of.get(cpu_id, 0)))
-        except ValueError:
-            continue
-    if not cpus:
-        return CpuLayout.build(1, os.cpu_count() or 1, 1, 1)
-    return CpuLayout(tuple(sorted(cpus, key=lambda c: c.id)))

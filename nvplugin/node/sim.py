@@ -14,10 +14,14 @@ Model of the node file:
   PCI info of one of the switches, which are not GPUs). Between two fabric GPUs nothing is
   direct; discovery recovers min(links of each). Indices past the GPU's links up to
   ``MAX_NVLINKS`` answer NotSupported, beyond that InvalidArgument;
+- the driver's version and CUDA version are the node file's ``driver``; each GPU's compute
+  capability its ``compute_capability`` (NotSupported when unknown); its PCI class and the DMI
+  product name (``machine``) are files of the generated tree (:mod:`nvplugin.node.simtree`);
 - MIG: a GPU whose model has a MIG profile table (:mod:`nvplugin.node.mig`) reports its mode
   from the node file (``mig`` key present = on); its MIG devices are the node file's instances in
   list order (MIG index), with their own opaque handles, one GPU instance handle each, and the
-  profile table behind ``nvmlDeviceGetGpuInstanceProfileInfo``. Other GPUs answer NotSupported.
+  profile table behind ``nvmlDeviceGetGpuInstanceProfileInfo`` and its multiprocessors and
+  engines behind ``nvmlDeviceGetAttributes``. Other GPUs answer NotSupported.
   The driver's ``mig-minors`` file is written under the tree (the simulated driver root) when a
   GPU has MIG on;
 - compute modes: every GPU starts in DEFAULT; ``nvmlDeviceSetComputeMode`` changes it for the
@@ -35,9 +39,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import inspect
-import os
 import shutil
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -45,9 +47,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from nvplugin.node import mig, nvml, simmps
-from nvplugin.node.model import MAX_NVLINKS, format_cpu_list
+from nvplugin.node import mig, nvml, simmps, simtree
+from nvplugin.node.model import MAX_NVLINKS
 from nvplugin.node.nodespec import NodeSpec
+from nvplugin.node.sysfs import pci_key
 
 _HANDLE_BASE = 0x7E5A0000
 _SET_BASE = 0x7E5B0000
@@ -59,54 +62,6 @@ SWITCHES = 6
 """How many NVSwitches the simulated fabric spreads a GPU's switch links over."""
 
 _INSTALLED_MARK = "_nvplugin_simulation"
-
-
-SYSFS_PREFIX = "nvplugin-sysfs-"
-"""Generated sysfs trees are named ``nvplugin-sysfs-<owner pid>-<random>``."""
-
-
-def remove_stale_sysfs_trees(parent: str) -> list[str]:
-    """Remove the generated sysfs trees in ``parent`` whose owner process is gone; their names.
-
-    A simulation removes its tree on uninstall, but a SIGKILLed ``nvplugin serve`` cannot: each
-    kill would leave one tree behind in /dev/shm (memory, until reboot). So every new simulation
-    first sweeps the trees of dead owners. A tree whose owner pid is alive (or whose name carries
-    no pid, from an older release) is left alone: it may be in use.
-    """
-    removed = []
-    try:
-        names = sorted(os.listdir(parent))
-    except OSError:
-        return []
-    for name in names:
-        owner = name.removeprefix(SYSFS_PREFIX).split("-", 1)[0]
-        if not name.startswith(SYSFS_PREFIX) or not owner.isdigit() or _alive(int(owner)):
-            continue
-        path = os.path.join(parent, name)
-        if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(name)
-    return removed
-
-
-def _usable(directory: str) -> bool:
-    """Whether a generated tree may live in ``directory``: writable, and programs can run there."""
-    try:
-        return os.access(directory, os.W_OK) and not os.statvfs(directory).f_flag & os.ST_NOEXEC
-    except OSError:
-        return False
-
-
-def _alive(pid: int) -> bool:
-    if pid <= 0:
-        return True  # not a pid we wrote: keep the tree
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's live process
-    return True
 
 
 class UnmodelledNvmlCall(RuntimeError):
@@ -225,6 +180,8 @@ class SimulatedNvml:
             "nvmlInit": self.nvmlInit,
             "nvmlShutdown": self.nvmlShutdown,
             "nvmlErrorString": self.nvmlErrorString,
+            "nvmlSystemGetDriverVersion": self.nvmlSystemGetDriverVersion,
+            "nvmlSystemGetCudaDriverVersion": self.nvmlSystemGetCudaDriverVersion,
             "nvmlDeviceGetCount": self.nvmlDeviceGetCount,
             "nvmlDeviceGetHandleByIndex": self.nvmlDeviceGetHandleByIndex,
             "nvmlDeviceGetUUID": self.nvmlDeviceGetUUID,
@@ -232,6 +189,7 @@ class SimulatedNvml:
             "nvmlDeviceGetMemoryInfo": self.nvmlDeviceGetMemoryInfo,
             "nvmlDeviceGetPciInfo": self.nvmlDeviceGetPciInfo,
             "nvmlDeviceGetMinorNumber": self.nvmlDeviceGetMinorNumber,
+            "nvmlDeviceGetCudaComputeCapability": self.nvmlDeviceGetCudaComputeCapability,
             "nvmlDeviceGetTopologyCommonAncestor": self.nvmlDeviceGetTopologyCommonAncestor,
             "nvmlDeviceGetNvLinkState": self.nvmlDeviceGetNvLinkState,
             "nvmlDeviceGetNvLinkRemotePciInfo": self.nvmlDeviceGetNvLinkRemotePciInfo,
@@ -259,37 +217,10 @@ class SimulatedNvml:
             root = Path(self._given_root)
             root.mkdir(parents=True, exist_ok=True)
         else:
-            # In memory where the OS offers it: a 256-CPU tree is ~1000 files, 40x faster on tmpfs.
-            # Not where programs cannot run (a container's /dev/shm is noexec): the tree is the
-            # driver root too, with the MPS control daemon's stand-in in it.
-            parent = "/dev/shm" if _usable("/dev/shm") else tempfile.gettempdir()
-            remove_stale_sysfs_trees(parent)
-            root = Path(tempfile.mkdtemp(prefix=f"{SYSFS_PREFIX}{os.getpid()}-", dir=parent))
+            root = simtree.make_root()
             self._made_root = True
         self.sysfs_root = str(root)
-        for gpu in self.spec.gpus:
-            device = root / "bus/pci/devices" / nvml.sysfs_pci_name(gpu.pci_bus_id)
-            device.mkdir(parents=True, exist_ok=True)
-            numa = -1 if gpu.numa_node is None else gpu.numa_node
-            (device / "numa_node").write_text(f"{numa}\n")
-        layout = self.spec.cpu_layout
-        if self._sysfs_numa:
-            for node, row in enumerate(self.spec.numa_distances):
-                folder = root / f"devices/system/node/node{node}"
-                folder.mkdir(parents=True, exist_ok=True)
-                (folder / "distance").write_text(" ".join(str(d) for d in row) + "\n")
-                (folder / "cpulist").write_text(format_cpu_list(layout.on_node(node)) + "\n")
-        for cpu in layout.cpus:
-            topo = f"{root}/devices/system/cpu/cpu{cpu.id}/topology"
-            os.makedirs(topo, exist_ok=True)
-            with open(f"{topo}/physical_package_id", "w") as out:
-                out.write(f"{cpu.socket}\n")
-            with open(f"{topo}/core_id", "w") as out:
-                out.write(f"{cpu.core}\n")
-        if any(gpu.mig is not None for gpu in self.spec.gpus):
-            minors = root / mig.MIG_MINORS_PATH
-            minors.parent.mkdir(parents=True, exist_ok=True)
-            minors.write_text(mig.mig_minors_text(max(mig.CAPS_GPUS, len(self.spec.gpus))))
+        simtree.write_tree(self.spec, root, numa=self._sysfs_numa)
         simmps.write_program(str(root))
 
     @property
@@ -409,7 +340,7 @@ class SimulatedNvml:
     def _pci(self, bus_id: str) -> Any:
         struct = getattr(self._pynvml, "nvmlPciInfo_t", None) or self._pynvml.c_nvmlPciInfo_t
         info = struct()
-        domain, bus, dev, _ = nvml.pci_key(bus_id) or (0, 0, 0, 0)
+        domain, bus, dev, _ = pci_key(bus_id) or (0, 0, 0, 0)
         info.domain, info.bus, info.device = domain, bus, dev
         info.busId = bus_id
         info.busIdLegacy = f"{domain & 0xFFFF:04X}:{bus:02X}:{dev:02X}.0"
@@ -431,6 +362,16 @@ class SimulatedNvml:
 
     def nvmlErrorString(self, result: int) -> str:
         return f"NVML error {result} (simulated)"
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        self._require_init()
+        return self.spec.driver.version
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        """NVML's encoding: 1000 * major + 10 * minor (12.4 -> 12040)."""
+        self._require_init()
+        major, minor = self.spec.driver.cuda
+        return 1000 * major + 10 * minor
 
     def nvmlDeviceGetCount(self) -> int:
         self._require_init()
@@ -462,6 +403,13 @@ class SimulatedNvml:
 
     def nvmlDeviceGetMinorNumber(self, handle: Any) -> int:
         return self._device(handle)
+
+    def nvmlDeviceGetCudaComputeCapability(self, handle: Any) -> tuple[int, int]:
+        """The node file's (or the model's) compute capability; NotSupported when unknown."""
+        compute = self.spec.gpus[self._device(handle)].compute_capability
+        if compute is None:
+            raise self._error(self._pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return compute
 
     def nvmlDeviceGetTopologyCommonAncestor(self, device1: Any, device2: Any) -> int:
         a, b = self._device(device1), self._device(device2)
@@ -521,10 +469,17 @@ class SimulatedNvml:
 
     def nvmlDeviceGetAttributes(self, device: Any) -> Any:
         profile = self._instance(device).profile
+        units = profile.units
         attributes = self._pynvml.c_nvmlDeviceAttributes()
         attributes.gpuInstanceSliceCount = profile.compute_slices
         attributes.computeInstanceSliceCount = profile.compute_slices
         attributes.memorySizeMB = profile.memory_mib
+        attributes.multiprocessorCount = units.multiprocessors
+        attributes.sharedCopyEngineCount = units.copy_engines
+        attributes.sharedDecoderCount = units.decoders
+        attributes.sharedEncoderCount = units.encoders
+        attributes.sharedJpegCount = units.jpeg
+        attributes.sharedOfaCount = units.ofa
         return attributes
 
     def nvmlDeviceGetGpuInstanceById(self, device: Any, gpuInstanceId: int) -> Any:

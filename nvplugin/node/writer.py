@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from nvplugin.node.cpuspec import CpuForm, CpuLists
-from nvplugin.node.model import format_cpu_list
+from nvplugin.node.model import Driver, format_cpu_list
 from nvplugin.node.nodefile import VERSION
 
 WIDTH = 99
@@ -34,7 +34,8 @@ class GpuDraft:
 @dataclass(frozen=True)
 class NodeDraft:
     """A node file to write. ``cells[i][j]`` is the links cell text (``X`` on the diagonal);
-    ``notes`` holds comment lines written above a top-level key (and ``""``: the file)."""
+    ``notes`` holds comment lines written above a top-level key (and ``""``: the file);
+    ``machine`` and ``driver`` are written when given."""
 
     name: str
     gpus: tuple[GpuDraft, ...]
@@ -44,6 +45,8 @@ class NodeDraft:
     notes: Mapping[str, Sequence[str]] = field(default_factory=dict)
     memory_mib: int | None = None
     """The host's memory (MiB), as the kubelet reports it; None: not written."""
+    machine: str | None = None
+    driver: Driver | None = None
 
 
 def scalar(value: object) -> str:
@@ -87,6 +90,11 @@ def render(draft: NodeDraft) -> str:
     if draft.memory_mib is not None:
         section("memory_mib")
         out.append(f"memory_mib: {draft.memory_mib}")
+    if draft.machine is not None:
+        out.append(f"machine: {scalar(draft.machine)}")
+    if draft.driver is not None:
+        cuda = f"{draft.driver.cuda[0]}.{draft.driver.cuda[1]}"
+        out.append(f"driver: {{version: {scalar(draft.driver.version)}, cuda: {scalar(cuda)}}}")
     if draft.numa_distances is not None:
         section("numa_distances")
         rows = [f"[{', '.join(map(str, row))}]" for row in draft.numa_distances]

@@ -38,6 +38,7 @@ from nvplugin.plugin.work import RequestWorkers
 from nvplugin.rm import (
     MpsAllocation,
     ResourceManager,
+    ResourcePlan,
     Responder,
     ServedResource,
     check_caps,
@@ -137,6 +138,7 @@ class Resources:
         self._on_fatal = on_fatal
         self._log = get_logger("nvplugin.daemon")
         self.served: list[Served] = []  # one per served resource name, in plan order
+        self.plan: ResourcePlan | None = None  # what is served (the last start's plan)
         self._registrars: list[asyncio.Task[None]] = []  # one per served resource
         self._policies: asyncio.Future[dict[str, Policy]] | None = None
         self._health: Health | None = None  # one monitor for every served GPU
@@ -198,6 +200,7 @@ class Resources:
                 await part.close(STOP_GRACE_S)
             policies.cancel()
             raise
+        self.plan = plan
         if not parts:
             self._log.warning("every GPU is excluded; serving no resource")
             policies.cancel()

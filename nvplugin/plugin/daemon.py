@@ -15,6 +15,12 @@ and registers them again; a config that no longer loads is logged and the runnin
 reload that changes only log, health rules, health service or metrics is applied in place: the
 sockets, the kubelet's streams and the registrations stay, so no request fails meanwhile.
 
+Labels: with ``flags.gfd.outputFile`` set, the node's labels (GPU Feature Discovery's, and
+nvplugin's few) are kept in that file (:mod:`.labelling`): written once the resources serve,
+again after every reload (SIGHUP's or a per-node config's), removed at stop; with
+``flags.useNodeFeatureAPI``, in NFD's NodeFeature object instead (:mod:`.nodefeature`: the pod's
+``NODE_NAME``, ``NAMESPACE``, ``POD_NAME``), published in the background.
+
 Per-node configs (``CONFIG_FILE_SRCDIR``): a :class:`~.selection.ConfigSelector` runs beside the
 serve loop, follows the Node's label and the config directory, and applies what they choose
 through the same reload (one at a time with SIGHUP's); SIGHUP re-reads the chosen file.
@@ -46,6 +52,7 @@ import os
 from collections.abc import Callable, Sequence
 
 from nvplugin.config import Config
+from nvplugin.config.pod import PodIdentity
 from nvplugin.errors import InputError, NvpluginError
 from nvplugin.log import LoopErrors, configure, get_logger
 from nvplugin.node import NodeSession, open_node
@@ -55,7 +62,9 @@ from nvplugin.plugin.assembly import Resources, Served, make_dir, serve_socket
 from nvplugin.plugin.endpoints import METRICS, PROBES, Endpoints
 from nvplugin.plugin.healthservice import PluginHealthService
 from nvplugin.plugin.httpendpoint import Response
+from nvplugin.plugin.labelling import Labeller
 from nvplugin.plugin.metrics import Metrics
+from nvplugin.plugin.nodefeature import NodeFeaturePublisher
 from nvplugin.plugin.registration import SERVE_AGAIN_GIVE_UP_S
 from nvplugin.plugin.selection import ApiTiming, ConfigSelector, Following
 from nvplugin.plugin.server import DevicePluginService
@@ -86,6 +95,7 @@ class Daemon:
         serve_give_up_s: float = SERVE_AGAIN_GIVE_UP_S,
         following: Following | None = None,
         api_timing: ApiTiming | None = None,
+        pod: PodIdentity | None = None,
     ) -> None:
         self.config = config
         self.metrics = Metrics()
@@ -106,6 +116,13 @@ class Daemon:
         self._workers = RequestWorkers()  # every resource's requests' work; closed at the end
         # While no GPU is discovered: the health service alone on the plugin socket.
         self._waiting: Served | None = None
+        timing = api_timing or ApiTiming()
+        publisher = NodeFeaturePublisher(
+            pod or PodIdentity(),
+            self.metrics,
+            backoff=(timing.backoff_initial_s, timing.backoff_max_s),
+        )
+        self.labeller = Labeller(publisher=publisher)
         self._applying = asyncio.Lock()  # one reload at a time: SIGHUP's or the selector's
         self.selector: ConfigSelector | None = None
         if following is not None:
@@ -239,6 +256,7 @@ class Daemon:
         )
         async with self._applying:
             await self._resources.start(self.config)
+            await self._update_labels()
         while not self._stop.is_set():
             await _first(self._stop, self._hup)
             if self._hup.is_set() and not self._stop.is_set():
@@ -253,6 +271,7 @@ class Daemon:
             self.config = await reload.reload(
                 self.config, self._reload, self._node, self._resources, self._endpoints
             )
+            await self._update_labels()
 
     async def _apply(self, load: Callable[[], Config]) -> bool:
         """Apply the config ``load`` gives through the reload path (the selector's way in);
@@ -266,7 +285,15 @@ class Daemon:
             except NvpluginError as exc:  # neither config can be served any more
                 self._on_fatal(exc)
                 return False
+            await self._update_labels()
             return self.config is not previous
+
+    async def _update_labels(self) -> None:
+        """Bring the node's labels in line with what is served now."""
+        resources = self._resources
+        await self.labeller.update(
+            self.config, self._node, resources.plan if resources is not None else None
+        )
 
     # --- discovery ---
 
@@ -297,6 +324,7 @@ class Daemon:
                     return node
                 node.close()
                 self._log.warning("no GPUs found; waiting", retry_s=self._discovery_retry_s)
+            await self.labeller.update(self.config, None, None)  # a node without GPUs, for now
             loop = asyncio.get_running_loop()
             deadline = loop.time() + self._discovery_retry_s
             while not self._stop.is_set() and loop.time() < deadline:
@@ -343,6 +371,7 @@ class Daemon:
         # First: a request in progress is dropped, not waited for (its client gets UNAVAILABLE).
         self._workers.close()
         await self._stop_waiting()
+        await self.labeller.close()  # NFD drops the node's labels with the file
         if self._resources is not None:
             await self._resources.close()
         await self._endpoints.stop()
@@ -383,6 +412,7 @@ def run_daemon(
     pending: PendingSignals | None = None,
     following: Following | None = None,
     api_timing: ApiTiming | None = None,
+    pod: PodIdentity | None = None,
 ) -> int:
     """Configure logging, run the daemon on a fresh event loop, return its exit status.
     ``pending``: the signals recorded since the process started (see :mod:`.signals`)."""
@@ -395,5 +425,6 @@ def run_daemon(
         serve_give_up_s=serve_give_up_s,
         following=following,
         api_timing=api_timing,
+        pod=pod,
     )
     return asyncio.run(daemon.run(pending=pending))

@@ -126,6 +126,18 @@ class Metrics:
             ["config", "why"],
             registry=r,
         )
+        self.node_feature_writes = Counter(
+            "nvplugin_node_feature_writes",
+            "The node's NodeFeature object brought in line with its labels, by result "
+            "(created, updated, unchanged).",
+            ["result"],
+            registry=r,
+        )
+        self.node_feature_failures = Counter(
+            "nvplugin_node_feature_failures",
+            "Attempts to publish the node's NodeFeature object that failed (retried with backoff).",
+            registry=r,
+        )
         self.config_rejections = Counter(
             "nvplugin_config_rejected",
             "Per-node config choices not applied (the running config kept), by reason.",
@@ -172,6 +184,12 @@ class Metrics:
 
     def config_rejected(self, reason: str) -> None:
         self.config_rejections.labels(reason).inc()
+
+    def node_feature_written(self, result: str) -> None:
+        self.node_feature_writes.labels(result).inc()
+
+    def node_feature_failed(self) -> None:
+        self.node_feature_failures.inc()
 
     def forget(self, resource: str) -> None:
         """Drop the gauges of a resource no longer served (after a reload renamed it); counters

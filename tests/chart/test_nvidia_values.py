@@ -85,8 +85,9 @@ def test_every_key_of_nvidias_values_is_declared(version: str) -> None:
 def _everything_nvplugin_cannot_do(version: str) -> tuple[dict[str, Any], list[str]]:
     data = with_nvplugin_image(values(version))
     data["image"]["repository"] = NVIDIA_IMAGE
-    data["gfd"]["enabled"] = True
+    data["gfd"]["enabled"] = True  # honoured, as gfd.sleepInterval
     data["gfd"]["sleepInterval"] = "60s"
+    data["gfd"]["nameOverride"] = "gfd"
     data["nfd"]["worker"]["config"]["sources"]["pci"]["deviceClassWhitelist"] = ["03"]
     data["mps"]["enableHostPID"] = False
     data["gdsEnabled"] = True
@@ -94,8 +95,7 @@ def _everything_nvplugin_cannot_do(version: str) -> tuple[dict[str, Any], list[s
     data["cdi"]["nvidiaHookPath"] = "/usr/local/bin/nvidia-cdi-hook"
     expected = [
         "image.repository",
-        "gfd.enabled",
-        "gfd.sleepInterval",
+        "gfd.nameOverride",
         "nfd.worker.config.sources.pci.deviceClassWhitelist",
         "mps.enableHostPID",
         "deviceDiscoveryStrategy",
@@ -111,7 +111,7 @@ def test_one_render_error_lists_every_value_nvplugin_cannot_use(version: str) ->
     error = render_error(data)
     assert sorted(_problems(error)) == sorted(expected)
     assert f"cannot use these values ({len(expected)})" in error
-    assert "values.gfd.enabled: true: nvplugin's chart does not label nodes" in error
+    assert 'values.gfd.nameOverride: "gfd": nvplugin\'s chart deploys no GPU Feature' in error
     assert "values.mps.enableHostPID: false: nvplugin runs each MPS control daemon" in error
 
 
@@ -122,8 +122,9 @@ def test_blocks_accepted_at_nvidias_defaults_of_any_version() -> None:
     assert "enableNodeFeatureApi" in old and "enableNodeFeatureApi" not in new
     for nfd in (old, new, {"master": old["master"]}, {"enableNodeFeatureApi": None}):
         render({"nfd": nfd})
+    # enableNodeFeatureApi is flags.useNodeFeatureAPI's chart value: honoured at any value.
     error = render_error({"nfd": {**new, "enableNodeFeatureApi": True, "image": {}}})
-    assert _problems(error) == ["nfd.enableNodeFeatureApi", "nfd.image"]
+    assert _problems(error) == ["nfd.image"]
 
 
 def test_the_declarations_cover_what_the_issue_named() -> None:
@@ -241,6 +242,6 @@ def test_the_chart_readme_shows_the_error_helm_prints() -> None:
     readme = (CHART_DIR / "README.md").read_text()
     shown = re.search(r"```text\n(nvplugin's chart cannot use .*?)\n```", readme, re.S)
     assert shown is not None
-    error = render_error({"image": {"repository": NVIDIA_IMAGE}, "gfd": {"enabled": True}})
+    error = render_error({"image": {"repository": NVIDIA_IMAGE}, "nfd": {"enabled": True}})
     assert error.startswith(RENDER_ERROR)
     assert error.split("): ", 1)[1] == shown.group(1)

@@ -96,6 +96,8 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "no-probes": {"probes": {"enabled": False}, "affinity": None, "tolerations": None},
     "overrides": {"fullnameOverride": "gpu", "namespaceOverride": "gpu-operator"},
     "digest": {"image": {"digest": "sha256:" + "ab" * 32, "pullPolicy": "Always"}},
+    "labels": {"gfd": {"enabled": True, "noTimestamp": True, "sleepInterval": "5m"}},
+    "nodefeatures": {"gfd": {"enabled": True}, "nfd": {"enableNodeFeatureApi": True}},
     # NVIDIA's values files as they are, with nvplugin's image (tests/fixtures/nvidia/)
     **{
         f"nvidia-{version}": with_nvplugin_image(nvidia_values(version))
@@ -640,3 +642,102 @@ def test_notes_tell_the_user_where_to_look(renders: dict[str, Rendered]) -> None
     assert r".status.allocatable.nvidia\.com/gpu" in notes
     assert "SIMULATED" in renders["everything"].notes
     assert "SIMULATED" not in notes
+
+
+# --- node labels (gfd.enabled) ----------------------------------------------------------------
+
+
+FEATURES_DIR = "/etc/kubernetes/node-feature-discovery/features.d"
+
+
+def test_gfd_enabled_labels_from_the_plugin_pod(renders: dict[str, Rendered]) -> None:
+    """NVIDIA's gfd.enabled: no second DaemonSet; the plugin pod writes GFD's feature file into
+    NFD's directory on the host, GFD's noTimestamp and sleepInterval passed as GFD's variables."""
+    rendered = renders["labels"]
+    assert rendered.kinds() == ["DaemonSet"]
+    assert rendered.env["GFD_OUTPUT_FILE"] == f"{FEATURES_DIR}/gfd"
+    assert rendered.env["GFD_NO_TIMESTAMP"] == "true"
+    assert rendered.env["GFD_SLEEP_INTERVAL"] == "5m"
+    mount = next(m for m in rendered.container["volumeMounts"] if m["name"] == "node-features")
+    assert mount == {"name": "node-features", "mountPath": FEATURES_DIR}  # read-write
+    volume = next(v for v in rendered.pod["volumes"] if v["name"] == "node-features")
+    assert volume["hostPath"] == {"path": FEATURES_DIR, "type": "DirectoryOrCreate"}
+    assert "automountServiceAccountToken" in rendered.pod  # the file mode needs no API access
+    assert rendered.pod["automountServiceAccountToken"] is False
+    assert "Node Feature Discovery's worker" in rendered.notes
+    assert "kubectl get pods -A -l app.kubernetes.io/name=node-feature-discovery" in rendered.notes
+
+
+NODEFEATURE_RULES = [
+    {
+        "apiGroups": ["nfd.k8s-sigs.io"],
+        "resources": ["nodefeatures"],
+        "verbs": ["create", "get", "update"],
+    },
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
+]
+
+
+def test_nodefeature_mode_gets_a_namespaced_role_and_nothing_more(
+    renders: dict[str, Rendered],
+) -> None:
+    """gfd.enabled with NVIDIA's (v0.17, v0.18) nfd.enableNodeFeatureApi: the plugin publishes a
+    NodeFeature object; the chart passes GFD_USE_NODE_FEATURE_API and the pod's node, namespace
+    and name (the downward API), and grants create/get/update of NodeFeatures and get of pods
+    in the release's namespace: a Role, no ClusterRole, no list/watch/delete. No host directory."""
+    rendered = renders["nodefeatures"]
+    assert rendered.kinds() == ["DaemonSet", "Role", "RoleBinding", "ServiceAccount"]
+    assert rendered.env["GFD_USE_NODE_FEATURE_API"] == "true"
+    assert rendered.env_fields == {
+        "NODE_NAME": "spec.nodeName",
+        "NAMESPACE": "metadata.namespace",
+        "POD_NAME": "metadata.name",
+    }
+    role = rendered.one("Role")
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert role["rules"] == NODEFEATURE_RULES
+    binding = rendered.one("RoleBinding")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "nvplugin", "namespace": NAMESPACE}
+    ]
+    assert rendered.pod["serviceAccountName"] == "nvplugin"
+    assert rendered.pod["automountServiceAccountToken"] is True
+    assert all(v["name"] != "node-features" for v in rendered.pod["volumes"])
+    assert "kubectl get crd nodefeatures.nfd.k8s-sigs.io" in rendered.notes
+    # With per-node configs too: both grants, NODE_NAME once.
+    both = render({**VALUE_SETS["nodefeatures"], "config": {"name": "my-nvplugin"}})
+    assert both.kinds() == sorted(["DaemonSet", "Role", "RoleBinding", *RBAC])
+    names = [e["name"] for e in both.container["env"]]
+    assert names.count("NODE_NAME") == 1 and "NAMESPACE" in names
+    # Without gfd.enabled, enableNodeFeatureApi (NFD's own setting too) changes nothing here.
+    alone = render({"nfd": {"enableNodeFeatureApi": True}})
+    assert alone.kinds() == ["DaemonSet"] and "GFD_USE_NODE_FEATURE_API" not in alone.env
+
+
+def test_labelling_is_off_by_default(default: Rendered) -> None:
+    assert not {"GFD_OUTPUT_FILE", "GFD_NO_TIMESTAMP", "GFD_SLEEP_INTERVAL"} & set(default.env)
+    assert all(v["name"] != "node-features" for v in default.pod["volumes"])
+    assert "feature" not in default.notes
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (
+            {"gfd": {"enabled": True, "nameOverride": "gfd"}},
+            'values.gfd.nameOverride: "gfd": nvplugin\'s chart deploys no GPU Feature Discovery',
+        ),
+        ({"gfd": {"enabled": "yes"}}, "/gfd/enabled"),
+        ({"gfd": {"sleepInterval": "a minute"}}, "/gfd/sleepInterval"),
+        ({"gfd": {"noTimestamp": "true"}}, "/gfd/noTimestamp"),
+    ],
+)
+def test_gfd_values_nvplugin_cannot_take_fail_rendering(
+    values: dict[str, Any], message: str
+) -> None:
+    assert message in render_error(values)

@@ -30,7 +30,9 @@ from nvplugin.kubelet.kubelet import FakeKubelet
 from nvplugin.plugin.mps import daemon_pids
 from tests import until
 from tests.chart.rendering import Rendered, render
+from tests.labels.scenarios import read_fixture
 from tests.support.configmap import ConfigMapVolume
+from tests.support.kubeapi import KubeApiServer
 
 pytestmark = pytest.mark.process  # runs nvplugin commands as processes
 
@@ -388,3 +390,74 @@ def test_the_charts_mig_strategy_reaches_the_plugin(dirs: tuple[str, Path]) -> N
 
     asyncio.run(scenario())
     assert _effective_config(log_path)["flags"]["migStrategy"] == "mixed"
+
+
+def test_gfd_enabled_makes_the_plugin_pod_label_its_node(dirs: tuple[str, Path]) -> None:
+    """NVIDIA's ``gfd.enabled``: the rendered pod's plugin writes GPU Feature Discovery's labels
+    into the host directory the chart mounts (here: a temporary one), the same labels
+    ``nvplugin labels`` prints, and removes them when it stops."""
+    plugin_dir, work = dirs
+    rendered = render({"simulate": "dgx-a100", "gfd": {"enabled": True, "noTimestamp": True}})
+    mount = next(m for m in rendered.container["volumeMounts"] if m["name"] == "node-features")
+    host = work / "features.d"
+    host.mkdir()
+    args = _on_host(rendered.container["args"], plugin_dir)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NVPLUGIN_")} | rendered.env
+    _on_loopback(rendered, env)
+    log_path = work / "serve.log"
+    pod_file = env["GFD_OUTPUT_FILE"]
+    assert os.path.dirname(pod_file) == mount["mountPath"]
+    env["GFD_OUTPUT_FILE"] = str(host / os.path.basename(pod_file))
+    labels_file = Path(env["GFD_OUTPUT_FILE"])
+
+    async def scenario() -> None:
+        async with FakeKubelet(plugin_dir) as kubelet, _plugin(args, env, log_path):
+            try:
+                await kubelet.wait_registered("nvidia.com/gpu", timeout=60)
+                await until(labels_file.exists, "the feature file")
+            except (TimeoutError, AssertionError) as exc:
+                raise AssertionError(f"{exc}\n{log_path.read_text()}") from None
+            text = labels_file.read_text()
+            assert dict(line.split("=", 1) for line in text.splitlines()) == read_fixture(
+                "dgx-a100"
+            )
+        assert not labels_file.exists()
+
+    asyncio.run(scenario())
+
+
+def test_gfd_with_the_nodefeature_api_makes_the_pod_publish_its_nodes_object(
+    dirs: tuple[str, Path],
+) -> None:
+    """gfd.enabled with nfd.enableNodeFeatureApi: the rendered pod's plugin, with the downward
+    API's values the kubelet would give (node, namespace, pod name) and a kubeconfig for the test
+    API server in place of the service account's token, publishes the node's NodeFeature object,
+    owned by the pod, with the labels ``nvplugin labels`` prints."""
+    plugin_dir, work = dirs
+    values = {"simulate": "dgx-a100", "gfd": {"enabled": True, "noTimestamp": True}}
+    rendered = render({**values, "nfd": {"enableNodeFeatureApi": True}})
+    args = _on_host(rendered.container["args"], plugin_dir)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NVPLUGIN_")} | rendered.env
+    _on_loopback(rendered, env)
+    downward = {"spec.nodeName": "gpu-node-1", "metadata.namespace": "kube-system"}
+    downward["metadata.name"] = "nvplugin-x7k2p"
+    for name, field in rendered.env_fields.items():
+        env[name] = downward[field]
+    log_path = work / "serve.log"
+
+    async def scenario() -> None:
+        async with KubeApiServer() as api:
+            uid = api.add_pod("kube-system", "nvplugin-x7k2p")
+            env["KUBECONFIG"] = api.kubeconfig(str(work))
+            key = ("kube-system", "nvidia-features-for-gpu-node-1")
+            async with FakeKubelet(plugin_dir) as kubelet, _plugin(args, env, log_path):
+                try:
+                    await kubelet.wait_registered("nvidia.com/gpu", timeout=60)
+                    await api.wait_for(lambda: key in api.nodefeatures)
+                except (TimeoutError, AssertionError) as exc:
+                    raise AssertionError(f"{exc}\n{log_path.read_text()}") from None
+                obj = api.nodefeatures[key]
+                assert obj["spec"]["labels"] == read_fixture("dgx-a100")
+                assert obj["metadata"]["ownerReferences"][0]["uid"] == uid
+
+    asyncio.run(scenario())

@@ -139,7 +139,10 @@ def test_wrong_types_fail_at_install_time(values: dict[str, Any], message: str) 
         ),
         ({"gdsEnabled": True}, "values.gdsEnabled: nvplugin does not support gdsEnabled yet"),
         ({"deviceDiscoveryStrategy": "tegra"}, "values.deviceDiscoveryStrategy: nvplugin does"),
-        ({"gfd": {"enabled": True}}, "values.gfd.enabled: true: nvplugin's chart does not label"),
+        (
+            {"gfd": {"nameOverride": "gfd"}},
+            'values.gfd.nameOverride: "gfd": nvplugin\'s chart deploys no GPU Feature Discovery',
+        ),
         ({"nfd": {"enabled": True}}, "values.nfd.enabled: true: nvplugin's chart does not deploy"),
         (
             {"mps": {"enableHostPID": False}},
@@ -207,6 +210,14 @@ def test_schema_choices_are_the_plugins() -> None:
     assert props["log"]["properties"]["level"]["enum"] == ["", *LOG_LEVELS]
 
 
+def _broken_down(path: str, schema: dict[str, Any]) -> bool:
+    """Whether the chart documents an object value key by key: its own objects, and the
+    settings' values inside NVIDIA's blocks (``gfd.enabled``)."""
+    return bool(schema.get("properties")) and (
+        schema.get("additionalProperties") is False or path in ACCEPTED_AT_NVIDIAS_DEFAULTS
+    )
+
+
 def _schema_paths(schema: dict[str, Any], prefix: str = "") -> list[str]:
     """Every documented value: leaves, and objects the chart does not break down further."""
     paths = []
@@ -214,7 +225,7 @@ def _schema_paths(schema: dict[str, Any], prefix: str = "") -> list[str]:
         path = f"{prefix}{name}"
         if name == "global":
             continue
-        if sub.get("properties") and sub.get("additionalProperties") is False:
+        if _broken_down(path, sub):
             paths.extend(_schema_paths(sub, path + "."))
         elif path in ACCEPTED_AT_NVIDIAS_DEFAULTS:
             continue  # in the schema, not in values.yaml
@@ -227,7 +238,7 @@ def _values_paths(values: dict[str, Any], schema: dict[str, Any], prefix: str = 
     paths = []
     for name, value in values.items():
         sub = schema["properties"][name]
-        if isinstance(value, dict) and sub.get("additionalProperties") is False:
+        if isinstance(value, dict) and _broken_down(f"{prefix}{name}", sub):
             paths.extend(_values_paths(value, sub, f"{prefix}{name}."))
         else:
             paths.append(f"{prefix}{name}")

@@ -11,7 +11,7 @@ import pytest
 
 from nvplugin.config import SCHEMA, SETTINGS, Config, HealthConfig, LogConfig, load_config
 from nvplugin.config.declare import declared, value_at
-from nvplugin.config.model import ATTRIBUTES, HealthServiceConfig
+from nvplugin.config.model import ATTRIBUTES, GfdConfig, HealthServiceConfig
 from nvplugin.config.schema import (
     AnyMapping,
     Bool,
@@ -26,7 +26,12 @@ from nvplugin.config.schema import (
     format_duration,
 )
 
-GROUPS = {"log": LogConfig, "health": HealthConfig, "health_service": HealthServiceConfig}
+GROUPS = {
+    "log": LogConfig,
+    "health": HealthConfig,
+    "health_service": HealthServiceConfig,
+    "gfd": GfdConfig,
+}
 
 
 def _hint(attrs: tuple[str, ...]) -> object:

@@ -122,11 +122,24 @@ def test_version_is_optional(write: Write) -> None:
     assert config == Config(source=config.source)
 
 
-def test_gfd_settings_are_accepted_and_noted(write: Write) -> None:
-    config = load_config(write(WITH_GFD))
+def test_gfd_settings_are_read(write: Write) -> None:
+    """GFD's part of a shared file sets where and how nvplugin serve publishes the node's
+    labels: the feature file, or with useNodeFeatureAPI the NodeFeature object."""
+    config = load_config(write(WITH_GFD.replace("  useNodeFeatureAPI: true\n", "")))
     assert config.device_list_strategy == ("envvar", "volume-mounts")
-    assert any("flags.gfd" in note for note in config.notes)
-    assert any("useNodeFeatureAPI" in note for note in config.notes)
+    assert config.gfd.output_file == "/etc/kubernetes/node-feature-discovery/features.d/gfd"
+    assert config.gfd.sleep_interval_s == 60.0 and config.gfd.no_timestamp is False
+    assert config.gfd.machine_type_file == "/sys/class/dmi/id/product_name"
+    assert config.use_node_feature_api is False and config.notes == ()
+    assert load_config(write(WITH_GFD)).use_node_feature_api is True
+    with pytest.raises(InputError, match=r'key "flags\.gfd\.oneshot": nvplugin does not'):
+        load_config(
+            write(
+                WITH_GFD.replace("oneshot: false", "oneshot: true").replace(
+                    "  useNodeFeatureAPI: true\n", ""
+                )
+            )
+        )
 
 
 def test_nvidia_driver_and_dev_roots(write: Write) -> None:

@@ -87,11 +87,11 @@ def test_time_slicing_and_resources_are_served_again(write: Write) -> None:
             "resources:\n  gpus:\n  - {pattern: '*T4*', name: t4}\n"
             "sharing:\n  timeSlicing:\n    renameByDefault: true\n    resources:\n"
             "    - {name: gpu, replicas: 2}\n"
-            "flags:\n  gfd: {sleepInterval: 60s}\n"
+            "flags:\n  gfd: {sleepInterval: 30s}\n"
         )
     )
     assert reload_plan(old, new) == ReloadPlan(
-        in_place=("flags.gfd",),
+        in_place=("flags.gfd.sleepInterval",),
         reserve=(
             "resources.gpus",
             "sharing.timeSlicing.renameByDefault",
@@ -101,15 +101,21 @@ def test_time_slicing_and_resources_are_served_again(write: Write) -> None:
 
 
 def test_what_is_applied_in_place() -> None:
-    """The daemon applies in place exactly these (log, the health monitor's rules, the health
-    service, the two HTTP endpoints) besides the settings it does not act on: a setting declared
-    in place needs that code too."""
+    """The daemon applies in place exactly these (where and how the labels are written, log, the
+    health monitor's rules, the health service, the two HTTP endpoints) besides the settings it
+    does not act on: a setting declared in place needs that code too."""
     in_place = [
         path
         for path, setting in SETTINGS.items()
         if setting.reload is Reload.IN_PLACE and not setting.inert
     ]
     assert in_place == [
+        "flags.useNodeFeatureAPI",
+        "flags.gfd.oneshot",
+        "flags.gfd.noTimestamp",
+        "flags.gfd.sleepInterval",
+        "flags.gfd.outputFile",
+        "flags.gfd.machineTypeFile",
         "nvplugin.log.format",
         "nvplugin.log.level",
         "nvplugin.health.enabled",

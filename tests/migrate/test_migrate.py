@@ -61,7 +61,8 @@ def test_nvidias_values_file_lists_every_change_and_renders(version: str) -> Non
 
 def _cannot(version: str) -> dict[str, Any]:
     data = values(version)
-    data["gfd"]["enabled"] = True
+    data["gfd"]["enabled"] = True  # honoured: kept
+    data["gfd"]["nameOverride"] = "gfd"
     data["nfd"]["worker"]["config"]["sources"]["pci"]["deviceClassWhitelist"] = ["03"]
     data["mps"]["enableHostPID"] = False
     data["gdsEnabled"] = True
@@ -80,6 +81,7 @@ def test_it_refuses_exactly_what_the_chart_refuses(version: str) -> None:
     listed = sorted(re.findall(r"^  - values\.([A-Za-z0-9_.]+):", error, re.M))
     assert listed == sorted([*refused, "image.repository"])
     assert migration.output["migStrategy"] == "mixed"
+    assert migration.output["gfd"] == {"enabled": True}
     render(migration.output)  # what is left renders
 
 
@@ -208,11 +210,11 @@ def test_the_command_prints_installable_values_and_exits_by_what_it_found() -> N
     work = Path(tempfile.mkdtemp())
     try:
         bad = copy.deepcopy(values("v0.18.2"))
-        bad["gfd"]["enabled"] = True
+        bad["gfd"]["nameOverride"] = "gfd"
         (work / "bad.yaml").write_text(yaml.safe_dump(bad))
         refused = _migrate("--values", str(work / "bad.yaml"))
         assert refused.returncode == 2
-        assert "# refused  values.gfd.enabled true:" in refused.stdout
+        assert '# refused  values.gfd.nameOverride "gfd":' in refused.stdout
         assert refused.stderr.startswith("error: 1 key(s) nvplugin cannot use")
         nothing = _migrate()
         assert nothing.returncode == 2 and "give --values FILE, --daemonset FILE" in nothing.stderr

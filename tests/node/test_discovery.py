@@ -13,8 +13,9 @@ from nvplugin.node import load_topology, open_node
 from nvplugin.node import nvml as nvml_module
 from nvplugin.node.model import Pcie
 from nvplugin.node.nodefile import builtin_names, load_node, parse_node
-from nvplugin.node.nvml import Nvml, read_cpu_layout, read_numa_distances, read_numa_node
+from nvplugin.node.nvml import Nvml
 from nvplugin.node.sim import SimulatedNvml, UnmodelledNvmlCall
+from nvplugin.node.sysfs import read_cpu_layout, read_numa_distances, read_numa_node
 
 pynvml = nvml_module.bindings()
 

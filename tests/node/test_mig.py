@@ -410,9 +410,12 @@ def test_an_xid_on_a_parent_turns_all_its_mig_devices_unhealthy_until_it_recover
     """End to end through the simulated NVML: events are the parent's; the per-GPU map the
     monitor publishes maps onto every MIG device of the parent, and back on recovery."""
     builtin = Path(__file__).parents[2] / "nvplugin/node/nodes/dgx-a100-mig.yaml"
+    # Scripted time counts from nvmlInit: the loss comes well after the Xid, so that a monitor
+    # started late on a loaded machine still sees them one after the other (both due at its
+    # first wait, the loss would be reported first), and GPU2's quiet period outlasts it.
     events = (
-        "events: [{after_s: 0.1, gpu: 2, xid: 48}, {after_s: 0.2, gpu: 0, lost: true}, "
-        "{after_s: 0.3, gpu: 0, recover: true}]"
+        "events: [{after_s: 0.1, gpu: 2, xid: 48}, {after_s: 1.0, gpu: 0, lost: true}, "
+        "{after_s: 1.1, gpu: 0, recover: true}]"
     )
     folder = Path(tempfile.mkdtemp(dir="/tmp", prefix="nvplugin-test-mig-"))
     path = folder / "node.yaml"
@@ -424,7 +427,7 @@ def test_an_xid_on_a_parent_turns_all_its_mig_devices_unhealthy_until_it_recover
             devices = node.topology.mig_devices
             labels = {m.uuid: m.label for m in devices}
             monitor = HealthMonitor(
-                node.nvml, range(8), HealthSettings(recovery_quiet_s=0.5), changes.put
+                node.nvml, range(8), HealthSettings(recovery_quiet_s=2.0), changes.put
             )
             monitor.start()
             try:

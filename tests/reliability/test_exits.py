@@ -13,7 +13,7 @@ import time
 
 from nvplugin.kubelet.kubelet import FakeKubelet
 from nvplugin.node import open_node
-from nvplugin.node.sim import remove_stale_sysfs_trees
+from nvplugin.node.simtree import remove_stale_sysfs_trees
 from tests import WAIT_S
 from tests.support.serve import Serve, new_dir
 

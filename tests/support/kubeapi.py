@@ -1,6 +1,7 @@
-"""A Kubernetes API server for Nodes, small but real: HTTP/1.1 over TCP, speaking the REST and
-watch protocol the kubelet's API server speaks, so that the plugin's client library (lightkube,
-over httpx) is driven exactly as in a cluster -- never a mock of nvplugin's own module.
+"""A Kubernetes API server for Nodes (and the Pods and NodeFeatures the plugin reads and writes),
+small but real: HTTP/1.1 over TCP, speaking the REST and watch protocol the kubelet's API server
+speaks, so that the plugin's client library (lightkube, over httpx) is driven exactly as in a
+cluster -- never a mock of nvplugin's own module.
 
 What it serves (``/api/v1/nodes``):
 
@@ -13,7 +14,12 @@ What it serves (``/api/v1/nodes``):
   change after it; RV older than the last compaction: 410 Gone, as an ``ERROR`` event carrying a
   ``Status`` with code 410 (what the API server does) or, with ``gone_as="status"``, as the HTTP
   status; the stream ends cleanly after ``timeoutSeconds``;
-- ``PATCH /api/v1/nodes/NAME`` (merge or strategic merge patch of ``metadata.labels``).
+- ``PATCH /api/v1/nodes/NAME`` (merge or strategic merge patch of ``metadata.labels``);
+- ``GET /api/v1/namespaces/NS/pods/NAME``: a Pod the test added (:meth:`KubeApiServer.add_pod`);
+- NFD's NodeFeature objects (``/apis/nfd.k8s-sigs.io/v1alpha1/namespaces/NS/nodefeatures``):
+  ``GET .../NAME``, ``POST`` (201; 409 AlreadyExists when it exists), ``PUT .../NAME`` (200; 409
+  Conflict unless ``metadata.resourceVersion`` is the object's current one, as the API server's
+  optimistic concurrency does; 400 when the body's name or namespace is not the path's).
 
 Every request needs ``Authorization: Bearer <token>`` (401 otherwise). With ``tls`` (a server
 SSL context, e.g. from :func:`self_signed`) it serves HTTPS, as the in-cluster API does. The test
@@ -44,6 +50,7 @@ import yaml
 from tests import WAIT_S
 
 TOKEN = "nvplugin-test-token"
+NODEFEATURES = "/apis/nfd.k8s-sigs.io/v1alpha1/namespaces/"
 HISTORY = 1000
 """Events kept for watches resuming from an older resourceVersion."""
 
@@ -75,6 +82,9 @@ class KubeApiServer:
         self.forbidden = False  # True: every request is refused as RBAC refuses it (403)
         self.gone_as = gone_as
         self.nodes: dict[str, dict[str, Any]] = {}
+        self.pods: dict[tuple[str, str], dict[str, Any]] = {}
+        self.nodefeatures: dict[tuple[str, str], dict[str, Any]] = {}
+        """NodeFeature objects by (namespace, name), as stored."""
         self.requests: list[Request] = []
         self.port = 0
         self._rv = 100
@@ -157,6 +167,23 @@ class KubeApiServer:
         }
         self.nodes[name] = node
         self._event("ADDED", node)
+
+    def add_pod(self, namespace: str, name: str) -> str:
+        """A Pod (only its metadata matters here; a pod always has containers); its uid."""
+        self._rv += 1
+        uid = f"uid-pod-{namespace}-{name}"
+        self.pods[(namespace, name)] = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "uid": uid,
+                "resourceVersion": str(self._rv),
+            },
+            "spec": {"containers": [{"name": "nvplugin", "image": "nvplugin"}]},
+        }
+        return uid
 
     def label(self, name: str, key: str, value: str | None) -> None:
         """Set (or, with None, remove) one label: a MODIFIED event."""
@@ -301,6 +328,12 @@ class KubeApiServer:
             )
             await _send(writer, 403, _status(403, "Forbidden", message))
             return True
+        if path.startswith("/api/v1/namespaces/"):
+            await self._pod(method, path, writer)
+            return True
+        if path.startswith(NODEFEATURES):
+            await self._nodefeature(method, path, body, writer)
+            return True
         prefix = "/api/v1/nodes"
         if path == prefix and method == "GET":
             name = _name_selector(query.get("fieldSelector", ""))
@@ -340,6 +373,77 @@ class KubeApiServer:
                 return True
         await _send(writer, 404, _status(404, "NotFound", f"{method} {path}"))
         return True
+
+    async def _pod(self, method: str, path: str, writer: asyncio.StreamWriter) -> None:
+        parts = path.split("/")  # ['', 'api', 'v1', 'namespaces', NS, 'pods', NAME]
+        if method != "GET" or len(parts) != 7 or parts[5] != "pods":
+            await _send(writer, 404, _status(404, "NotFound", f"{method} {path}"))
+            return
+        pod = self.pods.get((parts[4], parts[6]))
+        if pod is None:
+            await _send(writer, 404, _status(404, "NotFound", f'pods "{parts[6]}" not found'))
+            return
+        await _send(writer, 200, pod)
+
+    async def _nodefeature(
+        self, method: str, path: str, body: bytes, writer: asyncio.StreamWriter
+    ) -> None:
+        parts = path[len(NODEFEATURES) :].split("/")  # [NS, 'nodefeatures'(, NAME)]
+        if len(parts) not in (2, 3) or parts[1] != "nodefeatures":
+            await _send(writer, 404, _status(404, "NotFound", f"{method} {path}"))
+            return
+        namespace = parts[0]
+        name = parts[2] if len(parts) == 3 else None
+        if method == "GET" and name is not None:
+            found = self.nodefeatures.get((namespace, name))
+            if found is None:
+                message = f'nodefeatures.nfd.k8s-sigs.io "{name}" not found'
+                await _send(writer, 404, _status(404, "NotFound", message))
+                return
+            await _send(writer, 200, found)
+            return
+        if method not in ("POST", "PUT") or (method == "PUT") != (name is not None):
+            await _send(writer, 405, _status(405, "MethodNotAllowed", f"{method} {path}"))
+            return
+        obj = json.loads(body or b"{}")
+        meta = obj.get("metadata") or {}
+        if (
+            obj.get("apiVersion") != "nfd.k8s-sigs.io/v1alpha1"
+            or obj.get("kind") != "NodeFeature"
+            or meta.get("namespace", namespace) != namespace
+            or (name is not None and meta.get("name") != name)
+            or not meta.get("name")
+        ):
+            message = "the object's apiVersion, kind, name or namespace does not match the request"
+            await _send(writer, 400, _status(400, "BadRequest", message))
+            return
+        key = (namespace, meta["name"])
+        current = self.nodefeatures.get(key)
+        if method == "POST" and current is not None:
+            message = f'nodefeatures.nfd.k8s-sigs.io "{meta["name"]}" already exists'
+            await _send(writer, 409, _status(409, "AlreadyExists", message))
+            return
+        if method == "PUT":
+            if current is None:
+                message = f'nodefeatures.nfd.k8s-sigs.io "{name}" not found'
+                await _send(writer, 404, _status(404, "NotFound", message))
+                return
+            if meta.get("resourceVersion") != current["metadata"]["resourceVersion"]:
+                message = (
+                    f'Operation cannot be fulfilled on nodefeatures.nfd.k8s-sigs.io "{name}": '
+                    "the object has been modified; please apply your changes to the latest "
+                    "version and try again"
+                )
+                await _send(writer, 409, _status(409, "Conflict", message))
+                return
+        self._rv += 1
+        stored = json.loads(json.dumps(obj))
+        stored["metadata"]["namespace"] = namespace
+        stored["metadata"]["resourceVersion"] = str(self._rv)
+        stored["metadata"].setdefault("uid", f"uid-nodefeature-{namespace}-{meta['name']}")
+        self.nodefeatures[key] = stored
+        self._changed.set()
+        await _send(writer, 201 if method == "POST" else 200, stored)
 
     async def _watch(
         self, name: str | None, query: dict[str, str], writer: asyncio.StreamWriter
@@ -420,10 +524,13 @@ def _status(code: int, reason: str, message: str) -> dict[str, Any]:
 
 _REASONS = {
     200: "OK",
+    201: "Created",
     400: "Bad Request",
     401: "Unauthorized",
     403: "Forbidden",
     404: "Not Found",
+    405: "Method Not Allowed",
+    409: "Conflict",
     410: "Gone",
 }
 

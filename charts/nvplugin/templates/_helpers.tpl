@@ -287,11 +287,46 @@ a cluster through lookup). Returns the problem (nvplugin.validate lists it), or 
 The chart values that set the plugin's settings, and how each reaches the plugin: settings.json,
 written from the settings' declarations (nvplugin/config/model.py) by charts/generate_schema.py.
 "args": values passed as a serve flag; "env": values passed as an environment variable ("to":
-env = the value, a list joined with commas; true = "true" when true; address = 0.0.0.0:<port>
-while <x>.enabled); "refused": NVIDIA values nvplugin accepts at some values only.
+env = the value, a list joined with commas; true = "true" when true, and its "with" value too;
+address = 0.0.0.0:<port> while <x>.enabled; when = the entry's constant when true); "refused":
+NVIDIA values nvplugin
+accepts at some values only.
 */}}
 {{- define "nvplugin.settings" -}}
 {{- .Files.Get "settings.json" }}
+{{- end }}
+
+{{/*
+The feature file the plugin writes the node's labels to with gfd.enabled (settings.json, from the
+declaration of flags.gfd.outputFile); the chart mounts its directory from the host.
+*/}}
+{{- define "nvplugin.featureFile" -}}
+{{- range (include "nvplugin.settings" . | fromJson).env }}
+{{- if eq .setting "flags.gfd.outputFile" }}{{ .constant }}{{ end }}
+{{- end }}
+{{- end }}
+
+{{- define "nvplugin.labelling" -}}
+{{- if (.Values.gfd | default dict).enabled }}true{{ end }}
+{{- end }}
+
+{{/*
+GFD's NodeFeature API mode (gfd.enabled with v0.17/v0.18's nfd.enableNodeFeatureApi): the plugin
+publishes its node's labels as a NodeFeature object through the API (settings.json passes
+GFD_USE_NODE_FEATURE_API), instead of the feature file.
+*/}}
+{{- define "nvplugin.nodeFeatureApi" -}}
+{{- if and (include "nvplugin.labelling" .) (eq (toJson (.Values.nfd | default dict).enableNodeFeatureApi) "true") }}true{{ end }}
+{{- end }}
+
+{{/* Whether the pods talk to the API at all: per-node configs, or NodeFeature objects. */}}
+{{- define "nvplugin.usesApi" -}}
+{{- if or (include "nvplugin.perNode" .) (include "nvplugin.nodeFeatureApi" .) }}true{{ end }}
+{{- end }}
+
+{{/* The Role and its binding for NodeFeature objects (namespaced). */}}
+{{- define "nvplugin.nodeFeatureRoleName" -}}
+{{- printf "%s-nodefeature-writer" (include "nvplugin.fullname" .) | trunc 253 }}
 {{- end }}
 
 {{/*
@@ -338,7 +373,7 @@ and values that contradict each other.
 {{- range $data.nvidia }}
 {{- $entry := . }}
 {{- $v := (include "nvplugin.value" (dict "Values" $.Values "path" .value) | fromJson).v }}
-{{- range (include "nvplugin.offDefaults" (dict "value" $v "defaults" .defaults "path" (join "." .value)) | fromJsonArray) }}
+{{- range (include "nvplugin.offDefaults" (dict "value" $v "defaults" .defaults "path" (join "." .value) "skip" .skip) | fromJsonArray) }}
 {{- $leaf := (include "nvplugin.value" (dict "Values" $.Values "path" (splitList "." .)) | fromJson).v }}
 {{- $problems = append $problems (printf "values.%s: %s: %s" . (toJson $leaf | trunc 80) $entry.message) }}
 {{- end }}
@@ -364,7 +399,8 @@ and values that contradict each other.
 
 {{/*
 The key paths below .path where .value is not one of NVIDIA's .defaults (a list): null is "not
-set"; a mapping is compared key by key against the mappings among the defaults. The rule of
+set"; a mapping is compared key by key against the mappings among the defaults; the key paths in
+.skip (settings' chart values inside NVIDIA's block: gfd.enabled) are left alone. The rule of
 nvplugin/config/chartvalues.py (off_defaults), which `nvplugin migrate` applies. Returns a JSON
 list.
 */}}
@@ -381,8 +417,9 @@ list.
 {{- $below := list }}
 {{- range $maps }}{{ if hasKey . $key }}{{ $below = append $below (get . $key) }}{{ end }}{{ end }}
 {{- $sub := printf "%s.%s" $.path $key }}
-{{- if $below }}
-{{- $out = concat $out (include "nvplugin.offDefaults" (dict "value" (get $v $key) "defaults" $below "path" $sub) | fromJsonArray) }}
+{{- if has $sub ($.skip | default list) }}
+{{- else if $below }}
+{{- $out = concat $out (include "nvplugin.offDefaults" (dict "value" (get $v $key) "defaults" $below "path" $sub "skip" $.skip) | fromJsonArray) }}
 {{- else }}
 {{- $out = append $out $sub }}
 {{- end }}
@@ -409,7 +446,10 @@ NVIDIA's values use NVIDIA's variable names.
 {{- $out = append $out (list .env (printf "0.0.0.0:%d" (int $port))) }}
 {{- end }}
 {{- else if eq .to "true" }}
-{{- if eq (toJson $v) "true" }}{{ $out = append $out (list .env "true") }}{{ end }}
+{{- $with := ternary (include "nvplugin.value" (dict "Values" $.Values "path" (.with | default list)) | fromJson).v true (hasKey . "with") }}
+{{- if and (eq (toJson $v) "true") (eq (toJson $with) "true") }}{{ $out = append $out (list .env "true") }}{{ end }}
+{{- else if eq .to "when" }}
+{{- if eq (toJson $v) "true" }}{{ $out = append $out (list .env .constant) }}{{ end }}
 {{- else if include "nvplugin.isSet" $v }}
 {{- $out = append $out (list .env (ternary (join "," $v) $v (kindIs "slice" $v))) }}
 {{- end }}

@@ -1,0 +1,133 @@
+"""``serve`` publishing the node's labels as NFD's NodeFeature object (GPU Feature Discovery's
+NodeFeature API mode, ``flags.useNodeFeatureAPI``), through :mod:`nvplugin.kube.nodefeature`.
+
+:meth:`NodeFeaturePublisher.want` hands over the labels to publish and returns at once: one
+background task brings the object in line with the latest labels wanted (labels handed over
+while it works replace each other; only the last is published). The first time, it builds the
+client (off the event loop) and looks up its pod's uid for the owner reference (``POD_NAME``;
+without it the object has no owner). While the API fails -- unreachable, refusing (RBAC), a
+conflicting write -- it retries with capped exponential backoff, says the outage once and its
+end, and counts each failure (``nvplugin_node_feature_failures_total``); the daemon serves on
+meanwhile, untouched. Each publish is counted by result (``nvplugin_node_feature_writes_total``).
+
+The object is left in place when the plugin stops: it is owned by the pod, and Kubernetes'
+garbage collector removes it with the pod; a restarted container updates it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Mapping
+from typing import Any
+
+from nvplugin.config.pod import PodIdentity
+from nvplugin.log import get_logger
+from nvplugin.plugin.metrics import Metrics
+
+
+class NodeFeaturePublisher:
+    """Publishes the labels it is handed (see the module docstring). ``backoff``: the first and
+    the longest wait between attempts, in seconds."""
+
+    def __init__(
+        self,
+        pod: PodIdentity,
+        metrics: Metrics,
+        *,
+        backoff: tuple[float, float] = (0.5, 10.0),
+    ) -> None:
+        self._pod = pod
+        self._metrics = metrics
+        self._backoff = backoff
+        self._log = get_logger("nvplugin.labels", node=pod.node_name)
+        self._wanted: dict[str, str] | None = None
+        self._published: dict[str, str] | None = None
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._said_off = False
+
+    @property
+    def published(self) -> Mapping[str, str] | None:
+        """The labels the object was last seen to hold (None: not yet)."""
+        return self._published
+
+    def want(self, labels: Mapping[str, str]) -> None:
+        """Publish ``labels`` (soon; never blocks)."""
+        problem = self._pod.problem()
+        if problem is not None:
+            if not self._said_off:
+                self._log.error("cannot publish the NodeFeature object", reason=problem)
+                self._said_off = True
+            return
+        self._wanted = dict(labels)
+        self._wake.set()
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="nvplugin-nodefeature")
+
+    async def close(self) -> None:
+        """Stop publishing (the object stays: its pod owns it)."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _run(self) -> None:
+        # Only here is the client library imported: without the NodeFeature mode serve never
+        # loads it.
+        from nvplugin.kube.client import open_client
+        from nvplugin.kube.node import Backoff, Outage
+
+        backoff = Backoff(*self._backoff)
+        outage = Outage(backoff, self._log)
+        client: Any = None
+        owner: Any = None
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake.clear()
+                labels = self._wanted
+                if labels is None:
+                    continue
+                try:
+                    if client is None:
+                        client = await asyncio.to_thread(open_client, self._pod.access)
+                    if owner is None and self._pod.pod_name:
+                        owner = await self._owner(client)
+                    await self._publish(client, labels, owner)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    self._metrics.node_feature_failed()
+                    wait = outage.failed(exc, loop.time())
+                    self._wake.set()  # try again after the wait, with the latest labels
+                    await asyncio.sleep(wait)
+                else:
+                    outage.over()
+        finally:
+            if client is not None:
+                with contextlib.suppress(Exception):
+                    await client.close()
+
+    async def _owner(self, client: Any) -> Any:
+        from nvplugin.kube.nodefeature import Owner, pod_uid
+
+        namespace, name = self._pod.namespace or "", self._pod.pod_name or ""
+        return Owner(name, await pod_uid(client, namespace, name))
+
+    async def _publish(self, client: Any, labels: dict[str, str], owner: Any) -> None:
+        from nvplugin.kube.nodefeature import object_name, publish
+
+        node, namespace = self._pod.node_name or "", self._pod.namespace or ""
+        result = await publish(client, node, namespace, labels, owner)
+        self._metrics.node_feature_written(result)
+        self._published = labels
+        if result != "unchanged":
+            self._log.info(
+                f"{result} the NodeFeature object",
+                object=f"{namespace}/{object_name(node)}",
+                labels=len(labels),
+                owner=owner.name if owner is not None else None,
+            )

@@ -1,0 +1,166 @@
+"""``nvplugin serve`` publishing the node's labels as NFD's NodeFeature object, as GPU Feature
+Discovery does with ``GFD_USE_NODE_FEATURE_API=true``: a real plugin beside the fake kubelet, a
+real HTTP API server (tests/support/kubeapi.py) reached through the client library with the
+pod's ``NODE_NAME``, ``NAMESPACE``, ``POD_NAME`` and a kubeconfig. The object appears with the
+labels ``nvplugin labels`` prints, owned by the pod; a SIGHUP reload that changes replicas
+changes it, and so does a per-node config switch; an API away at start delays it, never the
+serving."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from nvplugin.kubelet.kubelet import FakeKubelet
+from tests import WAIT_S
+from tests.e2e.test_pernode import scrape
+from tests.e2e.test_serve import run
+from tests.labels.scenarios import TIME_SLICED, read_fixture
+from tests.support.configmap import ConfigMapVolume
+from tests.support.kubeapi import KubeApiServer
+from tests.support.serve import Serve, new_dir
+
+GPU = "nvidia.com/gpu"
+NODE = "gpu-node-1"
+NAMESPACE = "gpu-system"
+POD = "nvplugin-x7k2p"
+OBJECT = (NAMESPACE, f"nvidia-features-for-{NODE}")
+STAMP = "nvidia.com/gfd.timestamp"
+FAILING = "kubernetes api failing (unreachable or refusing); still serving, retrying"
+
+
+def _env(api: KubeApiServer, **extra: str) -> dict[str, str]:
+    return {
+        "GFD_USE_NODE_FEATURE_API": "true",
+        "KUBECONFIG": api.kubeconfig(),
+        "NODE_NAME": NODE,
+        "NAMESPACE": NAMESPACE,
+        "POD_NAME": POD,
+        **extra,
+    }
+
+
+def _labels(api: KubeApiServer) -> dict[str, str]:
+    """The object's labels without the timestamp ({} while there is no object)."""
+    found = api.nodefeatures.get(OBJECT)
+    labels = dict(found["spec"]["labels"]) if found else {}
+    labels.pop(STAMP, None)
+    return labels
+
+
+async def _until(
+    api: KubeApiServer, serve: Serve, holds: Callable[[dict[str, str]], bool], what: str
+) -> dict[str, Any]:
+    """The object once ``holds`` accepts its labels (without the timestamp)."""
+    try:
+        await api.wait_for(lambda: holds(_labels(api)))
+    except TimeoutError:
+        raise AssertionError(
+            f"the NodeFeature object never {what}: {_labels(api)}\n{serve.log_tail(30)}"
+        ) from None
+    return api.nodefeatures[OBJECT]
+
+
+def test_serve_publishes_the_object_owned_by_its_pod_and_a_reload_changes_it() -> None:
+    async def body() -> None:
+        async with KubeApiServer() as api:
+            uid = api.add_pod(NAMESPACE, POD)
+            directory = new_dir()
+            config = Path(new_dir()) / "config.yaml"
+            config.write_text("version: v1\n")
+            async with FakeKubelet(directory) as kubelet:
+                args = ("--simulate", "dgx-a100", "--config", str(config))
+                serve = Serve(directory, *args, "--api-backoff-s", "0.05", "0.5", env=_env(api))
+                try:
+                    await kubelet.wait_registered(GPU, WAIT_S)
+                    unshared = read_fixture("dgx-a100")
+                    obj = await _until(api, serve, lambda now: now == unshared, "held the labels")
+                    assert obj["metadata"]["labels"] == {"nfd.node.kubernetes.io/node-name": NODE}
+                    assert obj["metadata"]["ownerReferences"] == [
+                        {"apiVersion": "v1", "kind": "Pod", "name": POD, "uid": uid}
+                    ]
+                    assert obj["spec"]["labels"][STAMP].isdigit()
+                    version = obj["metadata"]["resourceVersion"]
+
+                    config.write_text(TIME_SLICED)  # replicas 4: what is served changes
+                    serve.send(signal.SIGHUP)
+                    await kubelet.observer.wait_for(
+                        lambda m: len(m.healthy_devices(GPU)) == 32, WAIT_S, "32 replicas"
+                    )
+                    shared = read_fixture("dgx-a100.time-sliced")
+                    obj = await _until(api, serve, lambda now: now == shared, "changed")
+                    assert obj["metadata"]["resourceVersion"] != version
+                    assert obj["metadata"]["ownerReferences"][0]["uid"] == uid
+                    # GFD writes one or the other: no feature file in NodeFeature mode.
+                    assert not serve.events("labelled the node")
+                finally:
+                    assert serve.stop() == 0, serve.text()
+            # Left in place at stop: the pod owns it, and goes with it.
+            assert OBJECT in api.nodefeatures
+
+    run(body)
+
+
+def test_an_api_away_at_start_delays_the_object_not_the_serving() -> None:
+    async def body() -> None:
+        async with KubeApiServer() as api:
+            api.add_pod(NAMESPACE, POD)
+            env = _env(api, NVPLUGIN_METRICS_ADDRESS="127.0.0.1:0")
+            await api.down()
+            directory = new_dir()
+            async with FakeKubelet(directory) as kubelet:
+                args = ("--simulate", "dgx-a100", "--api-backoff-s", "0.05", "0.5")
+                serve = Serve(directory, *args, env=env)
+                try:
+                    await kubelet.wait_registered(GPU, WAIT_S)  # serving, API or not
+                    await serve.wait_log(FAILING)
+                    assert OBJECT not in api.nodefeatures
+                    await api.up()
+                    await _until(api, serve, lambda now: now == read_fixture("dgx-a100"), "came")
+                    await serve.wait_log("kubernetes api answering again")
+                    metrics = await scrape(serve)
+                    failures = [
+                        line
+                        for line in metrics.splitlines()
+                        if line.startswith("nvplugin_node_feature_failures_total ")
+                    ]
+                    assert failures and float(failures[0].split()[1]) >= 1, metrics
+                    assert 'nvplugin_node_feature_writes_total{result="created"} 1.0' in metrics
+                finally:
+                    assert serve.stop() == 0, serve.text()
+
+    run(body)
+
+
+def test_a_per_node_config_switch_changes_the_object() -> None:
+    async def body() -> None:
+        label = "nvidia.com/device-plugin.config"
+        shared = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
+        shared += "    - name: nvidia.com/gpu\n      replicas: 4\n"
+        volume = ConfigMapVolume({"default": "version: v1\n", "shared": shared})
+        async with KubeApiServer() as api:
+            api.add_node(NODE, {})
+            api.add_pod(NAMESPACE, POD)
+            env = _env(api, CONFIG_FILE_SRCDIR=volume.path)
+            directory = new_dir()
+            async with FakeKubelet(directory) as kubelet:
+                args = ("--simulate", "dgx-a100", "--api-backoff-s", "0.05", "0.5")
+                serve = Serve(directory, *args, env=env)
+                try:
+                    await kubelet.wait_registered(GPU, WAIT_S)
+                    await _until(
+                        api, serve, lambda now: now == read_fixture("dgx-a100"), "held the labels"
+                    )
+                    api.label(NODE, label, "shared")
+                    await _until(
+                        api,
+                        serve,
+                        lambda now: now == read_fixture("dgx-a100.time-sliced"),
+                        "followed the node's config",
+                    )
+                finally:
+                    assert serve.stop() == 0, serve.text()
+
+    run(body)
