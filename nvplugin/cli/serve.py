@@ -1,0 +1,168 @@
+"""``nvplugin serve`` and NVIDIA's ``nvidia-device-plugin``: the device plugin itself."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from nvplugin import __version__
+from nvplugin.cli.group import NVIDIA_COMMAND, main, user_errors
+from nvplugin.cli.options import (
+    CONFIG_FILE_HELP,
+    SIMULATE_HELP,
+    GoFlags,
+    config_file_option,
+    selection_options,
+    setting_options,
+)
+from nvplugin.plugin.signals import PendingSignals
+
+
+@main.command()
+@click.option("--simulate", metavar="NODE", help=SIMULATE_HELP)
+@config_file_option(CONFIG_FILE_HELP)
+@selection_options
+@setting_options()
+@click.option("--discovery-retry-s", type=float, hidden=True)  # tests: shorter waits
+@click.option("--socket-give-up-s", type=float, hidden=True)
+@click.option("--api-backoff-s", type=(float, float), hidden=True)  # initial, maximum
+@click.option("--api-watch-s", type=int, hidden=True)
+@user_errors
+def serve(
+    simulate: str | None,
+    config_path: str | None,
+    discovery_retry_s: float | None,
+    socket_give_up_s: float | None,
+    api_backoff_s: tuple[float, float] | None,
+    api_watch_s: int | None,
+    **options: object,
+) -> None:
+    """Run the device plugin: serve the kubelet, register, follow its restarts and GPU health.
+
+    Settings come from flags, then environment variables (NVIDIA's names for NVIDIA's settings,
+    NVPLUGIN_* for nvplugin's), then the config file, then defaults. SIGTERM/SIGINT stop it
+    (exit 0); SIGHUP reloads the config. With --config-file-srcdir it runs the config its node's
+    label names and follows the label and the directory. Without a kubelet
+    (--simulate on a laptop), run `nvplugin kubelet --device-plugin-dir DIR` beside it.
+    """
+    _serve(
+        simulate,
+        config_path,
+        discovery_retry_s,
+        socket_give_up_s,
+        options,
+        api_backoff_s=api_backoff_s,
+        api_watch_s=api_watch_s,
+    )
+
+
+def _serve(
+    simulate: str | None,
+    config_path: str | None,
+    discovery_retry_s: float | None,
+    socket_give_up_s: float | None,
+    options: dict[str, object],
+    *,
+    api_backoff_s: tuple[float, float] | None = None,
+    api_watch_s: int | None = None,
+) -> None:
+    """``serve``'s work, shared with ``nvidia-device-plugin``."""
+    # First, before any import or file read (and usually since this module's first lines): a
+    # signal is never fatal (SIGHUP before serving reloads once serving; SIGTERM/SIGINT before
+    # serving stop cleanly).
+    pending = PendingSignals.current()
+
+    import os
+
+    from nvplugin.config import SETTINGS, config_file, load_config
+    from nvplugin.config.select import first_choice, read_selection
+    from nvplugin.errors import InputError
+
+    env = dict(os.environ)
+    paths = list(SETTINGS)
+    chosen = {k[len("select_") :]: v for k, v in options.items() if k.startswith("select_")}
+    flags = {
+        paths[int(name.split("_")[1])]: value
+        for name, value in options.items()
+        if name.startswith("setting_")
+    }
+    path = config_file(config_path, env)
+
+    def load_file(file: str | None) -> Any:
+        return load_config(file, flags=flags, env=env)
+
+    selection = read_selection(chosen, env)
+    following = None
+    if selection is None:
+        config = load_file(path)  # a bad config exits 2 before gRPC is even imported
+    else:
+        if path is not None:
+            raise InputError(
+                f"--config-file (CONFIG_FILE) {path} and --config-file-srcdir "
+                f"(CONFIG_FILE_SRCDIR) {selection.srcdir}: give one; the directory's configs are "
+                "chosen per node by its label"
+            )
+        from nvplugin.plugin.selection import Following
+
+        start = first_choice(selection, load_file)
+        following = Following(selection, start, load_file)
+        config = start.config
+    from nvplugin.config.pod import read_pod
+    from nvplugin.plugin.daemon import run_daemon
+    from nvplugin.plugin.selection import ApiTiming
+
+    timing: dict[str, Any] = {"discovery_retry_s": discovery_retry_s}
+    timing["serve_give_up_s"] = socket_give_up_s
+    if api_backoff_s is not None or api_watch_s is not None:
+        backoff = api_backoff_s or (ApiTiming.backoff_initial_s, ApiTiming.backoff_max_s)
+        timing["api_timing"] = ApiTiming(*backoff, watch_s=api_watch_s)
+    # The daemon's own defaults apply unless a test shortens them.
+    sys.exit(
+        run_daemon(
+            config,
+            reload=lambda: load_file(path),
+            simulate=simulate,
+            pending=pending,
+            following=following,
+            pod=read_pod(chosen, env),
+            **{name: value for name, value in timing.items() if value is not None},
+        )
+    )
+
+
+@main.command(
+    NVIDIA_COMMAND,
+    cls=GoFlags,
+    hidden=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    epilog="nvplugin's own settings: NVPLUGIN_* variables or the config file's nvplugin: block "
+    "(nvplugin serve --help lists them). --simulate NODE serves a simulated node, as "
+    "nvplugin serve does.",
+)
+@config_file_option(
+    "The path to the configuration file to use (NVIDIA's v1 format, plus nvplugin's keys). "
+    "[$CONFIG_FILE]"
+)
+@setting_options(nvidia_only=True)
+@click.option("--simulate", metavar="NODE", hidden=True)
+@click.option("--discovery-retry-s", type=float, hidden=True)
+@click.option("--socket-give-up-s", type=float, hidden=True)
+@click.version_option(__version__, prog_name=f"{NVIDIA_COMMAND} (nvplugin)")
+@user_errors
+def nvidia_device_plugin(
+    simulate: str | None,
+    config_path: str | None,
+    discovery_retry_s: float | None,
+    socket_give_up_s: float | None,
+    **options: object,
+) -> None:
+    """NVIDIA device plugin for Kubernetes -- here nvplugin, which serves exactly as
+    `nvplugin serve` does.
+
+    NVIDIA's command, flags and environment variables, with NVIDIA's meaning: a DaemonSet
+    written for NVIDIA's plugin (command: [nvidia-device-plugin]) runs nvplugin's image
+    unchanged. Settings come from flags, then environment variables, then the config file.
+    """
+    _serve(simulate, config_path, discovery_retry_s, socket_give_up_s, options)
