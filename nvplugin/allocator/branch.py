@@ -143,6 +143,17 @@ class BranchSearch:
             for bit, (c, d) in enumerate(self._pairs):
                 flags = (chunk[:, c] < chunk[:, d]).astype(np.uint16) << bit
                 self._disorder[start : start + CHUNK] |= flags
+        # Each group packed into one integer, a digit of ``_width`` bits per class with the top
+        # bit of each digit kept clear: ``g <= y`` digit by digit is then one subtraction
+        # (``(y | guard) - g`` keeps every guard bit exactly when no digit of g exceeds y's).
+        self._width = max(sizes).bit_length() + 1
+        assert self._width * m < 63, "eight classes of at most 32 GPUs fit in 56 bits"
+        self._shift = np.arange(m, dtype=np.int64) * self._width
+        self._guard = sum(1 << (self._width * c + self._width - 1) for c in range(m))
+        self._packed = np.empty(len(self._groups), dtype=np.int64)
+        for start in range(0, len(self._groups), CHUNK):
+            chunk = self._groups[start : start + CHUNK].astype(np.int64)
+            self._packed[start : start + CHUNK] = (chunk << self._shift).sum(axis=1)
         self._bound = _Bound(self._scores, sizes, self._groups)
         # Slices of a few groups are walked in Python (cheaper than a dozen array operations):
         # (position, index, twice the score, disorder, counts, index in each tabulated part).
@@ -167,7 +178,7 @@ class BranchSearch:
     @property
     def nbytes(self) -> int:
         arrays = (self._groups, self._index, self._position, self._twice, self._disorder)
-        return sum(a.nbytes for a in (*arrays, self._keys)) + self._bound.nbytes
+        return sum(a.nbytes for a in (*arrays, self._keys, self._packed)) + self._bound.nbytes
 
     def twice(self, x: IntArray) -> IntArray:
         """Twice the score of each group (count vector) in ``x``."""
@@ -189,10 +200,10 @@ class BranchSearch:
         row = size * (self._m + 1)
         start, stop = (row, row + self._m + 1) if first is None else (row + first, row + first + 1)
         lo, hi = int(self._slices[start]), int(self._slices[stop])
-        groups = self._groups[lo:hi]  # int8: compared as such
-        fits = (groups <= high.astype(np.int8)).all(axis=1)
+        packed, guard = self._packed[lo:hi], np.int64(self._guard)
+        fits = ((np.int64(self._pack(high.tolist()) | self._guard) - packed) & guard) == guard
         if low is not None:
-            fits &= (groups >= low.astype(np.int8)).all(axis=1)
+            fits &= (((packed | guard) - np.int64(self._pack(low.tolist()))) & guard) == guard
         equal = sum(
             1 << bit
             for bit, (c, d) in enumerate(self._pairs)
@@ -202,6 +213,10 @@ class BranchSearch:
             fits &= (self._disorder[lo:hi] & np.uint16(equal)) == 0
         positions: NDArray[np.intp] = np.flatnonzero(fits) + lo
         return positions
+
+    def _pack(self, counts: list[int]) -> int:
+        """A count vector as one integer (see ``_packed``)."""
+        return sum(count << (self._width * c) for c, count in enumerate(counts))
 
     def search(
         self,
@@ -219,23 +234,26 @@ class BranchSearch:
         query = _Query(self, int(available.sum()), size, deadline)
         sides = [available.tolist(), required.tolist()]
         top = query.state(available)
-        kids = query.children_of(top, self.groups(size, available, sides, low=required))
+        kids = query.arrays(top, self.groups(size, available, sides, low=required), size)
         if required.any():
-            opt, _ = query.best_child(top, kids, 0, -1)
+            opt, _ = query.best_child(top, query.ranked(kids), 0, -1, UNKNOWN)
         else:
-            opt, _ = query.rest(top, 0)
-        # The answer: the highest own score whose group reaches OPT, then the lex-smallest.
+            opt, _ = query.rest(top, 0, UNKNOWN)
+        # The answer: the highest own score whose group reaches OPT, then the lex-smallest. Only
+        # groups whose bound reaches OPT can; each is checked with OPT less its own score as
+        # both the need and the cap of its rest (no rest can score more), highest own first.
+        near = np.flatnonzero(kids.bounds >= opt)
+        near = near[np.argsort(-kids.own[near], kind="stable")]
         reach: list[int] = []
         level = None
-        for i in _descending(kids.own):
-            f = kids.own[i]
+        for i in near.tolist():
+            f = int(kids.own[i])
             if level is not None and f < level:
                 break
-            if kids.bounds[i] < opt:
-                continue
-            value, exact = query.rest(query.child(top, kids, i), opt - f)
+            state = query.child(top, int(kids.positions[i]), int(kids.keys[i]))
+            value, exact = query.rest(state, opt - f, opt - f)
             if exact and value + f == opt:
-                reach.append(kids.positions[i])
+                reach.append(int(kids.positions[i]))
                 level = f
         assert level is not None, "the best partition's group reaches OPT"
         best = _arrangements(self._groups[reach].astype(np.int64), sides, self._twins)
@@ -249,7 +267,7 @@ class BranchSearch:
         query = _Query(self, int(available.sum()), size, None)
         out = self.twice(candidates)
         for i, row in enumerate(available - candidates):
-            value, exact = query.rest(query.state(row), 0)
+            value, exact = query.rest(query.state(row), 0, UNKNOWN)
             assert exact
             out[i] += value
         return out
@@ -268,7 +286,7 @@ class BranchSearch:
                     return full, np.zeros_like(y)
                 return full, y
             state = query.state(y)
-            value, _ = query.rest(state, 0)
+            value, _ = query.rest(state, 0, UNKNOWN)
             group = query.best_group(state, value)
             if int(group.sum()) == size:
                 full.append(group)
@@ -277,6 +295,10 @@ class BranchSearch:
                 inner, _ = self.partition(y - group, size)
                 return full + inner, group
         return full, y
+
+
+UNKNOWN = 1 << 62
+"""The cap of a state nothing above has bounded."""
 
 
 @dataclass(frozen=True)
@@ -306,20 +328,47 @@ class _State:
 
 
 @dataclass(frozen=True)
+class _Arrays:
+    """The states one group below a state, as arrays: the groups' positions (size-ordered
+    list), their own scores (twice), the children's memo keys and twice an upper bound on each
+    child's ``own + R`` (exact for children that hold at most one group: ``terminal``)."""
+
+    positions: NDArray[np.intp]
+    own: IntArray
+    keys: NDArray[np.int32]
+    bounds: IntArray
+    terminal: NDArray[np.bool_]
+
+    @staticmethod
+    def join(parts: list[_Arrays]) -> _Arrays:
+        return _Arrays(
+            np.concatenate([p.positions for p in parts]),
+            np.concatenate([p.own for p in parts]),
+            np.concatenate([p.keys for p in parts]),
+            np.concatenate([p.bounds for p in parts]),
+            np.concatenate([p.terminal for p in parts]),
+        )
+
+
+@dataclass(frozen=True)
 class _Children:
-    """The states one group below a state: the groups' positions (size-ordered list), their own
-    scores (twice), the children's memo keys and totals, and twice an upper bound on each
-    child's ``own + R`` (exact for children that hold at most one group)."""
+    """The children worth trying, highest bound first: the groups' positions, own scores
+    (twice), the children's memo keys and bounds, and whether each bound is exact. Children
+    whose bound cannot beat the best exact one are left out."""
 
     positions: list[int]
     own: list[int]
     keys: list[int]
-    totals: list[int]
     bounds: list[int]
+    exact: list[bool]
 
 
 class _Query:
-    """One request's search state: the group size, the bound's constants and the memo."""
+    """One request's search state: the group size, the bound's constants and the memo.
+
+    ``rest(state, need, cap)`` is the search. ``cap`` is an upper bound on the state's R known
+    from above (a state one group g below a state of R at most C has R at most ``C - f(g)``),
+    so a state whose best meets its cap is solved without trying its other children."""
 
     def __init__(self, search: BranchSearch, gpus: int, size: int, deadline: float | None) -> None:
         self._search = search
@@ -335,30 +384,46 @@ class _Query:
         index = int(y @ self._search._stride)
         return _State(tuple(y.tolist()), index, int(y.sum()), int(self._search._keys[index]))
 
-    def child(self, parent: _State, children: _Children, i: int) -> _State:
+    def child(self, parent: _State, position: int, key: int) -> _State:
         search = self._search
-        position = children.positions[i]
         group = search._groups[position].tolist()
         counts = tuple(a - b for a, b in zip(parent.counts, group, strict=True))
         index = parent.index - int(search._index[position])
-        return _State(counts, index, children.totals[i], children.keys[i])
+        return _State(counts, index, parent.total - sum(group), key)
 
-    def children_of(self, parent: _State, positions: NDArray[np.intp]) -> _Children:
-        """The children through the groups at ``positions`` (arrays)."""
+    def arrays(self, parent: _State, positions: NDArray[np.intp], k: int) -> _Arrays:
+        """The children through the groups of ``k`` GPUs at ``positions``."""
         search = self._search
         own = search._twice[positions]
         index = parent.index - search._index[positions].astype(np.int64)
         keys = search._keys[index]
-        totals = parent.total - (search._groups[positions].sum(axis=1, dtype=np.int64))
-        bounds = own + search._bound.of(
-            parent, positions, totals, self._size, self._cmax, search._groups
-        )
-        terminal = totals <= self._size
-        if terminal.any():  # one group or none left: exact
-            value = search._twice[search._position[index[terminal]]]
-            bounds[terminal] = own[terminal] + (value if self._size > 1 else 0)
+        total = parent.total - k
+        if total <= self._size:  # one group or none left: exact
+            rest = search._twice[search._position[index]] if self._size > 1 else 0
+            bounds = own + rest
+        else:
+            bounds = own + search._bound.of(
+                parent, positions, total, self._size, self._cmax_list, search._groups
+            )
+        terminal = np.full(len(positions), total <= self._size)
+        return _Arrays(positions, own, keys, bounds, terminal)
+
+    def ranked(self, kids: _Arrays) -> _Children:
+        """The children worth trying (:class:`_Children`) from their arrays."""
+        bounds = kids.bounds
+        keep = np.ones(len(bounds), dtype=np.bool_)
+        if kids.terminal.any():  # none that cannot beat the best exact one, but that one
+            floor = int(bounds[kids.terminal].max())
+            keep = bounds > floor
+            keep[np.flatnonzero(kids.terminal & (bounds == floor))[0]] = True
+        kept = np.flatnonzero(keep)
+        order = kept[np.argsort(-bounds[kept], kind="stable")]
         return _Children(
-            positions.tolist(), own.tolist(), keys.tolist(), totals.tolist(), bounds.tolist()
+            kids.positions[order].tolist(),
+            kids.own[order].tolist(),
+            kids.keys[order].tolist(),
+            bounds[order].tolist(),
+            kids.terminal[order].tolist(),
         )
 
     def children(self, parent: _State) -> _Children:
@@ -370,9 +435,9 @@ class _Query:
         sizes = sorted({self._size, parent.total % self._size} - {0})
         if all((k, first) in search._few for k in sizes):
             return self._few(parent, sizes, first)
-        found = [search.groups(k, parent.y, [list(counts)], first=first) for k in sizes]
-        positions = found[0] if len(found) == 1 else np.concatenate(found)
-        return self.children_of(parent, positions)
+        y, sides = parent.y, [list(counts)]
+        found = [self.arrays(parent, search.groups(k, y, sides, first=first), k) for k in sizes]
+        return self.ranked(found[0] if len(found) == 1 else _Arrays.join(found))
 
     def _few(self, parent: _State, sizes: list[int], first: int) -> _Children:
         """:meth:`children` for small slices, in Python."""
@@ -380,7 +445,8 @@ class _Query:
         equal = sum(1 << bit for bit, (c, d) in enumerate(search._pairs) if counts[c] == counts[d])
         starts = search._bound.starts(counts)
         keys_of, twice, position = search._keys, search._twice, search._position
-        out = _Children([], [], [], [], [])
+        found: list[tuple[int, bool, int, int, int]] = []
+        floor = -1
         for k in sizes:
             total = parent.total - k
             for entry in search._few[(k, first)]:
@@ -389,22 +455,30 @@ class _Query:
                 if any(g > c for g, c in zip(entry.counts, counts, strict=True)):
                     continue
                 index = parent.index - entry.index
-                if total <= size:  # exact
+                exact = total <= size
+                if exact:
                     bound = entry.twice + (int(twice[position[index]]) if size > 1 else 0)
+                    if bound <= floor:
+                        continue
+                    floor = bound
                 else:
                     bound = entry.twice + search._bound.one(
                         starts, entry, counts, total, size, self._cmax_list
                     )
-                out.positions.append(entry.position)
-                out.own.append(entry.twice)
-                out.keys.append(int(keys_of[index]))
-                out.totals.append(total)
-                out.bounds.append(bound)
-        return out
+                found.append((bound, exact, entry.position, entry.twice, int(keys_of[index])))
+        found = [item for item in found if item[0] > floor or (item[1] and item[0] == floor)]
+        found.sort(key=lambda item: -item[0])
+        return _Children(
+            [item[2] for item in found],
+            [item[3] for item in found],
+            [item[4] for item in found],
+            [item[0] for item in found],
+            [item[1] for item in found],
+        )
 
-    def rest(self, state: _State, need: int) -> tuple[int, bool]:
+    def rest(self, state: _State, need: int, cap: int) -> tuple[int, bool]:
         """Twice R(y) and True; or, when R(y) < ``need``, possibly an upper bound below ``need``
-        and False."""
+        and False. ``cap``: an upper bound on R(y) (twice)."""
         known = self._memo.get(state.key)
         if known is not None and (known[1] or known[0] < need):
             return known
@@ -414,40 +488,48 @@ class _Query:
             value = 0 if self._size == 1 else int(self._search.twice(state.y[None, :])[0])
             result = (value, True)
         else:
-            best, upper = self.best_child(state, self.children(state), need, -1)
+            if known is not None:
+                cap = min(cap, known[0])
+            best, upper = self.best_child(state, self.children(state), need, -1, cap)
             result = (best, True) if upper <= best else (upper, False)
         self._memo[state.key] = result
         return result
 
     def best_child(
-        self, parent: _State, children: _Children, need: int, best: int
+        self, parent: _State, children: _Children, need: int, best: int, cap: int
     ) -> tuple[int, int]:
         """Over the children: the best exact ``own + R(child)`` (at least ``best``) and an upper
         bound on the children not solved exactly (-1 when every one that could beat the best
-        was)."""
+        was). No child scores more than ``cap``."""
         upper = -1
-        bounds, own, keys, totals = children.bounds, children.own, children.keys, children.totals
         memo = self._memo
-        for j in _descending(bounds):
-            bound = bounds[j]
+        for bound, exact, f, key, position in zip(
+            children.bounds,
+            children.exact,
+            children.own,
+            children.keys,
+            children.positions,
+            strict=True,
+        ):
+            bound = min(bound, cap)
             if bound <= best:
                 break  # no child left can beat the best
-            if totals[j] <= self._size:  # its bound is its value
+            if exact:  # its bound is its value
                 best = bound
                 continue
             if bound < need:
                 upper = max(upper, bound)
                 break  # none left can reach what the caller needs
-            f = own[j]
-            known = memo.get(keys[j])
+            known = memo.get(key)
             if known is not None and not known[1]:  # a bound learnt below: tighter
                 if known[0] + f <= best:
                     continue
                 if known[0] + f < need:
                     upper = max(upper, known[0] + f)
                     continue
-            value, exact = self.rest(self.child(parent, children, j), max(need, best + 1) - f)
-            if exact:
+            child = self.child(parent, position, key)
+            value, solved = self.rest(child, max(need, best + 1) - f, bound - f)
+            if solved:
                 best = max(best, value + f)
             elif value + f > best:
                 upper = max(upper, value + f)
@@ -456,10 +538,10 @@ class _Query:
     def best_group(self, state: _State, value: int) -> IntArray:
         """A group g holding y's first class with ``f(g) + R(y - g) = value`` (``value`` = R(y))."""
         children = self.children(state)
-        for i, f in enumerate(children.own):
-            child, exact = self.rest(self.child(state, children, i), value - f)
+        for position, f, key in zip(children.positions, children.own, children.keys, strict=True):
+            child, exact = self.rest(self.child(state, position, key), value - f, value - f)
             if exact and child + f == value:
-                found: IntArray = self._search._groups[children.positions[i]].astype(np.int64)
+                found: IntArray = self._search._groups[position].astype(np.int64)
                 return found
         raise AssertionError("R(y) is reached by some group")
 
@@ -525,26 +607,25 @@ class _Bound:
         self,
         parent: _State,
         positions: NDArray[np.intp],
-        totals: IntArray,
+        total: int,
         size: int,
-        cmax: IntArray,
+        cmax: list[int],
         groups: NDArray[np.int8],
     ) -> IntArray:
-        """For the children of ``parent`` through the groups at ``positions`` (totals
-        ``totals``)."""
-        result: IntArray = self.low * cmax[totals]
+        """For the children of ``parent`` through the groups at ``positions`` (each leaving
+        ``total`` GPUs)."""
+        result: IntArray = np.full(len(positions), self.low * cmax[total], dtype=np.int64)
         if size == 1:
             return result
         rows: IntArray | None = None
-        for part in self._parts:
+        for part, start in zip(self._parts, self.starts(parent.counts), strict=True):
             table = part.table(size)
             if table is not None:
-                start = int(parent.y[part.classes] @ part.stride)
                 result += table[start - part.index[positions]]
                 continue
             if rows is None:
                 rows = parent.y - groups[positions]
-            result += part.bound(rows[:, part.classes], size, cmax)
+            result += part.bound(rows[:, part.classes], size, np.asarray(cmax))
         return result
 
 
@@ -571,6 +652,8 @@ class _Part:
         if vectors <= PART_VECTORS:
             wanted = range(2, self._gpus if self._merge else self._gpus + 1)
             self._tables = _pieces(scores, sizes, wanted)
+            if self._merge:  # from the part's size on: its own score
+                self._tables[self._gpus] = _twice_all(scores, sizes)
             if self._tables:  # each group's index among the part's count vectors
                 self.index = np.empty(len(groups), dtype=np.int32)
                 for start in range(0, len(groups), CHUNK):
@@ -587,8 +670,6 @@ class _Part:
 
     def listed(self, size: int) -> list[int] | None:
         """:meth:`table` as a list (for single lookups)."""
-        if size >= self._gpus and self._merge:
-            return None
         return self._lists.get(min(size, self._gpus))
 
     def scalar(self, counts: list[int], size: int, cmax: list[int]) -> int:
@@ -608,8 +689,6 @@ class _Part:
 
     def table(self, size: int) -> IntArray | None:
         """The tabulated share for ``size``, if any (None where :meth:`bound` computes it)."""
-        if size >= self._gpus and self._merge:
-            return None
         return self._tables.get(min(size, self._gpus))
 
     def bound(self, rows: IntArray, size: int, cmax: IntArray) -> IntArray:
@@ -637,6 +716,13 @@ def _split(scores: IntArray) -> tuple[int, list[list[int]]]:
         if len(parts) > 1:
             return t, parts
     return 0, [list(range(m))]
+
+
+def _twice_all(scores: IntArray, sizes: list[int]) -> IntArray:
+    """Twice the score of every count vector of classes of these sizes (mixed-radix order)."""
+    vectors = np.indices([s + 1 for s in sizes]).reshape(len(sizes), -1).T.astype(np.int64)
+    twice: IntArray = ((vectors @ scores) * vectors).sum(axis=1) - vectors @ np.diag(scores)
+    return twice
 
 
 def _pieces(scores: IntArray, sizes: list[int], wanted: range) -> dict[int, IntArray]:
@@ -667,14 +753,6 @@ def _pieces(scores: IntArray, sizes: list[int], wanted: range) -> dict[int, IntA
                 value = np.where(allowed, twice[pieces][None, :] + best[rest], lowest)
                 best[chunk] = value.max(axis=1)
     return tables
-
-
-def _descending(values: list[int]) -> list[int]:
-    """Positions of ``values`` from the highest, ties in order (numpy sorts long lists)."""
-    if len(values) <= FEW:
-        return sorted(range(len(values)), key=values.__getitem__, reverse=True)
-    order: list[int] = np.argsort(-np.asarray(values), kind="stable").tolist()
-    return order
 
 
 def _twin_sets(scores: IntArray, sizes: list[int]) -> list[list[int]]:
