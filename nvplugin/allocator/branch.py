@@ -150,11 +150,25 @@ class BranchSearch:
         assert self._width * m < 63, "eight classes of at most 32 GPUs fit in 56 bits"
         self._shift = np.arange(m, dtype=np.int64) * self._width
         self._guard = sum(1 << (self._width * c + self._width - 1) for c in range(m))
+        self._guard64 = np.int64(self._guard)
         self._packed = np.empty(len(self._groups), dtype=np.int64)
         for start in range(0, len(self._groups), CHUNK):
             chunk = self._groups[start : start + CHUNK].astype(np.int64)
             self._packed[start : start + CHUNK] = (chunk << self._shift).sum(axis=1)
         self._bound = _Bound(self._scores, sizes, self._groups)
+        # What a state's children need of each group, one column per group (int32): twice its
+        # score, its index, its disorder and its index in each tabulated part, so the groups
+        # that fit a state are taken out with one array operation. The arrays above become
+        # views of its rows.
+        tabulated = [part for part in self._bound.parts if len(part.index)]
+        self._columns = np.empty((3 + len(tabulated), len(self._groups)), dtype=np.int32)
+        self._columns[0] = self._twice
+        self._columns[1] = self._index
+        self._columns[2] = self._disorder
+        self._twice, self._index, self._disorder = self._columns[:3]
+        for row, part in enumerate(tabulated, start=3):
+            self._columns[row] = part.index
+            part.index, part.row = self._columns[row], row
         # Slices of a few groups are walked in Python (cheaper than a dozen array operations):
         # (position, index, twice the score, disorder, counts, index in each tabulated part).
         self._few: dict[tuple[int, int], list[_Entry]] = {}
@@ -177,8 +191,8 @@ class BranchSearch:
 
     @property
     def nbytes(self) -> int:
-        arrays = (self._groups, self._index, self._position, self._twice, self._disorder)
-        return sum(a.nbytes for a in (*arrays, self._keys, self._packed)) + self._bound.nbytes
+        arrays = (self._groups, self._position, self._keys, self._packed, self._columns)
+        return sum(a.nbytes for a in arrays) + self._bound.nbytes
 
     def twice(self, x: IntArray) -> IntArray:
         """Twice the score of each group (count vector) in ``x``."""
@@ -235,10 +249,22 @@ class BranchSearch:
         sides = [available.tolist(), required.tolist()]
         top = query.state(available)
         kids = query.arrays(top, self.groups(size, available, sides, low=required), size)
-        if required.any():
-            opt, _ = query.best_child(top, query.ranked(kids), 0, -1, UNKNOWN)
-        else:
-            opt, _ = query.rest(top, 0, UNKNOWN)
+        # OPT by aspiration: ask for the best bound, and on failure for the upper bound the
+        # search proved instead, until one is met. Each round walks only the children whose bound
+        # reaches it (the memo keeps what earlier rounds proved, each state's children are
+        # listed once per request), where a search from below solves whole subtrees exactly.
+        ranked = query.ranked(kids)
+        need = ranked.bounds[0] if ranked.bounds else 0
+        while True:
+            if required.any():
+                found, upper = query.best_child(top, ranked, need, -1, UNKNOWN)
+                value, exact = (found, True) if upper <= found else (upper, False)
+            else:
+                value, exact = query.rest(top, need, UNKNOWN)
+            if exact:
+                opt = value
+                break
+            need = value
         # The answer: the highest own score whose group reaches OPT, then the lex-smallest. Only
         # groups whose bound reaches OPT can; each is checked with OPT less its own score as
         # both the need and the cap of its rest (no rest can score more), highest own first.
@@ -379,6 +405,7 @@ class _Query:
         self._cmax = whole * (size * (size - 1)) + part * (part - 1)
         self._cmax_list: list[int] = self._cmax.tolist()
         self._memo: dict[int, tuple[int, bool]] = {}
+        self._expanded: dict[int, _Children] = {}  # each state's children, listed once
 
     def state(self, y: IntArray) -> _State:
         index = int(y @ self._search._stride)
@@ -429,15 +456,51 @@ class _Query:
     def children(self, parent: _State) -> _Children:
         """The children through the groups holding the parent's first class (one per
         arrangement of twins): of the group size, and of the leftover's when one is due."""
+        done = self._expanded.get(parent.index)
+        if done is not None:
+            return done
         search = self._search
         counts = parent.counts
         first = next(c for c, count in enumerate(counts) if count)
         sizes = sorted({self._size, parent.total % self._size} - {0})
         if all((k, first) in search._few for k in sizes):
-            return self._few(parent, sizes, first)
-        y, sides = parent.y, [list(counts)]
-        found = [self.arrays(parent, search.groups(k, y, sides, first=first), k) for k in sizes]
-        return self.ranked(found[0] if len(found) == 1 else _Arrays.join(found))
+            done = self._few(parent, sizes, first)
+        else:
+            high = np.int64(search._pack(list(counts)) | search._guard)
+            pairs = enumerate(search._pairs)
+            equal = sum(1 << bit for bit, (c, d) in pairs if counts[c] == counts[d])
+            found = [self._fitting(parent, k, first, high, equal) for k in sizes]
+            done = self.ranked(found[0] if len(found) == 1 else _Arrays.join(found))
+        self._expanded[parent.index] = done
+        return done
+
+    def _fitting(self, parent: _State, k: int, first: int, high: np.int64, equal: int) -> _Arrays:
+        """The children through the groups of ``k`` GPUs that hold the parent's ``first`` class
+        (one arrangement of twins with equal counts): :meth:`BranchSearch.groups` and
+        :meth:`arrays` in one selection of the groups' columns. ``high``: the parent's counts
+        packed, guard bits set; ``equal``: the twin pairs whose counts are equal (bits)."""
+        search = self._search
+        row = k * (search._m + 1) + first
+        lo, hi = int(search._slices[row]), int(search._slices[row + 1])
+        guard = search._guard64
+        fits = ((high - search._packed[lo:hi]) & guard) == guard
+        if equal:
+            fits &= (search._disorder[lo:hi] & equal) == 0
+        picked = np.flatnonzero(fits)
+        columns = search._columns[:, lo:hi][:, picked]
+        positions = picked + lo
+        own = columns[0]
+        index = parent.index - columns[1]
+        keys = search._keys[index]
+        total = parent.total - k
+        if total <= self._size:  # one group or none left: exact
+            rest = search._twice[search._position[index]] if self._size > 1 else 0
+            bounds = own + rest
+        else:
+            bounds = own + search._bound.of(
+                parent, positions, total, self._size, self._cmax_list, search._groups, columns
+            )
+        return _Arrays(positions, own, keys, bounds, np.full(len(positions), total <= self._size))
 
     def _few(self, parent: _State, sizes: list[int], first: int) -> _Children:
         """:meth:`children` for small slices, in Python."""
@@ -557,28 +620,47 @@ class _Bound:
     A part's share is at most the best split of its GPUs into pieces of at most s, whatever
     their number (the pieces of the groups that cross it), which is tabulated at start-up for
     every size over the part's count vectors (a few thousand at most): exact for the part,
-    where the components bound only each level of it."""
+    where the components bound only each level of it.
+
+    What that leaves loose is how the parts' pieces pair up: a piece of more than s/2 GPUs (and
+    fewer than s) needs, in its group, pieces of other parts totalling fewer than s/2, each
+    *small* (under s/2 GPUs). So in any partition the big pieces number at most the small ones
+    (plus one when the leftover group, of ``r`` GPUs, has ``2r > s``: it may hold one big piece
+    alone). Hence, for any ``lambda >= 0``, R is also at most the same sum with every part's
+    pieces scored ``lambda`` more when small and ``lambda`` less when big, plus ``lambda`` times
+    that one: a second table per size (:attr:`lambdas`), and the bound is the lower of the two.
+    It stops a server of 4-GPU switches from counting, for groups of 5, on every switch staying
+    whole in both sockets."""
 
     def __init__(self, scores: IntArray, sizes: list[int], groups: NDArray[np.int8]) -> None:
         self.low, parts = _split(scores)
-        self._parts: list[_Part] = []
+        self.parts: list[_Part] = []
+        # The pairing term (class docstring): for sizes 3 up to the largest part's GPUs, where
+        # every part is tabulated, with lambda twice the highest score inside a part.
+        every = all(np.prod([sizes[c] + 1 for c in classes]) <= PART_VECTORS for classes in parts)
+        lam = 2 * max(int((scores[np.ix_(c, c)] - self.low).max()) for c in parts)
+        top = max(sum(sizes[c] for c in classes) for classes in parts)
+        self.lambdas: dict[int, list[int]] = (
+            {size: [lam] for size in range(3, top)} if every and lam > 0 and len(parts) > 1 else {}
+        )
+        extra = [(size, lam) for size, ls in self.lambdas.items() for lam in ls]
         for classes in parts:
             inner = scores[np.ix_(classes, classes)] - self.low
-            self._parts.append(_Part(classes, inner, [sizes[c] for c in classes], groups))
+            self.parts.append(_Part(classes, inner, [sizes[c] for c in classes], groups, extra))
 
     @property
     def nbytes(self) -> int:
-        return sum(part.nbytes for part in self._parts)
+        return sum(part.nbytes for part in self.parts)
 
     def indices(self, position: int) -> tuple[int, ...]:
         """The group at ``position``: its index among each tabulated part's count vectors."""
-        return tuple(int(part.index[position]) if len(part.index) else 0 for part in self._parts)
+        return tuple(int(part.index[position]) if len(part.index) else 0 for part in self.parts)
 
     def starts(self, counts: tuple[int, ...]) -> tuple[int, ...]:
         """A state's index among each part's count vectors."""
         return tuple(
             sum(counts[c] * step for c, step in zip(part.classes, part.steps, strict=True))
-            for part in self._parts
+            for part in self.parts
         )
 
     def one(
@@ -594,13 +676,21 @@ class _Bound:
         value = self.low * cmax[total]
         if size == 1:
             return value
-        for part, start, index in zip(self._parts, starts, entry.parts, strict=True):
+        for part, start, index in zip(self.parts, starts, entry.parts, strict=True):
             table = part.listed(size)
             if table is not None:
                 value += table[start - index]
             else:
                 child = [counts[c] - entry.counts[c] for c in part.classes]
                 value += part.scalar(child, size, cmax)
+        lams = self.lambdas.get(size)
+        if lams:
+            slack = 1 if 2 * (total % size) > size else 0
+            for lam in lams:
+                other = self.low * cmax[total] + lam * slack
+                for part, start, index in zip(self.parts, starts, entry.parts, strict=True):
+                    other += part.penalised_list(size, lam)[start - index]
+                value = min(value, other)
         return value
 
     def of(
@@ -611,21 +701,38 @@ class _Bound:
         size: int,
         cmax: list[int],
         groups: NDArray[np.int8],
+        columns: NDArray[np.int32] | None = None,
     ) -> IntArray:
         """For the children of ``parent`` through the groups at ``positions`` (each leaving
-        ``total`` GPUs)."""
+        ``total`` GPUs); ``columns``: those groups' columns of the search, if taken out."""
         result: IntArray = np.full(len(positions), self.low * cmax[total], dtype=np.int64)
         if size == 1:
             return result
         rows: IntArray | None = None
-        for part, start in zip(self._parts, self.starts(parent.counts), strict=True):
+        starts = self.starts(parent.counts)
+        picked = [
+            (part.index[positions] if columns is None else columns[part.row])
+            if len(part.index)
+            else None
+            for part in self.parts
+        ]
+        for part, start, index in zip(self.parts, starts, picked, strict=True):
             table = part.table(size)
-            if table is not None:
-                result += table[start - part.index[positions]]
+            if table is not None and index is not None:
+                result += table[start - index]
                 continue
             if rows is None:
                 rows = parent.y - groups[positions]
             result += part.bound(rows[:, part.classes], size, np.asarray(cmax))
+        lams = self.lambdas.get(size)
+        if lams:
+            slack = 1 if 2 * (total % size) > size else 0
+            for lam in lams:
+                other = np.full(len(positions), self.low * cmax[total] + lam * slack)
+                for part, start, index in zip(self.parts, starts, picked, strict=True):
+                    assert index is not None  # every part is tabulated where lambdas are
+                    other += part.penalised(size, lam)[start - index]
+                result = np.minimum(result, other)
         return result
 
 
@@ -634,7 +741,12 @@ class _Part:
     the table of its best split into pieces per size or the components bound."""
 
     def __init__(
-        self, classes: list[int], scores: IntArray, sizes: list[int], groups: NDArray[np.int8]
+        self,
+        classes: list[int],
+        scores: IntArray,
+        sizes: list[int],
+        groups: NDArray[np.int8],
+        extra: list[tuple[int, int]],
     ) -> None:
         self.classes = classes
         self._scores = scores
@@ -647,14 +759,20 @@ class _Part:
         self.stride = np.cumprod([1] + [s + 1 for s in sizes[:0:-1]])[::-1].astype(np.int64)
         self.steps: list[int] = self.stride.tolist()
         self._tables: dict[int, IntArray] = {}
+        self._penalised: dict[tuple[int, int], IntArray] = {}
+        self._penalised_lists: dict[tuple[int, int], list[int]] = {}
         self.index = np.zeros(0, dtype=np.int32)
+        self.row = 0  # of the index among the search's columns (BranchSearch)
         vectors = int(np.prod([s + 1 for s in sizes]))
         if vectors <= PART_VECTORS:
             wanted = range(2, self._gpus if self._merge else self._gpus + 1)
-            self._tables = _pieces(scores, sizes, wanted)
+            both = _pieces(scores, sizes, [(size, 0) for size in wanted] + extra)
+            self._tables = {size: both[(size, 0)] for size in wanted}
+            self._penalised = {key: both[key] for key in extra}
+            self._penalised_lists = {key: t.tolist() for key, t in self._penalised.items()}
             if self._merge:  # from the part's size on: its own score
                 self._tables[self._gpus] = _twice_all(scores, sizes)
-            if self._tables:  # each group's index among the part's count vectors
+            if self._tables or self._penalised:  # each group's index among its count vectors
                 self.index = np.empty(len(groups), dtype=np.int32)
                 for start in range(0, len(groups), CHUNK):
                     chunk = groups[start : start + CHUNK][:, classes].astype(np.int64)
@@ -666,7 +784,16 @@ class _Part:
 
     @property
     def nbytes(self) -> int:
-        return self.index.nbytes + sum(table.nbytes for table in self._tables.values())
+        tables = (*self._tables.values(), *self._penalised.values())
+        return sum(table.nbytes for table in tables)  # the index is the search's
+
+    def penalised(self, size: int, lam: int) -> IntArray:
+        """The table of the part's share with the pairing term (:class:`_Bound`)."""
+        return self._penalised[(size, lam)]
+
+    def penalised_list(self, size: int, lam: int) -> list[int]:
+        """:meth:`penalised` as a list (for single lookups)."""
+        return self._penalised_lists[(size, lam)]
 
     def listed(self, size: int) -> list[int] | None:
         """:meth:`table` as a list (for single lookups)."""
@@ -725,10 +852,14 @@ def _twice_all(scores: IntArray, sizes: list[int]) -> IntArray:
     return twice
 
 
-def _pieces(scores: IntArray, sizes: list[int], wanted: range) -> dict[int, IntArray]:
-    """For each size in ``wanted``: twice the best score of a split of each count vector (of
-    classes of these sizes, indexed by mixed-radix digits) into pieces of at most that many
-    GPUs, any number of them. Which pieces fit which vector is worked out once for all sizes."""
+def _pieces(
+    scores: IntArray, sizes: list[int], wanted: list[tuple[int, int]]
+) -> dict[tuple[int, int], IntArray]:
+    """For each (size, lambda) in ``wanted``: twice the best score of a split of each count
+    vector (of classes of these sizes, indexed by mixed-radix digits) into pieces of at most that
+    many GPUs, any number of them, a piece of fewer than size/2 GPUs scoring lambda more and one
+    of more than size/2 (but fewer than size) lambda less (:class:`_Bound`). Which pieces fit
+    which vector is worked out once for all of them."""
     shape = [s + 1 for s in sizes]
     vectors = np.indices(shape).reshape(len(sizes), -1).T.astype(np.int64)
     stride = np.cumprod([1, *shape[:0:-1]])[::-1].astype(np.int64)
@@ -736,7 +867,7 @@ def _pieces(scores: IntArray, sizes: list[int], wanted: range) -> dict[int, IntA
     totals = vectors.sum(axis=1)
     first = np.argmax(vectors > 0, axis=1)
     index = vectors @ stride
-    tables = {size: np.zeros(len(vectors), dtype=np.int64) for size in wanted}
+    tables = {key: np.zeros(len(vectors), dtype=np.int64) for key in wanted}
     lowest = np.iinfo(np.int64).min
     for total in range(1, int(totals.max(initial=0)) + 1):
         states = np.flatnonzero(totals == total)
@@ -748,9 +879,14 @@ def _pieces(scores: IntArray, sizes: list[int], wanted: range) -> dict[int, IntA
             fits = (piece_vectors[None, :, :] <= vectors[chunk][:, None, :]).all(axis=2)
             fits &= piece_vectors[:, first[chunk]].T >= 1  # holds the state's first class
             rest = np.where(fits, index[chunk][:, None] - index[pieces][None, :], 0)
-            for size, best in tables.items():
+            for (size, lam), best in tables.items():
                 allowed = fits & (piece_sizes <= size)[None, :]
-                value = np.where(allowed, twice[pieces][None, :] + best[rest], lowest)
+                gain = twice[pieces]
+                if lam:
+                    small = 2 * piece_sizes < size
+                    big = (2 * piece_sizes > size) & (piece_sizes < size)
+                    gain = gain + lam * small - lam * big
+                value = np.where(allowed, gain[None, :] + best[rest], lowest)
                 best[chunk] = value.max(axis=1)
     return tables
 
