@@ -169,6 +169,8 @@ class BranchSearch:
         for row, part in enumerate(tabulated, start=3):
             self._columns[row] = part.index
             part.index, part.row = self._columns[row], row
+        if len(tabulated) == len(self._bound.parts):
+            self._bound.rows = np.asarray([part.row for part in tabulated], dtype=np.intp)
         # Slices of a few groups are walked in Python (cheaper than a dozen array operations):
         # (position, index, twice the score, disorder, counts, index in each tabulated part).
         self._few: dict[tuple[int, int], list[_Entry]] = {}
@@ -649,6 +651,22 @@ class _Bound:
         for classes in parts:
             inner = scores[np.ix_(classes, classes)] - self.low
             self.parts.append(_Part(classes, inner, [sizes[c] for c in classes], groups, extra))
+        # Where every part is tabulated at every size, each size's tables (with and without the
+        # pairing term) are also laid end to end, so that all parts are looked up at once; the
+        # search sets ``rows`` (where each part's index lies among its columns).
+        self.flat: dict[int, list[tuple[int, IntArray]]] = {}
+        self.rows: NDArray[np.intp] | None = None
+        lengths = [int(np.prod([sizes[c] + 1 for c in classes])) for classes in parts]
+        self.offsets = np.cumsum([0, *lengths[:-1]]).astype(np.int64)
+        gpus = sum(sizes)
+        if all(part.table(size) is not None for part in self.parts for size in range(2, gpus + 1)):
+            for size in range(2, gpus + 1):
+                tables = [(0, [part.table(size) for part in self.parts])]
+                tables += [
+                    (lam, [part.penalised(size, lam) for part in self.parts])
+                    for lam in self.lambdas.get(size, [])
+                ]
+                self.flat[size] = [(lam, np.concatenate(t)) for lam, t in tables]  # type: ignore[arg-type]
 
     @property
     def nbytes(self) -> int:
@@ -710,8 +728,22 @@ class _Bound:
         result: IntArray = np.full(len(positions), self.low * cmax[total], dtype=np.int64)
         if size == 1:
             return result
-        rows: IntArray | None = None
         starts = self.starts(parent.counts)
+        flat = self.flat.get(size)
+        if flat is not None and self.rows is not None:
+            if columns is None:
+                taken = np.stack([part.index[positions] for part in self.parts])
+            else:
+                taken = columns[self.rows]
+            at = (self.offsets + np.asarray(starts))[:, None] - taken
+            slack = 1 if 2 * (total % size) > size else 0
+            best: IntArray | None = None
+            for lam, laid in flat:
+                value = laid[at].sum(axis=0) + (self.low * cmax[total] + lam * slack)
+                best = value if best is None else np.minimum(best, value)
+            assert best is not None
+            return best
+        rows: IntArray | None = None
         picked = [
             (part.index[positions] if columns is None else columns[part.row])
             if len(part.index)
