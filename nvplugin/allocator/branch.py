@@ -130,19 +130,32 @@ class BranchSearch:
         keys = total * np.int32(m + 1) + first
         order = np.argsort(keys, kind="stable")
         self._groups = np.ascontiguousarray(grid[order])
-        self._index = order.astype(np.int32)
         self._slices = np.searchsorted(keys[order], np.arange((sum(sizes) + 1) * (m + 1) + 1))
         self._position = np.empty(len(order), dtype=np.int32)
         self._position[order] = np.arange(len(order), dtype=np.int32)
-        del grid, total, first, keys, order
-        self._twice = np.empty(len(self._groups), dtype=np.int64)
-        self._disorder = np.zeros(len(self._groups), dtype=np.uint16)
+        del grid, total, first, keys
+        self._bound = _Bound(self._scores, sizes)
+        # What a state's children need of each group, one column per group (int32): twice its
+        # score, its index, which pairs of twins it takes out of order (a bit per pair) and its
+        # index in each tabulated part, so the groups that fit a state are taken out with one
+        # array operation. Filled in place, a chunk at a time (no second copy at start-up).
+        tabulated = [part for part in self._bound.parts if part.tabulated]
+        self._columns = np.zeros((3 + len(tabulated), len(self._groups)), dtype=np.int32)
+        self._twice, self._index, self._disorder = self._columns[:3]
+        self._index[:] = order
+        del order
+        for row, part in enumerate(tabulated, start=3):
+            part.index, part.row = self._columns[row], row
         for start in range(0, len(self._groups), CHUNK):
             chunk = self._groups[start : start + CHUNK].astype(np.int64)
             self._twice[start : start + CHUNK] = self.twice(chunk)
             for bit, (c, d) in enumerate(self._pairs):
-                flags = (chunk[:, c] < chunk[:, d]).astype(np.uint16) << bit
+                flags = (chunk[:, c] < chunk[:, d]).astype(np.int32) << bit
                 self._disorder[start : start + CHUNK] |= flags
+            for part in tabulated:
+                part.index[start : start + CHUNK] = chunk[:, part.classes] @ part.stride
+        if len(tabulated) == len(self._bound.parts):
+            self._bound.rows = np.asarray([part.row for part in tabulated], dtype=np.intp)
         # Each group packed into one integer, a digit of ``_width`` bits per class with the top
         # bit of each digit kept clear: ``g <= y`` digit by digit is then one subtraction
         # (``(y | guard) - g`` keeps every guard bit exactly when no digit of g exceeds y's).
@@ -155,22 +168,6 @@ class BranchSearch:
         for start in range(0, len(self._groups), CHUNK):
             chunk = self._groups[start : start + CHUNK].astype(np.int64)
             self._packed[start : start + CHUNK] = (chunk << self._shift).sum(axis=1)
-        self._bound = _Bound(self._scores, sizes, self._groups)
-        # What a state's children need of each group, one column per group (int32): twice its
-        # score, its index, its disorder and its index in each tabulated part, so the groups
-        # that fit a state are taken out with one array operation. The arrays above become
-        # views of its rows.
-        tabulated = [part for part in self._bound.parts if len(part.index)]
-        self._columns = np.empty((3 + len(tabulated), len(self._groups)), dtype=np.int32)
-        self._columns[0] = self._twice
-        self._columns[1] = self._index
-        self._columns[2] = self._disorder
-        self._twice, self._index, self._disorder = self._columns[:3]
-        for row, part in enumerate(tabulated, start=3):
-            self._columns[row] = part.index
-            part.index, part.row = self._columns[row], row
-        if len(tabulated) == len(self._bound.parts):
-            self._bound.rows = np.asarray([part.row for part in tabulated], dtype=np.intp)
         # Slices of a few groups are walked in Python (cheaper than a dozen array operations):
         # (position, index, twice the score, disorder, counts, index in each tabulated part).
         self._few: dict[tuple[int, int], list[_Entry]] = {}
@@ -634,7 +631,7 @@ class _Bound:
     It stops a server of 4-GPU switches from counting, for groups of 5, on every switch staying
     whole in both sockets."""
 
-    def __init__(self, scores: IntArray, sizes: list[int], groups: NDArray[np.int8]) -> None:
+    def __init__(self, scores: IntArray, sizes: list[int]) -> None:
         self.low, parts = _split(scores)
         self.parts: list[_Part] = []
         # The pairing term (class docstring): for sizes 3 up to the largest part's GPUs, where
@@ -650,7 +647,7 @@ class _Bound:
         extra = [(size, lam) for size, ls in self.lambdas.items() for lam in ls]
         for classes in parts:
             inner = scores[np.ix_(classes, classes)] - self.low
-            self.parts.append(_Part(classes, inner, [sizes[c] for c in classes], groups, extra))
+            self.parts.append(_Part(classes, inner, [sizes[c] for c in classes], extra))
         # Where every part is tabulated at every size, each size's tables (with and without the
         # pairing term) are also laid end to end, so that all parts are looked up at once; the
         # search sets ``rows`` (where each part's index lies among its columns).
@@ -779,7 +776,6 @@ class _Part:
         classes: list[int],
         scores: IntArray,
         sizes: list[int],
-        groups: NDArray[np.int8],
         extra: list[tuple[int, int]],
     ) -> None:
         self.classes = classes
@@ -806,15 +802,16 @@ class _Part:
             self._penalised_lists = {key: t.tolist() for key, t in self._penalised.items()}
             if self._merge:  # from the part's size on: its own score
                 self._tables[self._gpus] = _twice_all(scores, sizes)
-            if self._tables or self._penalised:  # each group's index among its count vectors
-                self.index = np.empty(len(groups), dtype=np.int32)
-                for start in range(0, len(groups), CHUNK):
-                    chunk = groups[start : start + CHUNK][:, classes].astype(np.int64)
-                    self.index[start : start + CHUNK] = chunk @ self.stride
         self._lists = {size: table.tolist() for size, table in self._tables.items()}
         self._components, self._steps = _components(np.maximum(scores, 0), sizes)
         self._members = [np.flatnonzero(column).tolist() for column in self._components.T]
         self._weights: list[int] = self._steps.tolist()
+
+    @property
+    def tabulated(self) -> bool:
+        """Whether the part has tables (then the search fills :attr:`index`: each group's
+        index among the part's count vectors)."""
+        return bool(self._tables or self._penalised)
 
     @property
     def nbytes(self) -> int:
