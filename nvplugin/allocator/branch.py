@@ -267,19 +267,30 @@ class BranchSearch:
         # The answer: the highest own score whose group reaches OPT, then the lex-smallest. Only
         # groups whose bound reaches OPT can; each is checked with OPT less its own score as
         # both the need and the cap of its rest (no rest can score more), highest own first.
+        # Within one own score they are checked best lex key first (a group's best arrangement:
+        # every arrangement of it reaches OPT as it does), so the first that reaches is the
+        # answer, unless ``every`` asks for them all.
         near = np.flatnonzero(kids.bounds >= opt)
-        near = near[np.argsort(-kids.own[near], kind="stable")]
         reach: list[int] = []
         level = None
-        for i in near.tolist():
-            f = int(kids.own[i])
-            if level is not None and f < level:
+        for f in sorted(set(kids.own[near].tolist()), reverse=True):
+            tier = near[kids.own[near] == f].tolist()
+            if not every and len(tier) > 1:
+                groups = self._groups[kids.positions[tier]].astype(np.int64)
+                firsts = [
+                    int(lex(_arrangements(g[None], sides, self._twins)).max()) for g in groups
+                ]
+                tier = [i for _, i in sorted(zip(firsts, tier, strict=True), key=lambda t: -t[0])]
+            for i in tier:
+                state = query.child(top, int(kids.positions[i]), int(kids.keys[i]))
+                value, exact = query.rest(state, opt - f, opt - f)
+                if exact and value + f == opt:
+                    reach.append(int(kids.positions[i]))
+                    level = f
+                    if not every:
+                        break
+            if level is not None:
                 break
-            state = query.child(top, int(kids.positions[i]), int(kids.keys[i]))
-            value, exact = query.rest(state, opt - f, opt - f)
-            if exact and value + f == opt:
-                reach.append(int(kids.positions[i]))
-                level = f
         assert level is not None, "the best partition's group reaches OPT"
         best = _arrangements(self._groups[reach].astype(np.int64), sides, self._twins)
         if not every:
