@@ -86,14 +86,18 @@ class BestEffort:
         *,
         table_gpus: int = TABLE_GPUS,
         budget_s: float = 0.1,
+        structured: bool = True,
     ) -> None:
-        """``budget_s``: how long a ``search`` request may take (module docstring)."""
+        """``budget_s``: how long a ``search`` request may take (module docstring);
+        ``structured=False``: no method that relies on classes of twins (``counts``, ``branch``),
+        so that a node beyond the tables gets ``search`` (what benchmarks compare with)."""
         self._topology = topology
         self._budget_s = budget_s
         n = len(topology)
         self._tables: Tables | None = None
         self._counts: CountSearch | BranchSearch | None = None
-        classes = twin_classes(topology.scores) if n > min(SMALL_GPUS, table_gpus) else None
+        twins = structured and n > min(SMALL_GPUS, table_gpus)
+        classes = twin_classes(topology.scores) if twins else None
         if classes is not None and n <= BRANCH_GPUS and branch.applies(classes):
             if n > table_gpus and counts.applies(classes):
                 self._counts = CountSearch(classes)

@@ -61,10 +61,12 @@ MAX_CLASSES = 8
 
 MAX_VECTORS = 5**8
 """Most count vectors (the product of class sizes + 1) whose groups are listed at start-up: 32
-GPUs in 8 classes never exceed it (~10 MB of arrays at the limit)."""
+GPUs in 8 classes never exceed it (~17 MiB of arrays kept at the limit)."""
 
-CHUNK = 1 << 16
-"""Count vectors per array operation at start-up."""
+CHUNK = 1 << 14
+"""Count vectors per array operation at start-up: its temporaries (a few int64 copies of a
+chunk's vectors) stay ~1 MiB each; 4x more made the start-up peak of a 32-GPU, 8-class node
+32 MiB instead of 22, for no time saved."""
 
 FEW = 48
 """Most groups a node's slice may have to be walked in Python rather than with arrays."""
@@ -130,20 +132,44 @@ class BranchSearch:
         keys = total * np.int32(m + 1) + first
         order = np.argsort(keys, kind="stable")
         self._groups = np.ascontiguousarray(grid[order])
-        self._index = order.astype(np.int32)
         self._slices = np.searchsorted(keys[order], np.arange((sum(sizes) + 1) * (m + 1) + 1))
         self._position = np.empty(len(order), dtype=np.int32)
         self._position[order] = np.arange(len(order), dtype=np.int32)
-        del grid, total, first, keys, order
-        self._twice = np.empty(len(self._groups), dtype=np.int64)
-        self._disorder = np.zeros(len(self._groups), dtype=np.uint16)
+        del grid, total, first, keys
+        self._bound = _Bound(self._scores, sizes)
+        # What a state's children need of each group, one column per group (int32): twice its
+        # score, its index, which pairs of twins it takes out of order (a bit per pair) and its
+        # index in each tabulated part, so the groups that fit a state are taken out with one
+        # array operation. Filled in place, a chunk at a time (no second copy at start-up).
+        tabulated = [part for part in self._bound.parts if part.tabulated]
+        self._columns = np.zeros((3 + len(tabulated), len(self._groups)), dtype=np.int32)
+        self._twice, self._index, self._disorder = self._columns[:3]
+        self._index[:] = order
+        del order
+        for row, part in enumerate(tabulated, start=3):
+            part.index, part.row = self._columns[row], row
         for start in range(0, len(self._groups), CHUNK):
             chunk = self._groups[start : start + CHUNK].astype(np.int64)
             self._twice[start : start + CHUNK] = self.twice(chunk)
             for bit, (c, d) in enumerate(self._pairs):
-                flags = (chunk[:, c] < chunk[:, d]).astype(np.uint16) << bit
+                flags = (chunk[:, c] < chunk[:, d]).astype(np.int32) << bit
                 self._disorder[start : start + CHUNK] |= flags
-        self._bound = _Bound(self._scores, sizes, self._groups)
+            for part in tabulated:
+                part.index[start : start + CHUNK] = chunk[:, part.classes] @ part.stride
+        if len(tabulated) == len(self._bound.parts):
+            self._bound.rows = np.asarray([part.row for part in tabulated], dtype=np.intp)
+        # Each group packed into one integer, a digit of ``_width`` bits per class with the top
+        # bit of each digit kept clear: ``g <= y`` digit by digit is then one subtraction
+        # (``(y | guard) - g`` keeps every guard bit exactly when no digit of g exceeds y's).
+        self._width = max(sizes).bit_length() + 1
+        assert self._width * m < 63, "eight classes of at most 32 GPUs fit in 56 bits"
+        self._shift = np.arange(m, dtype=np.int64) * self._width
+        self._guard = sum(1 << (self._width * c + self._width - 1) for c in range(m))
+        self._guard64 = np.int64(self._guard)
+        self._packed = np.empty(len(self._groups), dtype=np.int64)
+        for start in range(0, len(self._groups), CHUNK):
+            chunk = self._groups[start : start + CHUNK].astype(np.int64)
+            self._packed[start : start + CHUNK] = (chunk << self._shift).sum(axis=1)
         # Slices of a few groups are walked in Python (cheaper than a dozen array operations):
         # (position, index, twice the score, disorder, counts, index in each tabulated part).
         self._few: dict[tuple[int, int], list[_Entry]] = {}
@@ -166,8 +192,8 @@ class BranchSearch:
 
     @property
     def nbytes(self) -> int:
-        arrays = (self._groups, self._index, self._position, self._twice, self._disorder)
-        return sum(a.nbytes for a in (*arrays, self._keys)) + self._bound.nbytes
+        arrays = (self._groups, self._position, self._keys, self._packed, self._columns)
+        return sum(a.nbytes for a in arrays) + self._bound.nbytes
 
     def twice(self, x: IntArray) -> IntArray:
         """Twice the score of each group (count vector) in ``x``."""
@@ -189,10 +215,10 @@ class BranchSearch:
         row = size * (self._m + 1)
         start, stop = (row, row + self._m + 1) if first is None else (row + first, row + first + 1)
         lo, hi = int(self._slices[start]), int(self._slices[stop])
-        groups = self._groups[lo:hi]  # int8: compared as such
-        fits = (groups <= high.astype(np.int8)).all(axis=1)
+        packed, guard = self._packed[lo:hi], np.int64(self._guard)
+        fits = ((np.int64(self._pack(high.tolist()) | self._guard) - packed) & guard) == guard
         if low is not None:
-            fits &= (groups >= low.astype(np.int8)).all(axis=1)
+            fits &= (((packed | guard) - np.int64(self._pack(low.tolist()))) & guard) == guard
         equal = sum(
             1 << bit
             for bit, (c, d) in enumerate(self._pairs)
@@ -202,6 +228,10 @@ class BranchSearch:
             fits &= (self._disorder[lo:hi] & np.uint16(equal)) == 0
         positions: NDArray[np.intp] = np.flatnonzero(fits) + lo
         return positions
+
+    def _pack(self, counts: list[int]) -> int:
+        """A count vector as one integer (see ``_packed``)."""
+        return sum(count << (self._width * c) for c, count in enumerate(counts))
 
     def search(
         self,
@@ -219,24 +249,50 @@ class BranchSearch:
         query = _Query(self, int(available.sum()), size, deadline)
         sides = [available.tolist(), required.tolist()]
         top = query.state(available)
-        kids = query.children_of(top, self.groups(size, available, sides, low=required))
-        if required.any():
-            opt, _ = query.best_child(top, kids, 0, -1)
-        else:
-            opt, _ = query.rest(top, 0)
-        # The answer: the highest own score whose group reaches OPT, then the lex-smallest.
+        kids = query.arrays(top, self.groups(size, available, sides, low=required), size)
+        # OPT by aspiration: ask for the best bound, and on failure for the upper bound the
+        # search proved instead, until one is met. Each round walks only the children whose bound
+        # reaches it (the memo keeps what earlier rounds proved, each state's children are
+        # listed once per request), where a search from below solves whole subtrees exactly.
+        ranked = query.ranked(kids)
+        need = ranked.bounds[0] if ranked.bounds else 0
+        while True:
+            if required.any():
+                found, upper = query.best_child(top, ranked, need, -1, UNKNOWN)
+                value, exact = (found, True) if upper <= found else (upper, False)
+            else:
+                value, exact = query.rest(top, need, UNKNOWN)
+            if exact:
+                opt = value
+                break
+            need = value
+        # The answer: the highest own score whose group reaches OPT, then the lex-smallest. Only
+        # groups whose bound reaches OPT can; each is checked with OPT less its own score as
+        # both the need and the cap of its rest (no rest can score more), highest own first.
+        # Within one own score they are checked best lex key first (a group's best arrangement:
+        # every arrangement of it reaches OPT as it does), so the first that reaches is the
+        # answer, unless ``every`` asks for them all.
+        near = np.flatnonzero(kids.bounds >= opt)
         reach: list[int] = []
         level = None
-        for i in _descending(kids.own):
-            f = kids.own[i]
-            if level is not None and f < level:
+        for f in sorted(set(kids.own[near].tolist()), reverse=True):
+            tier = near[kids.own[near] == f].tolist()
+            if not every and len(tier) > 1:
+                groups = self._groups[kids.positions[tier]].astype(np.int64)
+                firsts = [
+                    int(lex(_arrangements(g[None], sides, self._twins)).max()) for g in groups
+                ]
+                tier = [i for _, i in sorted(zip(firsts, tier, strict=True), key=lambda t: -t[0])]
+            for i in tier:
+                state = query.child(top, int(kids.positions[i]), int(kids.keys[i]))
+                value, exact = query.rest(state, opt - f, opt - f)
+                if exact and value + f == opt:
+                    reach.append(int(kids.positions[i]))
+                    level = f
+                    if not every:
+                        break
+            if level is not None:
                 break
-            if kids.bounds[i] < opt:
-                continue
-            value, exact = query.rest(query.child(top, kids, i), opt - f)
-            if exact and value + f == opt:
-                reach.append(kids.positions[i])
-                level = f
         assert level is not None, "the best partition's group reaches OPT"
         best = _arrangements(self._groups[reach].astype(np.int64), sides, self._twins)
         if not every:
@@ -249,7 +305,7 @@ class BranchSearch:
         query = _Query(self, int(available.sum()), size, None)
         out = self.twice(candidates)
         for i, row in enumerate(available - candidates):
-            value, exact = query.rest(query.state(row), 0)
+            value, exact = query.rest(query.state(row), 0, UNKNOWN)
             assert exact
             out[i] += value
         return out
@@ -268,7 +324,7 @@ class BranchSearch:
                     return full, np.zeros_like(y)
                 return full, y
             state = query.state(y)
-            value, _ = query.rest(state, 0)
+            value, _ = query.rest(state, 0, UNKNOWN)
             group = query.best_group(state, value)
             if int(group.sum()) == size:
                 full.append(group)
@@ -277,6 +333,10 @@ class BranchSearch:
                 inner, _ = self.partition(y - group, size)
                 return full + inner, group
         return full, y
+
+
+UNKNOWN = 1 << 62
+"""The cap of a state nothing above has bounded."""
 
 
 @dataclass(frozen=True)
@@ -306,20 +366,47 @@ class _State:
 
 
 @dataclass(frozen=True)
+class _Arrays:
+    """The states one group below a state, as arrays: the groups' positions (size-ordered
+    list), their own scores (twice), the children's memo keys and twice an upper bound on each
+    child's ``own + R`` (exact for children that hold at most one group: ``terminal``)."""
+
+    positions: NDArray[np.intp]
+    own: IntArray
+    keys: NDArray[np.int32]
+    bounds: IntArray
+    terminal: NDArray[np.bool_]
+
+    @staticmethod
+    def join(parts: list[_Arrays]) -> _Arrays:
+        return _Arrays(
+            np.concatenate([p.positions for p in parts]),
+            np.concatenate([p.own for p in parts]),
+            np.concatenate([p.keys for p in parts]),
+            np.concatenate([p.bounds for p in parts]),
+            np.concatenate([p.terminal for p in parts]),
+        )
+
+
+@dataclass(frozen=True)
 class _Children:
-    """The states one group below a state: the groups' positions (size-ordered list), their own
-    scores (twice), the children's memo keys and totals, and twice an upper bound on each
-    child's ``own + R`` (exact for children that hold at most one group)."""
+    """The children worth trying, highest bound first: the groups' positions, own scores
+    (twice), the children's memo keys and bounds, and whether each bound is exact. Children
+    whose bound cannot beat the best exact one are left out."""
 
     positions: list[int]
     own: list[int]
     keys: list[int]
-    totals: list[int]
     bounds: list[int]
+    exact: list[bool]
 
 
 class _Query:
-    """One request's search state: the group size, the bound's constants and the memo."""
+    """One request's search state: the group size, the bound's constants and the memo.
+
+    ``rest(state, need, cap)`` is the search. ``cap`` is an upper bound on the state's R known
+    from above (a state one group g below a state of R at most C has R at most ``C - f(g)``),
+    so a state whose best meets its cap is solved without trying its other children."""
 
     def __init__(self, search: BranchSearch, gpus: int, size: int, deadline: float | None) -> None:
         self._search = search
@@ -330,49 +417,102 @@ class _Query:
         self._cmax = whole * (size * (size - 1)) + part * (part - 1)
         self._cmax_list: list[int] = self._cmax.tolist()
         self._memo: dict[int, tuple[int, bool]] = {}
+        self._expanded: dict[int, _Children] = {}  # each state's children, listed once
 
     def state(self, y: IntArray) -> _State:
         index = int(y @ self._search._stride)
         return _State(tuple(y.tolist()), index, int(y.sum()), int(self._search._keys[index]))
 
-    def child(self, parent: _State, children: _Children, i: int) -> _State:
+    def child(self, parent: _State, position: int, key: int) -> _State:
         search = self._search
-        position = children.positions[i]
         group = search._groups[position].tolist()
         counts = tuple(a - b for a, b in zip(parent.counts, group, strict=True))
         index = parent.index - int(search._index[position])
-        return _State(counts, index, children.totals[i], children.keys[i])
+        return _State(counts, index, parent.total - sum(group), key)
 
-    def children_of(self, parent: _State, positions: NDArray[np.intp]) -> _Children:
-        """The children through the groups at ``positions`` (arrays)."""
+    def arrays(self, parent: _State, positions: NDArray[np.intp], k: int) -> _Arrays:
+        """The children through the groups of ``k`` GPUs at ``positions``."""
         search = self._search
         own = search._twice[positions]
         index = parent.index - search._index[positions].astype(np.int64)
         keys = search._keys[index]
-        totals = parent.total - (search._groups[positions].sum(axis=1, dtype=np.int64))
-        bounds = own + search._bound.of(
-            parent, positions, totals, self._size, self._cmax, search._groups
-        )
-        terminal = totals <= self._size
-        if terminal.any():  # one group or none left: exact
-            value = search._twice[search._position[index[terminal]]]
-            bounds[terminal] = own[terminal] + (value if self._size > 1 else 0)
+        total = parent.total - k
+        if total <= self._size:  # one group or none left: exact
+            rest = search._twice[search._position[index]] if self._size > 1 else 0
+            bounds = own + rest
+        else:
+            bounds = own + search._bound.of(
+                parent, positions, total, self._size, self._cmax_list, search._groups
+            )
+        terminal = np.full(len(positions), total <= self._size)
+        return _Arrays(positions, own, keys, bounds, terminal)
+
+    def ranked(self, kids: _Arrays) -> _Children:
+        """The children worth trying (:class:`_Children`) from their arrays."""
+        bounds = kids.bounds
+        keep = np.ones(len(bounds), dtype=np.bool_)
+        if kids.terminal.any():  # none that cannot beat the best exact one, but that one
+            floor = int(bounds[kids.terminal].max())
+            keep = bounds > floor
+            keep[np.flatnonzero(kids.terminal & (bounds == floor))[0]] = True
+        kept = np.flatnonzero(keep)
+        order = kept[np.argsort(-bounds[kept], kind="stable")]
         return _Children(
-            positions.tolist(), own.tolist(), keys.tolist(), totals.tolist(), bounds.tolist()
+            kids.positions[order].tolist(),
+            kids.own[order].tolist(),
+            kids.keys[order].tolist(),
+            bounds[order].tolist(),
+            kids.terminal[order].tolist(),
         )
 
     def children(self, parent: _State) -> _Children:
         """The children through the groups holding the parent's first class (one per
         arrangement of twins): of the group size, and of the leftover's when one is due."""
+        done = self._expanded.get(parent.index)
+        if done is not None:
+            return done
         search = self._search
         counts = parent.counts
         first = next(c for c, count in enumerate(counts) if count)
         sizes = sorted({self._size, parent.total % self._size} - {0})
         if all((k, first) in search._few for k in sizes):
-            return self._few(parent, sizes, first)
-        found = [search.groups(k, parent.y, [list(counts)], first=first) for k in sizes]
-        positions = found[0] if len(found) == 1 else np.concatenate(found)
-        return self.children_of(parent, positions)
+            done = self._few(parent, sizes, first)
+        else:
+            high = np.int64(search._pack(list(counts)) | search._guard)
+            pairs = enumerate(search._pairs)
+            equal = sum(1 << bit for bit, (c, d) in pairs if counts[c] == counts[d])
+            found = [self._fitting(parent, k, first, high, equal) for k in sizes]
+            done = self.ranked(found[0] if len(found) == 1 else _Arrays.join(found))
+        self._expanded[parent.index] = done
+        return done
+
+    def _fitting(self, parent: _State, k: int, first: int, high: np.int64, equal: int) -> _Arrays:
+        """The children through the groups of ``k`` GPUs that hold the parent's ``first`` class
+        (one arrangement of twins with equal counts): :meth:`BranchSearch.groups` and
+        :meth:`arrays` in one selection of the groups' columns. ``high``: the parent's counts
+        packed, guard bits set; ``equal``: the twin pairs whose counts are equal (bits)."""
+        search = self._search
+        row = k * (search._m + 1) + first
+        lo, hi = int(search._slices[row]), int(search._slices[row + 1])
+        guard = search._guard64
+        fits = ((high - search._packed[lo:hi]) & guard) == guard
+        if equal:
+            fits &= (search._disorder[lo:hi] & equal) == 0
+        picked = np.flatnonzero(fits)
+        columns = search._columns[:, lo:hi][:, picked]
+        positions = picked + lo
+        own = columns[0]
+        index = parent.index - columns[1]
+        keys = search._keys[index]
+        total = parent.total - k
+        if total <= self._size:  # one group or none left: exact
+            rest = search._twice[search._position[index]] if self._size > 1 else 0
+            bounds = own + rest
+        else:
+            bounds = own + search._bound.of(
+                parent, positions, total, self._size, self._cmax_list, search._groups, columns
+            )
+        return _Arrays(positions, own, keys, bounds, np.full(len(positions), total <= self._size))
 
     def _few(self, parent: _State, sizes: list[int], first: int) -> _Children:
         """:meth:`children` for small slices, in Python."""
@@ -380,7 +520,8 @@ class _Query:
         equal = sum(1 << bit for bit, (c, d) in enumerate(search._pairs) if counts[c] == counts[d])
         starts = search._bound.starts(counts)
         keys_of, twice, position = search._keys, search._twice, search._position
-        out = _Children([], [], [], [], [])
+        found: list[tuple[int, bool, int, int, int]] = []
+        floor = -1
         for k in sizes:
             total = parent.total - k
             for entry in search._few[(k, first)]:
@@ -389,22 +530,30 @@ class _Query:
                 if any(g > c for g, c in zip(entry.counts, counts, strict=True)):
                     continue
                 index = parent.index - entry.index
-                if total <= size:  # exact
+                exact = total <= size
+                if exact:
                     bound = entry.twice + (int(twice[position[index]]) if size > 1 else 0)
+                    if bound <= floor:
+                        continue
+                    floor = bound
                 else:
                     bound = entry.twice + search._bound.one(
                         starts, entry, counts, total, size, self._cmax_list
                     )
-                out.positions.append(entry.position)
-                out.own.append(entry.twice)
-                out.keys.append(int(keys_of[index]))
-                out.totals.append(total)
-                out.bounds.append(bound)
-        return out
+                found.append((bound, exact, entry.position, entry.twice, int(keys_of[index])))
+        found = [item for item in found if item[0] > floor or (item[1] and item[0] == floor)]
+        found.sort(key=lambda item: -item[0])
+        return _Children(
+            [item[2] for item in found],
+            [item[3] for item in found],
+            [item[4] for item in found],
+            [item[0] for item in found],
+            [item[1] for item in found],
+        )
 
-    def rest(self, state: _State, need: int) -> tuple[int, bool]:
+    def rest(self, state: _State, need: int, cap: int) -> tuple[int, bool]:
         """Twice R(y) and True; or, when R(y) < ``need``, possibly an upper bound below ``need``
-        and False."""
+        and False. ``cap``: an upper bound on R(y) (twice)."""
         known = self._memo.get(state.key)
         if known is not None and (known[1] or known[0] < need):
             return known
@@ -414,40 +563,48 @@ class _Query:
             value = 0 if self._size == 1 else int(self._search.twice(state.y[None, :])[0])
             result = (value, True)
         else:
-            best, upper = self.best_child(state, self.children(state), need, -1)
+            if known is not None:
+                cap = min(cap, known[0])
+            best, upper = self.best_child(state, self.children(state), need, -1, cap)
             result = (best, True) if upper <= best else (upper, False)
         self._memo[state.key] = result
         return result
 
     def best_child(
-        self, parent: _State, children: _Children, need: int, best: int
+        self, parent: _State, children: _Children, need: int, best: int, cap: int
     ) -> tuple[int, int]:
         """Over the children: the best exact ``own + R(child)`` (at least ``best``) and an upper
         bound on the children not solved exactly (-1 when every one that could beat the best
-        was)."""
+        was). No child scores more than ``cap``."""
         upper = -1
-        bounds, own, keys, totals = children.bounds, children.own, children.keys, children.totals
         memo = self._memo
-        for j in _descending(bounds):
-            bound = bounds[j]
+        for bound, exact, f, key, position in zip(
+            children.bounds,
+            children.exact,
+            children.own,
+            children.keys,
+            children.positions,
+            strict=True,
+        ):
+            bound = min(bound, cap)
             if bound <= best:
                 break  # no child left can beat the best
-            if totals[j] <= self._size:  # its bound is its value
+            if exact:  # its bound is its value
                 best = bound
                 continue
             if bound < need:
                 upper = max(upper, bound)
                 break  # none left can reach what the caller needs
-            f = own[j]
-            known = memo.get(keys[j])
+            known = memo.get(key)
             if known is not None and not known[1]:  # a bound learnt below: tighter
                 if known[0] + f <= best:
                     continue
                 if known[0] + f < need:
                     upper = max(upper, known[0] + f)
                     continue
-            value, exact = self.rest(self.child(parent, children, j), max(need, best + 1) - f)
-            if exact:
+            child = self.child(parent, position, key)
+            value, solved = self.rest(child, max(need, best + 1) - f, bound - f)
+            if solved:
                 best = max(best, value + f)
             elif value + f > best:
                 upper = max(upper, value + f)
@@ -456,10 +613,10 @@ class _Query:
     def best_group(self, state: _State, value: int) -> IntArray:
         """A group g holding y's first class with ``f(g) + R(y - g) = value`` (``value`` = R(y))."""
         children = self.children(state)
-        for i, f in enumerate(children.own):
-            child, exact = self.rest(self.child(state, children, i), value - f)
+        for position, f, key in zip(children.positions, children.own, children.keys, strict=True):
+            child, exact = self.rest(self.child(state, position, key), value - f, value - f)
             if exact and child + f == value:
-                found: IntArray = self._search._groups[children.positions[i]].astype(np.int64)
+                found: IntArray = self._search._groups[position].astype(np.int64)
                 return found
         raise AssertionError("R(y) is reached by some group")
 
@@ -475,28 +632,65 @@ class _Bound:
     A part's share is at most the best split of its GPUs into pieces of at most s, whatever
     their number (the pieces of the groups that cross it), which is tabulated at start-up for
     every size over the part's count vectors (a few thousand at most): exact for the part,
-    where the components bound only each level of it."""
+    where the components bound only each level of it.
 
-    def __init__(self, scores: IntArray, sizes: list[int], groups: NDArray[np.int8]) -> None:
+    What that leaves loose is how the parts' pieces pair up: a piece of more than s/2 GPUs (and
+    fewer than s) needs, in its group, pieces of other parts totalling fewer than s/2, each
+    *small* (under s/2 GPUs). So in any partition the big pieces number at most the small ones
+    (plus one when the leftover group, of ``r`` GPUs, has ``2r > s``: it may hold one big piece
+    alone). Hence, for any ``lambda >= 0``, R is also at most the same sum with every part's
+    pieces scored ``lambda`` more when small and ``lambda`` less when big, plus ``lambda`` times
+    that one: a second table per size (:attr:`lambdas`), and the bound is the lower of the two.
+    It stops a server of 4-GPU switches from counting, for groups of 5, on every switch staying
+    whole in both sockets."""
+
+    def __init__(self, scores: IntArray, sizes: list[int]) -> None:
         self.low, parts = _split(scores)
-        self._parts: list[_Part] = []
+        self.parts: list[_Part] = []
+        # The pairing term (class docstring): for sizes 3 up to the largest part's GPUs, where
+        # every part is tabulated, with lambda twice the highest score inside a part.
+        every = all(np.prod([sizes[c] + 1 for c in classes]) <= PART_VECTORS for classes in parts)
+        lam = 2 * max(int((scores[np.ix_(c, c)] - self.low).max()) for c in parts)
+        top = max(sum(sizes[c] for c in classes) for classes in parts)
+        self.lambdas: dict[int, list[int]] = (
+            {size: [lam] for size in range(3, min(sum(sizes), 2 * top))}
+            if every and lam > 0 and len(parts) > 1
+            else {}
+        )
+        extra = [(size, lam) for size, ls in self.lambdas.items() for lam in ls]
         for classes in parts:
             inner = scores[np.ix_(classes, classes)] - self.low
-            self._parts.append(_Part(classes, inner, [sizes[c] for c in classes], groups))
+            self.parts.append(_Part(classes, inner, [sizes[c] for c in classes], extra))
+        # Where every part is tabulated at every size, each size's tables (with and without the
+        # pairing term) are also laid end to end, so that all parts are looked up at once; the
+        # search sets ``rows`` (where each part's index lies among its columns).
+        self.flat: dict[int, list[tuple[int, IntArray]]] = {}
+        self.rows: NDArray[np.intp] | None = None
+        lengths = [int(np.prod([sizes[c] + 1 for c in classes])) for classes in parts]
+        self.offsets = np.cumsum([0, *lengths[:-1]]).astype(np.int64)
+        gpus = sum(sizes)
+        if all(part.table(size) is not None for part in self.parts for size in range(2, gpus + 1)):
+            for size in range(2, gpus + 1):
+                tables = [(0, [part.table(size) for part in self.parts])]
+                tables += [
+                    (lam, [part.penalised(size, lam) for part in self.parts])
+                    for lam in self.lambdas.get(size, [])
+                ]
+                self.flat[size] = [(lam, np.concatenate(t)) for lam, t in tables]  # type: ignore[arg-type]
 
     @property
     def nbytes(self) -> int:
-        return sum(part.nbytes for part in self._parts)
+        return sum(part.nbytes for part in self.parts)
 
     def indices(self, position: int) -> tuple[int, ...]:
         """The group at ``position``: its index among each tabulated part's count vectors."""
-        return tuple(int(part.index[position]) if len(part.index) else 0 for part in self._parts)
+        return tuple(int(part.index[position]) if len(part.index) else 0 for part in self.parts)
 
     def starts(self, counts: tuple[int, ...]) -> tuple[int, ...]:
         """A state's index among each part's count vectors."""
         return tuple(
             sum(counts[c] * step for c, step in zip(part.classes, part.steps, strict=True))
-            for part in self._parts
+            for part in self.parts
         )
 
     def one(
@@ -512,39 +706,77 @@ class _Bound:
         value = self.low * cmax[total]
         if size == 1:
             return value
-        for part, start, index in zip(self._parts, starts, entry.parts, strict=True):
+        for part, start, index in zip(self.parts, starts, entry.parts, strict=True):
             table = part.listed(size)
             if table is not None:
                 value += table[start - index]
             else:
                 child = [counts[c] - entry.counts[c] for c in part.classes]
                 value += part.scalar(child, size, cmax)
+        lams = self.lambdas.get(size)
+        if lams:
+            slack = 1 if 2 * (total % size) > size else 0
+            for lam in lams:
+                other = self.low * cmax[total] + lam * slack
+                for part, start, index in zip(self.parts, starts, entry.parts, strict=True):
+                    other += part.penalised_list(size, lam)[start - index]
+                value = min(value, other)
         return value
 
     def of(
         self,
         parent: _State,
         positions: NDArray[np.intp],
-        totals: IntArray,
+        total: int,
         size: int,
-        cmax: IntArray,
+        cmax: list[int],
         groups: NDArray[np.int8],
+        columns: NDArray[np.int32] | None = None,
     ) -> IntArray:
-        """For the children of ``parent`` through the groups at ``positions`` (totals
-        ``totals``)."""
-        result: IntArray = self.low * cmax[totals]
+        """For the children of ``parent`` through the groups at ``positions`` (each leaving
+        ``total`` GPUs); ``columns``: those groups' columns of the search, if taken out."""
+        result: IntArray = np.full(len(positions), self.low * cmax[total], dtype=np.int64)
         if size == 1:
             return result
+        starts = self.starts(parent.counts)
+        flat = self.flat.get(size)
+        if flat is not None and self.rows is not None:
+            if columns is None:
+                taken = np.stack([part.index[positions] for part in self.parts])
+            else:
+                taken = columns[self.rows]
+            at = (self.offsets + np.asarray(starts))[:, None] - taken
+            slack = 1 if 2 * (total % size) > size else 0
+            best: IntArray | None = None
+            for lam, laid in flat:
+                value = laid[at].sum(axis=0) + (self.low * cmax[total] + lam * slack)
+                best = value if best is None else np.minimum(best, value)
+            assert best is not None
+            return best
         rows: IntArray | None = None
-        for part in self._parts:
+        picked = [
+            (part.index[positions] if columns is None else columns[part.row])
+            if len(part.index)
+            else None
+            for part in self.parts
+        ]
+        for part, start, index in zip(self.parts, starts, picked, strict=True):
             table = part.table(size)
-            if table is not None:
-                start = int(parent.y[part.classes] @ part.stride)
-                result += table[start - part.index[positions]]
+            if table is not None and index is not None:
+                result += table[start - index]
                 continue
             if rows is None:
                 rows = parent.y - groups[positions]
-            result += part.bound(rows[:, part.classes], size, cmax)
+            result += part.bound(rows[:, part.classes], size, np.asarray(cmax))
+        lams = self.lambdas.get(size)
+        if lams:
+            slack = 1 if 2 * (total % size) > size else 0
+            for lam in lams:
+                other = np.full(len(positions), self.low * cmax[total] + lam * slack)
+                for part, start, index in zip(self.parts, starts, picked, strict=True):
+                    assert index is not None  # every part is tabulated where lambdas are
+                    other += part.penalised(size, lam)[start - index]
+                result = np.minimum(result, other)
         return result
 
 
@@ -553,7 +785,11 @@ class _Part:
     the table of its best split into pieces per size or the components bound."""
 
     def __init__(
-        self, classes: list[int], scores: IntArray, sizes: list[int], groups: NDArray[np.int8]
+        self,
+        classes: list[int],
+        scores: IntArray,
+        sizes: list[int],
+        extra: list[tuple[int, int]],
     ) -> None:
         self.classes = classes
         self._scores = scores
@@ -566,29 +802,45 @@ class _Part:
         self.stride = np.cumprod([1] + [s + 1 for s in sizes[:0:-1]])[::-1].astype(np.int64)
         self.steps: list[int] = self.stride.tolist()
         self._tables: dict[int, IntArray] = {}
+        self._penalised: dict[tuple[int, int], IntArray] = {}
+        self._penalised_lists: dict[tuple[int, int], list[int]] = {}
         self.index = np.zeros(0, dtype=np.int32)
+        self.row = 0  # of the index among the search's columns (BranchSearch)
         vectors = int(np.prod([s + 1 for s in sizes]))
         if vectors <= PART_VECTORS:
             wanted = range(2, self._gpus if self._merge else self._gpus + 1)
-            self._tables = _pieces(scores, sizes, wanted)
-            if self._tables:  # each group's index among the part's count vectors
-                self.index = np.empty(len(groups), dtype=np.int32)
-                for start in range(0, len(groups), CHUNK):
-                    chunk = groups[start : start + CHUNK][:, classes].astype(np.int64)
-                    self.index[start : start + CHUNK] = chunk @ self.stride
+            both = _pieces(scores, sizes, [(size, 0) for size in wanted] + extra)
+            self._tables = {size: both[(size, 0)] for size in wanted}
+            self._penalised = {key: both[key] for key in extra}
+            self._penalised_lists = {key: t.tolist() for key, t in self._penalised.items()}
+            if self._merge:  # from the part's size on: its own score
+                self._tables[self._gpus] = _twice_all(scores, sizes)
         self._lists = {size: table.tolist() for size, table in self._tables.items()}
         self._components, self._steps = _components(np.maximum(scores, 0), sizes)
         self._members = [np.flatnonzero(column).tolist() for column in self._components.T]
         self._weights: list[int] = self._steps.tolist()
 
     @property
+    def tabulated(self) -> bool:
+        """Whether the part has tables (then the search fills :attr:`index`: each group's
+        index among the part's count vectors)."""
+        return bool(self._tables or self._penalised)
+
+    @property
     def nbytes(self) -> int:
-        return self.index.nbytes + sum(table.nbytes for table in self._tables.values())
+        tables = (*self._tables.values(), *self._penalised.values())
+        return sum(table.nbytes for table in tables)  # the index is the search's
+
+    def penalised(self, size: int, lam: int) -> IntArray:
+        """The table of the part's share with the pairing term (:class:`_Bound`)."""
+        return self._penalised[(size, lam)]
+
+    def penalised_list(self, size: int, lam: int) -> list[int]:
+        """:meth:`penalised` as a list (for single lookups)."""
+        return self._penalised_lists[(size, lam)]
 
     def listed(self, size: int) -> list[int] | None:
         """:meth:`table` as a list (for single lookups)."""
-        if size >= self._gpus and self._merge:
-            return None
         return self._lists.get(min(size, self._gpus))
 
     def scalar(self, counts: list[int], size: int, cmax: list[int]) -> int:
@@ -608,8 +860,6 @@ class _Part:
 
     def table(self, size: int) -> IntArray | None:
         """The tabulated share for ``size``, if any (None where :meth:`bound` computes it)."""
-        if size >= self._gpus and self._merge:
-            return None
         return self._tables.get(min(size, self._gpus))
 
     def bound(self, rows: IntArray, size: int, cmax: IntArray) -> IntArray:
@@ -639,10 +889,21 @@ def _split(scores: IntArray) -> tuple[int, list[list[int]]]:
     return 0, [list(range(m))]
 
 
-def _pieces(scores: IntArray, sizes: list[int], wanted: range) -> dict[int, IntArray]:
-    """For each size in ``wanted``: twice the best score of a split of each count vector (of
-    classes of these sizes, indexed by mixed-radix digits) into pieces of at most that many
-    GPUs, any number of them. Which pieces fit which vector is worked out once for all sizes."""
+def _twice_all(scores: IntArray, sizes: list[int]) -> IntArray:
+    """Twice the score of every count vector of classes of these sizes (mixed-radix order)."""
+    vectors = np.indices([s + 1 for s in sizes]).reshape(len(sizes), -1).T.astype(np.int64)
+    twice: IntArray = ((vectors @ scores) * vectors).sum(axis=1) - vectors @ np.diag(scores)
+    return twice
+
+
+def _pieces(
+    scores: IntArray, sizes: list[int], wanted: list[tuple[int, int]]
+) -> dict[tuple[int, int], IntArray]:
+    """For each (size, lambda) in ``wanted``: twice the best score of a split of each count
+    vector (of classes of these sizes, indexed by mixed-radix digits) into pieces of at most that
+    many GPUs, any number of them, a piece of fewer than size/2 GPUs scoring lambda more and one
+    of more than size/2 (but fewer than size) lambda less (:class:`_Bound`). Which pieces fit
+    which vector is worked out once for all of them."""
     shape = [s + 1 for s in sizes]
     vectors = np.indices(shape).reshape(len(sizes), -1).T.astype(np.int64)
     stride = np.cumprod([1, *shape[:0:-1]])[::-1].astype(np.int64)
@@ -650,7 +911,7 @@ def _pieces(scores: IntArray, sizes: list[int], wanted: range) -> dict[int, IntA
     totals = vectors.sum(axis=1)
     first = np.argmax(vectors > 0, axis=1)
     index = vectors @ stride
-    tables = {size: np.zeros(len(vectors), dtype=np.int64) for size in wanted}
+    tables = {key: np.zeros(len(vectors), dtype=np.int64) for key in wanted}
     lowest = np.iinfo(np.int64).min
     for total in range(1, int(totals.max(initial=0)) + 1):
         states = np.flatnonzero(totals == total)
@@ -662,19 +923,16 @@ def _pieces(scores: IntArray, sizes: list[int], wanted: range) -> dict[int, IntA
             fits = (piece_vectors[None, :, :] <= vectors[chunk][:, None, :]).all(axis=2)
             fits &= piece_vectors[:, first[chunk]].T >= 1  # holds the state's first class
             rest = np.where(fits, index[chunk][:, None] - index[pieces][None, :], 0)
-            for size, best in tables.items():
+            for (size, lam), best in tables.items():
                 allowed = fits & (piece_sizes <= size)[None, :]
-                value = np.where(allowed, twice[pieces][None, :] + best[rest], lowest)
+                gain = twice[pieces]
+                if lam:
+                    small = 2 * piece_sizes < size
+                    big = (2 * piece_sizes > size) & (piece_sizes < size)
+                    gain = gain + lam * small - lam * big
+                value = np.where(allowed, gain[None, :] + best[rest], lowest)
                 best[chunk] = value.max(axis=1)
     return tables
-
-
-def _descending(values: list[int]) -> list[int]:
-    """Positions of ``values`` from the highest, ties in order (numpy sorts long lists)."""
-    if len(values) <= FEW:
-        return sorted(range(len(values)), key=values.__getitem__, reverse=True)
-    order: list[int] = np.argsort(-np.asarray(values), kind="stable").tolist()
-    return order
 
 
 def _twin_sets(scores: IntArray, sizes: list[int]) -> list[list[int]]:
@@ -712,13 +970,33 @@ def _arrangements(groups: IntArray, sides: list[list[int]], twins: list[list[int
                 continue
             grown = set()
             for g in out:
-                for values in set(itertools.permutations([g[c] for c in block])):
+                for values in _orders([g[c] for c in block]):
                     h = list(g)
                     for c, v in zip(block, values, strict=True):
                         h[c] = v
                     grown.add(tuple(h))
             out = grown
     return np.asarray(sorted(out), dtype=np.int64).reshape(-1, groups.shape[1])
+
+
+def _orders(values: list[int]) -> list[tuple[int, ...]]:
+    """Every distinct order of ``values`` (as many as the multiset has, not ``len(values)!``:
+    eight twin switches of four counts each have 420, where itertools lists 40 320)."""
+    current = sorted(values)
+    out = [tuple(current)]
+    k = len(current)
+    while True:  # the next order up, lexicographically
+        i = k - 2
+        while i >= 0 and current[i] >= current[i + 1]:
+            i -= 1
+        if i < 0:
+            return out
+        j = k - 1
+        while current[j] <= current[i]:
+            j -= 1
+        current[i], current[j] = current[j], current[i]
+        current[i + 1 :] = reversed(current[i + 1 :])
+        out.append(tuple(current))
 
 
 def _components(scores: IntArray, sizes: list[int]) -> tuple[IntArray, IntArray]:

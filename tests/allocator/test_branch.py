@@ -6,6 +6,7 @@ most 16 GPUs are free, and against brute force on small nodes of arbitrary class
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -99,6 +100,71 @@ def test_random_pcie_servers_against_a_count_table(seed: int) -> None:
     spans = [c for c, size in enumerate(sizes) for _ in range(size)]
     work = queries(len(topology), seed, 12, spans)
     _check(topology, LatticeReference(class_members(sizes), scores), work)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(4))
+def test_random_large_servers_nearly_free(seed: int) -> None:
+    """Seven or eight uneven switches, 26-32 GPUs, most of them free: the requests that take
+    the search deepest, against the count table (within :data:`MOST_VECTORS` * 6 vectors)."""
+    trial = seed * 100
+    while True:
+        sizes, scores = pcie_server(trial)
+        if len(sizes) >= 7 and sum(sizes) >= 26:
+            break
+        trial += 1
+    topology = from_classes(f"large-{seed}", sizes, scores)
+    n = len(topology)
+    spans = [c for c, size in enumerate(sizes) for _ in range(size)]
+    rng = random.Random(seed)
+    work: list[Query] = []
+    while len(work) < 8:
+        available = sorted(rng.sample(range(n), rng.randint(n * 2 // 3, n)))
+        per = [0] * len(sizes)
+        for i in available:
+            per[spans[i]] += 1
+        if math.prod(k + 1 for k in per) > MOST_VECTORS * 6:
+            continue
+        size = rng.randint(2, min(12, len(available)))
+        must = sorted(rng.sample(available, rng.randint(0, 2)))
+        work.append((available, must, size))
+    _check(topology, LatticeReference(class_members(sizes), scores), work)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_bound_holds_on_every_count_vector(seed: int) -> None:
+    """The search prunes by an upper bound on R (the best partition of a count vector); on
+    random PCIe servers (1-2 sockets, 5-8 switches) it is at least R for every vector and every
+    size, R from the plain count-vector table. A bound below R would drop optima silently."""
+    import numpy as np
+
+    from nvplugin.allocator.branch import _Query
+
+    rng = random.Random(seed)
+    while True:
+        sizes, scores = pcie_server(seed * 1000 + rng.randrange(1000))
+        sizes = [min(size, 3) for size in sizes]
+        if np.prod([size + 1 for size in sizes]) <= 20000:
+            break
+    topology = from_classes(f"bound-{seed}", sizes, scores)
+    classes = twin_classes(topology.scores)
+    assert [list(c) for c in classes.members] == class_members(sizes)
+    search = BranchSearch(classes)
+    reference = LatticeReference(class_members(sizes), scores)
+    shape = [size + 1 for size in sizes]
+    vectors = np.indices(shape).reshape(len(sizes), -1).T.astype(np.int64)
+    stride = np.asarray([int(np.prod(shape[c + 1 :])) for c in range(len(sizes))], dtype=np.int64)
+    top = np.asarray(sizes, dtype=np.int64)
+    for size in range(2, sum(sizes)):
+        exact = reference._rest(vectors, stride, size)
+        query = _Query(search, sum(sizes), size, None)
+        parent = query.state(top)
+        totals = vectors.sum(axis=1)
+        for total in range(size + 1, sum(sizes) + 1):
+            rows = np.flatnonzero(totals == total)
+            taken = search._position[(top - vectors[rows]) @ search._stride]
+            bound = search._bound.of(parent, taken, total, size, query._cmax_list, search._groups)
+            assert (bound >= exact[rows]).all(), (size, vectors[rows][bound < exact[rows]][:3])
 
 
 def _fabric_over_pcie() -> tuple[list[int], list[list[int]]]:

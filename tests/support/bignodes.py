@@ -10,9 +10,10 @@ better written by code than by hand).
 - ``mesh-20``: twenty GPUs where no two are interchangeable: GPU pairs share a PCIe switch, ten
   per socket, and NVLink bridges join each GPU to the next (two links) and, for every third GPU,
   to the one seven further (one link): the node without structure.
-- ``l4-20``, ``l4-24``, ``l4-24-uneven``, ``l4-32``: 4U servers of single-slot L4 cards behind
-  five to eight PCIe switches under two sockets (:data:`SERVERS`: the switch sizes per socket;
-  PIX within a switch, NODE between switches of a socket, SYS across): five to eight classes.
+- ``l4-20``, ``l4-24``, ``l4-24-uneven``, ``l4-32``, ``l4-32-uneven``, ``l4-32-one-socket``: 4U
+  servers of single-slot L4 cards behind five to eight PCIe switches under two sockets, or one
+  (:data:`SERVERS`: the switch sizes per socket; PIX within a switch, NODE between switches of a
+  socket, SYS across): five to eight classes.
 """
 
 from __future__ import annotations
@@ -102,6 +103,8 @@ SERVERS: dict[str, tuple[tuple[int, ...], ...]] = {
     "l4-24": ((4, 4, 4), (4, 4, 4)),
     "l4-24-uneven": ((6, 4, 2), (6, 4, 2)),
     "l4-32": ((4, 4, 4, 4), (4, 4, 4, 4)),
+    "l4-32-uneven": ((8, 4, 2, 2), (6, 4, 4, 2)),
+    "l4-32-one-socket": ((6, 6, 4, 4, 4, 4, 2, 2),),
 }
 """PCIe-switch servers: GPUs per switch, switches per socket."""
 
