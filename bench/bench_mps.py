@@ -20,10 +20,11 @@ import shutil
 import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
+
+from bench.bench_plugin import spawn, stop
 
 GPU = "nvidia.com/gpu"
 RUNS = 3
@@ -41,22 +42,11 @@ def _config(block: str) -> str:
 
 
 def _spawn(directory: str, node: str, config: str, root: str) -> subprocess.Popen[bytes]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NVPLUGIN_")}
-    return subprocess.Popen(
-        [
-            *(sys.executable, "-m", "nvplugin", "serve", "--simulate", node),
-            *("--device-plugin-dir", directory, "--log-format", "json", "--log-level", "warning"),
-            *("--config", config, "--mps-root", root),
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    return spawn(directory, "--config", config, "--mps-root", root, node=node)
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:
-    process.send_signal(signal.SIGTERM)
-    process.wait(30)
+    stop(process, 30)
 
 
 async def _advertised(

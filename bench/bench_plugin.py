@@ -53,7 +53,7 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
-def _spawn(
+def spawn(
     directory: str, *args: str, node: str = NODE, bytecode: str | None = None
 ) -> subprocess.Popen[bytes]:
     """``nvplugin serve``; with ``bytecode`` (a directory), Python reads and writes compiled
@@ -74,9 +74,9 @@ def _spawn(
     )
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
+def stop(process: subprocess.Popen[bytes], wait_s: float = 10) -> None:
     process.send_signal(signal.SIGTERM)
-    process.wait(10)
+    process.wait(wait_s)
 
 
 def _rss_mb(pid: int) -> float:
@@ -95,7 +95,7 @@ async def _start_to_registered() -> tuple[list[float], list[float]]:
         directory = tempfile.mkdtemp()
         async with FakeKubelet(directory) as kubelet:
             started = time.perf_counter()
-            process = _spawn(directory)
+            process = spawn(directory)
             try:
                 await kubelet.wait_registered(GPU, timeout=30)
                 starts.append(time.perf_counter() - started)
@@ -107,7 +107,7 @@ async def _start_to_registered() -> tuple[list[float], list[float]]:
                         await kubelet.wait_registered(GPU, timeout=30)
                         restarts.append(time.perf_counter() - started)
             finally:
-                _stop(process)
+                stop(process)
     return starts, restarts
 
 
@@ -124,14 +124,14 @@ async def _registered(
         directory = tempfile.mkdtemp()
         async with FakeKubelet(directory) as kubelet:
             started = time.perf_counter()
-            process = _spawn(directory, node=node, bytecode=bytecode)
+            process = spawn(directory, node=node, bytecode=bytecode)
             try:
                 await kubelet.wait_registered(GPU, timeout=30)
                 if bytecode is None or run > 0:
                     starts.append(time.perf_counter() - started)
                     rss.append(_rss_mb(process.pid))
             finally:
-                _stop(process)
+                stop(process)
     return starts, rss
 
 
@@ -146,7 +146,7 @@ def _serving(node: str) -> Iterator[str]:
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     directory = tempfile.mkdtemp()
-    process = _spawn(directory, node=node)
+    process = spawn(directory, node=node)
     try:
         path = os.path.join(directory, "nvplugin-gpu.sock")
         while not os.path.exists(path):
@@ -156,7 +156,7 @@ def _serving(node: str) -> Iterator[str]:
         time.sleep(1.0)  # the policy's start-up work runs in the background before registration
         yield path
     finally:
-        _stop(process)
+        stop(process)
 
 
 def _search_while_checking(socket_path: str, node: str) -> tuple[list[float], list[float]]:
@@ -436,7 +436,7 @@ def run() -> None:
             )
 
     directory = tempfile.mkdtemp()
-    process = _spawn(directory)
+    process = spawn(directory)
     try:
         path = os.path.join(directory, "nvplugin-gpu.sock")
         while not os.path.exists(path):
@@ -450,7 +450,7 @@ def run() -> None:
             f"   (target <= 80 MB; load {_load()})"
         )
     finally:
-        _stop(process)
+        stop(process)
 
     _beyond_16()
 
