@@ -167,7 +167,8 @@ class BranchSearch:
             chunk = self._groups[start : start + CHUNK].astype(np.int64)
             self._packed[start : start + CHUNK] = (chunk << self._shift).sum(axis=1)
         # Slices of a few groups are walked in Python (cheaper than a dozen array operations):
-        # (position, index, twice the score, disorder, counts, index in each tabulated part).
+        # (position, index, twice the score, disorder, counts, index in each tabulated part,
+        # packed).
         self._few: dict[tuple[int, int], list[_Entry]] = {}
         for size in range(sum(sizes) + 1):
             for lead in range(m):
@@ -182,6 +183,7 @@ class BranchSearch:
                             int(self._disorder[p]),
                             tuple(self._groups[p].tolist()),
                             self._bound.indices(p),
+                            int(self._packed[p]),
                         )
                         for p in range(lo, hi)
                     ]
@@ -345,6 +347,7 @@ class _Entry:
     disorder: int
     counts: tuple[int, ...]
     parts: tuple[int, ...]
+    packed: int
 
 
 @dataclass(frozen=True)
@@ -515,6 +518,9 @@ class _Query:
         search, size, counts = self._search, self._size, parent.counts
         equal = sum(1 << bit for bit, (c, d) in enumerate(search._pairs) if counts[c] == counts[d])
         starts = search._bound.starts(counts)
+        guard = search._guard
+        high = search._pack(list(counts)) | guard
+        one, cmax = search._bound.one, self._cmax_list
         keys_of, twice, position = search._keys, search._twice, search._position
         found: list[tuple[int, bool, int, int, int]] = []
         floor = -1
@@ -523,7 +529,7 @@ class _Query:
             for entry in search._few[(k, first)]:
                 if entry.disorder & equal:
                     continue
-                if any(g > c for g, c in zip(entry.counts, counts, strict=True)):
+                if (high - entry.packed) & guard != guard:  # some class short (``_packed``)
                     continue
                 index = parent.index - entry.index
                 exact = total <= size
@@ -533,9 +539,7 @@ class _Query:
                         continue
                     floor = bound
                 else:
-                    bound = entry.twice + search._bound.one(
-                        starts, entry, counts, total, size, self._cmax_list
-                    )
+                    bound = entry.twice + one(starts, entry, counts, total, size, cmax)
                 found.append((bound, exact, entry.position, entry.twice, int(keys_of[index])))
         found = [item for item in found if item[0] > floor or (item[1] and item[0] == floor)]
         found.sort(key=lambda item: -item[0])

@@ -95,6 +95,20 @@ class CountBound:
                     for lam in self.lambdas.get(size, [])
                 ]
                 self.flat[size] = [(lam, np.concatenate(t)) for lam, t in tables]  # type: ignore[arg-type]
+        # For :meth:`one`, per size: each part's table as a list (None where the part is not
+        # tabulated) and, per lambda, each part's table with the pairing term (references to
+        # the parts' lists, nothing copied), so a child's bound is a few list lookups.
+        self._lookups: dict[int, tuple[list[list[int] | None], list[tuple[int, list[list[int]]]]]]
+        self._lookups = {
+            size: (
+                [part.listed(size) for part in self.parts],
+                [
+                    (lam, [part.penalised_list(size, lam) for part in self.parts])
+                    for lam in self.lambdas.get(size, [])
+                ],
+            )
+            for size in range(2, gpus + 1)
+        }
 
     @property
     def nbytes(self) -> int:
@@ -121,24 +135,25 @@ class CountBound:
         cmax: list[int],
     ) -> int:
         """:meth:`of` for one child (``counts`` less ``entry``'s), in Python."""
-        value = self.low * cmax[total]
+        base = self.low * cmax[total]
         if size == 1:
-            return value
-        for part, start, index in zip(self.parts, starts, entry.parts, strict=True):
-            table = part.listed(size)
+            return base
+        tables, penalised = self._lookups[size]
+        value = base
+        for table, start, index, part in zip(tables, starts, entry.parts, self.parts, strict=True):
             if table is not None:
                 value += table[start - index]
             else:
                 child = [counts[c] - entry.counts[c] for c in part.classes]
                 value += part.scalar(child, size, cmax)
-        lams = self.lambdas.get(size)
-        if lams:
+        if penalised:
             slack = 1 if 2 * (total % size) > size else 0
-            for lam in lams:
-                other = self.low * cmax[total] + lam * slack
-                for part, start, index in zip(self.parts, starts, entry.parts, strict=True):
-                    other += part.penalised_list(size, lam)[start - index]
-                value = min(value, other)
+            for lam, lists in penalised:
+                other = base + lam * slack
+                for table, start, index in zip(lists, starts, entry.parts, strict=True):
+                    other += table[start - index]
+                if other < value:
+                    value = other
         return value
 
     def of(
