@@ -45,8 +45,8 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 import numpy as np
 from numpy.typing import NDArray
@@ -66,6 +66,11 @@ GPUs in 8 classes never exceed it (~17 MiB of arrays kept at the limit)."""
 
 FEW = 48
 """Most groups a node's slice may have to be walked in Python rather than with arrays."""
+
+HEAD = 256
+"""Children of a state listed (sorted, as Python lists) at once, with those tied with the last;
+the rest only when a search gets past them, which it seldom does: the top of an all-free 32-GPU
+node has ~6 000 groups of 14, and the search tries one or two."""
 
 LexKey = Callable[[IntArray], NDArray[np.uint64]]
 """For count vectors (rows), a key that orders their groups lexicographically: higher first."""
@@ -252,10 +257,11 @@ class BranchSearch:
         # search proved instead, until one is met. Each round walks only the children whose bound
         # reaches it (the memo keeps what earlier rounds proved, each state's children are
         # listed once per request), where a search from below solves whole subtrees exactly.
-        ranked = query.ranked(kids)
-        need = ranked.bounds[0] if ranked.bounds else 0
+        must = bool(required.any())
+        ranked = query.ranked(kids) if must else None  # without: rest(top) lists its own
+        need = int(kids.bounds.max()) if len(kids.bounds) else 0
         while True:
-            if required.any():
+            if ranked is not None:
                 found, upper = query.best_child(top, ranked, need, -1, UNKNOWN)
                 value, exact = (found, True) if upper <= found else (upper, False)
             else:
@@ -387,17 +393,57 @@ class _Arrays:
         )
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Children:
     """The children worth trying, highest bound first: the groups' positions, own scores
     (twice), the children's memo keys and bounds, and whether each bound is exact. Children
-    whose bound cannot beat the best exact one are left out."""
+    whose bound cannot beat the best exact one are left out. Only the first :data:`HEAD` (and
+    those tied with the last) are listed; ``rest`` holds the others, all of lower bound, as
+    arrays, listed the same way the first time :meth:`items` gets to them (one request's
+    object: the memo of a :class:`_Query`)."""
 
     positions: list[int]
     own: list[int]
     keys: list[int]
     bounds: list[int]
     exact: list[bool]
+    rest: _Arrays | None = None
+    _more: _Children | None = field(default=None, repr=False)
+
+    @staticmethod
+    def listed(kids: _Arrays, kept: NDArray[np.intp]) -> _Children:
+        """The children ``kept`` (indices into ``kids``), highest bound first (stable)."""
+        bounds = kids.bounds
+        rest = None
+        if len(kept) > HEAD:
+            values = bounds[kept]
+            cut = np.partition(values, len(kept) - HEAD)[len(kept) - HEAD]
+            low = kept[values < cut]
+            kept = kept[values >= cut]
+            rest = _Arrays(
+                kids.positions[low], kids.own[low], kids.keys[low], bounds[low], kids.terminal[low]
+            )
+        order = kept[np.argsort(-bounds[kept], kind="stable")]
+        return _Children(
+            kids.positions[order].tolist(),
+            kids.own[order].tolist(),
+            kids.keys[order].tolist(),
+            bounds[order].tolist(),
+            kids.terminal[order].tolist(),
+            rest,
+        )
+
+    def items(self) -> Iterator[tuple[int, bool, int, int, int]]:
+        """(bound, exact, own, key, position) of every child, highest bound first."""
+        chunk: _Children | None = self
+        while chunk is not None:
+            yield from zip(
+                chunk.bounds, chunk.exact, chunk.own, chunk.keys, chunk.positions, strict=True
+            )
+            if chunk.rest is not None and chunk._more is None:
+                rest = chunk.rest
+                chunk._more = _Children.listed(rest, np.arange(len(rest.bounds)))
+            chunk = chunk._more
 
 
 class _Query:
@@ -454,15 +500,7 @@ class _Query:
             floor = int(bounds[kids.terminal].max())
             keep = bounds > floor
             keep[np.flatnonzero(kids.terminal & (bounds == floor))[0]] = True
-        kept = np.flatnonzero(keep)
-        order = kept[np.argsort(-bounds[kept], kind="stable")]
-        return _Children(
-            kids.positions[order].tolist(),
-            kids.own[order].tolist(),
-            kids.keys[order].tolist(),
-            bounds[order].tolist(),
-            kids.terminal[order].tolist(),
-        )
+        return _Children.listed(kids, np.flatnonzero(keep))
 
     def children(self, parent: _State) -> _Children:
         """The children through the groups holding the parent's first class (one per
@@ -578,14 +616,7 @@ class _Query:
         was). No child scores more than ``cap``."""
         upper = -1
         memo = self._memo
-        for bound, exact, f, key, position in zip(
-            children.bounds,
-            children.exact,
-            children.own,
-            children.keys,
-            children.positions,
-            strict=True,
-        ):
+        for bound, exact, f, key, position in children.items():
             bound = min(bound, cap)
             if bound <= best:
                 break  # no child left can beat the best
@@ -613,7 +644,7 @@ class _Query:
     def best_group(self, state: _State, value: int) -> IntArray:
         """A group g holding y's first class with ``f(g) + R(y - g) = value`` (``value`` = R(y))."""
         children = self.children(state)
-        for position, f, key in zip(children.positions, children.own, children.keys, strict=True):
+        for _, _, f, key, position in children.items():
             child, exact = self.rest(self.child(state, position, key), value - f, value - f)
             if exact and child + f == value:
                 found: IntArray = self._search._groups[position].astype(np.int64)
