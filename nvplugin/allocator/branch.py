@@ -283,9 +283,9 @@ class BranchSearch:
             tier = near[kids.own[near] == f].tolist()
             if not every and len(tier) > 1:
                 groups = self._groups[kids.positions[tier]].astype(np.int64)
-                firsts = [
-                    int(lex(_arrangements(g[None], sides, self._twins)).max()) for g in groups
-                ]
+                each = [_arrangements(g[None], sides, self._twins) for g in groups]
+                starts = np.cumsum([0] + [len(rows) for rows in each[:-1]])
+                firsts = np.maximum.reduceat(lex(np.concatenate(each)), starts).tolist()
                 tier = [i for _, i in sorted(zip(firsts, tier, strict=True), key=lambda t: -t[0])]
             for i in tier:
                 state = query.child(top, int(kids.positions[i]), int(kids.keys[i]))
