@@ -475,11 +475,22 @@ class _Query:
         index = parent.index - int(search._index[position])
         return _State(counts, index, parent.total - sum(group), key)
 
-    def arrays(self, parent: _State, positions: NDArray[np.intp], k: int) -> _Arrays:
-        """The children through the groups of ``k`` GPUs at ``positions``."""
+    def arrays(
+        self,
+        parent: _State,
+        positions: NDArray[np.intp],
+        k: int,
+        columns: NDArray[np.int32] | None = None,
+    ) -> _Arrays:
+        """The children through the groups of ``k`` GPUs at ``positions`` (``columns``: those
+        groups' columns of the search, when already taken out)."""
         search = self._search
-        own = search._twice[positions]
-        index = parent.index - search._index[positions].astype(np.int64)
+        if columns is None:
+            own = search._twice[positions]
+            index = parent.index - search._index[positions].astype(np.int64)
+        else:
+            own = columns[0]
+            index = parent.index - columns[1]
         keys = search._keys[index]
         total = parent.total - k
         if total <= self._size:  # one group or none left: exact
@@ -487,7 +498,7 @@ class _Query:
             bounds = own + rest
         else:
             bounds = own + search._bound.of(
-                parent, positions, total, self._size, self._cmax_list, search._groups
+                parent, positions, total, self._size, self._cmax_list, search._groups, columns
             )
         terminal = np.full(len(positions), total <= self._size)
         return _Arrays(positions, own, keys, bounds, terminal)
@@ -536,20 +547,7 @@ class _Query:
         if equal:
             fits &= (search._disorder[lo:hi] & equal) == 0
         picked = np.flatnonzero(fits)
-        columns = search._columns[:, lo:hi][:, picked]
-        positions = picked + lo
-        own = columns[0]
-        index = parent.index - columns[1]
-        keys = search._keys[index]
-        total = parent.total - k
-        if total <= self._size:  # one group or none left: exact
-            rest = search._twice[search._position[index]] if self._size > 1 else 0
-            bounds = own + rest
-        else:
-            bounds = own + search._bound.of(
-                parent, positions, total, self._size, self._cmax_list, search._groups, columns
-            )
-        return _Arrays(positions, own, keys, bounds, np.full(len(positions), total <= self._size))
+        return self.arrays(parent, picked + lo, k, search._columns[:, lo:hi][:, picked])
 
     def _few(self, parent: _State, sizes: list[int], first: int) -> _Children:
         """:meth:`children` for small slices, in Python."""
