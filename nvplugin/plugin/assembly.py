@@ -34,6 +34,7 @@ from nvplugin.plugin.metrics import Metrics
 from nvplugin.plugin.mps import MpsDaemon, MpsDaemons, daemon_specs
 from nvplugin.plugin.registration import DirWatcher, Registrar
 from nvplugin.plugin.server import DevicePluginService, PluginSocket, preferred_budget
+from nvplugin.plugin.tasks import cancel
 from nvplugin.plugin.work import RequestWorkers
 from nvplugin.rm import (
     MpsAllocation,
@@ -463,20 +464,3 @@ class Forward:
             return
         for service in self._services:
             service.set_health(health)
-
-
-async def cancel(tasks: list[asyncio.Task[None]], timeout: float = 1.0) -> None:
-    """Cancel ``tasks`` and wait for them, but never longer than ``timeout`` (shutdown has a
-    2 s budget; a task that ignores cancellation is left behind and logged)."""
-    for task in tasks:
-        task.cancel()
-    if not tasks:
-        return
-    done, pending = await asyncio.wait(tasks, timeout=timeout)
-    for task in done:
-        if not task.cancelled() and task.exception() is not None:
-            get_logger("nvplugin.daemon").error(
-                "task failed", task=task.get_name(), error=repr(task.exception())
-            )
-    for task in pending:
-        get_logger("nvplugin.daemon").error("task did not stop", task=task.get_name())

@@ -69,6 +69,7 @@ from nvplugin.plugin.registration import SERVE_AGAIN_GIVE_UP_S
 from nvplugin.plugin.selection import ApiTiming, ConfigSelector, Following
 from nvplugin.plugin.server import DevicePluginService
 from nvplugin.plugin.signals import HANDLED, PendingSignals
+from nvplugin.plugin.tasks import cancel
 from nvplugin.plugin.work import RequestWorkers
 from nvplugin.resourcenames import socket_name
 from nvplugin.rm import ResourceManager, ServedResource
@@ -200,10 +201,7 @@ class Daemon:
                 selecting = asyncio.create_task(self.selector.run())
             await self._serve()
         finally:
-            if selecting is not None:
-                selecting.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await selecting
+            await cancel([selecting])
             await self._shutdown()
             if handle_signals:
                 for sig in HANDLED:

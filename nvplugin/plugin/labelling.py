@@ -42,6 +42,7 @@ from nvplugin.labels.output import remove, write_atomically
 from nvplugin.log import get_logger
 from nvplugin.node import NodeSession
 from nvplugin.plugin.nodefeature import NodeFeaturePublisher
+from nvplugin.plugin.tasks import cancel
 from nvplugin.rm.plan import ResourcePlan
 
 
@@ -97,10 +98,7 @@ class Labeller:
         """Stop refreshing and remove the feature file (the NodeFeature object stays: its pod
         owns it)."""
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel([task])
         if self._publisher is not None:
             await self._publisher.close()
         async with self._lock:

@@ -51,6 +51,7 @@ from nvplugin.config import Config
 from nvplugin.errors import NvpluginError
 from nvplugin.log import get_logger
 from nvplugin.node.model import Gpu
+from nvplugin.plugin.tasks import cancel
 from nvplugin.rm import ServedResource
 from nvplugin.rm.mps import (
     log_dir,
@@ -256,10 +257,7 @@ class MpsDaemon:
     async def stop(self) -> None:
         """Stop watching, quit the daemon (SIGKILL when it does not go), restore compute modes."""
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel([task])
         self._set_state("stopped")
         await self._quit()
         await asyncio.to_thread(self._release)

@@ -24,6 +24,7 @@ from typing import Any
 from nvplugin.config.pod import PodIdentity
 from nvplugin.log import get_logger
 from nvplugin.plugin.metrics import Metrics
+from nvplugin.plugin.tasks import cancel
 
 
 class NodeFeaturePublisher:
@@ -68,10 +69,7 @@ class NodeFeaturePublisher:
     async def close(self) -> None:
         """Stop publishing (the object stays: its pod owns it)."""
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel([task])
 
     async def _run(self) -> None:
         # Only here is the client library imported: without the NodeFeature mode serve never

@@ -43,6 +43,7 @@ from nvplugin.errors import InputError, reason
 from nvplugin.log import get_logger
 from nvplugin.plugin.metrics import Metrics
 from nvplugin.plugin.registration import DirWatcher
+from nvplugin.plugin.tasks import cancel
 from nvplugin.yamlinput import MAX_BYTES
 
 SETTLE_S = 0.1
@@ -126,11 +127,7 @@ class ConfigSelector:
                         "choosing the config failed; running config kept", error=reason(exc)
                     )
         finally:
-            for task in tasks:
-                task.cancel()
-            for task in tasks:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            await cancel(tasks)
 
     # --- choosing and applying ---
 
@@ -239,6 +236,4 @@ class ConfigSelector:
                 await watcher.wait(POLL_S)
                 self._changed.set()
         finally:
-            watching.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watching
+            await cancel([watching])
