@@ -92,14 +92,11 @@ def to_text(migrations: list[Migration]) -> str:
     """Each migration as YAML, its findings as comments above it; ``---`` between them."""
     parts = []
     for migration in migrations:
-        lines = [f"# {line}" for line in textwrap.wrap(migration.title, 96, break_long_words=False)]
+        lines = [f"# {line}" for line in _wrap(migration.title)]
         if migration.findings:
             lines.append("#")
             for finding in migration.findings:
-                wrapped = textwrap.wrap(
-                    finding.line(), 96, subsequent_indent="           ", break_long_words=False
-                )
-                lines.extend(f"# {line}" for line in wrapped)
+                lines.extend(f"# {line}" for line in _wrap(finding.line(), " " * 11))
         else:
             lines.append("# Nothing to change: every key is used with NVIDIA's meaning.")
         output = migration.output
@@ -121,3 +118,11 @@ def to_json(migrations: list[Migration]) -> str:
         for migration in migrations
     }
     return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+
+
+def _wrap(text: str, indent: str = "") -> list[str]:
+    """``text`` in lines of at most 96 characters, broken only at spaces: a path or a key stays
+    whole (and can be copied) however long it is and whatever hyphens it has."""
+    return textwrap.wrap(
+        text, 96, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False
+    )

@@ -18,6 +18,7 @@ import yaml
 
 from nvplugin.migrate import Migration, Status
 from nvplugin.migrate.daemonset import migrate_daemonset
+from nvplugin.migrate.report import to_text
 from nvplugin.migrate.values import migrate_values
 from tests.chart.rendering import render, render_error
 from tests.support.nvidia import (
@@ -241,3 +242,11 @@ def test_flags_as_args_without_a_command_get_nvidias_command() -> None:
     (container,) = migration.output[0]["spec"]["template"]["spec"]["containers"]
     assert container["command"] == ["nvidia-device-plugin"]
     assert container["args"] == ["--fail-on-init-error=false"]
+
+
+def test_a_long_hyphenated_path_stays_whole_in_the_title() -> None:
+    # A checkout under a hyphenated directory: the title names the file on one line, whole.
+    source = "/srv/" + "-".join(["a-rather-long-directory-name"] * 4) + "/values.yaml"
+    text = to_text([migrate_values("{}", source)])
+    header = [line for line in text.splitlines() if line.startswith("# ")]
+    assert any(source in line for line in header), header
