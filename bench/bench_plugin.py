@@ -415,13 +415,14 @@ def footprint(nodes: Sequence[str], *, sources: bool = True) -> None:
     for name in nodes:
         node = write(generated, name) if name in NODES else name
         labels = (("from source", None),) if sources else ()
+        # The footprint targets for the DGX nodes; beyond 16 GPUs, start -> registered's.
+        targets = "targets <= 0.8 s, <= 60 MiB" if name in (NODE, "dgx-a100") else "target <= 1 s"
         for label, cache in (*labels, ("from bytecode", bytecode)):
             starts, rss = asyncio.run(_registered(node, STARTS, cache))
             print(
                 f"   footprint ({name}, {label}, {STARTS} runs): start -> registered median "
                 f"{statistics.median(starts):.2f} s, max {max(starts):.2f} s; RSS once "
-                f"registered median {statistics.median(rss):.1f} MiB   (targets <= 0.8 s, "
-                f"<= 60 MiB; load {_load()})",
+                f"registered median {statistics.median(rss):.1f} MiB   ({targets}; load {_load()})",
                 flush=True,
             )
 
