@@ -120,11 +120,14 @@ class BranchSearch:
         self._keys = np.empty(len(grid), dtype=np.int32)
         by_size = [sorted(twins, key=lambda c: -sizes[c]) for twins in self._twins]
         for start in range(0, len(grid), CHUNK):
-            chunk = grid[start : start + CHUNK].astype(np.int64)
-            arranged = chunk.copy()
+            columns = list(grid[start : start + CHUNK].T)  # one class's counts each (int8)
             for twins, ranked in zip(self._twins, by_size, strict=True):
-                arranged[:, ranked] = -np.sort(-chunk[:, twins], axis=1)
-            self._keys[start : start + CHUNK] = arranged @ self._stride
+                for c, count in zip(ranked, _sorted_down([columns[d] for d in twins]), strict=True):
+                    columns[c] = count
+            key = np.zeros(len(columns[0]), dtype=np.int64)
+            for c, count in enumerate(columns):
+                key += count.astype(np.int64) * self._stride[c]
+            self._keys[start : start + CHUNK] = key
         # The same vectors ordered by size and then by first class, so the groups of size k
         # whose first class is c are one slice; with each one's index above, twice its score
         # and which pairs of twins it takes out of order (a bit per pair).
@@ -648,6 +651,17 @@ class _Query:
                 found: IntArray = self._search._groups[position].astype(np.int64)
                 return found
         raise AssertionError("R(y) is reached by some group")
+
+
+def _sorted_down(columns: list[NDArray[np.int8]]) -> list[NDArray[np.int8]]:
+    """The columns' values sorted down in each row (the first column the highest): an odd-even
+    transposition network, a few element-wise max/min over whole columns rather than a sort per
+    row of a few values."""
+    out = list(columns)
+    for step in range(len(out)):
+        for i in range(step % 2, len(out) - 1, 2):
+            out[i], out[i + 1] = np.maximum(out[i], out[i + 1]), np.minimum(out[i], out[i + 1])
+    return out
 
 
 def _twin_sets(scores: IntArray, sizes: list[int]) -> list[list[int]]:

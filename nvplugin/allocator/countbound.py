@@ -336,7 +336,13 @@ def _pieces(
     vector (of classes of these sizes, indexed by mixed-radix digits) into pieces of at most that
     many GPUs, any number of them, a piece of fewer than size/2 GPUs scoring lambda more and one
     of more than size/2 (but fewer than size) lambda less (:class:`CountBound`). Which pieces fit
-    which vector is worked out once for all of them."""
+    which vector is worked out once for all of them.
+
+    The vectors are worked through by their number of GPUs t, and a vector of t GPUs only reads
+    vectors of fewer. Two (size, lambda) that treat every piece of at most t GPUs alike (allowed
+    or not, and the same gain) therefore have the same values up to t: at each t they are
+    computed once and copied (every size from t on, without lambda; the sizes above 2t, with
+    it)."""
     shape = [s + 1 for s in sizes]
     vectors = np.indices(shape).reshape(len(sizes), -1).T.astype(np.int64)
     stride = np.cumprod([1, *shape[:0:-1]])[::-1].astype(np.int64)
@@ -346,25 +352,59 @@ def _pieces(
     index = vectors @ stride
     tables = {key: np.zeros(len(vectors), dtype=np.int64) for key in wanted}
     lowest = np.iinfo(np.int64).min
+    # The pieces in order of size, so that those a (size, lambda) allows are a prefix of them
+    # (a column slice, not a mask over all of them), and each one's gain worked out once.
+    by_size = np.argsort(totals, kind="stable")
+    by_size = by_size[totals[by_size] >= 1]
+    sorted_sizes = totals[by_size]
+    gains: dict[tuple[int, int], IntArray] = {}
+    for size, lam in wanted:
+        gain = twice[by_size]
+        if lam:
+            small = 2 * sorted_sizes < size
+            big = (2 * sorted_sizes > size) & (sorted_sizes < size)
+            gain = gain + lam * small - lam * big
+        gains[(size, lam)] = gain
     for total in range(1, int(totals.max(initial=0)) + 1):
         states = np.flatnonzero(totals == total)
-        pieces = np.flatnonzero((totals >= 1) & (totals <= total))
-        piece_vectors, piece_sizes = vectors[pieces], totals[pieces]
+        count = int(np.searchsorted(sorted_sizes, total, side="right"))
+        pieces = by_size[:count]
+        piece_vectors = vectors[pieces]
+        # Per (size, lambda): how it treats each piece size up to ``total`` (whether allowed,
+        # and the gain's term); the first (size, lambda) of each kind is computed, the others
+        # copy it. And how many of the pieces it allows.
+        alike: dict[tuple[int, tuple[tuple[bool, int], ...]], tuple[int, int]] = {}
+        copies: dict[tuple[int, int], tuple[int, int]] = {}
+        for size, lam in wanted:
+            kind = (
+                lam,
+                tuple(
+                    (
+                        piece <= size,
+                        lam * (2 * piece < size) - lam * (size < 2 * piece < 2 * size),
+                    )
+                    for piece in range(1, total + 1)
+                ),
+            )
+            copies[(size, lam)] = alike.setdefault(kind, (size, lam))
+        computed = sorted(set(copies.values()), key=wanted.index)
+        allows = {
+            key: int(np.searchsorted(sorted_sizes[:count], key[0], side="right"))
+            for key in computed
+        }
         step = max(1, CHUNK // max(1, len(pieces)))
         for start in range(0, len(states), step):
             chunk = states[start : start + step]
             fits = (piece_vectors[None, :, :] <= vectors[chunk][:, None, :]).all(axis=2)
             fits &= piece_vectors[:, first[chunk]].T >= 1  # holds the state's first class
             rest = np.where(fits, index[chunk][:, None] - index[pieces][None, :], 0)
-            for (size, lam), best in tables.items():
-                allowed = fits & (piece_sizes <= size)[None, :]
-                gain = twice[pieces]
-                if lam:
-                    small = 2 * piece_sizes < size
-                    big = (2 * piece_sizes > size) & (piece_sizes < size)
-                    gain = gain + lam * small - lam * big
-                value = np.where(allowed, gain[None, :] + best[rest], lowest)
+            for key in computed:
+                k, best = allows[key], tables[key]
+                value = np.where(fits[:, :k], gains[key][None, :k] + best[rest[:, :k]], lowest)
                 best[chunk] = value.max(axis=1)
+        for key, source in copies.items():
+            if key != source:
+                tables[key][states] = tables[source][states]
     return tables
 
 

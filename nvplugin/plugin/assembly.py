@@ -28,8 +28,10 @@ from nvplugin.errors import NvpluginError
 from nvplugin.log import get_logger
 from nvplugin.node import NodeSession
 from nvplugin.node.health import HealthMonitor
+from nvplugin.node.model import Topology
 from nvplugin.plugin import healthservice
 from nvplugin.plugin.healthservice import PluginHealthService
+from nvplugin.plugin.heap import release_freed_heap
 from nvplugin.plugin.metrics import Metrics
 from nvplugin.plugin.mps import MpsDaemon, MpsDaemons, daemon_specs
 from nvplugin.plugin.registration import DirWatcher, Registrar
@@ -177,7 +179,7 @@ class Resources:
         policies: asyncio.Future[dict[str, Policy]] = asyncio.get_running_loop().run_in_executor(
             None,
             functools.partial(
-                resource_policies,
+                _build_policies,
                 config.allocation_policy,
                 topology,
                 plan.resources,
@@ -404,6 +406,17 @@ class Resources:
             self._log.error("allocation policy failed to build", error=str(exc))
         else:
             self._log.info("allocation policy ready", policy=config.allocation_policy)
+
+
+def _build_policies(
+    name: str, topology: Topology, resources: Sequence[ServedResource], *, budget_s: float
+) -> dict[str, Policy]:
+    """The resources' policies with their start-up work done (on a worker thread), then the heap
+    that work freed handed back to the OS (:mod:`.heap`), before the resources register."""
+    policies = resource_policies(name, topology, resources, budget_s=budget_s)
+    released = release_freed_heap()
+    get_logger("nvplugin.daemon").debug("start-up heap handed back", released=released)
+    return policies
 
 
 def _policy_of(policies: asyncio.Future[dict[str, Policy]], name: str) -> asyncio.Future[Policy]:
