@@ -43,6 +43,7 @@ would go through the BLAS library, whose worker threads spin on a busy node.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import time
 from collections.abc import Callable, Iterator
@@ -158,19 +159,25 @@ class BranchSearch:
             for part in tabulated:
                 part.index[start : start + CHUNK] = chunk[:, part.classes] @ part.stride
         if len(tabulated) == len(self._bound.parts):
-            self._bound.rows = np.asarray([part.row for part in tabulated], dtype=np.intp)
+            self._bound.rows = slice(3, 3 + len(tabulated))  # filled in this order above
         # Each group packed into one integer, a digit of ``_width`` bits per class with the top
         # bit of each digit kept clear: ``g <= y`` digit by digit is then one subtraction
         # (``(y | guard) - g`` keeps every guard bit exactly when no digit of g exceeds y's).
+        # Above the digits, its disorder bits: from a field of ones they subtract without a
+        # borrow, leaving the bits the group does *not* take out of order, so a state's test
+        # of fit and of twin order is one subtraction, one mask and one comparison
+        # (:meth:`_Query._fitting`).
         self._width = max(sizes).bit_length() + 1
-        assert self._width * m < 63, "eight classes of at most 32 GPUs fit in 56 bits"
+        self._top = self._width * m
+        assert self._top + len(self._pairs) < 63, "eight classes of at most 32 GPUs fit"
         self._shift = np.arange(m, dtype=np.int64) * self._width
         self._guard = sum(1 << (self._width * c + self._width - 1) for c in range(m))
-        self._guard64 = np.int64(self._guard)
+        self._ones = ((1 << len(self._pairs)) - 1) << self._top
         self._packed = np.empty(len(self._groups), dtype=np.int64)
         for start in range(0, len(self._groups), CHUNK):
             chunk = self._groups[start : start + CHUNK].astype(np.int64)
-            self._packed[start : start + CHUNK] = (chunk << self._shift).sum(axis=1)
+            disorder = self._disorder[start : start + CHUNK].astype(np.int64) << self._top
+            self._packed[start : start + CHUNK] = (chunk << self._shift).sum(axis=1) | disorder
         # Slices of a few groups are walked in Python (cheaper than a dozen array operations):
         # (position, index, twice the score, disorder, counts, index in each tabulated part,
         # packed).
@@ -188,7 +195,7 @@ class BranchSearch:
                             int(self._disorder[p]),
                             tuple(self._groups[p].tolist()),
                             self._bound.indices(p),
-                            int(self._packed[p]),
+                            int(self._packed[p]) & ((1 << self._top) - 1),
                         )
                         for p in range(lo, hi)
                     ]
@@ -383,6 +390,18 @@ class _Arrays:
     terminal: NDArray[np.bool_]
 
     @staticmethod
+    def of(items: list[Item]) -> _Arrays:
+        """Children found in Python, as arrays."""
+        bounds, exact, own, keys, positions = zip(*items, strict=True)
+        return _Arrays(
+            np.asarray(positions, dtype=np.intp),
+            np.asarray(own, dtype=np.int64),
+            np.asarray(keys, dtype=np.int32),
+            np.asarray(bounds, dtype=np.int64),
+            np.asarray(exact, dtype=np.bool_),
+        )
+
+    @staticmethod
     def join(parts: list[_Arrays]) -> _Arrays:
         return _Arrays(
             np.concatenate([p.positions for p in parts]),
@@ -393,29 +412,31 @@ class _Arrays:
         )
 
 
+Item = tuple[int, bool, int, int, int]
+"""A child as the search walks it: (bound, exact, own score (twice), memo key, position)."""
+
+
 @dataclass
 class _Children:
-    """The children worth trying, highest bound first: the groups' positions, own scores
-    (twice), the children's memo keys and bounds, and whether each bound is exact. Children
-    whose bound cannot beat the best exact one are left out. Only the first :data:`HEAD` (and
-    those tied with the last) are listed; ``rest`` holds the others, all of lower bound, as
-    arrays, listed the same way the first time :meth:`items` gets to them (one request's
-    object: the memo of a :class:`_Query`)."""
+    """The children worth trying, highest bound first (:data:`Item`). Children whose bound
+    cannot beat the best exact one are left out. Only the first :data:`HEAD` (and those tied
+    with the last) are listed; ``rest`` holds the others, all of lower bound, as arrays,
+    listed the same way the first time :meth:`items` gets to them (one request's object: the
+    memo of a :class:`_Query`)."""
 
-    positions: list[int]
-    own: list[int]
-    keys: list[int]
-    bounds: list[int]
-    exact: list[bool]
+    listed: list[Item]
     rest: _Arrays | None = None
     _more: _Children | None = field(default=None, repr=False)
 
     @staticmethod
-    def listed(kids: _Arrays, kept: NDArray[np.intp]) -> _Children:
-        """The children ``kept`` (indices into ``kids``), highest bound first (stable)."""
+    def of(kids: _Arrays, kept: NDArray[np.intp] | None) -> _Children:
+        """The children ``kept`` (indices into ``kids``; None: all), highest bound first
+        (stable)."""
         bounds = kids.bounds
         rest = None
-        if len(kept) > HEAD:
+        if kept is None and len(bounds) > HEAD:
+            kept = np.arange(len(bounds))
+        if kept is not None and len(kept) > HEAD:
             values = bounds[kept]
             cut = np.partition(values, len(kept) - HEAD)[len(kept) - HEAD]
             low = kept[values < cut]
@@ -423,27 +444,51 @@ class _Children:
             rest = _Arrays(
                 kids.positions[low], kids.own[low], kids.keys[low], bounds[low], kids.terminal[low]
             )
-        order = kept[np.argsort(-bounds[kept], kind="stable")]
-        return _Children(
-            kids.positions[order].tolist(),
-            kids.own[order].tolist(),
-            kids.keys[order].tolist(),
+        if kept is None:
+            order = np.argsort(-bounds, kind="stable")
+        else:
+            order = kept[np.argsort(-bounds[kept], kind="stable")]
+        listed = zip(
             bounds[order].tolist(),
             kids.terminal[order].tolist(),
-            rest,
+            kids.own[order].tolist(),
+            kids.keys[order].tolist(),
+            kids.positions[order].tolist(),
+            strict=True,
         )
+        return _Children(list(listed), rest)
 
-    def items(self) -> Iterator[tuple[int, bool, int, int, int]]:
-        """(bound, exact, own, key, position) of every child, highest bound first."""
+    @staticmethod
+    def ranked(items: list[Item]) -> _Children:
+        """The children worth trying of ``items`` (in the order they were found; at most
+        :data:`HEAD`), in Python: those whose bound beats the best exact one, and the first
+        exact one that has it, highest bound first (stable)."""
+        floor = max((item[0] for item in items if item[1]), default=None)
+        if floor is not None:
+            kept: list[Item] = []
+            tied = False
+            for item in items:
+                if item[0] > floor:
+                    kept.append(item)
+                elif item[0] == floor and item[1] and not tied:
+                    kept.append(item)
+                    tied = True
+            items = kept
+        items.sort(key=_down)
+        return _Children(items)
+
+    def items(self) -> Iterator[Item]:
+        """Every child, highest bound first."""
         chunk: _Children | None = self
         while chunk is not None:
-            yield from zip(
-                chunk.bounds, chunk.exact, chunk.own, chunk.keys, chunk.positions, strict=True
-            )
+            yield from chunk.listed
             if chunk.rest is not None and chunk._more is None:
-                rest = chunk.rest
-                chunk._more = _Children.listed(rest, np.arange(len(rest.bounds)))
+                chunk._more = _Children.of(chunk.rest, None)
             chunk = chunk._more
+
+
+def _down(item: Item) -> int:
+    return -item[0]
 
 
 class _Query:
@@ -481,9 +526,11 @@ class _Query:
         positions: NDArray[np.intp],
         k: int,
         columns: NDArray[np.int32] | None = None,
+        starts: tuple[int, ...] | None = None,
     ) -> _Arrays:
         """The children through the groups of ``k`` GPUs at ``positions`` (``columns``: those
-        groups' columns of the search, when already taken out)."""
+        groups' columns of the search, when already taken out; ``starts``: the parent's index
+        in each part, when known)."""
         search = self._search
         if columns is None:
             own = search._twice[positions]
@@ -498,24 +545,62 @@ class _Query:
             bounds = own + rest
         else:
             bounds = own + search._bound.of(
-                parent, positions, total, self._size, self._cmax_list, search._groups, columns
+                parent,
+                positions,
+                total,
+                self._size,
+                self._cmax_list,
+                search._groups,
+                columns,
+                starts,
             )
         terminal = np.full(len(positions), total <= self._size)
         return _Arrays(positions, own, keys, bounds, terminal)
 
-    def ranked(self, kids: _Arrays) -> _Children:
-        """The children worth trying (:class:`_Children`) from their arrays."""
-        bounds = kids.bounds
-        keep = np.ones(len(bounds), dtype=np.bool_)
-        if kids.terminal.any():  # none that cannot beat the best exact one, but that one
-            floor = int(bounds[kids.terminal].max())
+    def ranked(
+        self, kids: _Arrays, found: list[Item] | None = None, first: bool = True
+    ) -> _Children:
+        """The children worth trying (:class:`_Children`) from their arrays, and from those
+        ``found`` in Python (a few; listed before the arrays' when ``first``): none whose bound
+        cannot beat the best exact one, but the first exact one that has it."""
+        if found and len(found) + len(kids.bounds) > HEAD:
+            both = [_Arrays.of(found), kids]
+            kids, found = _Arrays.join(both if first else both[::-1]), None
+        bounds, terminal = kids.bounds, kids.terminal
+        mine = int(bounds[terminal].max()) if terminal.any() else None
+        theirs = max((item[0] for item in found if item[1]), default=None) if found else None
+        if mine is None and theirs is None:
+            children = _Children.of(kids, None)
+        else:
+            floor = max(x for x in (mine, theirs) if x is not None)
+            tie = mine == floor and (theirs != floor or not first)  # the arrays hold the one
             keep = bounds > floor
-            keep[np.flatnonzero(kids.terminal & (bounds == floor))[0]] = True
-        return _Children.listed(kids, np.flatnonzero(keep))
+            if tie:
+                keep[np.flatnonzero(terminal & (bounds == floor))[0]] = True
+            children = _Children.of(kids, np.flatnonzero(keep))
+            if found:
+                kept: list[Item] = []
+                for item in found:
+                    if item[0] > floor:
+                        kept.append(item)
+                    elif item[0] == floor and item[1] and not tie:
+                        kept.append(item)
+                        tie = True
+                found = kept
+        if found:  # into the arrays' (all listed: no more than HEAD), stable
+            listed = children.listed
+            if first:
+                for item in reversed(found):
+                    listed.insert(bisect.bisect_left(listed, -item[0], key=_down), item)
+            else:
+                for item in found:
+                    listed.insert(bisect.bisect_right(listed, -item[0], key=_down), item)
+        return children
 
     def children(self, parent: _State) -> _Children:
         """The children through the groups holding the parent's first class (one per
-        arrangement of twins): of the group size, and of the leftover's when one is due."""
+        arrangement of twins): of the group size, and of the leftover's when one is due. Small
+        slices of groups are walked in Python, the others with arrays."""
         done = self._expanded.get(parent.index)
         if done is not None:
             return done
@@ -523,42 +608,54 @@ class _Query:
         counts = parent.counts
         first = next(c for c, count in enumerate(counts) if count)
         sizes = sorted({self._size, parent.total % self._size} - {0})
-        if all((k, first) in search._few for k in sizes):
-            done = self._few(parent, sizes, first)
+        equal = sum(1 << bit for bit, (c, d) in enumerate(search._pairs) if counts[c] == counts[d])
+        starts = search._bound.starts(counts)
+        few = [k for k in sizes if (k, first) in search._few]
+        found = self._few(parent, few, first, equal, starts) if few else []
+        if len(few) == len(sizes):
+            done = _Children.ranked(found)
         else:
-            high = np.int64(search._pack(list(counts)) | search._guard)
-            pairs = enumerate(search._pairs)
-            equal = sum(1 << bit for bit, (c, d) in pairs if counts[c] == counts[d])
-            found = [self._fitting(parent, k, first, high, equal) for k in sizes]
-            done = self.ranked(found[0] if len(found) == 1 else _Arrays.join(found))
+            high = np.int64(search._pack(list(counts)) | search._guard | search._ones)
+            mask = np.int64(search._guard | equal << search._top)
+            many = [
+                self._fitting(parent, k, first, high, mask, starts) for k in sizes if k not in few
+            ]
+            kids = many[0] if len(many) == 1 else _Arrays.join(many)
+            done = self.ranked(kids, found, bool(few) and few[0] == sizes[0])
         self._expanded[parent.index] = done
         return done
 
-    def _fitting(self, parent: _State, k: int, first: int, high: np.int64, equal: int) -> _Arrays:
+    def _fitting(
+        self,
+        parent: _State,
+        k: int,
+        first: int,
+        high: np.int64,
+        mask: np.int64,
+        starts: tuple[int, ...],
+    ) -> _Arrays:
         """The children through the groups of ``k`` GPUs that hold the parent's ``first`` class
         (one arrangement of twins with equal counts): :meth:`BranchSearch.groups` and
         :meth:`arrays` in one selection of the groups' columns. ``high``: the parent's counts
-        packed, guard bits set; ``equal``: the twin pairs whose counts are equal (bits)."""
+        packed, guard bits and disorder bits set; ``mask``: the guard bits and the bits of the
+        twin pairs whose counts are equal (``BranchSearch._packed``)."""
         search = self._search
         row = k * (search._m + 1) + first
         lo, hi = int(search._slices[row]), int(search._slices[row + 1])
-        guard = search._guard64
-        fits = ((high - search._packed[lo:hi]) & guard) == guard
-        if equal:
-            fits &= (search._disorder[lo:hi] & equal) == 0
-        picked = np.flatnonzero(fits)
-        return self.arrays(parent, picked + lo, k, search._columns[:, lo:hi][:, picked])
+        picked = np.flatnonzero(((high - search._packed[lo:hi]) & mask) == mask)
+        return self.arrays(parent, picked + lo, k, search._columns[:, lo:hi][:, picked], starts)
 
-    def _few(self, parent: _State, sizes: list[int], first: int) -> _Children:
-        """:meth:`children` for small slices, in Python."""
+    def _few(
+        self, parent: _State, sizes: list[int], first: int, equal: int, starts: tuple[int, ...]
+    ) -> list[Item]:
+        """The children through small slices of groups, in Python, in the order found (those
+        exact ones that cannot be the first exact one of the best bound left out)."""
         search, size, counts = self._search, self._size, parent.counts
-        equal = sum(1 << bit for bit, (c, d) in enumerate(search._pairs) if counts[c] == counts[d])
-        starts = search._bound.starts(counts)
         guard = search._guard
         high = search._pack(list(counts)) | guard
         one, cmax = search._bound.one, self._cmax_list
         keys_of, twice, position = search._keys, search._twice, search._position
-        found: list[tuple[int, bool, int, int, int]] = []
+        found: list[Item] = []
         floor = -1
         for k in sizes:
             total = parent.total - k
@@ -576,16 +673,8 @@ class _Query:
                     floor = bound
                 else:
                     bound = entry.twice + one(starts, entry, counts, total, size, cmax)
-                found.append((bound, exact, entry.position, entry.twice, int(keys_of[index])))
-        found = [item for item in found if item[0] > floor or (item[1] and item[0] == floor)]
-        found.sort(key=lambda item: -item[0])
-        return _Children(
-            [item[2] for item in found],
-            [item[3] for item in found],
-            [item[4] for item in found],
-            [item[0] for item in found],
-            [item[1] for item in found],
-        )
+                found.append((bound, exact, entry.twice, int(keys_of[index]), entry.position))
+        return found
 
     def rest(self, state: _State, need: int, cap: int) -> tuple[int, bool]:
         """Twice R(y) and True; or, when R(y) < ``need``, possibly an upper bound below ``need``
