@@ -281,14 +281,18 @@ class BestEffort:
             if gpu not in required:
                 chain = prefix[classes.of[gpu]]
                 chain.append(chain[-1] | 1 << (top - gpu))
-        tables = [np.asarray(chain, dtype=np.uint64) for chain in prefix]
+        # One row per class (padded), looked up for every class of every vector at once.
+        width = max(len(chain) for chain in prefix)
+        table = np.zeros((len(prefix), width), dtype=np.uint64)
+        for c, chain in enumerate(prefix):
+            table[c, : len(chain)] = chain
         base = np.uint64(sum(1 << (top - gpu) for gpu in required))
         taken = classes.counts(request.must_include)
+        rows = np.arange(len(prefix))
 
         def key(vectors: np.ndarray) -> np.ndarray:
-            out = np.full(len(vectors), base, dtype=np.uint64)
-            for c, table in enumerate(tables):
-                out |= table[vectors[:, c] - taken[c]]
+            parts = table[rows, vectors - taken]
+            out: np.ndarray = np.bitwise_or.reduce(parts, axis=1) | base
             return out
 
         return key

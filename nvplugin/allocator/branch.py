@@ -74,7 +74,9 @@ the rest only when a search gets past them, which it seldom does: the top of an 
 node has ~6 000 groups of 14, and the search tries one or two."""
 
 LexKey = Callable[[IntArray], NDArray[np.uint64]]
-"""For count vectors (rows), a key that orders their groups lexicographically: higher first."""
+"""For count vectors (rows), a key that orders their groups lexicographically: higher first. It
+is made of one part per class, each on bits of its own (the class's GPUs in a group, as a mask
+with the lowest GPU highest), so a vector's key rises with each class's part alone."""
 
 
 def vectors(classes: Classes) -> int:
@@ -211,33 +213,26 @@ class BranchSearch:
         return result
 
     def groups(
-        self,
-        size: int,
-        high: IntArray,
-        sides: list[list[int]],
-        *,
-        first: int | None = None,
-        low: IntArray | None = None,
-    ) -> NDArray[np.intp]:
+        self, size: int, high: list[int], low: list[int], sides: list[list[int]]
+    ) -> tuple[NDArray[np.intp], NDArray[np.int32]]:
         """Positions (in the size-ordered list) of the count vectors of ``size`` GPUs between
-        ``low`` and ``high`` (whose first class is ``first``, when given): one arrangement of
-        the counts of twins that are equal on every side in ``sides``, non-increasing there."""
+        ``low`` and ``high``, one arrangement of the counts of twins that are equal on every side
+        in ``sides`` (non-increasing there), and their columns (``_columns``)."""
         row = size * (self._m + 1)
-        start, stop = (row, row + self._m + 1) if first is None else (row + first, row + first + 1)
-        lo, hi = int(self._slices[start]), int(self._slices[stop])
-        packed, guard = self._packed[lo:hi], np.int64(self._guard)
-        fits = ((np.int64(self._pack(high.tolist()) | self._guard) - packed) & guard) == guard
-        if low is not None:
-            fits &= (((packed | guard) - np.int64(self._pack(low.tolist()))) & guard) == guard
+        lo, hi = int(self._slices[row]), int(self._slices[row + self._m + 1])
+        packed = self._packed[lo:hi]
         equal = sum(
             1 << bit
             for bit, (c, d) in enumerate(self._pairs)
             if all(side[c] == side[d] for side in sides)
         )
-        if equal:
-            fits &= (self._disorder[lo:hi] & np.uint16(equal)) == 0
-        positions: NDArray[np.intp] = np.flatnonzero(fits) + lo
-        return positions
+        mask = np.int64(self._guard | equal << self._top)  # fit and twin order (``_packed``)
+        fits = ((np.int64(self._pack(high) | self._guard | self._ones) - packed) & mask) == mask
+        if any(low):
+            guard = np.int64(self._guard)
+            fits &= (((packed | guard) - np.int64(self._pack(low))) & guard) == guard
+        picked = np.flatnonzero(fits)
+        return picked + lo, self._columns[:, lo:hi][:, picked]
 
     def _pack(self, counts: list[int]) -> int:
         """A count vector as one integer (see ``_packed``)."""
@@ -259,7 +254,8 @@ class BranchSearch:
         query = _Query(self, int(available.sum()), size, deadline)
         sides = [available.tolist(), required.tolist()]
         top = query.state(available)
-        kids = query.arrays(top, self.groups(size, available, sides, low=required), size)
+        positions, columns = self.groups(size, sides[0], sides[1], sides)
+        kids = query.arrays(top, positions, size, columns)
         # OPT by aspiration: ask for the best bound, and on failure for the upper bound the
         # search proved instead, until one is met. Each round walks only the children whose bound
         # reaches it (the memo keeps what earlier rounds proved, each state's children are
@@ -284,16 +280,18 @@ class BranchSearch:
         # every arrangement of it reaches OPT as it does), so the first that reaches is the
         # answer, unless ``every`` asks for them all.
         near = np.flatnonzero(kids.bounds >= opt)
+        blocks = _blocks(sides, self._twins)
         reach: list[int] = []
         level = None
+        arranged: dict[int, IntArray] = {}  # a tier's groups' best arrangements, by position
         for f in sorted(set(kids.own[near].tolist()), reverse=True):
             tier = near[kids.own[near] == f].tolist()
             if not every and len(tier) > 1:
-                groups = self._groups[kids.positions[tier]].astype(np.int64)
-                each = [_arrangements(g[None], sides, self._twins) for g in groups]
-                starts = np.cumsum([0] + [len(rows) for rows in each[:-1]])
-                firsts = np.maximum.reduceat(lex(np.concatenate(each)), starts).tolist()
-                tier = [i for _, i in sorted(zip(firsts, tier, strict=True), key=lambda t: -t[0])]
+                positions = kids.positions[tier]
+                rows, firsts = _best_arrangements(self._groups[positions], blocks, lex)
+                arranged = dict(zip(positions.tolist(), rows, strict=True))
+                ranked_tier = sorted(zip(firsts.tolist(), tier, strict=True), key=lambda t: -t[0])
+                tier = [i for _, i in ranked_tier]
             for i in tier:
                 state = query.child(top, int(kids.positions[i]), int(kids.keys[i]))
                 value, exact = query.rest(state, opt - f, opt - f)
@@ -305,9 +303,12 @@ class BranchSearch:
             if level is not None:
                 break
         assert level is not None, "the best partition's group reaches OPT"
-        best = _arrangements(self._groups[reach].astype(np.int64), sides, self._twins)
-        if not every:
-            best = best[[int(np.argmax(lex(best)))]]
+        if every:
+            best = _arrangements(self._groups[reach].astype(np.int64), sides, self._twins)
+        elif reach[0] in arranged:
+            best = arranged[reach[0]][None]
+        else:
+            best = _best_arrangements(self._groups[reach], blocks, lex)[0]
         return Answer(opt, level, best)
 
     def totals(self, available: IntArray, candidates: IntArray, size: int) -> IntArray:
@@ -759,6 +760,39 @@ def _twin_sets(scores: IntArray, sizes: list[int]) -> list[list[int]]:
         if len(same) > 1:
             out.append(same)
     return out
+
+
+def _blocks(sides: list[list[int]], twins: list[list[int]]) -> list[list[int]]:
+    """The sets of two or more twin classes whose counts are equal on every side: the classes
+    whose counts a group's arrangements permute (:meth:`BranchSearch.groups`)."""
+    out: list[list[int]] = []
+    for same in twins:
+        blocks: dict[tuple[int, ...], list[int]] = {}
+        for c in same:
+            blocks.setdefault(tuple(int(side[c]) for side in sides), []).append(c)
+        out.extend(block for block in blocks.values() if len(block) > 1)
+    return out
+
+
+def _best_arrangements(
+    groups: NDArray[np.int8], blocks: list[list[int]], lex: LexKey
+) -> tuple[IntArray, NDArray[np.uint64]]:
+    """Each group's arrangement (:func:`_arrangements`) of the highest lex key, and that key.
+    A key is one part per class on bits of its own (:data:`LexKey`), so each block of twins is
+    arranged on its own: the best orders of one block, the others' counts kept, then the next
+    (a few orders per block, where the arrangements multiply across blocks)."""
+    rows = groups.astype(np.int64)
+    for block in blocks:
+        orders = [_orders(values) for values in rows[:, block].tolist()]
+        counts = [len(each) for each in orders]
+        if max(counts) == 1:
+            continue
+        tried = np.repeat(rows, counts, axis=0)
+        tried[:, block] = [order for each in orders for order in each]
+        keys = lex(tried)
+        segment = np.repeat(np.arange(len(rows)), counts)
+        rows = tried[np.lexsort((keys, segment))[np.cumsum(counts) - 1]]  # each one's highest
+    return rows, lex(rows)
 
 
 def _arrangements(groups: IntArray, sides: list[list[int]], twins: list[list[int]]) -> IntArray:
