@@ -43,11 +43,11 @@ would go through the BLAS library, whose worker threads spin on a busy node.
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from operator import sub
 
 import numpy as np
 from numpy.typing import NDArray
@@ -68,9 +68,13 @@ GPUs in 8 classes never exceed it (~17 MiB of arrays kept at the limit)."""
 FEW = 48
 """Most groups a node's slice may have to be walked in Python rather than with arrays."""
 
+FIRST = 8
+"""Children of a state listed (as Python) when it is expanded; four times as many each time a
+search gets past them."""
+
 HEAD = 256
-"""Children of a state listed (sorted, as Python lists) at once, with those tied with the last;
-the rest only when a search gets past them, which it seldom does: the top of an all-free 32-GPU
+"""Children of a state sorted at once, with those tied with the last (:data:`FIRST` of them
+listed); the rest only when a search gets past them, which it seldom does: the top of an all-free 32-GPU
 node has ~6 000 groups of 14, and the search tries one or two."""
 
 LexKey = Callable[[IntArray], NDArray[np.uint64]]
@@ -364,7 +368,7 @@ class _Entry:
     packed: int
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class _State:
     """A count vector to partition: its counts, index (mixed-radix digits), total, memo key."""
 
@@ -420,50 +424,59 @@ Item = tuple[int, bool, int, int, int]
 @dataclass
 class _Children:
     """The children worth trying, highest bound first (:data:`Item`). Children whose bound
-    cannot beat the best exact one are left out. Only the first :data:`HEAD` (and those tied
-    with the last) are listed; ``rest`` holds the others, all of lower bound, as arrays,
-    listed the same way the first time :meth:`items` gets to them (one request's object: the
-    memo of a :class:`_Query`)."""
+    cannot beat the best exact one are left out. A search seldom tries more than a few, so they
+    are listed (as Python) a few at a time: ``listed`` the first, ``pending`` the others, as
+    indices into ``kids`` in runs; a run marked ordered is highest bound first, the others are
+    sorted (the :data:`HEAD` highest first) when :meth:`items` gets to them. All the children of
+    one run have higher bounds than those of later runs (one request's object: the memo of a
+    :class:`_Query`)."""
 
     listed: list[Item]
-    rest: _Arrays | None = None
+    kids: _Arrays | None = None
+    pending: list[tuple[NDArray[np.intp], bool]] = field(default_factory=list)
+    count: int = FIRST
     _more: _Children | None = field(default=None, repr=False)
 
     @staticmethod
-    def of(kids: _Arrays, kept: NDArray[np.intp] | None) -> _Children:
-        """The children ``kept`` (indices into ``kids``; None: all), highest bound first
-        (stable)."""
+    def of(
+        kids: _Arrays,
+        kept: NDArray[np.intp] | None,
+        ordered: bool = False,
+        count: int = FIRST,
+        pending: list[tuple[NDArray[np.intp], bool]] | None = None,
+    ) -> _Children:
+        """The children ``kept`` (indices into ``kids``; None: all; ``ordered``: already highest
+        bound first), highest bound first (stable), the first ``count`` listed; ``pending``:
+        runs of lower bounds still to come."""
         bounds = kids.bounds
-        rest = None
-        if kept is None and len(bounds) > HEAD:
-            kept = np.arange(len(bounds))
-        if kept is not None and len(kept) > HEAD:
-            values = bounds[kept]
-            cut = np.partition(values, len(kept) - HEAD)[len(kept) - HEAD]
-            low = kept[values < cut]
-            kept = kept[values >= cut]
-            rest = _Arrays(
-                kids.positions[low], kids.own[low], kids.keys[low], bounds[low], kids.terminal[low]
-            )
+        later = list(pending or [])
         if kept is None:
-            order = np.argsort(-bounds, kind="stable")
-        else:
-            order = kept[np.argsort(-bounds[kept], kind="stable")]
+            kept = np.arange(len(bounds))
+        if not ordered:
+            if len(kept) > HEAD:
+                values = bounds[kept]
+                cut = np.partition(values, len(kept) - HEAD)[len(kept) - HEAD]
+                later.insert(0, (kept[values < cut], False))
+                kept = kept[values >= cut]
+            kept = kept[np.argsort(-bounds[kept], kind="stable")]
+        if len(kept) > count:
+            later.insert(0, (kept[count:], True))
+            kept = kept[:count]
         listed = zip(
-            bounds[order].tolist(),
-            kids.terminal[order].tolist(),
-            kids.own[order].tolist(),
-            kids.keys[order].tolist(),
-            kids.positions[order].tolist(),
+            bounds[kept].tolist(),
+            kids.terminal[kept].tolist(),
+            kids.own[kept].tolist(),
+            kids.keys[kept].tolist(),
+            kids.positions[kept].tolist(),
             strict=True,
         )
-        return _Children(list(listed), rest)
+        return _Children(list(listed), kids, later, count)
 
     @staticmethod
     def ranked(items: list[Item]) -> _Children:
-        """The children worth trying of ``items`` (in the order they were found; at most
-        :data:`HEAD`), in Python: those whose bound beats the best exact one, and the first
-        exact one that has it, highest bound first (stable)."""
+        """The children worth trying of ``items`` (in the order they were found), in Python:
+        those whose bound beats the best exact one, and the first exact one that has it,
+        highest bound first (stable)."""
         floor = max((item[0] for item in items if item[1]), default=None)
         if floor is not None:
             kept: list[Item] = []
@@ -483,8 +496,11 @@ class _Children:
         chunk: _Children | None = self
         while chunk is not None:
             yield from chunk.listed
-            if chunk.rest is not None and chunk._more is None:
-                chunk._more = _Children.of(chunk.rest, None)
+            if chunk.pending and chunk._more is None:
+                assert chunk.kids is not None
+                (indices, ordered), *later = chunk.pending
+                count = chunk.count * 4
+                chunk._more = _Children.of(chunk.kids, indices, ordered, count, later)
             chunk = chunk._more
 
 
@@ -517,7 +533,7 @@ class _Query:
     def child(self, parent: _State, position: int, key: int) -> _State:
         search = self._search
         group = search._groups[position].tolist()
-        counts = tuple(a - b for a, b in zip(parent.counts, group, strict=True))
+        counts = tuple(map(sub, parent.counts, group))
         index = parent.index - int(search._index[position])
         return _State(counts, index, parent.total - sum(group), key)
 
@@ -562,41 +578,18 @@ class _Query:
         self, kids: _Arrays, found: list[Item] | None = None, first: bool = True
     ) -> _Children:
         """The children worth trying (:class:`_Children`) from their arrays, and from those
-        ``found`` in Python (a few; listed before the arrays' when ``first``): none whose bound
-        cannot beat the best exact one, but the first exact one that has it."""
-        if found and len(found) + len(kids.bounds) > HEAD:
+        ``found`` in Python (listed before the arrays' when ``first``): none whose bound cannot
+        beat the best exact one, but the first exact one that has it."""
+        if found:
             both = [_Arrays.of(found), kids]
-            kids, found = _Arrays.join(both if first else both[::-1]), None
+            kids = _Arrays.join(both if first else both[::-1])
         bounds, terminal = kids.bounds, kids.terminal
-        mine = int(bounds[terminal].max()) if terminal.any() else None
-        theirs = max((item[0] for item in found if item[1]), default=None) if found else None
-        if mine is None and theirs is None:
-            children = _Children.of(kids, None)
-        else:
-            floor = max(x for x in (mine, theirs) if x is not None)
-            tie = mine == floor and (theirs != floor or not first)  # the arrays hold the one
-            keep = bounds > floor
-            if tie:
-                keep[np.flatnonzero(terminal & (bounds == floor))[0]] = True
-            children = _Children.of(kids, np.flatnonzero(keep))
-            if found:
-                kept: list[Item] = []
-                for item in found:
-                    if item[0] > floor:
-                        kept.append(item)
-                    elif item[0] == floor and item[1] and not tie:
-                        kept.append(item)
-                        tie = True
-                found = kept
-        if found:  # into the arrays' (all listed: no more than HEAD), stable
-            listed = children.listed
-            if first:
-                for item in reversed(found):
-                    listed.insert(bisect.bisect_left(listed, -item[0], key=_down), item)
-            else:
-                for item in found:
-                    listed.insert(bisect.bisect_right(listed, -item[0], key=_down), item)
-        return children
+        if not terminal.any():
+            return _Children.of(kids, None)
+        floor = int(bounds[terminal].max())
+        keep = bounds > floor
+        keep[np.flatnonzero(terminal & (bounds == floor))[0]] = True
+        return _Children.of(kids, np.flatnonzero(keep))
 
     def children(self, parent: _State) -> _Children:
         """The children through the groups holding the parent's first class (one per
