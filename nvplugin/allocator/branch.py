@@ -74,8 +74,8 @@ search gets past them."""
 
 HEAD = 256
 """Children of a state sorted at once, with those tied with the last (:data:`FIRST` of them
-listed); the rest only when a search gets past them, which it seldom does: the top of an all-free 32-GPU
-node has ~6 000 groups of 14, and the search tries one or two."""
+listed); the rest only when a search gets past them, which it seldom does: the top of an
+all-free 32-GPU node has ~6 000 groups of 14, and the search tries one or two."""
 
 LexKey = Callable[[IntArray], NDArray[np.uint64]]
 """For count vectors (rows), a key that orders their groups lexicographically: higher first. It
