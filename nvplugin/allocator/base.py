@@ -77,7 +77,11 @@ def _integer(value: object, message: str) -> int:
 
 
 def _indices(values: Sequence[int], what: str, gpus: int) -> tuple[int, ...]:
-    seen: set[int] = set()
+    if all(type(value) is int for value in values):  # plain ints (every request): checked at once
+        seen = set(values)
+        if len(seen) == len(values) and (not seen or (min(seen) >= 0 and max(seen) < gpus)):
+            return tuple(sorted(seen))
+    seen = set()  # one by one, to name the first bad value
     for raw in values:
         value = _integer(raw, f"{what}: {raw!r} is not a GPU index")
         if not 0 <= value < gpus:

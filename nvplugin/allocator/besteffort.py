@@ -260,19 +260,19 @@ class BestEffort:
         required = classes.counts(request.must_include)
         if isinstance(self._counts, BranchSearch):
             deadline = started + self._budget_s * EXACT_SHARE
-            lex = self._lex_key(request)
+            lex = self._lex_key(request, required)
             answer = self._counts.search(available, required, request.size, lex, deadline=deadline)
             opt2, own2, best = answer.opt2, answer.own2, answer.best
         else:
             found = self._counts.search(available, required, request.size)
             opt2, own2, best = found.opt2, found.own2, found.best
-        group = min(self._members(request, best))
+        group = min(self._members(request, best, required))
         return group, own2 // 2, opt2 // 2
 
-    def _lex_key(self, request: Request) -> branch.LexKey:
+    def _lex_key(self, request: Request, taken: np.ndarray) -> branch.LexKey:
         """For count vectors, a key that is higher the lex-smaller their groups (R plus the
         lowest other available GPUs per class): sorted index tuples of one length compare as
-        their bit-reversed masks do, in reverse."""
+        their bit-reversed masks do, in reverse. ``taken``: the must-include GPUs per class."""
         assert self._counts is not None
         classes = self._counts.classes
         top = len(self._topology) - 1
@@ -282,21 +282,27 @@ class BestEffort:
             if gpu not in required:
                 chain = prefix[classes.of[gpu]]
                 chain.append(chain[-1] | 1 << (top - gpu))
-        tables = [np.asarray(chain, dtype=np.uint64) for chain in prefix]
+        # One row per class (padded), looked up for every class of every vector at once.
+        width = max(len(chain) for chain in prefix)
+        table = np.zeros((len(prefix), width), dtype=np.uint64)
+        for c, chain in enumerate(prefix):
+            table[c, : len(chain)] = chain
         base = np.uint64(sum(1 << (top - gpu) for gpu in required))
-        taken = classes.counts(request.must_include)
+        rows = np.arange(len(prefix))
 
         def key(vectors: np.ndarray) -> np.ndarray:
-            out = np.full(len(vectors), base, dtype=np.uint64)
-            for c, table in enumerate(tables):
-                out |= table[vectors[:, c] - taken[c]]
+            parts = table[rows, vectors - taken]
+            out: np.ndarray = np.bitwise_or.reduce(parts, axis=1) | base
             return out
 
         return key
 
-    def _members(self, request: Request, vectors: np.ndarray) -> list[tuple[int, ...]]:
+    def _members(
+        self, request: Request, vectors: np.ndarray, taken: np.ndarray
+    ) -> list[tuple[int, ...]]:
         """For each count vector, the lex-smallest group with those GPUs per class: the
-        must-include GPUs, then in each class the lowest other available ones."""
+        must-include GPUs, then in each class the lowest other available ones (``taken``: the
+        must-include GPUs per class)."""
         assert self._counts is not None
         classes = self._counts.classes
         required = set(request.must_include)
@@ -304,7 +310,6 @@ class BestEffort:
         for gpu in request.available:
             if gpu not in required:
                 free[classes.of[gpu]].append(gpu)
-        taken = classes.counts(request.must_include)
         out = []
         for vector in (vectors - taken).tolist():
             chosen = list(request.must_include)
@@ -329,7 +334,9 @@ class BestEffort:
         best = candidates[totals == 2 * (answer.partition_score or 0)]
         ranked = sorted(
             zip(
-                self._members(request, best), (self._counts.twice(best) // 2).tolist(), strict=True
+                self._members(request, best, required),
+                (self._counts.twice(best) // 2).tolist(),
+                strict=True,
             ),
             key=lambda item: (-item[1], item[0]),
         )

@@ -47,6 +47,7 @@ import itertools
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from operator import sub
 
 import numpy as np
 from numpy.typing import NDArray
@@ -67,13 +68,19 @@ GPUs in 8 classes never exceed it (~17 MiB of arrays kept at the limit)."""
 FEW = 48
 """Most groups a node's slice may have to be walked in Python rather than with arrays."""
 
+FIRST = 8
+"""Children of a state listed (as Python) when it is expanded; four times as many each time a
+search gets past them."""
+
 HEAD = 256
-"""Children of a state listed (sorted, as Python lists) at once, with those tied with the last;
-the rest only when a search gets past them, which it seldom does: the top of an all-free 32-GPU
-node has ~6 000 groups of 14, and the search tries one or two."""
+"""Children of a state sorted at once, with those tied with the last (:data:`FIRST` of them
+listed); the rest only when a search gets past them, which it seldom does: the top of an
+all-free 32-GPU node has ~6 000 groups of 14, and the search tries one or two."""
 
 LexKey = Callable[[IntArray], NDArray[np.uint64]]
-"""For count vectors (rows), a key that orders their groups lexicographically: higher first."""
+"""For count vectors (rows), a key that orders their groups lexicographically: higher first. It
+is made of one part per class, each on bits of its own (the class's GPUs in a group, as a mask
+with the lowest GPU highest), so a vector's key rises with each class's part alone."""
 
 
 def vectors(classes: Classes) -> int:
@@ -161,19 +168,25 @@ class BranchSearch:
             for part in tabulated:
                 part.index[start : start + CHUNK] = chunk[:, part.classes] @ part.stride
         if len(tabulated) == len(self._bound.parts):
-            self._bound.rows = np.asarray([part.row for part in tabulated], dtype=np.intp)
+            self._bound.rows = slice(3, 3 + len(tabulated))  # filled in this order above
         # Each group packed into one integer, a digit of ``_width`` bits per class with the top
         # bit of each digit kept clear: ``g <= y`` digit by digit is then one subtraction
         # (``(y | guard) - g`` keeps every guard bit exactly when no digit of g exceeds y's).
+        # Above the digits, its disorder bits: from a field of ones they subtract without a
+        # borrow, leaving the bits the group does *not* take out of order, so a state's test
+        # of fit and of twin order is one subtraction, one mask and one comparison
+        # (:meth:`_Query._fitting`).
         self._width = max(sizes).bit_length() + 1
-        assert self._width * m < 63, "eight classes of at most 32 GPUs fit in 56 bits"
+        self._top = self._width * m
+        assert self._top + len(self._pairs) < 63, "eight classes of at most 32 GPUs fit"
         self._shift = np.arange(m, dtype=np.int64) * self._width
         self._guard = sum(1 << (self._width * c + self._width - 1) for c in range(m))
-        self._guard64 = np.int64(self._guard)
+        self._ones = ((1 << len(self._pairs)) - 1) << self._top
         self._packed = np.empty(len(self._groups), dtype=np.int64)
         for start in range(0, len(self._groups), CHUNK):
             chunk = self._groups[start : start + CHUNK].astype(np.int64)
-            self._packed[start : start + CHUNK] = (chunk << self._shift).sum(axis=1)
+            disorder = self._disorder[start : start + CHUNK].astype(np.int64) << self._top
+            self._packed[start : start + CHUNK] = (chunk << self._shift).sum(axis=1) | disorder
         # Slices of a few groups are walked in Python (cheaper than a dozen array operations):
         # (position, index, twice the score, disorder, counts, index in each tabulated part,
         # packed).
@@ -191,7 +204,7 @@ class BranchSearch:
                             int(self._disorder[p]),
                             tuple(self._groups[p].tolist()),
                             self._bound.indices(p),
-                            int(self._packed[p]),
+                            int(self._packed[p]) & ((1 << self._top) - 1),
                         )
                         for p in range(lo, hi)
                     ]
@@ -207,33 +220,26 @@ class BranchSearch:
         return result
 
     def groups(
-        self,
-        size: int,
-        high: IntArray,
-        sides: list[list[int]],
-        *,
-        first: int | None = None,
-        low: IntArray | None = None,
-    ) -> NDArray[np.intp]:
+        self, size: int, high: list[int], low: list[int], sides: list[list[int]]
+    ) -> tuple[NDArray[np.intp], NDArray[np.int32]]:
         """Positions (in the size-ordered list) of the count vectors of ``size`` GPUs between
-        ``low`` and ``high`` (whose first class is ``first``, when given): one arrangement of
-        the counts of twins that are equal on every side in ``sides``, non-increasing there."""
+        ``low`` and ``high``, one arrangement of the counts of twins that are equal on every side
+        in ``sides`` (non-increasing there), and their columns (``_columns``)."""
         row = size * (self._m + 1)
-        start, stop = (row, row + self._m + 1) if first is None else (row + first, row + first + 1)
-        lo, hi = int(self._slices[start]), int(self._slices[stop])
-        packed, guard = self._packed[lo:hi], np.int64(self._guard)
-        fits = ((np.int64(self._pack(high.tolist()) | self._guard) - packed) & guard) == guard
-        if low is not None:
-            fits &= (((packed | guard) - np.int64(self._pack(low.tolist()))) & guard) == guard
+        lo, hi = int(self._slices[row]), int(self._slices[row + self._m + 1])
+        packed = self._packed[lo:hi]
         equal = sum(
             1 << bit
             for bit, (c, d) in enumerate(self._pairs)
             if all(side[c] == side[d] for side in sides)
         )
-        if equal:
-            fits &= (self._disorder[lo:hi] & np.uint16(equal)) == 0
-        positions: NDArray[np.intp] = np.flatnonzero(fits) + lo
-        return positions
+        mask = np.int64(self._guard | equal << self._top)  # fit and twin order (``_packed``)
+        fits = ((np.int64(self._pack(high) | self._guard | self._ones) - packed) & mask) == mask
+        if any(low):
+            guard = np.int64(self._guard)
+            fits &= (((packed | guard) - np.int64(self._pack(low))) & guard) == guard
+        picked = np.flatnonzero(fits)
+        return picked + lo, self._columns[:, lo:hi][:, picked]
 
     def _pack(self, counts: list[int]) -> int:
         """A count vector as one integer (see ``_packed``)."""
@@ -255,7 +261,8 @@ class BranchSearch:
         query = _Query(self, int(available.sum()), size, deadline)
         sides = [available.tolist(), required.tolist()]
         top = query.state(available)
-        kids = query.arrays(top, self.groups(size, available, sides, low=required), size)
+        positions, columns = self.groups(size, sides[0], sides[1], sides)
+        kids = query.arrays(top, positions, size, columns)
         # OPT by aspiration: ask for the best bound, and on failure for the upper bound the
         # search proved instead, until one is met. Each round walks only the children whose bound
         # reaches it (the memo keeps what earlier rounds proved, each state's children are
@@ -280,16 +287,18 @@ class BranchSearch:
         # every arrangement of it reaches OPT as it does), so the first that reaches is the
         # answer, unless ``every`` asks for them all.
         near = np.flatnonzero(kids.bounds >= opt)
+        blocks = _blocks(sides, self._twins)
         reach: list[int] = []
         level = None
+        arranged: dict[int, IntArray] = {}  # a tier's groups' best arrangements, by position
         for f in sorted(set(kids.own[near].tolist()), reverse=True):
             tier = near[kids.own[near] == f].tolist()
             if not every and len(tier) > 1:
-                groups = self._groups[kids.positions[tier]].astype(np.int64)
-                each = [_arrangements(g[None], sides, self._twins) for g in groups]
-                starts = np.cumsum([0] + [len(rows) for rows in each[:-1]])
-                firsts = np.maximum.reduceat(lex(np.concatenate(each)), starts).tolist()
-                tier = [i for _, i in sorted(zip(firsts, tier, strict=True), key=lambda t: -t[0])]
+                positions = kids.positions[tier]
+                rows, firsts = _best_arrangements(self._groups[positions], blocks, lex)
+                arranged = dict(zip(positions.tolist(), rows, strict=True))
+                ranked_tier = sorted(zip(firsts.tolist(), tier, strict=True), key=lambda t: -t[0])
+                tier = [i for _, i in ranked_tier]
             for i in tier:
                 state = query.child(top, int(kids.positions[i]), int(kids.keys[i]))
                 value, exact = query.rest(state, opt - f, opt - f)
@@ -301,9 +310,12 @@ class BranchSearch:
             if level is not None:
                 break
         assert level is not None, "the best partition's group reaches OPT"
-        best = _arrangements(self._groups[reach].astype(np.int64), sides, self._twins)
-        if not every:
-            best = best[[int(np.argmax(lex(best)))]]
+        if every:
+            best = _arrangements(self._groups[reach].astype(np.int64), sides, self._twins)
+        elif reach[0] in arranged:
+            best = arranged[reach[0]][None]
+        else:
+            best = _best_arrangements(self._groups[reach], blocks, lex)[0]
         return Answer(opt, level, best)
 
     def totals(self, available: IntArray, candidates: IntArray, size: int) -> IntArray:
@@ -359,7 +371,7 @@ class _Entry:
     packed: int
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class _State:
     """A count vector to partition: its counts, index (mixed-radix digits), total, memo key."""
 
@@ -386,6 +398,18 @@ class _Arrays:
     terminal: NDArray[np.bool_]
 
     @staticmethod
+    def of(items: list[Item]) -> _Arrays:
+        """Children found in Python, as arrays."""
+        bounds, exact, own, keys, positions = zip(*items, strict=True)
+        return _Arrays(
+            np.asarray(positions, dtype=np.intp),
+            np.asarray(own, dtype=np.int64),
+            np.asarray(keys, dtype=np.int32),
+            np.asarray(bounds, dtype=np.int64),
+            np.asarray(exact, dtype=np.bool_),
+        )
+
+    @staticmethod
     def join(parts: list[_Arrays]) -> _Arrays:
         return _Arrays(
             np.concatenate([p.positions for p in parts]),
@@ -396,57 +420,95 @@ class _Arrays:
         )
 
 
+Item = tuple[int, bool, int, int, int]
+"""A child as the search walks it: (bound, exact, own score (twice), memo key, position)."""
+
+
 @dataclass
 class _Children:
-    """The children worth trying, highest bound first: the groups' positions, own scores
-    (twice), the children's memo keys and bounds, and whether each bound is exact. Children
-    whose bound cannot beat the best exact one are left out. Only the first :data:`HEAD` (and
-    those tied with the last) are listed; ``rest`` holds the others, all of lower bound, as
-    arrays, listed the same way the first time :meth:`items` gets to them (one request's
-    object: the memo of a :class:`_Query`)."""
+    """The children worth trying, highest bound first (:data:`Item`). Children whose bound
+    cannot beat the best exact one are left out. A search seldom tries more than a few, so they
+    are listed (as Python) a few at a time: ``listed`` the first, ``pending`` the others, as
+    indices into ``kids`` in runs; a run marked ordered is highest bound first, the others are
+    sorted (the :data:`HEAD` highest first) when :meth:`items` gets to them. All the children of
+    one run have higher bounds than those of later runs (one request's object: the memo of a
+    :class:`_Query`)."""
 
-    positions: list[int]
-    own: list[int]
-    keys: list[int]
-    bounds: list[int]
-    exact: list[bool]
-    rest: _Arrays | None = None
+    listed: list[Item]
+    kids: _Arrays | None = None
+    pending: list[tuple[NDArray[np.intp], bool]] = field(default_factory=list)
+    count: int = FIRST
     _more: _Children | None = field(default=None, repr=False)
 
     @staticmethod
-    def listed(kids: _Arrays, kept: NDArray[np.intp]) -> _Children:
-        """The children ``kept`` (indices into ``kids``), highest bound first (stable)."""
+    def of(
+        kids: _Arrays,
+        kept: NDArray[np.intp] | None,
+        ordered: bool = False,
+        count: int = FIRST,
+        pending: list[tuple[NDArray[np.intp], bool]] | None = None,
+    ) -> _Children:
+        """The children ``kept`` (indices into ``kids``; None: all; ``ordered``: already highest
+        bound first), highest bound first (stable), the first ``count`` listed; ``pending``:
+        runs of lower bounds still to come."""
         bounds = kids.bounds
-        rest = None
-        if len(kept) > HEAD:
-            values = bounds[kept]
-            cut = np.partition(values, len(kept) - HEAD)[len(kept) - HEAD]
-            low = kept[values < cut]
-            kept = kept[values >= cut]
-            rest = _Arrays(
-                kids.positions[low], kids.own[low], kids.keys[low], bounds[low], kids.terminal[low]
-            )
-        order = kept[np.argsort(-bounds[kept], kind="stable")]
-        return _Children(
-            kids.positions[order].tolist(),
-            kids.own[order].tolist(),
-            kids.keys[order].tolist(),
-            bounds[order].tolist(),
-            kids.terminal[order].tolist(),
-            rest,
+        later = list(pending or [])
+        if kept is None:
+            kept = np.arange(len(bounds))
+        if not ordered:
+            if len(kept) > HEAD:
+                values = bounds[kept]
+                cut = np.partition(values, len(kept) - HEAD)[len(kept) - HEAD]
+                later.insert(0, (kept[values < cut], False))
+                kept = kept[values >= cut]
+            kept = kept[np.argsort(-bounds[kept], kind="stable")]
+        if len(kept) > count:
+            later.insert(0, (kept[count:], True))
+            kept = kept[:count]
+        listed = zip(
+            bounds[kept].tolist(),
+            kids.terminal[kept].tolist(),
+            kids.own[kept].tolist(),
+            kids.keys[kept].tolist(),
+            kids.positions[kept].tolist(),
+            strict=True,
         )
+        return _Children(list(listed), kids, later, count)
 
-    def items(self) -> Iterator[tuple[int, bool, int, int, int]]:
-        """(bound, exact, own, key, position) of every child, highest bound first."""
+    @staticmethod
+    def ranked(items: list[Item]) -> _Children:
+        """The children worth trying of ``items`` (in the order they were found), in Python:
+        those whose bound beats the best exact one, and the first exact one that has it,
+        highest bound first (stable)."""
+        floor = max((item[0] for item in items if item[1]), default=None)
+        if floor is not None:
+            kept: list[Item] = []
+            tied = False
+            for item in items:
+                if item[0] > floor:
+                    kept.append(item)
+                elif item[0] == floor and item[1] and not tied:
+                    kept.append(item)
+                    tied = True
+            items = kept
+        items.sort(key=_down)
+        return _Children(items)
+
+    def items(self) -> Iterator[Item]:
+        """Every child, highest bound first."""
         chunk: _Children | None = self
         while chunk is not None:
-            yield from zip(
-                chunk.bounds, chunk.exact, chunk.own, chunk.keys, chunk.positions, strict=True
-            )
-            if chunk.rest is not None and chunk._more is None:
-                rest = chunk.rest
-                chunk._more = _Children.listed(rest, np.arange(len(rest.bounds)))
+            yield from chunk.listed
+            if chunk.pending and chunk._more is None:
+                assert chunk.kids is not None
+                (indices, ordered), *later = chunk.pending
+                count = chunk.count * 4
+                chunk._more = _Children.of(chunk.kids, indices, ordered, count, later)
             chunk = chunk._more
+
+
+def _down(item: Item) -> int:
+    return -item[0]
 
 
 class _Query:
@@ -474,7 +536,7 @@ class _Query:
     def child(self, parent: _State, position: int, key: int) -> _State:
         search = self._search
         group = search._groups[position].tolist()
-        counts = tuple(a - b for a, b in zip(parent.counts, group, strict=True))
+        counts = tuple(map(sub, parent.counts, group))
         index = parent.index - int(search._index[position])
         return _State(counts, index, parent.total - sum(group), key)
 
@@ -484,9 +546,11 @@ class _Query:
         positions: NDArray[np.intp],
         k: int,
         columns: NDArray[np.int32] | None = None,
+        starts: tuple[int, ...] | None = None,
     ) -> _Arrays:
         """The children through the groups of ``k`` GPUs at ``positions`` (``columns``: those
-        groups' columns of the search, when already taken out)."""
+        groups' columns of the search, when already taken out; ``starts``: the parent's index
+        in each part, when known)."""
         search = self._search
         if columns is None:
             own = search._twice[positions]
@@ -501,24 +565,39 @@ class _Query:
             bounds = own + rest
         else:
             bounds = own + search._bound.of(
-                parent, positions, total, self._size, self._cmax_list, search._groups, columns
+                parent,
+                positions,
+                total,
+                self._size,
+                self._cmax_list,
+                search._groups,
+                columns,
+                starts,
             )
         terminal = np.full(len(positions), total <= self._size)
         return _Arrays(positions, own, keys, bounds, terminal)
 
-    def ranked(self, kids: _Arrays) -> _Children:
-        """The children worth trying (:class:`_Children`) from their arrays."""
-        bounds = kids.bounds
-        keep = np.ones(len(bounds), dtype=np.bool_)
-        if kids.terminal.any():  # none that cannot beat the best exact one, but that one
-            floor = int(bounds[kids.terminal].max())
-            keep = bounds > floor
-            keep[np.flatnonzero(kids.terminal & (bounds == floor))[0]] = True
-        return _Children.listed(kids, np.flatnonzero(keep))
+    def ranked(
+        self, kids: _Arrays, found: list[Item] | None = None, first: bool = True
+    ) -> _Children:
+        """The children worth trying (:class:`_Children`) from their arrays, and from those
+        ``found`` in Python (listed before the arrays' when ``first``): none whose bound cannot
+        beat the best exact one, but the first exact one that has it."""
+        if found:
+            both = [_Arrays.of(found), kids]
+            kids = _Arrays.join(both if first else both[::-1])
+        bounds, terminal = kids.bounds, kids.terminal
+        if not terminal.any():
+            return _Children.of(kids, None)
+        floor = int(bounds[terminal].max())
+        keep = bounds > floor
+        keep[np.flatnonzero(terminal & (bounds == floor))[0]] = True
+        return _Children.of(kids, np.flatnonzero(keep))
 
     def children(self, parent: _State) -> _Children:
         """The children through the groups holding the parent's first class (one per
-        arrangement of twins): of the group size, and of the leftover's when one is due."""
+        arrangement of twins): of the group size, and of the leftover's when one is due. Small
+        slices of groups are walked in Python, the others with arrays."""
         done = self._expanded.get(parent.index)
         if done is not None:
             return done
@@ -526,42 +605,54 @@ class _Query:
         counts = parent.counts
         first = next(c for c, count in enumerate(counts) if count)
         sizes = sorted({self._size, parent.total % self._size} - {0})
-        if all((k, first) in search._few for k in sizes):
-            done = self._few(parent, sizes, first)
+        equal = sum(1 << bit for bit, (c, d) in enumerate(search._pairs) if counts[c] == counts[d])
+        starts = search._bound.starts(counts)
+        few = [k for k in sizes if (k, first) in search._few]
+        found = self._few(parent, few, first, equal, starts) if few else []
+        if len(few) == len(sizes):
+            done = _Children.ranked(found)
         else:
-            high = np.int64(search._pack(list(counts)) | search._guard)
-            pairs = enumerate(search._pairs)
-            equal = sum(1 << bit for bit, (c, d) in pairs if counts[c] == counts[d])
-            found = [self._fitting(parent, k, first, high, equal) for k in sizes]
-            done = self.ranked(found[0] if len(found) == 1 else _Arrays.join(found))
+            high = np.int64(search._pack(list(counts)) | search._guard | search._ones)
+            mask = np.int64(search._guard | equal << search._top)
+            many = [
+                self._fitting(parent, k, first, high, mask, starts) for k in sizes if k not in few
+            ]
+            kids = many[0] if len(many) == 1 else _Arrays.join(many)
+            done = self.ranked(kids, found, bool(few) and few[0] == sizes[0])
         self._expanded[parent.index] = done
         return done
 
-    def _fitting(self, parent: _State, k: int, first: int, high: np.int64, equal: int) -> _Arrays:
+    def _fitting(
+        self,
+        parent: _State,
+        k: int,
+        first: int,
+        high: np.int64,
+        mask: np.int64,
+        starts: tuple[int, ...],
+    ) -> _Arrays:
         """The children through the groups of ``k`` GPUs that hold the parent's ``first`` class
         (one arrangement of twins with equal counts): :meth:`BranchSearch.groups` and
         :meth:`arrays` in one selection of the groups' columns. ``high``: the parent's counts
-        packed, guard bits set; ``equal``: the twin pairs whose counts are equal (bits)."""
+        packed, guard bits and disorder bits set; ``mask``: the guard bits and the bits of the
+        twin pairs whose counts are equal (``BranchSearch._packed``)."""
         search = self._search
         row = k * (search._m + 1) + first
         lo, hi = int(search._slices[row]), int(search._slices[row + 1])
-        guard = search._guard64
-        fits = ((high - search._packed[lo:hi]) & guard) == guard
-        if equal:
-            fits &= (search._disorder[lo:hi] & equal) == 0
-        picked = np.flatnonzero(fits)
-        return self.arrays(parent, picked + lo, k, search._columns[:, lo:hi][:, picked])
+        picked = np.flatnonzero(((high - search._packed[lo:hi]) & mask) == mask)
+        return self.arrays(parent, picked + lo, k, search._columns[:, lo:hi][:, picked], starts)
 
-    def _few(self, parent: _State, sizes: list[int], first: int) -> _Children:
-        """:meth:`children` for small slices, in Python."""
+    def _few(
+        self, parent: _State, sizes: list[int], first: int, equal: int, starts: tuple[int, ...]
+    ) -> list[Item]:
+        """The children through small slices of groups, in Python, in the order found (those
+        exact ones that cannot be the first exact one of the best bound left out)."""
         search, size, counts = self._search, self._size, parent.counts
-        equal = sum(1 << bit for bit, (c, d) in enumerate(search._pairs) if counts[c] == counts[d])
-        starts = search._bound.starts(counts)
         guard = search._guard
         high = search._pack(list(counts)) | guard
         one, cmax = search._bound.one, self._cmax_list
         keys_of, twice, position = search._keys, search._twice, search._position
-        found: list[tuple[int, bool, int, int, int]] = []
+        found: list[Item] = []
         floor = -1
         for k in sizes:
             total = parent.total - k
@@ -579,16 +670,8 @@ class _Query:
                     floor = bound
                 else:
                     bound = entry.twice + one(starts, entry, counts, total, size, cmax)
-                found.append((bound, exact, entry.position, entry.twice, int(keys_of[index])))
-        found = [item for item in found if item[0] > floor or (item[1] and item[0] == floor)]
-        found.sort(key=lambda item: -item[0])
-        return _Children(
-            [item[2] for item in found],
-            [item[3] for item in found],
-            [item[4] for item in found],
-            [item[0] for item in found],
-            [item[1] for item in found],
-        )
+                found.append((bound, exact, entry.twice, int(keys_of[index]), entry.position))
+        return found
 
     def rest(self, state: _State, need: int, cap: int) -> tuple[int, bool]:
         """Twice R(y) and True; or, when R(y) < ``need``, possibly an upper bound below ``need``
@@ -684,6 +767,39 @@ def _twin_sets(scores: IntArray, sizes: list[int]) -> list[list[int]]:
         if len(same) > 1:
             out.append(same)
     return out
+
+
+def _blocks(sides: list[list[int]], twins: list[list[int]]) -> list[list[int]]:
+    """The sets of two or more twin classes whose counts are equal on every side: the classes
+    whose counts a group's arrangements permute (:meth:`BranchSearch.groups`)."""
+    out: list[list[int]] = []
+    for same in twins:
+        blocks: dict[tuple[int, ...], list[int]] = {}
+        for c in same:
+            blocks.setdefault(tuple(int(side[c]) for side in sides), []).append(c)
+        out.extend(block for block in blocks.values() if len(block) > 1)
+    return out
+
+
+def _best_arrangements(
+    groups: NDArray[np.int8], blocks: list[list[int]], lex: LexKey
+) -> tuple[IntArray, NDArray[np.uint64]]:
+    """Each group's arrangement (:func:`_arrangements`) of the highest lex key, and that key.
+    A key is one part per class on bits of its own (:data:`LexKey`), so each block of twins is
+    arranged on its own: the best orders of one block, the others' counts kept, then the next
+    (a few orders per block, where the arrangements multiply across blocks)."""
+    rows = groups.astype(np.int64)
+    for block in blocks:
+        orders = [_orders(values) for values in rows[:, block].tolist()]
+        counts = [len(each) for each in orders]
+        if max(counts) == 1:
+            continue
+        tried = np.repeat(rows, counts, axis=0)
+        tried[:, block] = [order for each in orders for order in each]
+        keys = lex(tried)
+        segment = np.repeat(np.arange(len(rows)), counts)
+        rows = tried[np.lexsort((keys, segment))[np.cumsum(counts) - 1]]  # each one's highest
+    return rows, lex(rows)
 
 
 def _arrangements(groups: IntArray, sides: list[list[int]], twins: list[list[int]]) -> IntArray:

@@ -79,22 +79,27 @@ class CountBound:
         for classes in parts:
             inner = scores[np.ix_(classes, classes)] - self.low
             self.parts.append(_Part(classes, inner, [sizes[c] for c in classes], extra))
-        # Where every part is tabulated at every size, each size's tables (with and without the
-        # pairing term) are also laid end to end, so that all parts are looked up at once; the
-        # search sets ``rows`` (where each part's index lies among its columns).
-        self.flat: dict[int, list[tuple[int, IntArray]]] = {}
-        self.rows: NDArray[np.intp] | None = None
+        # Where every part is tabulated at every size, each size's tables (without the pairing
+        # term, then with each lambda) are also laid end to end, so that all parts and lambdas
+        # are looked up at once: ``flat[size]`` holds them, the lambdas (0 first) and where
+        # each table starts (a row per lambda, a column per part). The search sets ``rows``
+        # (where the parts' indices lie among its columns).
+        self.flat: dict[int, tuple[IntArray, IntArray, IntArray]] = {}
+        self.rows: slice | None = None
         lengths = [int(np.prod([sizes[c] + 1 for c in classes])) for classes in parts]
-        self.offsets = np.cumsum([0, *lengths[:-1]]).astype(np.int64)
+        offsets = np.cumsum([0, *lengths[:-1]]).astype(np.int64)
         gpus = sum(sizes)
         if all(part.table(size) is not None for part in self.parts for size in range(2, gpus + 1)):
             for size in range(2, gpus + 1):
-                tables = [(0, [part.table(size) for part in self.parts])]
-                tables += [
-                    (lam, [part.penalised(size, lam) for part in self.parts])
-                    for lam in self.lambdas.get(size, [])
-                ]
-                self.flat[size] = [(lam, np.concatenate(t)) for lam, t in tables]  # type: ignore[arg-type]
+                lams = [0, *self.lambdas.get(size, [])]
+                laid = [part.table(size) for part in self.parts]
+                laid += [part.penalised(size, lam) for lam in lams[1:] for part in self.parts]
+                starts = offsets[None, :] + sum(lengths) * np.arange(len(lams))[:, None]
+                self.flat[size] = (
+                    np.concatenate(laid),  # type: ignore[arg-type]
+                    np.asarray(lams, dtype=np.int64),
+                    starts,
+                )
         # For :meth:`one`, per size: each part's table as a list (None where the part is not
         # tabulated) and, per lambda, each part's table with the pairing term (references to
         # the parts' lists, nothing copied), so a child's bound is a few list lookups.
@@ -165,27 +170,32 @@ class CountBound:
         cmax: list[int],
         groups: NDArray[np.int8],
         columns: NDArray[np.int32] | None = None,
+        starts: tuple[int, ...] | None = None,
     ) -> IntArray:
         """For the children of ``parent`` through the groups at ``positions`` (each leaving
-        ``total`` GPUs); ``columns``: those groups' columns of the search, if taken out."""
-        result: IntArray = np.full(len(positions), self.low * cmax[total], dtype=np.int64)
-        if size == 1:
-            return result
-        starts = self.starts(parent.counts)
+        ``total`` GPUs); ``columns``: those groups' columns of the search, if taken out;
+        ``starts``: :meth:`starts` of the parent, if known."""
+        if starts is None:
+            starts = self.starts(parent.counts)
         flat = self.flat.get(size)
         if flat is not None and self.rows is not None:
             if columns is None:
                 taken = np.stack([part.index[positions] for part in self.parts])
             else:
                 taken = columns[self.rows]
-            at = (self.offsets + np.asarray(starts))[:, None] - taken
+            laid, lambdas, offsets = flat
+            at = (offsets + np.asarray(starts))[:, :, None] - taken  # lambda, part, group
+            values = laid[at].sum(axis=1)
             slack = 1 if 2 * (total % size) > size else 0
-            best: IntArray | None = None
-            for lam, laid in flat:
-                value = laid[at].sum(axis=0) + (self.low * cmax[total] + lam * slack)
-                best = value if best is None else np.minimum(best, value)
-            assert best is not None
-            return best
+            if len(lambdas) == 1:
+                best: IntArray = values[0] + self.low * cmax[total]
+                return best
+            values += (self.low * cmax[total] + lambdas * slack)[:, None]
+            least: IntArray = values.min(axis=0)
+            return least
+        result: IntArray = np.full(len(positions), self.low * cmax[total], dtype=np.int64)
+        if size == 1:
+            return result
         rows: IntArray | None = None
         picked = [
             (part.index[positions] if columns is None else columns[part.row])
