@@ -231,8 +231,8 @@ def run() -> None:
         shutil.rmtree(directory, ignore_errors=True)
     print(
         "method = tables (subset tables, <= 16 GPUs), counts (count search, <= 4 classes of "
-        "interchangeable GPUs), branch (branch and bound over count vectors, <= 8 classes, <= 32 "
-        "GPUs), search (budgeted local search, exact tables up to 16 available); "
+        "interchangeable GPUs, > 32 GPUs), branch (branch and bound over count vectors, <= 8 "
+        "classes, <= 32 GPUs), search (budgeted local search, exact tables up to 16 available); "
         "import = numpy + policy modules; start-up = make_policy (after imports); tables = bytes "
         "the policy keeps; peak = tracemalloc peak while building; RSS+ = resident memory growth "
         "across make_policy; load = 1-minute load average after the node. Times in µs unless "

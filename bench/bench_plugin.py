@@ -7,7 +7,7 @@ Prints:
   so this includes it (also on the 128-GPU nodes);
 - RPC round trip p50/p99 of GetDevicePluginOptions and GetPreferredAllocation over the unix socket
   (target: GPA p99 within 5 ms of the options RPC's), on the DGX-2, on a 24-GPU node of four PCIe
-  switches (the count search) and on 24-GPU nodes of six (l4-24, l4-24-uneven: the branch
+  switches and on 24-GPU nodes of six (l4-24, l4-24-uneven: the branch
   search; also the 32-GPU servers of eight switches), both RPCs interleaved in one run;
 - start -> registered and RSS on the PCIe-switch servers beyond 16 GPUs (l4-20, l4-24, l4-32,
   l4-32-uneven: eight uneven switches under two sockets, l4-32-one-socket: under one);

@@ -9,12 +9,14 @@ once, the fastest method that is exact on it:
   and per group size the best partition score of every subset), built at start-up (~0.3 s and
   ~11 MiB of resident memory for 16 GPUs). A query is a few numpy operations over the at most
   C(16, 8) = 12870 candidate groups.
-- ``counts`` (beyond 16 GPUs, on nodes whose GPUs fall into at most four classes of
+- ``counts`` (beyond 32 GPUs, on nodes whose GPUs fall into at most four classes of
   interchangeable GPUs, as under PCIe switches or on an NVSwitch fabric): the count search of
   :mod:`nvplugin.allocator.counts`, exact, a few ms per query up to 128 GPUs, from ~2 MB of
   shape arrays built at start-up.
 - ``branch`` (9 to 32 GPUs in up to eight classes: a DGX-2's NVSwitch fabric over PCIe switch
-  pairs, five to eight PCIe switches under one or two sockets): the branch and bound over count
+  pairs, two to eight PCIe switches under one or two sockets; it also takes the 17-32 GPU nodes
+  of at most four classes from ``counts``, 2-3 times faster per query with the same answers):
+  the branch and bound over count
   vectors of :mod:`nvplugin.allocator.branch`, exact, a few ms per query, from a list of count
   vectors built at start-up (~20 ms and ~2 MiB for 16-24 GPUs, 0.16-0.31 s and 9-18 MiB kept,
   14-22 MiB at peak, for 32 in eight classes). It replaces the tables from 9 GPUs on: a DGX-2
@@ -86,12 +88,15 @@ class BestEffort:
         topology: Topology,
         *,
         table_gpus: int = TABLE_GPUS,
+        branch_gpus: int = BRANCH_GPUS,
         budget_s: float = 0.1,
         structured: bool = True,
     ) -> None:
         """``budget_s``: how long a ``search`` request may take (module docstring);
-        ``structured=False``: no method that relies on classes of twins (``counts``, ``branch``),
-        so that a node beyond the tables gets ``search`` (what benchmarks compare with)."""
+        ``table_gpus``/``branch_gpus``: the largest node the tables / ``branch`` take (lower
+        them to test the other methods on small nodes); ``structured=False``: no method that
+        relies on classes of twins (``counts``, ``branch``), so that a node beyond the tables
+        gets ``search`` (what benchmarks compare with)."""
         self._topology = topology
         self._budget_s = budget_s
         n = len(topology)
@@ -99,11 +104,8 @@ class BestEffort:
         self._counts: CountSearch | BranchSearch | None = None
         twins = structured and n > min(SMALL_GPUS, table_gpus)
         classes = twin_classes(topology.scores) if twins else None
-        if classes is not None and n <= BRANCH_GPUS and branch.applies(classes):
-            if n > table_gpus and counts.applies(classes):
-                self._counts = CountSearch(classes)
-            else:
-                self._counts = BranchSearch(classes)
+        if classes is not None and n <= branch_gpus and branch.applies(classes):
+            self._counts = BranchSearch(classes)
         elif n <= table_gpus:
             self._tables = Tables.build(topology.scores, range(1, n + 1))
         elif classes is not None and counts.applies(classes):

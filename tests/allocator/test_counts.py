@@ -133,7 +133,7 @@ def test_against_brute_force_on_random_structured_nodes(
     query: tuple[Topology, list[int], list[int], int],
 ) -> None:
     topology, available, must, size = query
-    policy = BestEffort(topology, table_gpus=0)
+    policy = BestEffort(topology, table_gpus=0, branch_gpus=0)
     assert policy.method == "counts"
     assert policy.allocate(available, must, size) == BruteForce(topology).answer(
         available, must, size
@@ -151,7 +151,7 @@ def test_which_builtin_nodes_are_counted() -> None:
 @pytest.mark.parametrize("name", COUNTED)
 def test_against_the_tables_on_builtin_nodes(name: str) -> None:
     topology = BUILTIN[name]
-    counted = BestEffort(topology, table_gpus=0)
+    counted = BestEffort(topology, table_gpus=0, branch_gpus=0)
     assert counted.method == "counts"
     tables = BestEffort(topology)
     for available, must, size in _queries(len(topology), 7, 200):
@@ -166,7 +166,7 @@ def test_against_the_tables_on_random_structured_nodes(seed: int) -> None:
     while sum(sizes) > 16:
         sizes[sizes.index(max(sizes))] -= 1
     topology = from_classes(f"random-{seed}", sizes, tree_scores(m, seed))
-    counted = BestEffort(topology, table_gpus=0)
+    counted = BestEffort(topology, table_gpus=0, branch_gpus=0)
     assert counted.method == "counts"
     tables = BestEffort(topology)
     for available, must, size in _queries(len(topology), seed, 60):
@@ -179,7 +179,7 @@ def test_larger_nodes_against_a_count_recursion(sizes: list[int], seed: int) -> 
     """Beyond subset tables: a plain memoised recursion over count vectors (no shapes)."""
     scores = tree_scores(len(sizes), seed)
     topology = from_classes("large", sizes, scores)
-    counted = BestEffort(topology)
+    counted = BestEffort(topology, branch_gpus=0)
     assert counted.method == "counts"
     reference = CountReference(class_members(sizes), scores)
     for available, must, size in _queries(len(topology), seed, 25):
@@ -188,7 +188,7 @@ def test_larger_nodes_against_a_count_recursion(sizes: list[int], seed: int) -> 
 
 def test_explain_partition_is_consistent() -> None:
     topology = from_classes("explain", [5, 5, 5, 5], tree_scores(4, 9))
-    policy = BestEffort(topology)
+    policy = BestEffort(topology, branch_gpus=0)
     assert policy.method == "counts"
     reference = CountReference(class_members([5, 5, 5, 5]), tree_scores(4, 9))
     for available, must, size in _queries(len(topology), 4, 30):
