@@ -236,6 +236,10 @@ def test_kubelet_socket_gone_is_not_logged_as_re_created() -> None:
                 kubelet = FakeKubelet(directory)
                 await kubelet.start()
                 await kubelet.wait_registered(RESOURCE, WAIT_S)
+                # The kubelet has the registration; the registrar has it once its Register call
+                # returns. A kubelet gone before that is one it never registered with as it sees
+                # it, and the next kubelet's socket is (rightly) "re-created" to it.
+                await until(lambda: registrar.registrations == 1, "the registrar's registration")
                 await kubelet.stop()
                 with contextlib.suppress(FileNotFoundError):  # gone with the kubelet process
                     os.unlink(kubelet.socket_path)
