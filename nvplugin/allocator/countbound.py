@@ -6,7 +6,7 @@ pairing term that ties a part's big pieces to other parts' small ones.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
@@ -339,6 +339,13 @@ def _twice_all(scores: IntArray, sizes: list[int]) -> IntArray:
     return twice
 
 
+def _pairing(pieces: Any, size: int, lam: int) -> Any:
+    """The pairing term of pieces of ``pieces`` GPUs (an int or an array of them) in groups of
+    ``size``: ``lam`` more for a small piece (under size/2 GPUs), ``lam`` less for a big one
+    (over size/2, under size) (:class:`CountBound`)."""
+    return lam * (2 * pieces < size) - lam * ((2 * pieces > size) & (pieces < size))
+
+
 def _pieces(
     scores: IntArray, sizes: list[int], wanted: list[tuple[int, int]]
 ) -> dict[tuple[int, int], IntArray]:
@@ -369,12 +376,7 @@ def _pieces(
     sorted_sizes = totals[by_size]
     gains: dict[tuple[int, int], IntArray] = {}
     for size, lam in wanted:
-        gain = twice[by_size]
-        if lam:
-            small = 2 * sorted_sizes < size
-            big = (2 * sorted_sizes > size) & (sorted_sizes < size)
-            gain = gain + lam * small - lam * big
-        gains[(size, lam)] = gain
+        gains[(size, lam)] = twice[by_size] + _pairing(sorted_sizes, size, lam)
     for total in range(1, int(totals.max(initial=0)) + 1):
         states = np.flatnonzero(totals == total)
         count = int(np.searchsorted(sorted_sizes, total, side="right"))
@@ -389,10 +391,7 @@ def _pieces(
             kind = (
                 lam,
                 tuple(
-                    (
-                        piece <= size,
-                        lam * (2 * piece < size) - lam * (size < 2 * piece < 2 * size),
-                    )
+                    (piece <= size, int(_pairing(piece, size, lam)))
                     for piece in range(1, total + 1)
                 ),
             )
