@@ -311,7 +311,7 @@ class BranchSearch:
                 break
         assert level is not None, "the best partition's group reaches OPT"
         if every:
-            best = _arrangements(self._groups[reach].astype(np.int64), sides, self._twins)
+            best = _arrangements(self._groups[reach].astype(np.int64), blocks)
         elif reach[0] in arranged:
             best = arranged[reach[0]][None]
         else:
@@ -802,25 +802,19 @@ def _best_arrangements(
     return rows, lex(rows)
 
 
-def _arrangements(groups: IntArray, sides: list[list[int]], twins: list[list[int]]) -> IntArray:
+def _arrangements(groups: IntArray, blocks: list[list[int]]) -> IntArray:
     """Every arrangement of each group (the inverse of :meth:`BranchSearch.groups`' choice of
-    one), once."""
+    one) over ``blocks`` (:func:`_blocks`), once."""
     out = {tuple(g) for g in groups.tolist()}
-    for same in twins:
-        blocks: dict[tuple[int, ...], list[int]] = {}
-        for c in same:
-            blocks.setdefault(tuple(int(side[c]) for side in sides), []).append(c)
-        for block in blocks.values():
-            if len(block) < 2:
-                continue
-            grown = set()
-            for g in out:
-                for values in _orders([g[c] for c in block]):
-                    h = list(g)
-                    for c, v in zip(block, values, strict=True):
-                        h[c] = v
-                    grown.add(tuple(h))
-            out = grown
+    for block in blocks:
+        grown = set()
+        for g in out:
+            for values in _orders([g[c] for c in block]):
+                h = list(g)
+                for c, v in zip(block, values, strict=True):
+                    h[c] = v
+                grown.add(tuple(h))
+        out = grown
     return np.asarray(sorted(out), dtype=np.int64).reshape(-1, groups.shape[1])
 
 
