@@ -275,15 +275,14 @@ class BestEffort:
         """For count vectors, a key that is higher the lex-smaller their groups (R plus the
         lowest other available GPUs per class): sorted index tuples of one length compare as
         their bit-reversed masks do, in reverse. ``taken``: the must-include GPUs per class."""
-        assert self._counts is not None
-        classes = self._counts.classes
         top = len(self._topology) - 1
-        required = set(request.must_include)
-        prefix: list[list[int]] = [[0] for _ in range(len(classes))]
-        for gpu in request.available:
-            if gpu not in required:
-                chain = prefix[classes.of[gpu]]
+        required = request.must_include
+        prefix: list[list[int]] = []
+        for free in self._free(request):
+            chain = [0]
+            for gpu in free:
                 chain.append(chain[-1] | 1 << (top - gpu))
+            prefix.append(chain)
         # One row per class (padded), looked up for every class of every vector at once.
         width = max(len(chain) for chain in prefix)
         table = np.zeros((len(prefix), width), dtype=np.uint64)
@@ -299,12 +298,8 @@ class BestEffort:
 
         return key
 
-    def _members(
-        self, request: Request, vectors: np.ndarray, taken: np.ndarray
-    ) -> list[tuple[int, ...]]:
-        """For each count vector, the lex-smallest group with those GPUs per class: the
-        must-include GPUs, then in each class the lowest other available ones (``taken``: the
-        must-include GPUs per class)."""
+    def _free(self, request: Request) -> list[list[int]]:
+        """Per class, its available GPUs that are not must-include, lowest first."""
         assert self._counts is not None
         classes = self._counts.classes
         required = set(request.must_include)
@@ -312,6 +307,15 @@ class BestEffort:
         for gpu in request.available:
             if gpu not in required:
                 free[classes.of[gpu]].append(gpu)
+        return free
+
+    def _members(
+        self, request: Request, vectors: np.ndarray, taken: np.ndarray
+    ) -> list[tuple[int, ...]]:
+        """For each count vector, the lex-smallest group with those GPUs per class: the
+        must-include GPUs, then in each class the lowest other available ones (``taken``: the
+        must-include GPUs per class)."""
+        free = self._free(request)
         out = []
         for vector in (vectors - taken).tolist():
             chosen = list(request.must_include)
