@@ -16,13 +16,12 @@ once, the fastest method that is exact on it:
 - ``branch`` (9 to 32 GPUs in up to eight classes: a DGX-2's NVSwitch fabric over PCIe switch
   pairs, two to eight PCIe switches under one or two sockets; it also takes the 17-32 GPU nodes
   of at most four classes from ``counts``, 2-3 times faster per query with the same answers):
-  the branch and bound over count
-  vectors of :mod:`nvplugin.allocator.branch`, exact, a few ms per query, from a list of count
-  vectors built at start-up (~20 ms and ~2 MiB for 16-24 GPUs, 0.16-0.31 s and 9-18 MiB kept,
-  14-22 MiB at peak, for 32 in eight classes). It replaces the tables from 9 GPUs on: a DGX-2
-  registers ~0.3-0.5 s sooner and ~11 MiB smaller, for ~2 ms more per query at p99. Should a
-  request's search pass three quarters of its time budget, the local search below answers
-  instead.
+  the branch and bound over count vectors of :mod:`nvplugin.allocator.branch`, exact, a few ms
+  per query, from a list of count vectors built at start-up (~20 ms and ~2 MiB for 16-24 GPUs,
+  0.16-0.31 s and 9-18 MiB kept, 14-22 MiB at peak, for 32 in eight classes). It replaces the
+  tables from 9 GPUs on: a DGX-2 registers ~0.3-0.5 s sooner and ~11 MiB smaller, for ~2 ms
+  more per query at p99. Should a request's search pass three quarters of its time budget, the
+  local search below answers instead.
 - ``search`` (every other node beyond 16 GPUs): a request with at most 16 available GPUs builds
   the tables over them for its one size, and answers exactly if that finishes within three
   quarters of the request's time budget; otherwise the local search of
