@@ -23,6 +23,10 @@ class AllocationError(InputError):
     """A malformed allocation request; the message names the offending index or value."""
 
 
+class OutOfTime(Exception):
+    """An exact method passed its deadline (``time.monotonic()``) and stopped."""
+
+
 class Policy(Protocol):
     """A preferred-allocation policy over one node's fixed topology.
 

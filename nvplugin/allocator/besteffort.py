@@ -8,7 +8,9 @@ once, the fastest method that is exact on it:
   does not apply): the subset tables of :mod:`nvplugin.allocator.tables` (every subset's score,
   and per group size the best partition score of every subset), built at start-up (~0.3 s and
   ~11 MiB of resident memory for 16 GPUs). A query is a few numpy operations over the at most
-  C(16, 8) = 12870 candidate groups.
+  C(16, 8) = 12870 candidate groups. Up to eight GPUs the same tables are plain Python
+  (:mod:`nvplugin.allocator.smalltables`: a few ms to build, tens of microseconds a query), and
+  the process never loads numpy.
 - ``counts`` (beyond 32 GPUs, on nodes whose GPUs fall into at most four classes of
   interchangeable GPUs, as under PCIe switches or on an NVSwitch fabric): the count search of
   :mod:`nvplugin.allocator.counts`, exact, a few ms per query up to 128 GPUs, from ~2 MB of
@@ -38,25 +40,27 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import numpy as np
-
-from nvplugin.allocator import branch, counts
-from nvplugin.allocator.base import Allocation, Request, check_request
-from nvplugin.allocator.branch import BranchSearch
-from nvplugin.allocator.classes import twin_classes
-from nvplugin.allocator.counts import CountSearch, compositions
-from nvplugin.allocator.search import local_search
-from nvplugin.allocator.tables import OutOfTime, Tables
+from nvplugin.allocator.base import Allocation, OutOfTime, Request, check_request
+from nvplugin.allocator.smalltables import SMALL_GPUS, SmallTables
 from nvplugin.log import get_logger
 from nvplugin.node.model import Topology
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from nvplugin.allocator.branch import BranchSearch, LexKey
+    from nvplugin.allocator.counts import CountSearch
+    from nvplugin.allocator.tables import Tables
+
+# numpy and the modules built on it (every method but the small tables) are imported by the
+# policies that use them: a node of at most SMALL_GPUS GPUs never loads numpy
+# (:mod:`nvplugin.allocator.smalltables`).
 
 TABLE_GPUS = 16
 """Largest node whose tables are built once at start-up (2^16 masks: ~5 MB, ~0.3 s), and the
 most available GPUs a ``search`` request builds tables over."""
-
-SMALL_GPUS = 8
-"""Largest node that always gets the tables (2^8 masks: built in a few ms, the fastest queries)."""
 
 EXACT_SHARE = 0.75
 """Share of a ``search`` request's budget its exact attempt (tables over <= 16 available GPUs)
@@ -99,16 +103,24 @@ class BestEffort:
         self._topology = topology
         self._budget_s = budget_s
         n = len(topology)
-        self._tables: Tables | None = None
+        self._tables: Tables | SmallTables | None = None
         self._counts: CountSearch | BranchSearch | None = None
-        twins = structured and n > min(SMALL_GPUS, table_gpus)
-        classes = twin_classes(topology.scores) if twins else None
-        if classes is not None and n <= branch_gpus and branch.applies(classes):
-            self._counts = BranchSearch(classes)
-        elif n <= table_gpus:
-            self._tables = Tables.build(topology.scores, range(1, n + 1))
-        elif classes is not None and counts.applies(classes):
-            self._counts = CountSearch(classes)
+        self._method = "search"
+        if n <= min(SMALL_GPUS, table_gpus):
+            self._tables, self._method = SmallTables.build(topology.scores), "tables"
+        else:
+            from nvplugin.allocator import branch, counts
+            from nvplugin.allocator.classes import twin_classes
+            from nvplugin.allocator.tables import Tables
+
+            classes = twin_classes(topology.scores) if structured else None
+            if classes is not None and n <= branch_gpus and branch.applies(classes):
+                self._counts, self._method = branch.BranchSearch(classes), "branch"
+            elif n <= table_gpus:
+                self._tables = Tables.build(topology.scores, range(1, n + 1))
+                self._method = "tables"
+            elif classes is not None and counts.applies(classes):
+                self._counts, self._method = counts.CountSearch(classes), "counts"
         if n and self.method != "search":
             # One query at start-up runs every code path once (numpy's first calls are slower),
             # so the kubelet's first request is as fast as the rest.
@@ -125,11 +137,7 @@ class BestEffort:
     @property
     def method(self) -> str:
         """``tables``, ``counts``, ``branch`` or ``search`` (module docstring)."""
-        if self._tables is not None:
-            return "tables"
-        if isinstance(self._counts, BranchSearch):
-            return "branch"
-        return "counts" if self._counts is not None else "search"
+        return self._method
 
     @property
     def table_bytes(self) -> int:
@@ -193,7 +201,7 @@ class BestEffort:
 
     def _tables_for(
         self, request: Request, deadline: float | None
-    ) -> tuple[Tables | None, tuple[int, ...]]:
+    ) -> tuple[Tables | SmallTables | None, tuple[int, ...]]:
         """The tables to answer ``request`` with, and the GPU index of each table position
         (empty when positions are GPU indices); None when the available GPUs are too many or
         the build passes ``deadline``."""
@@ -202,6 +210,8 @@ class BestEffort:
         labels = request.available
         if len(labels) > TABLE_GPUS:
             return None, labels
+        from nvplugin.allocator.tables import Tables
+
         scores = self._topology.scores
         sub = [[scores[a][b] for b in labels] for a in labels]
         try:
@@ -209,28 +219,24 @@ class BestEffort:
         except OutOfTime:
             return None, labels
 
-    def _table_solve(self, tables: Tables, labels: tuple[int, ...], request: Request) -> Allocation:
-        chosen, own, total = tables.candidates(
+    def _table_solve(
+        self, tables: Tables | SmallTables, labels: tuple[int, ...], request: Request
+    ) -> Allocation:
+        ranked = tables.ranked(
             _relabel(request.available_mask, labels),
             _relabel(request.must_include_mask, labels),
             request.size,
         )
-        optimal = total == total.max()
-        ranked = sorted(
-            zip(
-                own[optimal].tolist(),
-                range(int(optimal.sum())),
-                chosen[optimal].tolist(),
-                strict=True,
-            ),
-            key=lambda item: (-item[0], item[1]),
-        )
-        answer = self._explain(tables, labels, request, ranked[0][2])
-        contenders = tuple((self._out(mask, labels), score) for score, _, mask in ranked)
+        answer = self._explain(tables, labels, request, ranked[0][0])
+        contenders = tuple((self._out(mask, labels), score) for mask, score in ranked)
         return dataclasses.replace(answer, contenders=contenders)
 
     def _explain(
-        self, tables: Tables, labels: tuple[int, ...], request: Request, group: int
+        self,
+        tables: Tables | SmallTables,
+        labels: tuple[int, ...],
+        request: Request,
+        group: int,
     ) -> Allocation:
         s = request.size
         available = _relabel(request.available_mask, labels)
@@ -255,6 +261,8 @@ class BestEffort:
     def _count_group(self, request: Request, started: float) -> tuple[tuple[int, ...], int, int]:
         """(group, its score, OPT) on a ``counts`` or ``branch`` node; a ``branch`` search raises
         :class:`OutOfTime` past three quarters of the budget from ``started``."""
+        from nvplugin.allocator.branch import BranchSearch
+
         assert self._counts is not None
         classes = self._counts.classes
         available = classes.counts(request.available)
@@ -270,10 +278,12 @@ class BestEffort:
         group = min(self._members(request, best, required))
         return group, own2 // 2, opt2 // 2
 
-    def _lex_key(self, request: Request, taken: np.ndarray) -> branch.LexKey:
+    def _lex_key(self, request: Request, taken: np.ndarray) -> LexKey:
         """For count vectors, a key that is higher the lex-smaller their groups (R plus the
         lowest other available GPUs per class): sorted index tuples of one length compare as
         their bit-reversed masks do, in reverse. ``taken``: the must-include GPUs per class."""
+        import numpy as np
+
         top = len(self._topology) - 1
         required = request.must_include
         prefix: list[list[int]] = []
@@ -324,6 +334,8 @@ class BestEffort:
         return out
 
     def _count_solve(self, request: Request, started: float) -> Allocation:
+        from nvplugin.allocator.counts import compositions
+
         assert self._counts is not None
         group, _, _ = self._count_group(request, started)
         answer = self._count_explain(request, group)
@@ -429,6 +441,8 @@ class BestEffort:
         return answer
 
     def _found(self, request: Request, *, fixed: bool, deadline: float | None = None) -> Allocation:
+        from nvplugin.allocator.search import local_search
+
         until = deadline if deadline is not None else time.monotonic() + self._budget_s
         found = local_search(
             self._topology.scores,

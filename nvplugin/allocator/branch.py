@@ -52,9 +52,9 @@ from operator import sub
 import numpy as np
 from numpy.typing import NDArray
 
+from nvplugin.allocator.base import OutOfTime
 from nvplugin.allocator.classes import Classes
 from nvplugin.allocator.countbound import CHUNK, CountBound
-from nvplugin.allocator.tables import OutOfTime
 
 IntArray = NDArray[np.int64]
 

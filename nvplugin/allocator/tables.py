@@ -35,14 +35,13 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from nvplugin.allocator.base import OutOfTime
+from nvplugin.allocator.smalltables import split
+
 IntArray = NDArray[np.int64]
 
 _CHUNK = 1 << 17
 """Elements per temporary (masks x candidate groups) matrix, so peak memory stays small."""
-
-
-class OutOfTime(Exception):
-    """A build passed its deadline (``time.monotonic()``) and stopped."""
 
 
 def _check(deadline: float | None) -> None:
@@ -217,34 +216,16 @@ class Tables:
         pick = int(np.where(total == opt, own, -1).argmax())
         return int(chosen[pick]), int(own[pick]), int(opt)
 
+    def ranked(self, available: int, required: int, s: int) -> list[tuple[int, int]]:
+        """Every group reaching OPT as (group, own score), best own score first, then lex."""
+        chosen, own, total = self.candidates(available, required, s)
+        if not len(chosen):
+            return []
+        optimal = total == total.max()
+        found = zip(chosen[optimal].tolist(), own[optimal].tolist(), strict=True)
+        return sorted(found, key=lambda item: -item[1])  # stable: lex order within a score
+
     def split(self, mask: int, s: int) -> tuple[list[int], int]:
         """A best partition of ``mask`` (popcount <= n - s): its full groups and its leftover,
-        as masks. Walks the recurrence back, lowest GPU first; only ``--explain`` uses it."""
-        groups: list[int] = []
-        rest = self.rest[s]
-        while mask:
-            k = mask.bit_count()
-            if k < s:
-                return groups, mask
-            low = mask & -mask
-            others = [1 << i for i in range(self.n) if (mask ^ low) >> i & 1]
-            sizes = (s, k % s) if k % s else (s,)
-            target = int(rest[mask])
-            found = 0
-            for size in sizes:
-                for combo in itertools.combinations(others, size - 1):
-                    group = low | sum(combo)
-                    if int(self.setscore[group]) + int(rest[mask ^ group]) == target:
-                        found = group
-                        break
-                if found:
-                    break
-            assert found, "rest table inconsistent"
-            if found.bit_count() == s:
-                groups.append(found)
-                mask ^= found
-            else:
-                # The leftover holds the lowest GPU; the remainder splits into full groups.
-                inner, _ = self.split(mask ^ found, s)
-                return groups + inner, found
-        return groups, 0
+        as masks (:func:`nvplugin.allocator.smalltables.split`)."""
+        return split(self.setscore, self.rest[s], self.n, mask, s)

@@ -1,0 +1,172 @@
+"""The subset tables of :mod:`nvplugin.allocator.tables` for nodes of at most
+:data:`SMALL_GPUS` GPUs, in plain Python: the same numbers, the same answers, no numpy.
+
+Why a second form: on 2^8 = 256 masks the lists are built in a few milliseconds and a query
+reads at most C(8, 4) = 70 candidate groups, so numpy buys nothing there, while importing it
+costs the process ~17 MiB of resident memory and ~0.1 s of start-up. Most nodes in a fleet have
+at most eight GPUs (a DGX or HGX A100/H100, a PCIe server of four or eight cards): with these
+tables their plugin never loads numpy.
+
+The recurrence and the reading rules are those of :mod:`nvplugin.allocator.tables` (its
+docstring): ``setscore[m]`` is the sum of pair scores inside mask m; ``rest[s][m]`` is the best
+score of a partition of m into groups of s plus one leftover group of ``popcount(m) mod s``,
+exact for popcounts up to n - s. The candidate groups of a size are listed in lex order of their
+sorted indices, and the answer is the first group with the best own score among those reaching
+OPT: exactly what :meth:`Tables.best_group` picks (tests/allocator/test_smalltables.py checks
+every query of random nodes against it).
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, SupportsInt
+
+SMALL_GPUS = 8
+"""Largest node these tables are for (2^8 masks)."""
+
+
+def set_scores(scores: Sequence[Sequence[int]]) -> list[int]:
+    """``setscore`` for all 2^n masks: a mask scores its part without its lowest member plus
+    that member's pair scores with the rest."""
+    n = len(scores)
+    table = [0] * (1 << n)
+    for mask in range(1, 1 << n):
+        low = (mask & -mask).bit_length() - 1
+        rest = mask & (mask - 1)
+        row = scores[low]
+        table[mask] = table[rest] + sum(row[j] for j in range(low + 1, n) if rest >> j & 1)
+    return table
+
+
+class ScoreTable(Protocol):
+    """A table read by mask: a list here, an int64 array in :mod:`nvplugin.allocator.tables`."""
+
+    def __getitem__(self, mask: int, /) -> SupportsInt: ...
+
+
+def _members(mask: int) -> list[int]:
+    return [1 << i for i in range(mask.bit_length()) if mask >> i & 1]
+
+
+def partition_table(setscore: list[int], n: int, s: int) -> list[int]:
+    """``rest[s]``: levels by popcount, lowest first, each from the levels below it."""
+    if s == 1:
+        return [0] * len(setscore)
+    rest = list(setscore)
+    by_count: dict[int, list[int]] = {}
+    for mask in range(1 << n):
+        by_count.setdefault(mask.bit_count(), []).append(mask)
+    for k in range(s, n - s + 1):
+        sizes = (s, k % s) if k % s else (s,)
+        for mask in by_count[k]:
+            members = _members(mask)
+            low, others = members[0], members[1:]
+            best = None
+            for size in sizes:
+                for combo in itertools.combinations(others, size - 1):
+                    group = low | sum(combo)
+                    total = setscore[group] + rest[mask ^ group]
+                    if best is None or total > best:
+                        best = total
+            assert best is not None
+            rest[mask] = best
+    return rest
+
+
+def split(
+    setscore: ScoreTable, rest: ScoreTable, n: int, mask: int, s: int
+) -> tuple[list[int], int]:
+    """A best partition of ``mask`` (popcount <= n - s) into groups of ``s`` and a leftover, as
+    masks, walking ``rest`` back lowest GPU first (both table forms; only ``--explain`` uses
+    it)."""
+    groups: list[int] = []
+    while mask:
+        k = mask.bit_count()
+        if k < s:
+            return groups, mask
+        low = mask & -mask
+        others = [1 << i for i in range(n) if (mask ^ low) >> i & 1]
+        sizes = (s, k % s) if k % s else (s,)
+        target = int(rest[mask])
+        found = 0
+        for size in sizes:
+            for combo in itertools.combinations(others, size - 1):
+                group = low | sum(combo)
+                if int(setscore[group]) + int(rest[mask ^ group]) == target:
+                    found = group
+                    break
+            if found:
+                break
+        assert found, "rest table inconsistent"
+        if found.bit_count() == s:
+            groups.append(found)
+            mask ^= found
+        else:
+            # The leftover holds the lowest GPU; the remainder splits into full groups.
+            inner, _ = split(setscore, rest, n, mask ^ found, s)
+            return groups + inner, found
+    return groups, 0
+
+
+@dataclass(frozen=True)
+class SmallTables:
+    """The tables for n <= :data:`SMALL_GPUS` GPUs and every group size (the interface of
+    :class:`nvplugin.allocator.tables.Tables` that best-effort uses)."""
+
+    n: int
+    setscore: list[int]
+    rest: dict[int, list[int]]
+    groups: dict[int, list[int]]
+
+    @classmethod
+    def build(cls, scores: Sequence[Sequence[int]]) -> SmallTables:
+        n = len(scores)
+        if n > SMALL_GPUS:
+            raise ValueError(f"{n} GPUs: these tables are for at most {SMALL_GPUS}")
+        setscore = set_scores(scores)
+        rest: dict[int, list[int]] = {}
+        groups: dict[int, list[int]] = {}
+        for s in range(1, n + 1):
+            rest[s] = setscore if 2 * s > n else partition_table(setscore, n, s)
+            groups[s] = [sum(1 << i for i in c) for c in itertools.combinations(range(n), s)]
+        return cls(n, setscore, rest, groups)
+
+    @property
+    def nbytes(self) -> int:
+        """The lists' own memory (their small ints are shared or a few bytes each)."""
+        lists = {id(x): x for x in (self.setscore, *self.rest.values(), *self.groups.values())}
+        return sum(sys.getsizeof(x) for x in lists.values())
+
+    def candidates(self, available: int, required: int, s: int) -> list[tuple[int, int, int]]:
+        """The s-subsets of ``available`` that contain ``required``, in lex order: (group, its
+        own score, the best score of a partition of ``available`` containing it)."""
+        setscore, rest = self.setscore, self.rest[s]
+        out = []
+        for group in self.groups[s]:
+            if group & available == group and group & required == required:
+                own = setscore[group]
+                out.append((group, own, own + rest[available ^ group]))
+        return out
+
+    def best_group(self, available: int, required: int, s: int) -> tuple[int, int, int] | None:
+        """(group mask, group score, OPT), as :meth:`Tables.best_group`."""
+        best: tuple[int, int, int] | None = None
+        for group, own, total in self.candidates(available, required, s):
+            if best is None or total > best[2] or (total == best[2] and own > best[1]):
+                best = (group, own, total)
+        return best
+
+    def ranked(self, available: int, required: int, s: int) -> list[tuple[int, int]]:
+        """Every group reaching OPT as (group, own score), best own score first, then lex."""
+        found = self.candidates(available, required, s)
+        if not found:
+            return []
+        opt = max(total for _, _, total in found)
+        optimal = [(group, own) for group, own, total in found if total == opt]
+        return sorted(optimal, key=lambda item: -item[1])  # stable: lex order within a score
+
+    def split(self, mask: int, s: int) -> tuple[list[int], int]:
+        return split(self.setscore, self.rest[s], self.n, mask, s)
