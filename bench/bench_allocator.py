@@ -72,12 +72,18 @@ def child() -> None:
     from nvplugin.log import configure
 
     configure("json", "warning")  # the search's debug lines stay out of the figures
-    started = time.perf_counter()
-    import nvplugin.allocator.besteffort  # noqa: F401  (numpy and the policy code)
-    from nvplugin.allocator import make_policy
-
-    imports = time.perf_counter() - started
     topology = _topology(request["node"])
+    started = time.perf_counter()
+    import nvplugin.allocator.besteffort
+    from nvplugin.allocator import make_policy
+    from nvplugin.allocator.smalltables import SMALL_GPUS
+
+    if len(topology) > SMALL_GPUS:  # numpy and the methods on it, which the policy imports
+        import nvplugin.allocator.branch
+        import nvplugin.allocator.counts
+        import nvplugin.allocator.search
+        import nvplugin.allocator.tables  # noqa: F401
+    imports = time.perf_counter() - started
     rss_before = _rss()
     start = time.perf_counter()
     policy = make_policy("best-effort", topology)
@@ -233,11 +239,12 @@ def run() -> None:
         "method = tables (subset tables, <= 16 GPUs), counts (count search, <= 4 classes of "
         "interchangeable GPUs, > 32 GPUs), branch (branch and bound over count vectors, <= 8 "
         "classes, <= 32 GPUs), search (budgeted local search, exact tables up to 16 available); "
-        "import = numpy + policy modules; start-up = make_policy (after imports); tables = bytes "
-        "the policy keeps; peak = tracemalloc peak while building; RSS+ = resident memory growth "
-        "across make_policy; load = 1-minute load average after the node. Times in µs unless "
-        "marked. Under each PCIe server of 20-32 GPUs, the same queries by the generic search "
-        "(the method such nodes had before the branch search)."
+        "import = the policy modules the node's method loads (numpy from 9 GPUs on); start-up = "
+        "make_policy (after imports); tables = bytes the policy keeps; peak = tracemalloc peak "
+        "while building; RSS+ = resident memory growth across make_policy; load = 1-minute load "
+        "average after the node. Times in µs unless marked. Under each PCIe server of 20-32 GPUs, "
+        "the same queries by the generic search (the method such nodes had before the branch "
+        "search)."
     )
     for note in notes:
         print(note)
