@@ -47,66 +47,58 @@ class ScoreTable(Protocol):
     def __getitem__(self, mask: int, /) -> SupportsInt: ...
 
 
-def _members(mask: int) -> list[int]:
-    return [1 << i for i in range(mask.bit_length()) if mask >> i & 1]
+def _with_lowest(mask: int, s: int) -> list[int]:
+    """The groups the recurrence tries for ``mask``: those holding its lowest member, of ``s``
+    GPUs, then of the leftover's ``popcount(mask) mod s`` when there is one."""
+    members = [1 << i for i in range(mask.bit_length()) if mask >> i & 1]
+    low, others = members[0], members[1:]
+    k = len(members)
+    sizes = (s, k % s) if k % s else (s,)
+    return [low | sum(c) for size in sizes for c in itertools.combinations(others, size - 1)]
 
 
-def partition_table(setscore: list[int], n: int, s: int) -> list[int]:
-    """``rest[s]``: levels by popcount, lowest first, each from the levels below it."""
-    if s == 1:
-        return [0] * len(setscore)
-    rest = list(setscore)
+def levels(n: int) -> dict[int, list[int]]:
+    """The masks of each popcount (every size's recurrence reads the same levels)."""
     by_count: dict[int, list[int]] = {}
     for mask in range(1 << n):
         by_count.setdefault(mask.bit_count(), []).append(mask)
+    return by_count
+
+
+def partition_table(
+    setscore: list[int], by_count: dict[int, list[int]], n: int, s: int
+) -> list[int]:
+    """``rest[s]``: levels by popcount (:func:`levels`), lowest first, each from the levels
+    below it."""
+    if s == 1:
+        return [0] * len(setscore)
+    rest = list(setscore)
     for k in range(s, n - s + 1):
-        sizes = (s, k % s) if k % s else (s,)
         for mask in by_count[k]:
-            members = _members(mask)
-            low, others = members[0], members[1:]
-            best = None
-            for size in sizes:
-                for combo in itertools.combinations(others, size - 1):
-                    group = low | sum(combo)
-                    total = setscore[group] + rest[mask ^ group]
-                    if best is None or total > best:
-                        best = total
-            assert best is not None
-            rest[mask] = best
+            rest[mask] = max([setscore[g] + rest[mask ^ g] for g in _with_lowest(mask, s)])
     return rest
 
 
-def split(
-    setscore: ScoreTable, rest: ScoreTable, n: int, mask: int, s: int
-) -> tuple[list[int], int]:
+def split(setscore: ScoreTable, rest: ScoreTable, mask: int, s: int) -> tuple[list[int], int]:
     """A best partition of ``mask`` (popcount <= n - s) into groups of ``s`` and a leftover, as
     masks, walking ``rest`` back lowest GPU first (both table forms; only ``--explain`` uses
     it)."""
     groups: list[int] = []
     while mask:
-        k = mask.bit_count()
-        if k < s:
+        if mask.bit_count() < s:
             return groups, mask
-        low = mask & -mask
-        others = [1 << i for i in range(n) if (mask ^ low) >> i & 1]
-        sizes = (s, k % s) if k % s else (s,)
         target = int(rest[mask])
-        found = 0
-        for size in sizes:
-            for combo in itertools.combinations(others, size - 1):
-                group = low | sum(combo)
-                if int(setscore[group]) + int(rest[mask ^ group]) == target:
-                    found = group
-                    break
-            if found:
-                break
+        found = next(
+            (g for g in _with_lowest(mask, s) if int(setscore[g]) + int(rest[mask ^ g]) == target),
+            0,
+        )
         assert found, "rest table inconsistent"
         if found.bit_count() == s:
             groups.append(found)
             mask ^= found
         else:
             # The leftover holds the lowest GPU; the remainder splits into full groups.
-            inner, _ = split(setscore, rest, n, mask ^ found, s)
+            inner, _ = split(setscore, rest, mask ^ found, s)
             return groups + inner, found
     return groups, 0
 
@@ -127,10 +119,11 @@ class SmallTables:
         if n > SMALL_GPUS:
             raise ValueError(f"{n} GPUs: these tables are for at most {SMALL_GPUS}")
         setscore = set_scores(scores)
+        by_count = levels(n)
         rest: dict[int, list[int]] = {}
         groups: dict[int, list[int]] = {}
         for s in range(1, n + 1):
-            rest[s] = setscore if 2 * s > n else partition_table(setscore, n, s)
+            rest[s] = setscore if 2 * s > n else partition_table(setscore, by_count, n, s)
             groups[s] = [sum(1 << i for i in c) for c in itertools.combinations(range(n), s)]
         return cls(n, setscore, rest, groups)
 
@@ -169,4 +162,4 @@ class SmallTables:
         return sorted(optimal, key=lambda item: -item[1])  # stable: lex order within a score
 
     def split(self, mask: int, s: int) -> tuple[list[int], int]:
-        return split(self.setscore, self.rest[s], self.n, mask, s)
+        return split(self.setscore, self.rest[s], mask, s)

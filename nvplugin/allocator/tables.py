@@ -228,4 +228,4 @@ class Tables:
     def split(self, mask: int, s: int) -> tuple[list[int], int]:
         """A best partition of ``mask`` (popcount <= n - s): its full groups and its leftover,
         as masks (:func:`nvplugin.allocator.smalltables.split`)."""
-        return split(self.setscore, self.rest[s], self.n, mask, s)
+        return split(self.setscore, self.rest[s], mask, s)
