@@ -35,7 +35,9 @@ request does not walk it. Three things keep the search to a few dozen states:
 - **Fail-soft memo.** Each state remembers its exact value, or an upper bound once a search below
   it was cut off because it could not reach what its caller needed; a later visit with a lower
   need searches again, one with a higher need stops at once. Children are tried best bound
-  first, and a state stops the moment the next child's bound cannot beat its best.
+  first, and a state stops the moment the next child's bound cannot beat its best. R of a count
+  vector is the same for every request of one size, so the memo outlives the request: a node's
+  later requests start from what earlier ones proved (up to :data:`MEMO_ENTRIES` values).
 
 Everything is integer numpy arithmetic (doubled scores, so pairs count whole): a float product
 would go through the BLAS library, whose worker threads spin on a busy node.
@@ -44,6 +46,7 @@ would go through the BLAS library, whose worker threads spin on a busy node.
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -71,6 +74,11 @@ FEW = 48
 FIRST = 8
 """Children of a state listed (as Python) when it is expanded; four times as many each time a
 search gets past them."""
+
+MEMO_ENTRIES = 1 << 14
+"""Most values of R (exact, or upper bounds) a node's search keeps from one request to the next,
+over every size: ~160 bytes each, 2.5 MiB at the limit. Past it, the next request starts an empty
+memo (a 2000-request run on a 32-GPU server, sizes 1-32, kept ~3 400)."""
 
 HEAD = 256
 """Children of a state sorted at once, with those tied with the last (:data:`FIRST` of them
@@ -104,11 +112,16 @@ class Answer:
 
 
 class BranchSearch:
-    """The branch and bound over one node's classes (see the module docstring). Read-only after
-    construction: each request keeps its own memo, so threads may share one."""
+    """The branch and bound over one node's classes (see the module docstring). Threads may
+    share one: its arrays are read-only after construction, each request lists children of its
+    own, and the memo of R they share (a dict per size, at most ``memo_entries`` values in all)
+    only ever gains true facts; a race at worst stores a looser bound over a tighter one."""
 
-    def __init__(self, classes: Classes) -> None:
+    def __init__(self, classes: Classes, memo_entries: int = MEMO_ENTRIES) -> None:
         self.classes = classes
+        self._memo_entries = memo_entries
+        self._memos: dict[int, dict[int, tuple[int, bool]]] = {}
+        self._memos_lock = threading.Lock()
         sizes = [len(members) for members in classes.members]
         m = len(sizes)
         self._m = m
@@ -209,6 +222,14 @@ class BranchSearch:
                         for p in range(lo, hi)
                     ]
 
+    def memo(self, size: int) -> dict[int, tuple[int, bool]]:
+        """The memo of R for requests of ``size`` (by state key: twice R and whether exact, else
+        an upper bound), emptied first when all sizes' together hold ``memo_entries``."""
+        with self._memos_lock:
+            if sum(len(memo) for memo in self._memos.values()) >= self._memo_entries:
+                self._memos = {}
+            return self._memos.setdefault(size, {})
+
     @property
     def nbytes(self) -> int:
         arrays = (self._groups, self._position, self._keys, self._packed, self._columns)
@@ -225,8 +246,11 @@ class BranchSearch:
         """Positions (in the size-ordered list) of the count vectors of ``size`` GPUs between
         ``low`` and ``high``, one arrangement of the counts of twins that are equal on every side
         in ``sides`` (non-increasing there), and their columns (``_columns``)."""
+        # Only the slices of groups whose first class is one ``high`` has, up to ``low``'s first.
         row = size * (self._m + 1)
-        lo, hi = int(self._slices[row]), int(self._slices[row + self._m + 1])
+        first = next((c for c, count in enumerate(high) if count), self._m)
+        last = next((c for c, count in enumerate(low) if count), self._m)
+        lo, hi = int(self._slices[row + first]), int(self._slices[row + last + 1])
         packed = self._packed[lo:hi]
         equal = sum(
             1 << bit
@@ -261,15 +285,23 @@ class BranchSearch:
         query = _Query(self, int(available.sum()), size, deadline)
         sides = [available.tolist(), required.tolist()]
         top = query.state(available)
-        positions, columns = self.groups(size, sides[0], sides[1], sides)
-        kids = query.arrays(top, positions, size, columns)
         # OPT by aspiration: ask for the best bound, and on failure for the upper bound the
         # search proved instead, until one is met. Each round walks only the children whose bound
         # reaches it (the memo keeps what earlier rounds proved, each state's children are
         # listed once per request), where a search from below solves whole subtrees exactly.
-        must = bool(required.any())
-        ranked = query.ranked(kids) if must else None  # without: rest(top) lists its own
-        need = int(kids.bounds.max()) if len(kids.bounds) else 0
+        # With must-include GPUs the top's children are the groups that hold them; without,
+        # R(available) is OPT and lists its own (those holding the first class), and the groups
+        # of the answer are bounded only after, the highest own scores first (:meth:`_tiers`).
+        if required.any():
+            positions, columns = self.groups(size, sides[0], sides[1], sides)
+            kids = query.arrays(top, positions, size, columns)
+            ranked = query.ranked(kids)
+            need = int(kids.bounds.max()) if len(kids.bounds) else 0
+            candidates: Iterator[_Arrays] = iter([kids])
+        else:
+            ranked = None
+            need = query.first_bound(top)
+            candidates = self._tiers(query, top, size, sides)
         while True:
             if ranked is not None:
                 found, upper = query.best_child(top, ranked, need, -1, UNKNOWN)
@@ -286,27 +318,32 @@ class BranchSearch:
         # Within one own score they are checked best lex key first (a group's best arrangement:
         # every arrangement of it reaches OPT as it does), so the first that reaches is the
         # answer, unless ``every`` asks for them all.
-        near = np.flatnonzero(kids.bounds >= opt)
         blocks = _blocks(sides, self._twins)
         reach: list[int] = []
         level = None
         arranged: dict[int, IntArray] = {}  # a tier's groups' best arrangements, by position
-        for f in sorted(set(kids.own[near].tolist()), reverse=True):
-            tier = near[kids.own[near] == f].tolist()
-            if not every and len(tier) > 1:
-                positions = kids.positions[tier]
-                rows, firsts = _best_arrangements(self._groups[positions], blocks, lex)
-                arranged = dict(zip(positions.tolist(), rows, strict=True))
-                ranked_tier = sorted(zip(firsts.tolist(), tier, strict=True), key=lambda t: -t[0])
-                tier = [i for _, i in ranked_tier]
-            for i in tier:
-                state = query.child(top, int(kids.positions[i]), int(kids.keys[i]))
-                value, exact = query.rest(state, opt - f, opt - f)
-                if exact and value + f == opt:
-                    reach.append(int(kids.positions[i]))
-                    level = f
-                    if not every:
-                        break
+        for kids in candidates:  # whole tiers of own scores, highest first
+            near = np.flatnonzero(kids.bounds >= opt)
+            for f in sorted(set(kids.own[near].tolist()), reverse=True):
+                tier = near[kids.own[near] == f].tolist()
+                if not every and len(tier) > 1:
+                    positions = kids.positions[tier]
+                    rows, firsts = _best_arrangements(self._groups[positions], blocks, lex)
+                    arranged = dict(zip(positions.tolist(), rows, strict=True))
+                    ranked_tier = sorted(
+                        zip(firsts.tolist(), tier, strict=True), key=lambda t: -t[0]
+                    )
+                    tier = [i for _, i in ranked_tier]
+                for i in tier:
+                    state = query.child(top, int(kids.positions[i]), int(kids.keys[i]))
+                    value, exact = query.rest(state, opt - f, opt - f)
+                    if exact and value + f == opt:
+                        reach.append(int(kids.positions[i]))
+                        level = f
+                        if not every:
+                            break
+                if level is not None:
+                    break
             if level is not None:
                 break
         assert level is not None, "the best partition's group reaches OPT"
@@ -317,6 +354,25 @@ class BranchSearch:
         else:
             best = _best_arrangements(self._groups[reach], blocks, lex)[0]
         return Answer(opt, level, best)
+
+    def _tiers(
+        self, query: _Query, top: _State, size: int, sides: list[list[int]]
+    ) -> Iterator[_Arrays]:
+        """The top's children through every group of ``size`` that fits it, highest own score
+        first, in runs of whole tiers of one own score: :data:`FIRST` groups, then four times
+        as many each time, so the bounds of the groups that cannot be the answer's (most of
+        them: lower own scores) are seldom computed."""
+        positions, columns = self.groups(size, sides[0], sides[1], sides)
+        order = np.argsort(-columns[0], kind="stable")
+        down = -columns[0][order]  # own scores, lowest first: where each tier ends
+        start, count = 0, FIRST
+        while start < len(order):
+            stop = len(order)
+            if start + count < stop:
+                stop = int(np.searchsorted(down, down[start + count - 1], side="right"))
+            picked = order[start:stop]
+            yield query.arrays(top, positions[picked], size, columns[:, picked])
+            start, count = stop, count * 4
 
     def totals(self, available: IntArray, candidates: IntArray, size: int) -> IntArray:
         """Twice the best score of a partition of ``available`` that has each candidate as a
@@ -526,7 +582,7 @@ class _Query:
         whole, part = np.divmod(t, size)
         self._cmax = whole * (size * (size - 1)) + part * (part - 1)
         self._cmax_list: list[int] = self._cmax.tolist()
-        self._memo: dict[int, tuple[int, bool]] = {}
+        self._memo = search.memo(size)
         self._expanded: dict[int, _Children] = {}  # each state's children, listed once
 
     def state(self, y: IntArray) -> _State:
@@ -672,6 +728,17 @@ class _Query:
                     bound = entry.twice + one(starts, entry, counts, total, size, cmax)
                 found.append((bound, exact, entry.twice, int(keys_of[index]), entry.position))
         return found
+
+    def first_bound(self, state: _State) -> int:
+        """An upper bound on the state's R to start the search with: what the memo knows of it
+        (an earlier request may have solved it), else the highest bound of its children; 0
+        where R needs no search."""
+        if state.total <= self._size or self._size == 1:
+            return 0
+        known = self._memo.get(state.key)
+        if known is not None:
+            return known[0]
+        return next(iter(self.children(state).items()))[0]
 
     def rest(self, state: _State, need: int, cap: int) -> tuple[int, bool]:
         """Twice R(y) and True; or, when R(y) < ``need``, possibly an upper bound below ``need``

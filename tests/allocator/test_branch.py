@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import random
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from hypothesis import given, settings
@@ -205,6 +206,65 @@ def test_shapes_not_built_for(name: str) -> None:
     spans = [c for c, size in enumerate(sizes) for _ in range(size)]
     work += queries(n, 11, 15, spans)
     _check(topology, LatticeReference(class_members(sizes), scores), work)
+
+
+def _memo_entries(search: BranchSearch) -> int:
+    return sum(len(memo) for memo in search._memos.values())
+
+
+def test_requests_share_the_memo_and_it_stays_bounded() -> None:
+    """R of a count vector is the same for every request of one size, so a node's requests share the
+    memo: requests of three sizes on the same available GPUs (their states recur, within a size and
+    across sizes) are answered as the count table answers them, the same with the memo shared, with
+    nothing shared and with a memo kept to a few values (emptied when full), and the shared one
+    really holds what several requests proved."""
+    sizes, scores = pcie_server(3)
+    topology = from_classes("shared", sizes, scores)
+    spans = [c for c, size in enumerate(sizes) for _ in range(size)]
+    rng = random.Random(13)
+    work = [
+        (available, must[: rng.randint(0, 2)], size)
+        for available, must, _ in queries(len(topology), 13, 8, spans)
+        for size in (3, 4, 6)
+        if size <= len(available)
+    ]
+    rng.shuffle(work)
+    reference = LatticeReference(class_members(sizes), scores)
+    policies = {}
+    for name, entries in (("shared", None), ("alone", 0), ("small", 32)):
+        policy = BestEffort(topology, budget_s=LONG)
+        if entries is not None:
+            policy._counts = BranchSearch(twin_classes(topology.scores), memo_entries=entries)
+        policies[name] = policy
+    searches = {name: policy._counts for name, policy in policies.items()}
+    assert all(isinstance(search, BranchSearch) for search in searches.values())
+    one_request = most_small = 0
+    for available, must, size in work:
+        expected = reference.answer(available, must, size)
+        for name, policy in policies.items():
+            assert policy.allocate(available, must, size) == expected, (name, available, size)
+        one_request = max(one_request, _memo_entries(searches["alone"]))
+        most_small = max(most_small, _memo_entries(searches["small"]))
+    assert most_small <= 32 + one_request
+    assert _memo_entries(searches["shared"]) > 32 + one_request
+
+
+def test_concurrent_requests_share_the_memo_safely() -> None:
+    """The request workers run searches on one node at once: answers from four threads over a
+    shared memo are those of one thread asking alone."""
+    topology = parse_node(NODES["l4-24-uneven"](), "<l4-24-uneven>").topology()
+    rng = random.Random(21)
+    work: list[Query] = []
+    for _ in range(48):
+        available = sorted(rng.sample(range(24), rng.randint(14, 24)))
+        size = rng.choice([3, 4, 5, 7])
+        work.append((available, sorted(rng.sample(available, rng.randint(0, 1))), size))
+    alone = BestEffort(topology, budget_s=LONG)
+    expected = [alone.allocate(*query) for query in work]
+    together = BestEffort(topology, budget_s=LONG)
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda query: together.allocate(*query), work))
+    assert answers == expected
 
 
 @pytest.mark.parametrize("name", sorted(SERVERS))
