@@ -267,41 +267,49 @@ class BestEffort:
         classes = self._counts.classes
         available = classes.counts(request.available)
         required = classes.counts(request.must_include)
+        free = self._free(request)
         if isinstance(self._counts, BranchSearch):
             deadline = started + self._budget_s * EXACT_SHARE
-            lex = self._lex_key(request, required)
+            lex = self._lex_key(request, required, free)
             answer = self._counts.search(available, required, request.size, lex, deadline=deadline)
             opt2, own2, best = answer.opt2, answer.own2, answer.best
         else:
             found = self._counts.search(available, required, request.size)
             opt2, own2, best = found.opt2, found.own2, found.best
-        group = min(self._members(request, best, required))
+        group = min(self._members(request, best, required, free))
         return group, own2 // 2, opt2 // 2
 
-    def _lex_key(self, request: Request, taken: np.ndarray) -> LexKey:
+    def _lex_key(self, request: Request, taken: np.ndarray, free: list[list[int]]) -> LexKey:
         """For count vectors, a key that is higher the lex-smaller their groups (R plus the
         lowest other available GPUs per class): sorted index tuples of one length compare as
-        their bit-reversed masks do, in reverse. ``taken``: the must-include GPUs per class."""
+        their bit-reversed masks do, in reverse. ``taken``: the must-include GPUs per class;
+        ``free``: :meth:`_free`. Its table is made at the first call (most requests make none:
+        only groups whose twins can be arranged in more than one way are compared)."""
         import numpy as np
 
         top = len(self._topology) - 1
-        required = request.must_include
-        prefix: list[list[int]] = []
-        for free in self._free(request):
-            chain = [0]
-            for gpu in free:
-                chain.append(chain[-1] | 1 << (top - gpu))
-            prefix.append(chain)
-        # One row per class (padded), looked up for every class of every vector at once.
-        width = max(len(chain) for chain in prefix)
-        table = np.zeros((len(prefix), width), dtype=np.uint64)
-        for c, chain in enumerate(prefix):
-            table[c, : len(chain)] = chain
-        base = np.uint64(sum(1 << (top - gpu) for gpu in required))
-        rows = np.arange(len(prefix))
+        made: list[tuple[np.ndarray, np.ndarray, np.uint64]] = []
+
+        def table() -> tuple[np.ndarray, np.ndarray, np.uint64]:
+            prefix: list[list[int]] = []
+            for gpus in free:
+                chain = [0]
+                for gpu in gpus:
+                    chain.append(chain[-1] | 1 << (top - gpu))
+                prefix.append(chain)
+            # One row per class (padded), looked up for every class of every vector at once.
+            width = max(len(chain) for chain in prefix)
+            rows = np.zeros((len(prefix), width), dtype=np.uint64)
+            for c, chain in enumerate(prefix):
+                rows[c, : len(chain)] = chain
+            base = np.uint64(sum(1 << (top - gpu) for gpu in request.must_include))
+            return rows, np.arange(len(prefix)), base
 
         def key(vectors: np.ndarray) -> np.ndarray:
-            parts = table[rows, vectors - taken]
+            if not made:
+                made.append(table())
+            rows, classes, base = made[0]
+            parts = rows[classes, vectors - taken]
             out: np.ndarray = np.bitwise_or.reduce(parts, axis=1) | base
             return out
 
@@ -319,12 +327,11 @@ class BestEffort:
         return free
 
     def _members(
-        self, request: Request, vectors: np.ndarray, taken: np.ndarray
+        self, request: Request, vectors: np.ndarray, taken: np.ndarray, free: list[list[int]]
     ) -> list[tuple[int, ...]]:
         """For each count vector, the lex-smallest group with those GPUs per class: the
         must-include GPUs, then in each class the lowest other available ones (``taken``: the
-        must-include GPUs per class)."""
-        free = self._free(request)
+        must-include GPUs per class; ``free``: :meth:`_free`)."""
         out = []
         for vector in (vectors - taken).tolist():
             chosen = list(request.must_include)
@@ -351,7 +358,7 @@ class BestEffort:
         best = candidates[totals == 2 * (answer.partition_score or 0)]
         ranked = sorted(
             zip(
-                self._members(request, best, required),
+                self._members(request, best, required, self._free(request)),
                 (self._counts.twice(best) // 2).tolist(),
                 strict=True,
             ),

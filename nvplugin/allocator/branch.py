@@ -328,7 +328,8 @@ class BranchSearch:
                 tier = near[kids.own[near] == f].tolist()
                 if not every and len(tier) > 1:
                     positions = kids.positions[tier]
-                    rows, firsts = _best_arrangements(self._groups[positions], blocks, lex)
+                    rows = _best_arrangements(self._groups[positions], blocks, lex)
+                    firsts = lex(rows)
                     arranged = dict(zip(positions.tolist(), rows, strict=True))
                     ranked_tier = sorted(
                         zip(firsts.tolist(), tier, strict=True), key=lambda t: -t[0]
@@ -352,7 +353,7 @@ class BranchSearch:
         elif reach[0] in arranged:
             best = arranged[reach[0]][None]
         else:
-            best = _best_arrangements(self._groups[reach], blocks, lex)[0]
+            best = _best_arrangements(self._groups[reach], blocks, lex)
         return Answer(opt, level, best)
 
     def _tiers(
@@ -848,13 +849,12 @@ def _blocks(sides: list[list[int]], twins: list[list[int]]) -> list[list[int]]:
     return out
 
 
-def _best_arrangements(
-    groups: NDArray[np.int8], blocks: list[list[int]], lex: LexKey
-) -> tuple[IntArray, NDArray[np.uint64]]:
-    """Each group's arrangement (:func:`_arrangements`) of the highest lex key, and that key.
-    A key is one part per class on bits of its own (:data:`LexKey`), so each block of twins is
-    arranged on its own: the best orders of one block, the others' counts kept, then the next
-    (a few orders per block, where the arrangements multiply across blocks)."""
+def _best_arrangements(groups: NDArray[np.int8], blocks: list[list[int]], lex: LexKey) -> IntArray:
+    """Each group's arrangement (:func:`_arrangements`) of the highest lex key (the key is
+    asked for only where a block has more than one order). A key is one part per class on bits
+    of its own (:data:`LexKey`), so each block of twins is arranged on its own: the best orders
+    of one block, the others' counts kept, then the next (a few orders per block, where the
+    arrangements multiply across blocks)."""
     rows = groups.astype(np.int64)
     for block in blocks:
         orders = [_orders(values) for values in rows[:, block].tolist()]
@@ -866,7 +866,7 @@ def _best_arrangements(
         keys = lex(tried)
         segment = np.repeat(np.arange(len(rows)), counts)
         rows = tried[np.lexsort((keys, segment))[np.cumsum(counts) - 1]]  # each one's highest
-    return rows, lex(rows)
+    return rows
 
 
 def _arrangements(groups: IntArray, blocks: list[list[int]]) -> IntArray:
