@@ -170,6 +170,12 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
     mark = getattr(exc, "problem_mark", None)
     at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
     problem = getattr(exc, "problem", None) or str(exc)
+    if "exceeded maximum nesting depth" in problem:
+        # libyaml's own bound (1000 levels in the libyaml of PyYAML 6.0.4's wheels): its
+        # scanner reads a run of flow openers ahead of the events, so on ``[[[[...`` it stops
+        # before :func:`check_bounds` has counted MAX_DEPTH of them. Deeper than ours, so ours
+        # is what the user is told.
+        return f"{at}nested deeper than {MAX_DEPTH} levels"
     if "found character '\\t'" in problem or "found a tab character" in problem:
         problem += (
             " (YAML indents with spaces only; a pasted block with tabs goes under a block "

@@ -146,6 +146,16 @@ def test_depth_is_counted_in_block_style_too() -> None:
     yamlinput.load("".join(" " * depth + f"k{depth}:\n" for depth in range(60)), "fine")
 
 
+def test_depth_in_flow_style_is_refused_by_one_message() -> None:
+    """The libyaml of PyYAML 6.0.4's wheels refuses 1000 levels of ``[`` while scanning ahead of
+    the events, before the walk counts 64 of them; with earlier ones the walk refuses them. The
+    user is told the same either way."""
+    for depth in (65, 1001, 5000):
+        with pytest.raises(InputError, match=r"^deep: line 1, column \d+: nested deeper than 64"):
+            yamlinput.load("[" * depth + "]" * depth, "deep")
+    assert yamlinput.load("[" * 64 + "]" * 64, "fine") is not None
+
+
 def test_duplicate_keys_are_refused() -> None:
     with pytest.raises(InputError, match="line 2, column 1: not valid YAML: duplicate key 'a'"):
         yamlinput.load("a: 1\na: 2\n", "dup")
