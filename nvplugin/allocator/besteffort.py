@@ -38,6 +38,7 @@ pure and read-only after start-up, so one policy serves concurrent requests from
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -288,8 +289,8 @@ class BestEffort:
         import numpy as np
 
         top = len(self._topology) - 1
-        made: list[tuple[np.ndarray, np.ndarray, np.uint64]] = []
 
+        @functools.cache
         def table() -> tuple[np.ndarray, np.ndarray, np.uint64]:
             prefix: list[list[int]] = []
             for gpus in free:
@@ -306,9 +307,7 @@ class BestEffort:
             return rows, np.arange(len(prefix)), base
 
         def key(vectors: np.ndarray) -> np.ndarray:
-            if not made:
-                made.append(table())
-            rows, classes, base = made[0]
+            rows, classes, base = table()
             parts = rows[classes, vectors - taken]
             out: np.ndarray = np.bitwise_or.reduce(parts, axis=1) | base
             return out

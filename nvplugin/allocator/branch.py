@@ -322,29 +322,23 @@ class BranchSearch:
         reach: list[int] = []
         level = None
         arranged: dict[int, IntArray] = {}  # a tier's groups' best arrangements, by position
-        for kids in candidates:  # whole tiers of own scores, highest first
-            near = np.flatnonzero(kids.bounds >= opt)
-            for f in sorted(set(kids.own[near].tolist()), reverse=True):
-                tier = near[kids.own[near] == f].tolist()
-                if not every and len(tier) > 1:
-                    positions = kids.positions[tier]
-                    rows = _best_arrangements(self._groups[positions], blocks, lex)
-                    firsts = lex(rows)
-                    arranged = dict(zip(positions.tolist(), rows, strict=True))
-                    ranked_tier = sorted(
-                        zip(firsts.tolist(), tier, strict=True), key=lambda t: -t[0]
-                    )
-                    tier = [i for _, i in ranked_tier]
-                for i in tier:
-                    state = query.child(top, int(kids.positions[i]), int(kids.keys[i]))
-                    value, exact = query.rest(state, opt - f, opt - f)
-                    if exact and value + f == opt:
-                        reach.append(int(kids.positions[i]))
-                        level = f
-                        if not every:
-                            break
-                if level is not None:
-                    break
+        for kids, f, tier in _reaching(candidates, opt):
+            if not every and len(tier) > 1:
+                positions = kids.positions[tier]
+                rows = _best_arrangements(self._groups[positions], blocks, lex)
+                arranged = dict(zip(positions.tolist(), rows, strict=True))
+                ranked_tier = sorted(
+                    zip(lex(rows).tolist(), tier, strict=True), key=lambda t: -t[0]
+                )
+                tier = [i for _, i in ranked_tier]
+            for i in tier:
+                state = query.child(top, int(kids.positions[i]), int(kids.keys[i]))
+                value, exact = query.rest(state, opt - f, opt - f)
+                if exact and value + f == opt:
+                    reach.append(int(kids.positions[i]))
+                    level = f
+                    if not every:
+                        break
             if level is not None:
                 break
         assert level is not None, "the best partition's group reaches OPT"
@@ -364,8 +358,9 @@ class BranchSearch:
         as many each time, so the bounds of the groups that cannot be the answer's (most of
         them: lower own scores) are seldom computed."""
         positions, columns = self.groups(size, sides[0], sides[1], sides)
-        order = np.argsort(-columns[0], kind="stable")
-        down = -columns[0][order]  # own scores, lowest first: where each tier ends
+        negated = -columns[0]
+        order = np.argsort(negated, kind="stable")
+        down = negated[order]  # own scores negated, lowest first: where each tier ends
         start, count = 0, FIRST
         while start < len(order):
             stop = len(order)
@@ -835,6 +830,16 @@ def _twin_sets(scores: IntArray, sizes: list[int]) -> list[list[int]]:
         if len(same) > 1:
             out.append(same)
     return out
+
+
+def _reaching(candidates: Iterator[_Arrays], opt: int) -> Iterator[tuple[_Arrays, int, list[int]]]:
+    """The candidates whose bound reaches ``opt``, a tier of one own score at a time, highest
+    first (``candidates`` come in whole tiers, highest first): their arrays, the own score and
+    the tier's indices into them."""
+    for kids in candidates:
+        near = np.flatnonzero(kids.bounds >= opt)
+        for f in sorted(set(kids.own[near].tolist()), reverse=True):
+            yield kids, f, near[kids.own[near] == f].tolist()
 
 
 def _blocks(sides: list[list[int]], twins: list[list[int]]) -> list[list[int]]:
