@@ -27,6 +27,8 @@ from itertools import combinations
 import numpy as np
 from numpy.typing import NDArray
 
+from nvplugin.allocator.twins import class_scores, twin_members
+
 IntArray = NDArray[np.int64]
 
 
@@ -60,34 +62,16 @@ class Classes:
 
 
 def twin_classes(scores: Sequence[Sequence[int]]) -> Classes:
-    """The twin classes of the GPUs whose pair scores are ``scores``."""
-    matrix = np.asarray(scores, dtype=np.int64).reshape(len(scores), len(scores))
-    n = len(matrix)
-    of = [-1] * n
-    members: list[list[int]] = []
-    for i in range(n):
-        if of[i] >= 0:
-            continue
-        of[i] = len(members)
-        group = [i]
-        # j is a twin of i when rows i and j agree everywhere but in columns i and j.
-        differ = matrix[i][None, :] != matrix[i + 1 :]
-        differ[:, i] = False
-        differ[np.arange(n - i - 1), np.arange(i + 1, n)] = False
-        for j in (np.flatnonzero(~differ.any(axis=1)) + i + 1).tolist():
-            if of[j] < 0:
-                of[j] = of[i]
-                group.append(j)
-        members.append(group)
-    m = len(members)
-    class_scores = np.zeros((m, m), dtype=np.int64)
-    for c, group in enumerate(members):
-        for d, other in enumerate(members):
-            if c != d:
-                class_scores[c, d] = matrix[group[0], other[0]]
-            elif len(group) > 1:
-                class_scores[c, c] = matrix[group[0], group[1]]
-    return Classes(tuple(tuple(g) for g in members), tuple(of), class_scores)
+    """The twin classes of the GPUs whose pair scores are ``scores``
+    (:func:`nvplugin.allocator.twins.twin_members`)."""
+    members, of = twin_members(scores)
+    return Classes(
+        tuple(tuple(group) for group in members),
+        tuple(of),
+        np.asarray(class_scores(scores, members), dtype=np.int64).reshape(
+            len(members), len(members)
+        ),
+    )
 
 
 def conditionally_psd(matrix: IntArray) -> bool:
