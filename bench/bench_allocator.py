@@ -79,8 +79,14 @@ def child() -> None:
     import nvplugin.allocator.besteffort
     from nvplugin.allocator import make_policy
     from nvplugin.allocator.smalltables import SMALL_GPUS
+    from nvplugin.allocator.tree import TREE_GPUS, hierarchy
+    from nvplugin.allocator.twins import class_scores, twin_members
 
-    if len(topology) > SMALL_GPUS:  # numpy and the methods on it, which the policy imports
+    n = len(topology)
+    members, _ = twin_members(topology.scores)
+    tree = hierarchy(class_scores(topology.scores, members), [len(g) for g in members])
+    numpy_free = n <= SMALL_GPUS or (n <= TREE_GPUS and tree is not None)
+    if not numpy_free:  # numpy and the methods on it, which the policy imports
         import nvplugin.allocator.branch
         import nvplugin.allocator.counts
         import nvplugin.allocator.search
@@ -90,6 +96,7 @@ def child() -> None:
     start = time.perf_counter()
     policy = make_policy("best-effort", topology)
     startup = time.perf_counter() - start
+    assert ("numpy" in sys.modules) != numpy_free, "the import column times what the policy loads"
     rss_after = _rss()
     work = [(a, m, s) for a, m, s in request["queries"]]
     times, answers = _answer_all(policy, work)
@@ -225,6 +232,17 @@ def run() -> None:
                 f"{_mib(fresh['rss_growth'])} {os.getloadavg()[0]:5.2f}",
                 flush=True,
             )
+            if method == "tree":  # the same queries by the branch search it replaced
+                branch = BestEffort(topology, tree_gpus=0)
+                assert branch.method == "branch"
+                times, branch_answers = _answer_all(branch, work)
+                assert branch_answers == answers, f"{name}: the branch search answers otherwise"
+                print(
+                    f"{'':<16}{n:>5}{len(work):>8} {'branch':>7} | {_stats(times)} | "
+                    f"{'(branch search, for comparison)':^26} | {'':>55} "
+                    f"{os.getloadavg()[0]:5.2f}",
+                    flush=True,
+                )
             if name in SERVERS:  # the same queries by the generic search, for comparison
                 generic = BestEffort(topology, structured=False)
                 assert generic.method == "search"
@@ -238,15 +256,17 @@ def run() -> None:
     finally:
         shutil.rmtree(directory, ignore_errors=True)
     print(
-        "method = tables (subset tables, <= 16 GPUs), counts (count search, <= 4 classes of "
+        "method = tables (subset tables, <= 16 GPUs), tree (dynamic programme over the tree of "
+        "classes, 9-16 GPUs whose scores nest), counts (count search, <= 4 classes of "
         "interchangeable GPUs, > 32 GPUs), branch (branch and bound over count vectors, <= 8 "
         "classes, <= 32 GPUs), search (budgeted local search, exact tables up to 16 available); "
-        "import = the policy modules the node's method loads (numpy from 9 GPUs on); start-up = "
+        "import = the policy modules the node's method loads (numpy beyond the small tables and "
+        "the tree); start-up = "
         "make_policy (after imports); tables = bytes the policy keeps; peak = tracemalloc peak "
         "while building; RSS+ = resident memory growth across make_policy; load = 1-minute load "
         "average after the node. Times in µs unless marked. Under each PCIe server of 20-32 GPUs, "
         "the same queries by the generic search (the method such nodes had before the branch "
-        "search)."
+        "search); under each tree node, by the branch search (which it had before the tree)."
     )
     for note in notes:
         print(note)

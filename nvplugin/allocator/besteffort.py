@@ -4,26 +4,32 @@ NVIDIA's allocator enumerates every partition of the free GPUs (22 million for 1
 3). We never enumerate. The topology is fixed for the life of the process, so the policy picks,
 once, the fastest method that is exact on it:
 
-- ``tables`` (up to :data:`SMALL_GPUS` GPUs, and up to :data:`TABLE_GPUS` where ``branch``
-  does not apply): the subset tables of :mod:`nvplugin.allocator.tables` (every subset's score,
-  and per group size the best partition score of every subset), built at start-up (~0.3 s and
-  ~11 MiB of resident memory for 16 GPUs). A query is a few numpy operations over the at most
-  C(16, 8) = 12870 candidate groups. Up to eight GPUs the same tables are plain Python
-  (:mod:`nvplugin.allocator.smalltables`: a few ms to build, tens of microseconds a query), and
-  the process never loads numpy.
+- ``tables`` (up to :data:`SMALL_GPUS` GPUs, and up to :data:`TABLE_GPUS` where neither ``tree``
+  nor ``branch`` applies): the subset tables of :mod:`nvplugin.allocator.tables` (every
+  subset's score, and per group size the best partition score of every subset), built at
+  start-up (~0.3 s and ~11 MiB of resident memory for 16 GPUs). A query is a few numpy
+  operations over the at most C(16, 8) = 12870 candidate groups. Up to eight GPUs the same
+  tables are plain Python (:mod:`nvplugin.allocator.smalltables`: a few ms to build, tens of
+  microseconds a query), and the process never loads numpy.
+- ``tree`` (9 to 16 GPUs whose class scores nest as a PCIe tree's do: a DGX-2, 16-card PCIe
+  servers): the dynamic programme over the tree's subtrees of :mod:`nvplugin.allocator.tree`,
+  exact, plain Python (no numpy: a DGX-2's ``serve`` holds ~14 MiB less than with ``branch``),
+  nothing kept but the tree (start-up asks every size once, ~6 ms, to fill the caches of how
+  pieces match), well under a millisecond per query. ``--explain`` builds the ``branch`` search
+  on such a node for its partition and contenders (:meth:`_counter`).
 - ``counts`` (beyond 32 GPUs, on nodes whose GPUs fall into at most four classes of
   interchangeable GPUs, as under PCIe switches or on an NVSwitch fabric): the count search of
   :mod:`nvplugin.allocator.counts`, exact, a few ms per query up to 128 GPUs, from ~2 MB of
   shape arrays built at start-up.
-- ``branch`` (9 to 32 GPUs in up to eight classes: a DGX-2's NVSwitch fabric over PCIe switch
-  pairs, two to eight PCIe switches under one or two sockets; it also takes the 17-32 GPU nodes
-  of at most four classes from ``counts``, 2-3 times faster per query with the same answers):
+- ``branch`` (9 to 32 GPUs in up to eight classes where ``tree`` does not apply: two to eight
+  PCIe switches under one or two sockets beyond 16 GPUs, an NVSwitch fabric over only some of
+  the GPUs; it also takes the 17-32 GPU nodes of at most four classes from ``counts``, 2-3 times
+  faster per query with the same answers):
   the branch and bound over count vectors of :mod:`nvplugin.allocator.branch`, exact, a few ms
   per query, from a list of count vectors built at start-up (~20 ms and ~2 MiB for 16-24 GPUs,
   0.16-0.31 s and 9-18 MiB kept, 14-22 MiB at peak, for 32 in eight classes). It replaces the
-  tables from 9 GPUs on: a DGX-2 registers ~0.3-0.5 s sooner and ~11 MiB smaller, for ~2 ms
-  more per query at p99. Should a request's search pass three quarters of its time budget, the
-  local search below answers instead.
+  tables from 9 GPUs on where the scores do not nest. Should a request's search pass three
+  quarters of its time budget, the local search below answers instead.
 - ``search`` (every other node beyond 16 GPUs): a request with at most 16 available GPUs builds
   the tables over them for its one size, and answers exactly if that finishes within three
   quarters of the request's time budget; otherwise the local search of
@@ -45,6 +51,7 @@ from typing import TYPE_CHECKING
 
 from nvplugin.allocator.base import Allocation, OutOfTime, Request, check_request
 from nvplugin.allocator.smalltables import SMALL_GPUS, SmallTables
+from nvplugin.allocator.tree import TREE_GPUS, TreeSearch
 from nvplugin.log import get_logger
 from nvplugin.node.model import Topology
 
@@ -55,9 +62,10 @@ if TYPE_CHECKING:
     from nvplugin.allocator.counts import CountSearch
     from nvplugin.allocator.tables import Tables
 
-# numpy and the modules built on it (every method but the small tables) are imported by the
-# policies that use them: a node of at most SMALL_GPUS GPUs never loads numpy
-# (:mod:`nvplugin.allocator.smalltables`).
+# numpy and the modules built on it (every method but the small tables and the tree) are
+# imported by the policies that use them: a node of at most SMALL_GPUS GPUs never loads numpy
+# (:mod:`nvplugin.allocator.smalltables`), nor one of at most TREE_GPUS whose scores nest
+# (:mod:`nvplugin.allocator.tree`).
 
 TABLE_GPUS = 16
 """Largest node whose tables are built once at start-up (2^16 masks: ~5 MB, ~0.3 s), and the
@@ -92,23 +100,29 @@ class BestEffort:
         topology: Topology,
         *,
         table_gpus: int = TABLE_GPUS,
+        tree_gpus: int = TREE_GPUS,
         branch_gpus: int = BRANCH_GPUS,
         budget_s: float = 0.1,
         structured: bool = True,
     ) -> None:
         """``budget_s``: how long a ``search`` request may take (module docstring);
-        ``table_gpus``/``branch_gpus``: the largest node the tables / ``branch`` take (lower
-        them to test the other methods on small nodes); ``structured=False``: no method that
-        relies on classes of twins (``counts``, ``branch``), so that a node beyond the tables
-        gets ``search`` (what benchmarks compare with)."""
+        ``table_gpus``/``tree_gpus``/``branch_gpus``: the largest node the tables / ``tree`` /
+        ``branch`` take (lower them to test the other methods on small nodes);
+        ``structured=False``: no method that relies on classes of twins (``tree``, ``counts``,
+        ``branch``), so that a node beyond the tables gets ``search`` (what benchmarks compare
+        with)."""
         self._topology = topology
         self._budget_s = budget_s
         n = len(topology)
         self._tables: Tables | SmallTables | None = None
         self._counts: CountSearch | BranchSearch | None = None
+        self._tree: TreeSearch | None = None
         self._method = "search"
+        tree = TreeSearch(topology.scores) if structured and n <= tree_gpus else None
         if n <= min(SMALL_GPUS, table_gpus):
             self._tables, self._method = SmallTables.build(topology.scores), "tables"
+        elif tree is not None and tree.root is not None:
+            self._tree, self._method = tree, "tree"
         else:
             from nvplugin.allocator import branch, counts
             from nvplugin.allocator.classes import twin_classes
@@ -124,8 +138,10 @@ class BestEffort:
                 self._counts, self._method = counts.CountSearch(classes), "counts"
         if n and self.method != "search":
             # One query at start-up runs every code path once (numpy's first calls are slower),
-            # so the kubelet's first request is as fast as the rest.
-            self.allocate(range(n), [], max(1, n // 2))
+            # so the kubelet's first request is as fast as the rest; on a tree, one per size (a
+            # few ms in all) fills the caches of how pieces match that later requests read.
+            for size in range(1, n + 1) if self._tree is not None else [max(1, n // 2)]:
+                self.allocate(range(n), [], size)
 
     @property
     def topology(self) -> Topology:
@@ -137,7 +153,7 @@ class BestEffort:
 
     @property
     def method(self) -> str:
-        """``tables``, ``counts``, ``branch`` or ``search`` (module docstring)."""
+        """``tables``, ``tree``, ``counts``, ``branch`` or ``search`` (module docstring)."""
         return self._method
 
     @property
@@ -157,6 +173,8 @@ class BestEffort:
             best = self._tables.best_group(request.available_mask, request.must_include_mask, size)
             assert best is not None, "a possible request always has a candidate group"
             return list(_indices(best[0]))
+        if self._tree is not None:
+            return list(self._tree.best(request.available, request.must_include, size).group)
         if self._counts is not None:
             started = time.monotonic()
             try:
@@ -172,6 +190,9 @@ class BestEffort:
             return Allocation(self.name, (), None, None, reason=request.impossible)
         if self._tables is not None:
             return self._table_solve(self._tables, (), request)
+        if self._tree is not None:
+            answer = self._tree.best(request.available, request.must_include, request.size)
+            return self._count_solve(request, time.monotonic(), answer.group)
         if self._counts is not None:
             started = time.monotonic()
             try:
@@ -187,7 +208,7 @@ class BestEffort:
         request = check_request(len(self._topology), available, group, len(group))
         if request.impossible:
             return Allocation(policy, (), None, None, reason=request.impossible)
-        if self._counts is not None:
+        if self._counts is not None or self._tree is not None:
             answer = self._count_explain(request, request.must_include)
         else:
             tables, labels = self._tables_for(request, None)
@@ -316,8 +337,7 @@ class BestEffort:
 
     def _free(self, request: Request) -> list[list[int]]:
         """Per class, its available GPUs that are not must-include, lowest first."""
-        assert self._counts is not None
-        classes = self._counts.classes
+        classes = self._counter().classes
         required = set(request.must_include)
         free: list[list[int]] = [[] for _ in range(len(classes))]
         for gpu in request.available:
@@ -339,26 +359,44 @@ class BestEffort:
             out.append(tuple(sorted(chosen)))
         return out
 
-    def _count_solve(self, request: Request, started: float) -> Allocation:
+    def _counter(self) -> CountSearch | BranchSearch:
+        """The count search: made at start-up on a ``counts`` or ``branch`` node; on a ``tree``
+        node only once an explanation asks for it (``--explain`` lists a best partition and
+        every contender, which the tree's programme does not keep), so that ``serve`` never
+        loads numpy there."""
+        if self._counts is None:
+            from nvplugin.allocator.branch import BranchSearch
+            from nvplugin.allocator.classes import twin_classes
+
+            assert self._tree is not None
+            self._counts = BranchSearch(twin_classes(self._topology.scores))
+        return self._counts
+
+    def _count_solve(
+        self, request: Request, started: float, group: tuple[int, ...] | None = None
+    ) -> Allocation:
+        """The answer (``group`` when already known) with a best partition and the contenders
+        (one per composition)."""
         from nvplugin.allocator.counts import compositions
 
-        assert self._counts is not None
-        group, _, _ = self._count_group(request, started)
+        counter = self._counter()
+        if group is None:
+            group, _, _ = self._count_group(request, started)
         answer = self._count_explain(request, group)
-        classes = self._counts.classes
+        classes = counter.classes
         available = classes.counts(request.available)
         required = classes.counts(request.must_include)
         candidates = compositions(required, available, request.size)
         complete = len(candidates) <= ALL_CONTENDERS
         if not complete:
-            level = self._counts.twice(candidates) == 2 * (answer.score or 0)
+            level = counter.twice(candidates) == 2 * (answer.score or 0)
             candidates = candidates[level]
-        totals = self._counts.totals(available, candidates, request.size)
+        totals = counter.totals(available, candidates, request.size)
         best = candidates[totals == 2 * (answer.partition_score or 0)]
         ranked = sorted(
             zip(
                 self._members(request, best, required, self._free(request)),
-                (self._counts.twice(best) // 2).tolist(),
+                (counter.twice(best) // 2).tolist(),
                 strict=True,
             ),
             key=lambda item: (-item[1], item[0]),
@@ -370,13 +408,13 @@ class BestEffort:
 
     def _count_explain(self, request: Request, group: Sequence[int]) -> Allocation:
         """``group``'s score, and the best partition of the available GPUs holding it."""
-        assert self._counts is not None
-        classes = self._counts.classes
+        counter = self._counter()
+        classes = counter.classes
         s = request.size
         available = classes.counts(request.available)
         x = classes.counts(group)
-        total = int(self._counts.totals(available, x[None, :], s)[0]) // 2
-        full, leftover = self._counts.partition(available - x, s)
+        total = int(counter.totals(available, x[None, :], s)[0]) // 2
+        full, leftover = counter.partition(available - x, s)
         pools: list[list[int]] = [[] for _ in range(len(classes))]
         for gpu in request.available:
             if gpu not in group:

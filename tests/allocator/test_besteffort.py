@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from nvplugin.allocator import make_policy
 from nvplugin.allocator.besteffort import BRANCH_GPUS, BestEffort
+from nvplugin.allocator.tree import TREE_GPUS
 from nvplugin.node.model import Topology
 from tests.support.reference import BruteForce, MemoSearch
 from tests.support.topologies import (
@@ -132,11 +133,13 @@ def test_random_topologies_against_brute_force(
     topology, available, must, size = query
     expected = BruteForce(topology).answer(available, must, size)
     assert BestEffort(topology).allocate(available, must, size) == expected
-    # The paths for nodes beyond TABLE_GPUS and BRANCH_GPUS answer the same (the branch or
-    # count search, or tables over the available GPUs; a budget no load reaches keeps the last
-    # exact).
-    for branch_gpus in (BRANCH_GPUS, 0):
-        beyond = BestEffort(topology, table_gpus=0, branch_gpus=branch_gpus, budget_s=60.0)
+    # The paths for nodes beyond the small tables answer the same (the tree where the scores
+    # nest, the branch or count search, or tables over the available GPUs; a budget no load
+    # reaches keeps the last exact).
+    for tree_gpus, branch_gpus in ((TREE_GPUS, BRANCH_GPUS), (0, BRANCH_GPUS), (0, 0)):
+        beyond = BestEffort(
+            topology, table_gpus=0, tree_gpus=tree_gpus, branch_gpus=branch_gpus, budget_s=60.0
+        )
         assert beyond.allocate(available, must, size) == expected, beyond.method
 
 

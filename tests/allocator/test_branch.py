@@ -23,7 +23,13 @@ from nvplugin.node.model import Topology
 from nvplugin.node.nodefile import parse_node
 from tests.support.bignodes import NODES, SERVERS
 from tests.support.reference import BruteForce, LatticeReference
-from tests.support.topologies import check_solved, class_members, from_classes
+from tests.support.topologies import (
+    check_solved,
+    class_members,
+    draw_request,
+    from_classes,
+    pcie_server,
+)
 
 Query = tuple[list[int], list[int], int]
 
@@ -32,35 +38,6 @@ LONG = 60.0
 
 MOST_VECTORS = 6000
 """Most count vectors a random query's available GPUs may span, so the reference stays quick."""
-
-
-def pcie_server(seed: int) -> tuple[list[int], list[list[int]]]:
-    """A random PCIe-switch server: one or two sockets, five to eight switches of uneven sizes
-    (18-32 GPUs), each switch under its own root port (NODE), or two under one host bridge
-    (PHB) or one upstream switch (PXB); INT or PIX inside a switch. Returns the switch sizes and
-    their pair scores, written out here (not derived by the code under test)."""
-    rng = random.Random(seed)
-    while True:
-        switches = rng.randint(5, 8)
-        sizes = [rng.randint(1, 8) for _ in range(switches)]
-        if 18 <= sum(sizes) <= 32:
-            break
-    sockets = rng.randint(1, 2)
-    socket = sorted(rng.randrange(sockets) for _ in range(switches))
-    bridge = [rng.randrange(3) for _ in range(switches)]  # same bridge: PHB
-    upstream = [rng.randrange(2) for _ in range(switches)]  # same bridge and upstream: PXB
-    inside = [rng.choice([50, 50, 60]) for _ in range(switches)]
-
-    def score(c: int, d: int) -> int:
-        if c == d:
-            return inside[c]
-        if socket[c] != socket[d]:
-            return 10  # SYS
-        if bridge[c] != bridge[d]:
-            return 20  # NODE
-        return 30 if upstream[c] != upstream[d] else 40  # PHB, PXB
-
-    return sizes, [[score(c, d) for d in range(switches)] for c in range(switches)]
 
 
 def queries(n: int, seed: int, count: int, spans: list[int] | None = None) -> list[Query]:
@@ -302,12 +279,7 @@ def _small(draw: st.DrawFn) -> tuple[Topology, list[int], list[int], int]:
     for c in range(m):
         for d in range(c, m):
             scores[c][d] = scores[d][c] = draw(value)
-    topology = from_classes("small", sizes, scores)
-    n = len(topology)
-    available = sorted(draw(st.sets(st.integers(0, n - 1), min_size=1, max_size=n)))
-    size = draw(st.integers(1, len(available)))
-    must = sorted(draw(st.sets(st.sampled_from(available), max_size=min(size, 3))))
-    return topology, available, must, size
+    return draw_request(draw, from_classes("small", sizes, scores))
 
 
 @settings(max_examples=300, deadline=None)
@@ -316,7 +288,7 @@ def test_against_brute_force_on_arbitrary_class_scores(
     query: tuple[Topology, list[int], list[int], int],
 ) -> None:
     topology, available, must, size = query
-    policy = BestEffort(topology, table_gpus=0, budget_s=LONG)
+    policy = BestEffort(topology, table_gpus=0, tree_gpus=0, budget_s=LONG)
     if policy.method != "branch":  # two classes that happen to be twins, or a convex few
         policy._counts = BranchSearch(twin_classes(topology.scores))
     expected = BruteForce(topology).answer(available, must, size)

@@ -22,6 +22,7 @@ from tests.support.topologies import (
     builtin_nodes,
     check_solved,
     class_members,
+    draw_request,
     from_classes,
     tree_scores,
 )
@@ -104,7 +105,7 @@ def test_non_convex_nodes_are_left_to_the_branch_search() -> None:
     the branch search (which needs no convexity) answers, exactly."""
     topology = from_classes("crossed", [3, 3], [[10, 250], [250, 10]])
     assert not applies(twin_classes(topology.scores))
-    policy = BestEffort(topology, table_gpus=0)
+    policy = BestEffort(topology, table_gpus=0, tree_gpus=0)
     assert policy.method == "branch"
     reference = BruteForce(topology)
     for available, must, size in _queries(6, 3, 40):
@@ -118,12 +119,7 @@ def _structured(draw: st.DrawFn) -> tuple[Topology, list[int], list[int], int]:
     while sum(sizes) > 10:
         sizes[sizes.index(max(sizes))] -= 1
     scores = tree_scores(m, draw(st.integers(0, 10**6)))
-    topology = from_classes("structured", sizes, scores)
-    n = len(topology)
-    available = sorted(draw(st.sets(st.integers(0, n - 1), min_size=1, max_size=n)))
-    size = draw(st.integers(1, len(available)))
-    must = sorted(draw(st.sets(st.sampled_from(available), max_size=min(size, 3))))
-    return topology, available, must, size
+    return draw_request(draw, from_classes("structured", sizes, scores))
 
 
 @pytest.mark.slow
@@ -133,7 +129,7 @@ def test_against_brute_force_on_random_structured_nodes(
     query: tuple[Topology, list[int], list[int], int],
 ) -> None:
     topology, available, must, size = query
-    policy = BestEffort(topology, table_gpus=0, branch_gpus=0)
+    policy = BestEffort(topology, table_gpus=0, tree_gpus=0, branch_gpus=0)
     assert policy.method == "counts"
     assert policy.allocate(available, must, size) == BruteForce(topology).answer(
         available, must, size
@@ -151,7 +147,7 @@ def test_which_builtin_nodes_are_counted() -> None:
 @pytest.mark.parametrize("name", COUNTED)
 def test_against_the_tables_on_builtin_nodes(name: str) -> None:
     topology = BUILTIN[name]
-    counted = BestEffort(topology, table_gpus=0, branch_gpus=0)
+    counted = BestEffort(topology, table_gpus=0, tree_gpus=0, branch_gpus=0)
     assert counted.method == "counts"
     tables = BestEffort(topology)
     for available, must, size in _queries(len(topology), 7, 200):
@@ -166,7 +162,7 @@ def test_against_the_tables_on_random_structured_nodes(seed: int) -> None:
     while sum(sizes) > 16:
         sizes[sizes.index(max(sizes))] -= 1
     topology = from_classes(f"random-{seed}", sizes, tree_scores(m, seed))
-    counted = BestEffort(topology, table_gpus=0, branch_gpus=0)
+    counted = BestEffort(topology, table_gpus=0, tree_gpus=0, branch_gpus=0)
     assert counted.method == "counts"
     tables = BestEffort(topology)
     for available, must, size in _queries(len(topology), seed, 60):

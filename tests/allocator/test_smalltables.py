@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import itertools
 import random
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 import pytest
@@ -15,6 +17,7 @@ import pytest
 from nvplugin.allocator.besteffort import BestEffort
 from nvplugin.allocator.smalltables import SMALL_GPUS, SmallTables
 from nvplugin.allocator.tables import Tables
+from tests.support.bignodes import write
 from tests.support.topologies import builtin_nodes
 
 SCORES = (0, 10, 20, 40, 60, 80, 650, 1220, 1800)
@@ -88,7 +91,8 @@ def test_best_effort_up_to_eight_gpus_takes_them() -> None:
 @pytest.mark.process
 def test_a_small_node_is_served_without_numpy() -> None:
     """What `serve` imports and builds for each resource of an eight-GPU node leaves numpy
-    unloaded (it would add ~17 MiB and ~0.1 s); a 16-GPU node's policy loads it."""
+    unloaded (it would add ~17 MiB and ~0.1 s), and a DGX-2's too (the tree method,
+    tests/allocator/test_tree.py); a 20-GPU server's policy (the branch search) loads it."""
     code = textwrap.dedent(
         """
         import sys
@@ -106,15 +110,21 @@ def test_a_small_node_is_served_without_numpy() -> None:
             print(node, "numpy" in sys.modules)
         """
     )
-    nodes = ("dgx-a100", "dgx-h100", "dgx-1", "workstation-4gpu", "dgx-2")
-    result = subprocess.run(
-        [sys.executable, "-c", code, *nodes], capture_output=True, text=True, timeout=120
-    )
+    directory = tempfile.mkdtemp(dir="/tmp")
+    try:
+        large = write(directory, "l4-20")
+        nodes = ("dgx-a100", "dgx-h100", "dgx-1", "workstation-4gpu", "dgx-2", large)
+        result = subprocess.run(
+            [sys.executable, "-c", code, *nodes], capture_output=True, text=True, timeout=120
+        )
+    finally:
+        shutil.rmtree(directory)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [
         "dgx-a100 False",
         "dgx-h100 False",
         "dgx-1 False",
         "workstation-4gpu False",
-        "dgx-2 True",
+        "dgx-2 False",
+        f"{large} True",
     ]

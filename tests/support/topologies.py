@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from hypothesis import strategies as st
+
 from nvplugin.allocator.base import Allocation
 from nvplugin.node.model import CpuLayout, Gpu, Link, Pcie, Topology
 
@@ -119,6 +121,55 @@ def from_classes(name: str, sizes: Sequence[int], scores: Sequence[Sequence[int]
     return from_scores(
         name, [[0 if i == j else scores[of[i]][of[j]] for j in range(n)] for i in range(n)]
     )
+
+
+def draw_request(draw: st.DrawFn, topology: Topology) -> tuple[Topology, list[int], list[int], int]:
+    """A possible request on ``topology`` for a hypothesis strategy: some GPUs free, a size
+    within them and up to three must-include GPUs."""
+    n = len(topology)
+    available = sorted(draw(st.sets(st.integers(0, n - 1), min_size=1, max_size=n)))
+    size = draw(st.integers(1, len(available)))
+    must = sorted(draw(st.sets(st.sampled_from(available), max_size=min(size, 3))))
+    return topology, available, must, size
+
+
+def pcie_server(
+    seed: int,
+    gpus: tuple[int, int] = (18, 32),
+    switches: tuple[int, int] = (5, 8),
+    fabric: bool = False,
+) -> tuple[list[int], list[list[int]]]:
+    """A random PCIe-switch server: one or two sockets, ``switches`` switches of uneven sizes
+    (1-8 GPUs each, ``gpus`` in all), each switch under its own root port (NODE), or two under
+    one host bridge (PHB) or one upstream switch (PXB); INT or PIX inside a switch. With
+    ``fabric``, one server in three has no NVSwitch fabric and the others one that every GPU
+    reaches with the same 6 or 12 links (as on a DGX-2). Returns the switch sizes and their pair
+    scores, written out here (not derived by the code under test)."""
+    import random
+
+    rng = random.Random(seed)
+    while True:
+        count = rng.randint(*switches)
+        sizes = [rng.randint(1, 8) for _ in range(count)]
+        if gpus[0] <= sum(sizes) <= gpus[1]:
+            break
+    sockets = rng.randint(1, 2)
+    socket = sorted(rng.randrange(sockets) for _ in range(count))
+    bridge = [rng.randrange(3) for _ in range(count)]  # same bridge: PHB
+    upstream = [rng.randrange(2) for _ in range(count)]  # same bridge and upstream: PXB
+    inside = [rng.choice([50, 50, 60]) for _ in range(count)]
+    links = 100 * rng.choice([0, 6, 12]) if fabric else 0
+
+    def score(c: int, d: int) -> int:
+        if c == d:
+            return inside[c] + links
+        if socket[c] != socket[d]:
+            return 10 + links  # SYS
+        if bridge[c] != bridge[d]:
+            return 20 + links  # NODE
+        return (30 if upstream[c] != upstream[d] else 40) + links  # PHB, PXB
+
+    return sizes, [[score(c, d) for d in range(count)] for c in range(count)]
 
 
 def class_members(sizes: Sequence[int]) -> list[list[int]]:
