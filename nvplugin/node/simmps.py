@@ -170,8 +170,13 @@ class _Daemon:
     def run(self) -> NoReturn:
         signal.signal(signal.SIGTERM, lambda *_: self.exit())
         signal.signal(signal.SIGINT, lambda *_: self.exit())
-        with open(os.path.join(self.pipe_dir, PID_FILE), "w") as pid:
+        # Written aside and renamed into place: whoever reads the pid file (a test waiting for
+        # the daemon, say) finds it whole or not at all, never created but still empty.
+        path = os.path.join(self.pipe_dir, PID_FILE)
+        partial = f"{path}.{os.getpid()}"
+        with open(partial, "w") as pid:
             pid.write(f"{os.getpid()}\n")
+        os.replace(partial, path)
         self.log(f"Starting control daemon using socket {self.path}")
         self.log(f"To connect CUDA applications to this daemon, set env {PIPE_ENV}={self.pipe_dir}")
         while True:
