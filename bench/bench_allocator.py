@@ -79,13 +79,12 @@ def child() -> None:
     import nvplugin.allocator.besteffort
     from nvplugin.allocator import make_policy
     from nvplugin.allocator.smalltables import SMALL_GPUS
-    from nvplugin.allocator.tree import TREE_GPUS, hierarchy
-    from nvplugin.allocator.twins import class_scores, twin_members
+    from nvplugin.allocator.tree import TREE_GPUS, TreeSearch
 
     n = len(topology)
-    members, _ = twin_members(topology.scores)
-    tree = hierarchy(class_scores(topology.scores, members), [len(g) for g in members])
-    numpy_free = n <= SMALL_GPUS or (n <= TREE_GPUS and tree is not None)
+    numpy_free = n <= SMALL_GPUS or (
+        n <= TREE_GPUS and TreeSearch(topology.scores).root is not None
+    )
     if not numpy_free:  # numpy and the methods on it, which the policy imports
         import nvplugin.allocator.branch
         import nvplugin.allocator.counts

@@ -118,8 +118,9 @@ class BestEffort:
         self._counts: CountSearch | BranchSearch | None = None
         self._tree: TreeSearch | None = None
         self._method = "search"
-        tree = TreeSearch(topology.scores) if structured and n <= tree_gpus else None
-        if n <= min(SMALL_GPUS, table_gpus):
+        small = n <= min(SMALL_GPUS, table_gpus)
+        tree = TreeSearch(topology.scores) if not small and structured and n <= tree_gpus else None
+        if small:
             self._tables, self._method = SmallTables.build(topology.scores), "tables"
         elif tree is not None and tree.root is not None:
             self._tree, self._method = tree, "tree"

@@ -45,13 +45,18 @@ from dataclasses import dataclass
 from nvplugin.allocator.twins import class_scores, twin_members
 
 TREE_GPUS = 16
-"""Largest node the tree method takes: beyond, the profiles of a 16-GPU socket number in the
-thousands and the count search of :mod:`nvplugin.allocator.branch` is faster."""
+"""Largest node the tree method takes: beyond, a 16-GPU socket has hundreds of profiles (203 on
+a 32-GPU server of eight switches, every GPU free, against 30 on a DGX-2) and the count search of
+:mod:`nvplugin.allocator.branch` is faster."""
 
 CACHED = 1 << 12
 """Most results each of the piece functions below keeps (how pieces match, complete, cut): a
 DGX-2 asked 20 000 random requests keeps ~1 900 matchings, and all three caches together, with
 the rest of the process's allocations since start, ~2.4 MiB (tracemalloc)."""
+
+OWN_BITS = 48
+"""Width of the own-score field of a packed value (:class:`TreeSearch`): far above any group's
+score, positive or negative."""
 
 Profile = tuple[int, tuple[int, ...]]
 """A subtree's pieces: the marked group's piece, and the other groups' pieces (descending)."""
@@ -125,7 +130,7 @@ class TreeSearch:
         # Partial sums of the own score may be negative (a step below a node can be), so the
         # own field is far wider than any score and the fields are compared as one integer.
         self._own_shift = self.gpus
-        self._total_shift = self.gpus + 48
+        self._total_shift = self.gpus + OWN_BITS
 
     def best(self, available: Sequence[int], required: Sequence[int], size: int) -> Answer:
         """The answer to a possible request (``required`` within ``available``, ``len(required)
@@ -143,8 +148,8 @@ class TreeSearch:
         value = request.top_value(self.root, whole, left)
         own_total = value >> self._own_shift
         lex = value - (own_total << self._own_shift)
-        opt = (own_total + (1 << 47)) >> 48
-        own = own_total - (opt << 48)
+        opt = (own_total + (1 << (OWN_BITS - 1))) >> OWN_BITS  # the own field may be negative
+        own = own_total - (opt << OWN_BITS)
         group = tuple(gpu for gpu in range(self.gpus) if lex >> (top - gpu) & 1)
         return Answer(group, opt, own)
 
@@ -177,9 +182,7 @@ class _Request:
         if len(tables) == 1:
             return tables[0][target] + step
         *first, last = tables
-        rest = first[0]
-        for other in first[1:]:
-            rest = _merge(rest, other, size, self.cap)
+        rest = self._merged(first)
         best = None
         for (m1, o1), v1 in rest.items():
             for o2 in _complements(o1, size, whole - 1, left):
@@ -194,10 +197,7 @@ class _Request:
         value (its pairs' Δ included up to this node)."""
         if node.leaf >= 0:
             return self._leaf(node)
-        tables = self._children(node)
-        merged = tables[0]
-        for other in tables[1:]:
-            merged = _merge(merged, other, self.size, self.cap)
+        merged = self._merged(self._children(node))
         if node.delta:
             step_total = node.delta << self.total_shift
             step_own = node.delta << self.own_shift
@@ -205,6 +205,13 @@ class _Request:
                 key: value + _pairs(key) * step_total + _half(key[0]) * step_own
                 for key, value in merged.items()
             }
+        return merged
+
+    def _merged(self, tables: list[Table]) -> Table:
+        """The profiles of sibling subtrees taken together (:func:`_merge`, one at a time)."""
+        merged = tables[0]
+        for other in tables[1:]:
+            merged = _merge(merged, other, self.size, self.cap)
         return merged
 
     def _children(self, node: Node) -> list[Table]:
