@@ -44,7 +44,7 @@ bench: install
 
 # The reliability scenarios at full scale (tests/reliability/; make test runs them scaled down).
 soak: install
-	$(BIN)/python -m tests.reliability.soak
+	$(BIN)/python -m tests.support.reliability.soak
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -80,9 +80,9 @@ async def _time_admissions(path: str, rounds: int = 3) -> tuple[list[float], lis
     """Seconds per admitted and per rejected pod, each admission timed on its own, over
     ``rounds`` fresh kubelets (a new plugin each: every round starts with 16 free GPUs)."""
     from nvplugin.admit.admission import Admission, AdmitSettings
-    from nvplugin.kubelet.pods import load_pod_file
+    from nvplugin.fakekubelet.pods import load_pod_file
     from nvplugin.log import configure
-    from nvplugin.node import load_topology
+    from nvplugin.nodesession import load_topology
 
     configure("json", "warning")  # the in-process fake kubelet's lines stay out of the figures
     settings = AdmitSettings(

@@ -51,7 +51,7 @@ def queries(gpus: int, seed: int = SEED) -> list[Query]:
 
 def _topology(name: str) -> Any:
     """A built-in node by name, or a node file by path."""
-    from nvplugin.node.nodefile import load_node
+    from nvplugin.nodefile.reader import load_node
 
     return load_node(name).topology()
 
@@ -156,7 +156,7 @@ def _stats(times: list[int]) -> str:
 
 def _nodes(directory: str) -> list[tuple[str, str]]:
     """(name, what load_node takes) for every built-in node, then every generated one."""
-    from nvplugin.node.nodefile import builtin_names
+    from nvplugin.nodefile.reader import builtin_names
     from tests.support.bignodes import NODES, write
 
     return [(name, name) for name in builtin_names()] + [

@@ -14,9 +14,9 @@ NODE = "dgx-2"
 
 
 def _discovery_ms(repeats: int) -> list[float]:
-    from nvplugin.node.nodefile import load_node
     from nvplugin.node.nvml import Nvml
-    from nvplugin.node.sim import SimulatedNvml
+    from nvplugin.nodefile.reader import load_node
+    from nvplugin.sim.fakenvml import SimulatedNvml
 
     spec = load_node(NODE)
     times = []
@@ -30,7 +30,7 @@ def _discovery_ms(repeats: int) -> list[float]:
 
 
 def _open_node_ms(repeats: int) -> list[float]:
-    from nvplugin.node import load_topology
+    from nvplugin.nodesession import load_topology
 
     times = []
     for _ in range(repeats):

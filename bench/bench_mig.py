@@ -42,7 +42,7 @@ A100 = "NVIDIA A100-SXM4-40GB"
 def _mig_spec(node: str = NODE) -> Any:
     """``node`` with every GPU an A100 40GB cut into seven 1g.5gb."""
     from nvplugin.node.mig import lay_out, mig_model
-    from nvplugin.node.nodefile import load_node
+    from nvplugin.nodefile.reader import load_node
 
     spec = load_node(node)
     model = mig_model(A100)
@@ -58,7 +58,7 @@ def _mig_spec(node: str = NODE) -> Any:
 
 def _discovery(spec: Any, repeats: int) -> tuple[list[float], int, Any]:
     from nvplugin.node.nvml import Nvml
-    from nvplugin.node.sim import SimulatedNvml
+    from nvplugin.sim.fakenvml import SimulatedNvml
 
     times = []
     with SimulatedNvml(spec) as sim:
@@ -108,7 +108,7 @@ def _allocation(topology: Any, devices: Any, label: str, work: list[Query]) -> N
 
 def run() -> None:
     from bench.bench_allocator import queries
-    from nvplugin.node.nodefile import load_node
+    from nvplugin.nodefile.reader import load_node
     from nvplugin.rm.migstrategy import apply_strategy
 
     spec = _mig_spec()
@@ -137,7 +137,7 @@ def run() -> None:
 
 def _node_file(directory: str) -> str:
     """The 8 x 7 node as a node file: ``dgx-a100`` with ``mig: [1g.5gb x7]`` on every GPU."""
-    text = resources.files("nvplugin.node").joinpath("nodes", f"{NODE}.yaml").read_text()
+    text = resources.files("nvplugin.nodefile").joinpath("nodes", f"{NODE}.yaml").read_text()
     profiles = ", ".join([PROFILE] * 7)
     text, count = re.subn(r"nvswitch_links: 12\}", f"nvswitch_links: 12, mig: [{profiles}]}}", text)
     assert count == 8
@@ -149,7 +149,7 @@ def _node_file(directory: str) -> str:
 
 async def _serve(directory: str) -> tuple[float, list[float]]:
     """Spawn ``serve --mig-strategy single`` -> 56 devices at the kubelet; then RPC round trips."""
-    from nvplugin.kubelet.kubelet import FakeKubelet
+    from nvplugin.fakekubelet.kubelet import FakeKubelet
 
     node = _node_file(directory)
     plugins = os.path.join(directory, "plugins")

@@ -54,7 +54,7 @@ async def _advertised(
 ) -> tuple[list[float], ...]:
     """Spawn -> every replica Healthy, ``RUNS`` times; with ``kill``, then in each run the
     daemon killed: kill -> all Unhealthy, kill -> all Healthy again."""
-    from nvplugin.kubelet.kubelet import FakeKubelet
+    from nvplugin.fakekubelet.kubelet import FakeKubelet
     from nvplugin.plugin.mps import daemon_pids
 
     starts, unhealthy, healthy = [], [], []

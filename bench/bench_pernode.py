@@ -21,8 +21,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from nvplugin.kubelet.devicemanager import DeviceManager
-from nvplugin.kubelet.kubelet import FakeKubelet
+from nvplugin.fakekubelet.devicemanager import DeviceManager
+from nvplugin.fakekubelet.kubelet import FakeKubelet
 from tests.support.configmap import ConfigMapVolume
 from tests.support.kubeapi import KubeApiServer
 from tests.support.serve import Serve, new_dir

@@ -89,7 +89,7 @@ def _rss_mb(pid: int) -> float:
 
 async def _start_to_registered() -> tuple[list[float], list[float]]:
     """Spawn -> registered, and (on the last process) kubelet restart -> registered again."""
-    from nvplugin.kubelet.kubelet import FakeKubelet
+    from nvplugin.fakekubelet.kubelet import FakeKubelet
 
     starts, restarts = [], []
     for run in range(STARTS):
@@ -118,7 +118,7 @@ async def _registered(
     """Spawn -> registered on ``node`` (a built-in name or node file path), ``runs`` times, and
     the process's RSS once registered (MiB). With ``bytecode`` (see :func:`_spawn`), one run
     first that is not counted (it compiles what the others read)."""
-    from nvplugin.kubelet.kubelet import FakeKubelet
+    from nvplugin.fakekubelet.kubelet import FakeKubelet
 
     starts, rss = [], []
     for run in range(runs + (bytecode is not None)):
@@ -166,7 +166,7 @@ def _search_while_checking(socket_path: str, node: str) -> tuple[list[float], li
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     from nvplugin.api.v1beta1 import api_pb2, api_pb2_grpc
-    from nvplugin.node import load_topology
+    from nvplugin.nodesession import load_topology
 
     uuids = [gpu.uuid for gpu in load_topology(node).gpus]
     searches: list[float] = []
@@ -268,7 +268,7 @@ def _beyond_16() -> None:
 
 def _round_trips(socket_path: str, node: str = NODE) -> tuple[list[float], list[float]]:
     from nvplugin.api.v1beta1 import api_pb2, api_pb2_grpc
-    from nvplugin.node import load_topology
+    from nvplugin.nodesession import load_topology
 
     uuids = [gpu.uuid for gpu in load_topology(node).gpus]
     n = len(uuids)
@@ -332,7 +332,7 @@ def _event_latencies() -> list[float]:
     every 0.1 s; with recovery after 0.2 s quiet, every event is a change."""
     from nvplugin.api.v1beta1 import api_pb2, api_pb2_grpc
     from nvplugin.config import load_config
-    from nvplugin.node import NodeSession, open_node
+    from nvplugin.nodesession import NodeSession, open_node
     from nvplugin.plugin.daemon import Daemon
 
     directory = tempfile.mkdtemp()
@@ -341,7 +341,7 @@ def _event_latencies() -> list[float]:
         f"- {{after_s: {start_s + spacing_s * k:.2f}, gpu: {k % 16}, xid: 48}}"
         for k in range(count)
     )
-    builtin = (resources.files("nvplugin.node") / "nodes" / f"{NODE}.yaml").read_text()
+    builtin = (resources.files("nvplugin.nodefile") / "nodes" / f"{NODE}.yaml").read_text()
     node_path = os.path.join(directory, "dgx-2-events.yaml")
     Path(node_path).write_text(builtin.replace("events: []", "events:\n" + events))
     config_path = os.path.join(directory, "config.yaml")

@@ -90,7 +90,7 @@ def _exec_probes(socket_path: str) -> tuple[list[float], list[int]]:
 
 
 async def _measure() -> tuple[tuple[float, float, list[float]], tuple[list[float], list[int]]]:
-    from nvplugin.kubelet.kubelet import FakeKubelet
+    from nvplugin.fakekubelet.kubelet import FakeKubelet
 
     directory = tempfile.mkdtemp()
     log = Path(tempfile.mkdtemp()) / "serve.log"

@@ -13,7 +13,7 @@ import time
 
 from nvplugin.allocator import make_policy
 from nvplugin.config.layout import ALLOCATIONS
-from nvplugin.node import load_topology
+from nvplugin.nodesession import load_topology
 from nvplugin.rm.devices import base_devices
 from nvplugin.rm.sharing import Replicas
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from nvplugin.kubelet.topologymanager import BitMask, NumaInfo, PolicyOptions, TopologyHint
-from nvplugin.kubelet.topologymanager.policy import HintMerger, filter_providers_hints
+from nvplugin.fakekubelet.topologymanager import BitMask, NumaInfo, PolicyOptions, TopologyHint
+from nvplugin.fakekubelet.topologymanager.policy import HintMerger, filter_providers_hints
 
 TARGET_MS = 100.0
 

@@ -8,7 +8,7 @@ the chart value that sets it).
 - ``nvplugin/values.schema.json``: the same schema under ``$defs.nvpluginConfig`` for the
   mappings in ``config.map``, every chart value that sets a setting, typed with the setting's own
   choices, and NVIDIA's values the chart honours or accepts at NVIDIA's defaults
-  (``nvplugin/config/chartvalues.py``). The rest of that file (the chart's own values) is kept as
+  (``nvplugin/chart/values.py``). The rest of that file (the chart's own values) is kept as
   it is.
 - ``nvplugin/settings.json``: what the templates turn into the container's flags and environment
   ("nvplugin.env"), and what "nvplugin.validate" refuses: the values nvplugin accepts at some
@@ -39,7 +39,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from nvplugin.config import SCHEMA, SETTINGS
-from nvplugin.config.chartvalues import BY_PATH, NVIDIA_IMAGE, NVIDIA_VALUES, NvidiaValue, Use
+from nvplugin.chart.values import BY_PATH, NVIDIA_IMAGE, NVIDIA_VALUES, NvidiaValue, Use
 from nvplugin.config.schema import (
     Chart,
     ChartValue,
@@ -193,7 +193,7 @@ def settings_data() -> dict[str, Any]:
     image = BY_PATH["image.repository"]
     return {
         "about": "Written by charts/generate_schema.py from the settings' declarations "
-        "(nvplugin/config/model.py) and NVIDIA's chart values (nvplugin/config/chartvalues.py); "
+        "(nvplugin/config/model.py) and NVIDIA's chart values (nvplugin/chart/values.py); "
         "read by templates/_helpers.tpl. Do not edit.",
         "args": [
             {"setting": v.path, "flag": f"--{v.setting.flags[0]}", "value": v.parts}
@@ -443,7 +443,7 @@ NVIDIA_END = "# --- end of NVIDIA's values the chart honours"
 def nvidia_yaml() -> str:
     """values.yaml's block of NVIDIA's values the chart honours, nested as their paths say."""
     header = (
-        "Written by charts/generate_schema.py from nvplugin/config/chartvalues.py: change them "
+        "Written by charts/generate_schema.py from nvplugin/chart/values.py: change them "
         "there and run it. NVIDIA's values (v0.17 to v0.20) with NVIDIA's meaning; NVIDIA's "
         "gfd, nfd and mps values are accepted at NVIDIA's defaults only (see README.md)."
     )

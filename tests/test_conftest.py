@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import WAIT_S
+from tests.support.waiting import WAIT_S
 
 LEAKY = """
 import subprocess, sys, tempfile

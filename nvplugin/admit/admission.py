@@ -49,20 +49,20 @@ from nvplugin.admit.process import PluginProcess, plugin_environment
 from nvplugin.admit.visible import MpsShares, mps_shares, visible_devices
 from nvplugin.api import KUBELET_SOCKET
 from nvplugin.errors import InputError, NvpluginError, shortened
-from nvplugin.kubelet.cpumanager import POLICIES as CPU_POLICIES
-from nvplugin.kubelet.cpumanager import CpuManager, parse_cpu_list, reserved_cpus
-from nvplugin.kubelet.devicemanager.manager import DeviceManager
-from nvplugin.kubelet.kubelet import FakeKubelet
-from nvplugin.kubelet.lifecycle import (
+from nvplugin.fakekubelet.cpumanager import POLICIES as CPU_POLICIES
+from nvplugin.fakekubelet.cpumanager import CpuManager, parse_cpu_list, reserved_cpus
+from nvplugin.fakekubelet.devicemanager.manager import DeviceManager
+from nvplugin.fakekubelet.kubelet import FakeKubelet
+from nvplugin.fakekubelet.lifecycle import (
     DEFAULT_MAX_PODS,
     NodeResources,
     node_allocatable,
     resource_fit,
 )
-from nvplugin.kubelet.observer import Observer
-from nvplugin.kubelet.pods import Pod, load_pod_file
-from nvplugin.kubelet.quantity import add, parse_quantity
-from nvplugin.kubelet.topologymanager import (
+from nvplugin.fakekubelet.observer import Observer
+from nvplugin.fakekubelet.pods import Pod, load_pod_file
+from nvplugin.fakekubelet.quantity import add, parse_quantity
+from nvplugin.fakekubelet.topologymanager import (
     Manager,
     NumaInfo,
     PodAdmitResult,
@@ -71,10 +71,10 @@ from nvplugin.kubelet.topologymanager import (
     new_policy_options,
     validate_config,
 )
-from nvplugin.kubelet.topologymanager.options import POLICY_NONE
-from nvplugin.node import load_topology
+from nvplugin.fakekubelet.topologymanager.options import POLICY_NONE
 from nvplugin.node.model import Topology
-from nvplugin.node.nodefile import load_node
+from nvplugin.nodefile.reader import load_node
+from nvplugin.nodesession import load_topology
 
 REGISTER_TIMEOUT_S = 30.0
 """How long the plugin may take to start, register and list its devices."""

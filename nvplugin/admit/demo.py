@@ -2,7 +2,7 @@
 simulated nodes, in a few seconds, with no GPU.
 
 Two acts, each a real ``nvplugin serve`` process driven by the fake kubelet with the
-``single-numa-node`` policy, admitting sample pods shipped in ``nvplugin/kubelet/samples/``:
+``single-numa-node`` policy, admitting sample pods shipped in ``nvplugin/fakekubelet/samples/``:
 
 1. **dgx-a100** (NVSwitch: every GPU pair has 12 NVLinks; two GPUs per NUMA node) with the static
    CPU manager: pods get GPUs and exclusive CPUs from one NUMA node; an init container's GPU is
@@ -36,20 +36,21 @@ from importlib import resources
 from itertools import combinations
 
 from nvplugin.admit.admission import AdmitReport, AdmitSettings, admit_pods
-from nvplugin.admit.report import to_table
-from nvplugin.kubelet.pods import Pod, load_pods
-from nvplugin.node import load_topology
+from nvplugin.admit.verdicts import to_table
+from nvplugin.fakekubelet.pods import Pod, load_pods
 from nvplugin.node.model import Topology
+from nvplugin.nodesession import load_topology
 
 SAMPLES = "samples"
-"""The sample pod files' folder in :mod:`nvplugin.kubelet` (``nvplugin admit --help`` names it)."""
+"""The sample pod files' folder in :mod:`nvplugin.fakekubelet` (``nvplugin admit --help``
+names it)."""
 
 
 @dataclass(frozen=True)
 class Act:
     title: str
     story: str
-    sample: str  # file name in nvplugin/kubelet/samples/
+    sample: str  # file name in nvplugin/fakekubelet/samples/
     settings: AdmitSettings
     config: str | None = None  # the plugin's config file in samples/configs/, if the act needs one
 
@@ -113,12 +114,12 @@ ACTS = (
 
 def sample_config(name: str) -> str:
     """A sample config file of the plugin's shipped with the package (``samples/configs/``)."""
-    return resources.files("nvplugin.kubelet").joinpath(SAMPLES, "configs", name).read_text()
+    return resources.files("nvplugin.fakekubelet").joinpath(SAMPLES, "configs", name).read_text()
 
 
 def sample_pods(name: str) -> list[Pod]:
     """A sample pod file shipped with the package."""
-    text = resources.files("nvplugin.kubelet").joinpath(SAMPLES, name).read_text()
+    text = resources.files("nvplugin.fakekubelet").joinpath(SAMPLES, name).read_text()
     return load_pods(text, f"samples/{name}")
 
 

@@ -1,5 +1,5 @@
 """The kubelet's device-plugin API, ``v1beta1``: the one contract between the plugin
-(:mod:`nvplugin.plugin`) and the kubelet (the real one, or :mod:`nvplugin.kubelet`).
+(:mod:`nvplugin.plugin`) and the kubelet (the real one, or :mod:`nvplugin.fakekubelet`).
 
 ``v1beta1/`` holds the code generated from ``proto/deviceplugin/v1beta1/api.proto`` (``make
 proto``; committed, never edited). The constants here are the parts of the API that are not in

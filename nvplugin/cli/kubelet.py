@@ -7,13 +7,13 @@ import sys
 import click
 
 from nvplugin.api import DEFAULT_DEVICE_PLUGIN_DIR
-from nvplugin.cli.group import main, user_errors
-from nvplugin.cli.options import (
+from nvplugin.cli.flags import (
     SIMULATE_HELP,
     node_config,
     node_config_options,
     plugin_config_options,
 )
+from nvplugin.cli.group import main, user_errors
 
 
 @main.command()
@@ -94,7 +94,7 @@ def admit(
 ) -> None:
     """Admit the pods of PODS.yaml, in order, as a kubelet on this node would.
 
-    Sample pod files to start from: nvplugin/kubelet/samples/ (dgx-a100.yaml, dgx-1.yaml,
+    Sample pod files to start from: nvplugin/fakekubelet/samples/ (dgx-a100.yaml, dgx-1.yaml,
     dgx-a100-mig.yaml with --mig-strategy mixed).
 
     Starts the real plugin (nvplugin serve) on a temporary directory and drives it with the
@@ -103,8 +103,8 @@ def admit(
     (else the kubelet's reason and message) and which GPUs, CPUs and NUMA nodes it gets.
     Exits 0 when every pod was decided, 1 when the plugin died during the run.
     """
-    from nvplugin.admit import admission, report
-    from nvplugin.kubelet.topologymanager import parse_policy_options_flag
+    from nvplugin.admit import admission, verdicts
+    from nvplugin.fakekubelet.topologymanager import parse_policy_options_flag
     from nvplugin.log import configure
 
     configure(None, "warning")
@@ -129,9 +129,9 @@ def admit(
     for warning in outcome.warnings:
         click.echo(f"warning: {warning}", err=True)
     if output == "json":
-        click.echo(report.to_json(outcome))
+        click.echo(verdicts.to_json(outcome))
     else:
-        click.echo(report.to_table(outcome), nl=False)
+        click.echo(verdicts.to_table(outcome), nl=False)
     if outcome.plugin_failure is not None:
         click.echo(f"error: {outcome.plugin_failure}", err=True)
         sys.exit(1)
@@ -169,7 +169,7 @@ def kubelet(device_plugin_dir: str) -> None:
     and each change of a resource's devices, health and NUMA nodes. Refuses a DIR where a
     kubelet answers already.
     """
-    from nvplugin.kubelet.standalone import run
+    from nvplugin.fakekubelet.standalone import run
     from nvplugin.log import configure
 
     configure(None, "warning")

@@ -45,7 +45,7 @@ def migrate(
     """
     from nvplugin import yamlinput
     from nvplugin.errors import InputError
-    from nvplugin.migrate import report
+    from nvplugin.migrate import findings
     from nvplugin.migrate.daemonset import migrate_daemonset
     from nvplugin.migrate.values import migrate_values
 
@@ -59,9 +59,9 @@ def migrate(
         text = yamlinput.read_text(daemonset_file, f"manifest {daemonset_file}")
         migrations.append(migrate_daemonset(text, daemonset_file, image_repository))
     if output == "json":
-        click.echo(report.to_json(migrations), nl=False)
+        click.echo(findings.to_json(migrations), nl=False)
     else:
-        click.echo(report.to_text(migrations), nl=False)
+        click.echo(findings.to_text(migrations), nl=False)
     refused = sum(len(m.refused) for m in migrations)
     if refused:
         click.echo(

@@ -7,14 +7,14 @@ from typing import Any
 
 import click
 
-from nvplugin.cli.group import main, user_errors
-from nvplugin.cli.options import (
+from nvplugin.cli.flags import (
     SIMULATE_HELP,
     config_file_option,
     node_config,
     node_config_options,
     plugin_config_options,
 )
+from nvplugin.cli.group import main, user_errors
 from nvplugin.config.rules import MIG_STRATEGIES
 
 
@@ -47,7 +47,8 @@ def devices(
     import os
 
     from nvplugin.config import config_file, env_sets_config
-    from nvplugin.node import load_topology, report
+    from nvplugin.node import views
+    from nvplugin.nodesession import load_topology
 
     config_path = node_config(
         config_path, config_file_srcdir, node_label_value, default_config, fallback_strategies
@@ -67,9 +68,9 @@ def devices(
             click.echo(f"warning: {warning}", err=True)
         labels, mig_labels, plan_dict = plan.labels(), plan.mig_labels(), plan.as_dict()
     if output == "json":
-        click.echo(report.devices_json(topo, labels, plan_dict, mig_labels), nl=False)
+        click.echo(views.devices_json(topo, labels, plan_dict, mig_labels), nl=False)
     else:
-        click.echo(report.devices_table(topo, labels, mig_labels), nl=False)
+        click.echo(views.devices_table(topo, labels, mig_labels), nl=False)
 
 
 @main.command()
@@ -108,7 +109,7 @@ def labels(
 
     from nvplugin.config import load_config
     from nvplugin.labels import feature_text, node_facts, node_labels, other_models
-    from nvplugin.node import open_node
+    from nvplugin.nodesession import open_node
     from nvplugin.rm.plan import plan_for
 
     flags: dict[str, object] = {
@@ -143,13 +144,14 @@ def labels(
 @user_errors
 def topo(simulate: str | None, output: str) -> None:
     """Show how the GPUs are wired: link matrix and pair scores, JSON, or a Mermaid graph."""
-    from nvplugin.node import load_topology, report
+    from nvplugin.node import views
+    from nvplugin.nodesession import load_topology
 
     topology = load_topology(simulate)
     render = {
-        "matrix": report.topology_matrix,
-        "json": report.topology_json,
-        "mermaid": report.topology_mermaid,
+        "matrix": views.topology_matrix,
+        "json": views.topology_json,
+        "mermaid": views.topology_mermaid,
     }[output]
     click.echo(render(topology), nl=False)
 
@@ -181,7 +183,7 @@ def node_import(topo_file: str, gpus_csv: str | None, name: str | None, output: 
     """
     from pathlib import Path
 
-    from nvplugin.node.topoimport import import_topo
+    from nvplugin.nodefile.topoimport import import_topo
 
     topo = _read_input(topo_file, "topo file")
     gpus = _read_input(gpus_csv, "GPU CSV file") if gpus_csv is not None else None
@@ -200,15 +202,15 @@ def node_capture(simulate: str | None, output: str | None) -> None:
     (also under NVLink) and NVLinks, NVSwitch links. With --simulate, the node file of a
     simulated node as discovery sees it.
     """
-    from nvplugin.node.capture import capture
+    from nvplugin.nodesession import capture_node
 
-    _write_output(capture(simulate), output)
+    _write_output(capture_node(simulate), output)
 
 
 def _read_input(path: str, what: str) -> Any:
     """A text input of a node command: a file (bounded, regular) or - for stdin."""
     from nvplugin import yamlinput
-    from nvplugin.node.topoimport import Source
+    from nvplugin.nodefile.topoimport import Source
 
     if path == "-":
         data = sys.stdin.buffer.read(yamlinput.MAX_BYTES + 1)

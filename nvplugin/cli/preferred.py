@@ -5,10 +5,10 @@ from __future__ import annotations
 import click
 
 from nvplugin.allocator import POLICY_NAMES
-from nvplugin.cli.group import main, user_errors
-from nvplugin.cli.options import (
+from nvplugin.cli.flags import (
     SIMULATE_HELP,
 )
+from nvplugin.cli.group import main, user_errors
 from nvplugin.config.rules import MIG_STRATEGIES
 
 
@@ -66,7 +66,7 @@ def preferred(
     Impossible requests (size 0, more than available, more must-include than size) print an
     empty answer and exit 0, as the kubelet would see it.
     """
-    from nvplugin.node import load_topology
+    from nvplugin.nodesession import load_topology
     from nvplugin.rm.query import answer_preferred
 
     answer = answer_preferred(

@@ -8,8 +8,7 @@ from typing import Any
 import click
 
 from nvplugin import __version__
-from nvplugin.cli.group import NVIDIA_COMMAND, main, user_errors
-from nvplugin.cli.options import (
+from nvplugin.cli.flags import (
     CONFIG_FILE_HELP,
     SIMULATE_HELP,
     GoFlags,
@@ -17,6 +16,7 @@ from nvplugin.cli.options import (
     selection_options,
     setting_options,
 )
+from nvplugin.cli.group import NVIDIA_COMMAND, main, user_errors
 from nvplugin.plugin.signals import PendingSignals
 
 

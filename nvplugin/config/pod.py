@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from nvplugin.kube.access import ApiAccess
+from nvplugin.kube.kubeconfig import ApiAccess
 
 
 @dataclass(frozen=True)

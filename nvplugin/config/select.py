@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 from nvplugin.config.model import Config
 from nvplugin.errors import InputError, show
-from nvplugin.kube.access import ApiAccess
+from nvplugin.kube.kubeconfig import ApiAccess
 from nvplugin.yamlinput import MAX_BYTES
 
 DEFAULT_NODE_LABEL = "nvidia.com/device-plugin.config"

@@ -16,6 +16,6 @@ time and memory, see the README). Nothing else in the package imports lightkube.
 API is used (``plugin/selection.py``, ``plugin/nodefeature.py``, lazily).
 """
 
-from nvplugin.kube.access import ApiAccess
+from nvplugin.kube.kubeconfig import ApiAccess
 
 __all__ = ["ApiAccess"]

@@ -1,4 +1,5 @@
-"""The API client (lightkube's :class:`AsyncClient`) from :class:`~nvplugin.kube.access.ApiAccess`.
+"""The API client (lightkube's :class:`AsyncClient`) from
+:class:`~nvplugin.kube.kubeconfig.ApiAccess`.
 
 Every request is bounded: connecting, writing and waiting in the pool by ``request_s``; reading
 by ``read_s``, which must outlast the quiet stretches of a watch (the API server ends a watch
@@ -16,7 +17,7 @@ from lightkube import AsyncClient, ConfigError, KubeConfig
 from lightkube.config.models import Cluster, User
 
 from nvplugin.errors import NvpluginError, reason
-from nvplugin.kube.access import ApiAccess
+from nvplugin.kube.kubeconfig import ApiAccess
 
 REQUEST_S = 10.0
 """Longest wait for one request's answer (connect, send, receive)."""

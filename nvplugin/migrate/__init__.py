@@ -3,13 +3,13 @@ named by its key path -- before anything is installed.
 
 - :mod:`.values`: a values file of NVIDIA's chart -> the values for nvplugin's chart, read
   against the same declarations the chart refuses values with
-  (:mod:`nvplugin.config.chartvalues`, the settings' chart values) and the config files in it
+  (:mod:`nvplugin.chart.values`, the settings' chart values) and the config files in it
   against the plugin's own loader.
 - :mod:`.daemonset`: a DaemonSet manifest written for NVIDIA's image -> the same with nvplugin's
   image, its command, flags and environment read by the plugin's own loader.
 - :mod:`.report`: the findings and the output (commented YAML, or JSON).
 """
 
-from nvplugin.migrate.report import Finding, Migration, Status
+from nvplugin.migrate.findings import Finding, Migration, Status
 
 __all__ = ["Finding", "Migration", "Status"]

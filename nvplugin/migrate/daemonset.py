@@ -14,11 +14,11 @@ from collections.abc import Iterator
 from typing import Any
 
 from nvplugin import __version__, yamlinput
+from nvplugin.chart.values import NVIDIA_IMAGE
 from nvplugin.config import flag_names, load_config
-from nvplugin.config.chartvalues import NVIDIA_IMAGE
 from nvplugin.config.loader import DISABLE_HEALTHCHECKS, ENABLE_HEALTHCHECKS, env_names
 from nvplugin.errors import InputError
-from nvplugin.migrate.report import Migration, Status
+from nvplugin.migrate.findings import Migration, Status
 
 RUNTIME_ENV = ("NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "NVIDIA_MIG_MONITOR_DEVICES")
 """Read by the NVIDIA container runtime, not by the plugin."""

@@ -2,7 +2,7 @@
 
 Each key is read against the declarations the chart itself refuses values with: a setting's
 chart value (:data:`nvplugin.config.SETTINGS`, checked by the setting), or one of NVIDIA's values
-(:mod:`nvplugin.config.chartvalues`: same, honoured, accepted at NVIDIA's defaults, refused);
+(:mod:`nvplugin.chart.values`: same, honoured, accepted at NVIDIA's defaults, refused);
 ``config.map``'s config files are read by the plugin's own loader. What the chart would refuse is
 reported as refused and left out; NVIDIA's defaults of what nvplugin does not do are dropped;
 NVIDIA's image becomes nvplugin's.
@@ -14,8 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from nvplugin import yamlinput
-from nvplugin.config import SETTINGS, load_config
-from nvplugin.config.chartvalues import (
+from nvplugin.chart.values import (
     BY_PATH,
     NVIDIA_IMAGE,
     NvidiaValue,
@@ -23,9 +22,10 @@ from nvplugin.config.chartvalues import (
     covering,
     off_defaults,
 )
+from nvplugin.config import SETTINGS, load_config
 from nvplugin.config.schema import Invalid, Setting
 from nvplugin.errors import InputError, describe
-from nvplugin.migrate.report import Migration, Status
+from nvplugin.migrate.findings import Migration, Status
 
 DEFAULT_REPOSITORY = "nvplugin"
 """nvplugin's chart's default image.repository (values.yaml)."""

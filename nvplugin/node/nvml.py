@@ -1,7 +1,7 @@
 """Everything nvplugin asks NVML: discovery once at start, then health events and probes, and
 for MPS the compute mode of the GPUs it shares (set when MPS starts serving them, restored after).
 
-This is the only module that imports ``pynvml``. The simulated NVML (:mod:`nvplugin.node.sim`)
+This is the only module that imports ``pynvml``. The simulated NVML (:mod:`nvplugin.sim.fakenvml`)
 replaces exactly the pynvml functions called here, so the same code runs on a real node and on a
 laptop. Discovery reads the rest of the node (NUMA node and PCI class of each GPU, NUMA
 distances, CPU layout) from sysfs (:mod:`nvplugin.node.sysfs`), under a configurable root, the

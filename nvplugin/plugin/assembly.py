@@ -26,15 +26,15 @@ from nvplugin.allocator import Policy
 from nvplugin.config import Config
 from nvplugin.errors import NvpluginError
 from nvplugin.log import get_logger
-from nvplugin.node import NodeSession
 from nvplugin.node.health import HealthMonitor
 from nvplugin.node.model import Topology
+from nvplugin.nodesession import NodeSession
 from nvplugin.plugin import healthservice
 from nvplugin.plugin.healthservice import PluginHealthService
 from nvplugin.plugin.heap import release_freed_heap
 from nvplugin.plugin.metrics import Metrics
 from nvplugin.plugin.mps import MpsDaemon, MpsDaemons, daemon_specs
-from nvplugin.plugin.registration import DirWatcher, Registrar
+from nvplugin.plugin.registrar import DirWatcher, Registrar
 from nvplugin.plugin.server import DevicePluginService, PluginSocket, preferred_budget
 from nvplugin.plugin.tasks import cancel
 from nvplugin.plugin.work import RequestWorkers

@@ -55,17 +55,17 @@ from nvplugin.config import Config
 from nvplugin.config.pod import PodIdentity
 from nvplugin.errors import InputError, NvpluginError
 from nvplugin.log import LoopErrors, configure, get_logger
-from nvplugin.node import NodeSession, open_node
+from nvplugin.nodesession import NodeSession, open_node
 from nvplugin.plugin import healthservice, reload
-from nvplugin.plugin.access import check_device_plugin_access
 from nvplugin.plugin.assembly import Resources, Served, make_dir, serve_socket
+from nvplugin.plugin.diraccess import check_device_plugin_access
 from nvplugin.plugin.endpoints import METRICS, PROBES, Endpoints
 from nvplugin.plugin.healthservice import PluginHealthService
 from nvplugin.plugin.httpendpoint import Response
 from nvplugin.plugin.labelling import Labeller
 from nvplugin.plugin.metrics import Metrics
 from nvplugin.plugin.nodefeature import NodeFeaturePublisher
-from nvplugin.plugin.registration import SERVE_AGAIN_GIVE_UP_S
+from nvplugin.plugin.registrar import SERVE_AGAIN_GIVE_UP_S
 from nvplugin.plugin.selection import ApiTiming, ConfigSelector, Following
 from nvplugin.plugin.server import DevicePluginService
 from nvplugin.plugin.signals import HANDLED, PendingSignals

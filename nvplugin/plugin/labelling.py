@@ -40,7 +40,7 @@ from nvplugin.labels import (
 from nvplugin.labels.gfd import NodeFacts, labelled_model
 from nvplugin.labels.output import remove, write_atomically
 from nvplugin.log import get_logger
-from nvplugin.node import NodeSession
+from nvplugin.nodesession import NodeSession
 from nvplugin.plugin.nodefeature import NodeFeaturePublisher
 from nvplugin.plugin.tasks import cancel
 from nvplugin.rm.plan import ResourcePlan

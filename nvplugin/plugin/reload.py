@@ -26,7 +26,7 @@ from nvplugin.config import Config
 from nvplugin.config.reload import reload_plan
 from nvplugin.errors import NvpluginError, reason
 from nvplugin.log import configure, get_logger
-from nvplugin.node import NodeSession
+from nvplugin.nodesession import NodeSession
 from nvplugin.plugin.assembly import Resources
 from nvplugin.plugin.endpoints import KINDS, Endpoints, endpoint_address
 from nvplugin.rm import plan_for

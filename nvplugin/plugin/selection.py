@@ -42,7 +42,7 @@ from nvplugin.config.select import (
 from nvplugin.errors import InputError, reason
 from nvplugin.log import get_logger
 from nvplugin.plugin.metrics import Metrics
-from nvplugin.plugin.registration import DirWatcher
+from nvplugin.plugin.registrar import DirWatcher
 from nvplugin.plugin.tasks import cancel
 from nvplugin.yamlinput import MAX_BYTES
 

@@ -24,7 +24,7 @@ devices, 0.4 s; 16 GPUs, 0.8 ms, so a small node sends every change as it comes.
 
 :class:`PluginSocket` owns one ``grpc.aio`` server on ``<dir>/nvplugin-<short>.sock``. The kubelet
 deletes every socket in its directory when it restarts, so the daemon stops the old server and
-starts a new one on the same path (:mod:`nvplugin.plugin.registration` decides when); the service
+starts a new one on the same path (:mod:`nvplugin.plugin.registrar` decides when); the service
 object, and with it the health state, lives on across those restarts.
 """
 
@@ -97,7 +97,7 @@ def _refused(context: Any, status: tuple[grpc.StatusCode, str], empty: Reply) ->
 class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
     """DevicePlugin for one resource: the gRPC face of ``manager``.
 
-    ``policy`` (the resource's, :mod:`nvplugin.rm.policy`) may still be computing when the service
+    ``policy`` (the resource's, :mod:`nvplugin.rm.policies`) may still be computing when the service
     starts (the daemon serves the socket, and so health checks, while it builds, and registers
     once it is ready): GetPreferredAllocation awaits it; nothing else needs it.
     """

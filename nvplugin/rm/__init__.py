@@ -12,7 +12,7 @@ no event loop.
   or MPS (:mod:`~nvplugin.rm.sharing`), whole GPUs and MIG devices in the same loops.
 - :mod:`~nvplugin.rm.mps`: what an MPS share is, where an MPS resource's files are, and what its
   containers' Allocate responses add.
-- :mod:`~nvplugin.rm.policy`: each resource's preferred-allocation policy, through the one
+- :mod:`~nvplugin.rm.policies`: each resource's preferred-allocation policy, through the one
   factory, for every kind of unit.
 - :mod:`~nvplugin.rm.manager`: :class:`ResourceManager`, one served resource as the server sees
   it: devices, the ListAndWatch listing (:mod:`~nvplugin.rm.listing`, with the kubelet's
@@ -27,7 +27,7 @@ from nvplugin.rm.devices import REPLICA_SEPARATOR, Device, Kind, replica_id
 from nvplugin.rm.manager import ContainerRequest, RequestError, ResourceManager
 from nvplugin.rm.mps import MpsAllocation
 from nvplugin.rm.plan import ResourcePlan, ServedResource, plan_for, plan_resources
-from nvplugin.rm.policy import resource_policies, resource_policy
+from nvplugin.rm.policies import resource_policies, resource_policy
 from nvplugin.rm.responses import Responder, check_caps, make_responder
 from nvplugin.rm.sharing import Replicas
 

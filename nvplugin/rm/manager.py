@@ -9,7 +9,7 @@ is handed, so its methods never touch NVML and may run on any thread:
 - :attr:`~ResourceManager.devices` and :meth:`~ResourceManager.listing`: what ListAndWatch
   advertises, for a health map of the GPUs the devices follow (:attr:`~ResourceManager.gpus`);
 - :meth:`~ResourceManager.preferred`: GetPreferredAllocation per container, through the
-  resource's policy (:mod:`nvplugin.rm.policy`) and, for replicas, the replica policy on top;
+  resource's policy (:mod:`nvplugin.rm.policies`) and, for replicas, the replica policy on top;
 - :meth:`~ResourceManager.allocate`: Allocate responses per container.
 
 Requests are checked before anything is answered: unknown or repeated IDs, must-include IDs not

@@ -21,7 +21,7 @@ from nvplugin.node.model import Topology
 from nvplugin.resourcenames import DEFAULT_RESOURCE_NAME
 from nvplugin.rm.devices import Kind
 from nvplugin.rm.plan import ServedResource, plan_resources
-from nvplugin.rm.policy import resource_policy
+from nvplugin.rm.policies import resource_policy
 
 
 def preferred_resource(topology: Topology, mig_strategy: str, name: str | None) -> ServedResource:

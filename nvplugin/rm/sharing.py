@@ -17,7 +17,7 @@ linked set), so a multi-replica pod still gets well-connected GPUs.
 MIG devices are time-sliced the same way (NVIDIA's config allows it): ``MIG-abc::0`` ..
 ``MIG-abc::3`` share the MIG device ``MIG-abc``, and "GPU" above reads "MIG device" (the
 resource's allocation policy for MIG devices then chooses among them). Either way the replica
-policy works on top of the resource's unit policy (:mod:`nvplugin.rm.policy`).
+policy works on top of the resource's unit policy (:mod:`nvplugin.rm.policies`).
 
 The config block is NVIDIA's ``sharing.timeSlicing`` (:mod:`nvplugin.config.layout` holds its
 values), and the policy NVIDIA's ``flags.plugin.sharedDevicesAllocationPolicy``.

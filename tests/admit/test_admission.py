@@ -8,8 +8,9 @@ import shutil
 import tempfile
 
 from nvplugin.admit.admission import AdmitSettings, plugin_sockets, serving_everything
-from nvplugin.kubelet.kubelet import FakeKubelet
-from tests.kubelet.test_registration import WAIT, TinyPlugin, device, register, run
+from nvplugin.fakekubelet.kubelet import FakeKubelet
+from tests.support.tinyplugin import TinyPlugin, device, register, run
+from tests.support.waiting import WAIT_S as WAIT
 
 
 def test_ready_once_every_socket_registered_and_listed() -> None:

@@ -7,7 +7,7 @@ import pytest
 
 from nvplugin.admit.visible import Visible, device_names, resolve, visible_devices
 from nvplugin.api.v1beta1 import api_pb2
-from nvplugin.node import load_topology
+from nvplugin.nodesession import load_topology
 
 TOPOLOGY = load_topology("dgx-a100-mig")
 GPU6 = TOPOLOGY.gpus[6].uuid

@@ -20,7 +20,7 @@ from nvplugin.allocator.branch import BranchSearch
 from nvplugin.allocator.classes import twin_classes
 from nvplugin.allocator.tables import Tables
 from nvplugin.node.model import Topology
-from nvplugin.node.nodefile import parse_node
+from nvplugin.nodefile.reader import parse_node
 from tests.support.bignodes import NODES, SERVERS
 from tests.support.reference import BruteForce, LatticeReference
 from tests.support.topologies import (

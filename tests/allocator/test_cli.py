@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nvplugin.node.nodefile import load_node
+from nvplugin.nodefile.reader import load_node
 from tests.support import bignodes
 
 pytestmark = pytest.mark.process  # runs nvplugin commands as processes

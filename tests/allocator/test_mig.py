@@ -15,7 +15,7 @@ from nvplugin.allocator.base import AllocationError
 from nvplugin.allocator.mig import MigPolicy
 from nvplugin.errors import InputError
 from nvplugin.node.model import Gpu, MigDevice, Topology
-from nvplugin.node.nodefile import load_node
+from nvplugin.nodefile.reader import load_node
 from nvplugin.rm.migstrategy import apply_strategy
 
 MIXED = load_node("dgx-a100-mig").topology()

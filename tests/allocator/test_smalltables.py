@@ -98,7 +98,7 @@ def test_a_small_node_is_served_without_numpy() -> None:
         import sys
         import nvplugin.cli
         from nvplugin.config import load_config
-        from nvplugin.node import load_topology
+        from nvplugin.nodesession import load_topology
         from nvplugin.rm import plan_for, resource_policies
 
         for node in sys.argv[1:]:

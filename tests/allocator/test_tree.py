@@ -22,15 +22,15 @@ from nvplugin.allocator.smalltables import SmallTables
 from nvplugin.allocator.tables import Tables
 from nvplugin.allocator.tree import TreeSearch, hierarchy
 from nvplugin.node.model import Topology
-from nvplugin.node.nodefile import load_node, parse_node
-from nvplugin.node.topoimport import Source, import_topo
+from nvplugin.nodefile.reader import load_node, parse_node
+from nvplugin.nodefile.topoimport import Source, import_topo
 from tests.support.reference import BruteForce
 from tests.support.topologies import check_solved, draw_request, from_classes, pcie_server
 
 Query = tuple[list[int], list[int], int]
 
-TOPO = sorted((Path(__file__).parent.parent / "node" / "topo").glob("*.txt"))
-"""Real `nvidia-smi topo -m` outputs, restated (tests/node/test_topoimport.py)."""
+TOPO = sorted((Path(__file__).parent.parent / "nodefile" / "topo").glob("*.txt"))
+"""Real `nvidia-smi topo -m` outputs, restated (tests/nodefile/test_topoimport.py)."""
 
 
 def _mask(indices: list[int]) -> int:

@@ -6,7 +6,7 @@ import pytest
 
 from nvplugin.allocator.besteffort import BestEffort
 from nvplugin.allocator.classes import twin_classes
-from nvplugin.node.nodefile import parse_node
+from nvplugin.nodefile.reader import parse_node
 from tests.support.bignodes import NODES, SERVERS
 
 

@@ -16,7 +16,7 @@ import pytest
 from nvplugin.config import Config, ReplicatedResource, load_config
 from nvplugin.config.select import config_for, read_selection
 from nvplugin.errors import InputError
-from tests.chart.rendering import Rendered, render, render_error
+from tests.support.helm import Rendered, render, render_error
 
 # NVIDIA's chart values as its README shows them, with config files in config.map.
 NVIDIA_STYLE: dict[str, Any] = {

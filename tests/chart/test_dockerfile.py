@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.chart.rendering import REPO, render
+from tests.support.helm import REPO, render
 
 DOCKERFILE = REPO / "Dockerfile"
 DOCKERIGNORE = REPO / ".dockerignore"
@@ -214,7 +214,7 @@ def test_build_context_holds_what_the_copies_need_and_nothing_else() -> None:
     assert sorted(sources) == sorted(["pyproject.toml", project["readme"], "nvplugin"])
     for source in sources:
         assert not _ignored(source), source
-    assert not _ignored("nvplugin/node/nodes/dgx-a100.yaml")
+    assert not _ignored("nvplugin/nodefile/nodes/dgx-a100.yaml")
     for path in (".venv", ".git", "tests", "charts", "bench", "nvplugin/__pycache__/cli.pyc"):
         assert _ignored(path), path
 
@@ -277,7 +277,7 @@ def _run_installed(site: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def test_installed_package_is_complete_and_runs(image_site: Path) -> None:
     where = _run_installed(image_site, "-c", "import nvplugin; print(nvplugin.__file__)")
     assert where.stdout.strip() == str(image_site / "nvplugin" / "__init__.py")
-    assert (image_site / "nvplugin" / "node" / "nodes" / "dgx-a100.yaml").is_file()
+    assert (image_site / "nvplugin" / "nodefile" / "nodes" / "dgx-a100.yaml").is_file()
     assert (image_site / "nvplugin" / "api" / "v1beta1" / "api_pb2_grpc.py").is_file()
     entry_points = next(image_site.glob("nvplugin-*.dist-info")) / "entry_points.txt"
     assert "nvplugin = nvplugin.cli:main" in entry_points.read_text()

@@ -13,9 +13,9 @@ import helm_python as helm
 import kubernetes_validate
 import pytest
 
+from nvplugin.chart.values import NVIDIA_VALUES, Use, covering
 from nvplugin.config import SETTINGS
-from nvplugin.config.chartvalues import NVIDIA_VALUES, Use, covering
-from tests.chart.rendering import CHART_DIR, render, render_error
+from tests.support.helm import CHART_DIR, render, render_error
 from tests.support.nvidia import (
     NVIDIA_IMAGE,
     NVPLUGIN_IMAGE,

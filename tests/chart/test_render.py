@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 import nvplugin
-from tests.chart.rendering import CHART_DIR, NAMESPACE, Rendered, render, render_error
+from tests.support.helm import CHART_DIR, NAMESPACE, Rendered, render, render_error
 from tests.support.nvidia import VALUES_VERSIONS, with_nvplugin_image
 from tests.support.nvidia import values as nvidia_values
 

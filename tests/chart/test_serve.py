@@ -26,13 +26,13 @@ from typing import Any
 
 import pytest
 
-from nvplugin.kubelet.kubelet import FakeKubelet
+from nvplugin.fakekubelet.kubelet import FakeKubelet
 from nvplugin.plugin.mps import daemon_pids
-from tests import until
-from tests.chart.rendering import Rendered, render
-from tests.labels.scenarios import read_fixture
 from tests.support.configmap import ConfigMapVolume
+from tests.support.helm import Rendered, render
 from tests.support.kubeapi import KubeApiServer
+from tests.support.labelcases import read_fixture
+from tests.support.waiting import until
 
 pytestmark = pytest.mark.process  # runs nvplugin commands as processes
 

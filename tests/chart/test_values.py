@@ -17,10 +17,10 @@ import pytest
 import yaml
 
 from nvplugin.allocator import POLICY_NAMES
+from nvplugin.chart.values import NVIDIA_VALUES, Use
 from nvplugin.config import LOG_FORMATS, LOG_LEVELS
-from nvplugin.config.chartvalues import NVIDIA_VALUES, Use
 from nvplugin.config.rules import DEVICE_ID_STRATEGIES, DEVICE_LIST_STRATEGIES
-from tests.chart.rendering import CHART_DIR, REPO, render, render_error
+from tests.support.helm import CHART_DIR, REPO, render, render_error
 
 SCHEMA_ERROR = "values don't meet the specifications of the schema(s)"
 ACCEPTED_AT_NVIDIAS_DEFAULTS = [v.path for v in NVIDIA_VALUES if v.use is Use.DEFAULTS]

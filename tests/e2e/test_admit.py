@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from nvplugin.node import load_topology
-from tests import WAIT_S
+from nvplugin.nodesession import load_topology
 from tests.support.serve import admit, admit_json, kubelet_with, new_dir, pods_file
+from tests.support.waiting import WAIT_S
 
-SAMPLES = Path(__file__).resolve().parents[2] / "nvplugin" / "kubelet" / "samples"
+SAMPLES = Path(__file__).resolve().parents[2] / "nvplugin" / "fakekubelet" / "samples"
 AFFINITY = ("TopologyAffinityError", "Resources cannot be allocated with Topology locality")
 
 

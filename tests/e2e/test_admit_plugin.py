@@ -10,11 +10,11 @@ from typing import Any
 
 from nvplugin.admit.admission import Admission, AdmitSettings
 from nvplugin.admit.process import PluginProcess
-from nvplugin.kubelet.devicemanager import checkpoint as ckpt
-from nvplugin.kubelet.pods import Container, Pod
-from nvplugin.node import load_topology
-from tests import WAIT_S as WAIT
+from nvplugin.fakekubelet.devicemanager import checkpoint as ckpt
+from nvplugin.fakekubelet.pods import Container, Pod
+from nvplugin.nodesession import load_topology
 from tests.support.serve import new_dir, node_file, remove_dir
+from tests.support.waiting import WAIT_S as WAIT
 
 RESOURCE = "nvidia.com/gpu"
 

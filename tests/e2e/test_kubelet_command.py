@@ -11,8 +11,8 @@ import sys
 import threading
 import time
 
-from tests import WAIT_S
 from tests.support.serve import Serve, new_dir, remove_dir
+from tests.support.waiting import WAIT_S
 
 DEVICES = "nvidia.com/gpu: 16 devices, 16 healthy (NUMA 0: 8, NUMA 1: 8)"
 

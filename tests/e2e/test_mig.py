@@ -15,9 +15,9 @@ import shutil
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from nvplugin.node import load_topology
 from nvplugin.node.mig import caps_device
-from tests.rm.test_mig_plan import HOMOGENEOUS
+from nvplugin.nodesession import load_topology
+from tests.support.migplans import HOMOGENEOUS
 from tests.support.serve import (
     admit_json,
     kubelet_with,
@@ -179,7 +179,7 @@ def test_single_serves_a_homogeneous_node_and_refuses_a_mixed_one_none_serves_wh
 
 
 def test_nvplugin_admit_places_mig_pods_under_single_numa_node() -> None:
-    samples = Path(__file__).resolve().parents[2] / "nvplugin" / "kubelet" / "samples"
+    samples = Path(__file__).resolve().parents[2] / "nvplugin" / "fakekubelet" / "samples"
     results = {
         r["pod"]: r
         for r in admit_json(

@@ -14,12 +14,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nvplugin.kubelet.kubelet import FakeKubelet
-from nvplugin.node import load_topology
+from nvplugin.fakekubelet.kubelet import FakeKubelet
+from nvplugin.nodesession import load_topology
 from nvplugin.plugin.mps import daemon_pids
 from nvplugin.rm import replica_id
-from tests import WAIT_S
 from tests.support.serve import Serve, admit_json, kubelet_with, new_dir, pods_file
+from tests.support.waiting import WAIT_S
 
 NODE = "dgx-1"  # 8 x V100 16 GB (16160 MiB)
 TOPOLOGY = load_topology(NODE)

@@ -13,14 +13,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from nvplugin.kubelet.kubelet import FakeKubelet
-from tests import WAIT_S
+from nvplugin.fakekubelet.kubelet import FakeKubelet
 from tests.e2e.test_pernode import scrape
 from tests.e2e.test_serve import run
-from tests.labels.scenarios import TIME_SLICED, read_fixture
 from tests.support.configmap import ConfigMapVolume
 from tests.support.kubeapi import KubeApiServer
+from tests.support.labelcases import TIME_SLICED, read_fixture
 from tests.support.serve import Serve, new_dir
+from tests.support.waiting import WAIT_S
 
 GPU = "nvidia.com/gpu"
 NODE = "gpu-node-1"

@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 
 from nvplugin.config.model import DEFAULT_MPS_ROOT
-from nvplugin.node import load_topology
-from tests import WAIT_S
+from nvplugin.nodesession import load_topology
 from tests.support.nvidia import plugin_container
 from tests.support.serve import kubelet_with, new_dir, node_file, plugin_environment
+from tests.support.waiting import WAIT_S
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

@@ -9,10 +9,10 @@ import shutil
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from nvplugin.node import load_topology
+from nvplugin.nodesession import load_topology
 from nvplugin.rm import replica_id
-from tests import WAIT_S
 from tests.support.serve import kubelet_with, new_dir, run_serve
+from tests.support.waiting import WAIT_S
 
 NODE = "dgx-1"
 TOPOLOGY = load_topology(NODE)

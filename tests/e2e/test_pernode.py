@@ -18,9 +18,8 @@ import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from nvplugin.kubelet.devicemanager import DeviceManager
-from nvplugin.kubelet.kubelet import FakeKubelet
-from tests import WAIT_S, until
+from nvplugin.fakekubelet.devicemanager import DeviceManager
+from nvplugin.fakekubelet.kubelet import FakeKubelet
 from tests.support.configmap import ConfigMapVolume
 from tests.support.kubeapi import KubeApiServer
 from tests.support.serve import (
@@ -32,6 +31,7 @@ from tests.support.serve import (
     run_nvplugin,
     run_serve,
 )
+from tests.support.waiting import WAIT_S, until
 
 NODE = "dgx-a100-7"
 LABEL = "nvidia.com/device-plugin.config"

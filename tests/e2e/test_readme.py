@@ -154,7 +154,7 @@ def test_readme_serve_with_its_kubelet(workdir: str) -> None:
 
 def test_help_shows_what_a_newcomer_needs() -> None:
     from nvplugin.allocator import POLICY_NAMES
-    from nvplugin.node import builtin_names
+    from nvplugin.nodesession import builtin_names
 
     def helped(*args: str) -> str:
         done = subprocess.run(
@@ -172,7 +172,7 @@ def test_help_shows_what_a_newcomer_needs() -> None:
     assert "default /var/lib/kubelet/device-plugins)" in serve
     assert "nvplugin kubelet" in serve
     assert f"[{'|'.join(POLICY_NAMES)}]" in helped("preferred")
-    assert "nvplugin/kubelet/samples/" in helped("admit")
+    assert "nvplugin/fakekubelet/samples/" in helped("admit")
     assert "import" in helped("node") and "capture" in helped("node")
 
 
@@ -277,7 +277,7 @@ def test_the_demo_transcript_is_what_demo_prints() -> None:
 def _sample_commands() -> list[str]:
     """The ``nvplugin admit`` command in each sample pod file's opening comment."""
     out = []
-    for path in sorted((ROOT / "nvplugin" / "kubelet" / "samples").glob("*.yaml")):
+    for path in sorted((ROOT / "nvplugin" / "fakekubelet" / "samples").glob("*.yaml")):
         header = []
         for line in path.read_text().splitlines():
             if not line.startswith("#"):

@@ -16,12 +16,11 @@ from pathlib import Path
 import pytest
 
 from nvplugin.admit.admission import AdmitSettings, build_managers
-from nvplugin.kubelet.devicemanager import DevicePluginError
-from nvplugin.kubelet.kubelet import FakeKubelet
-from nvplugin.kubelet.pods import load_pods
-from nvplugin.node import load_topology
+from nvplugin.fakekubelet.devicemanager import DevicePluginError
+from nvplugin.fakekubelet.kubelet import FakeKubelet
+from nvplugin.fakekubelet.pods import load_pods
+from nvplugin.nodesession import load_topology
 from nvplugin.rm import replica_id
-from tests import WAIT_S
 from tests.support.serve import (
     Serve,
     admit_json,
@@ -31,6 +30,7 @@ from tests.support.serve import (
     pods_file,
     run_serve,
 )
+from tests.support.waiting import WAIT_S
 
 NODE = "mixed-a100-t4"
 TOPOLOGY = load_topology(NODE)

@@ -18,12 +18,12 @@ import pytest
 
 from nvplugin.allocator import make_policy
 from nvplugin.api.v1beta1 import api_pb2, api_pb2_grpc
-from nvplugin.kubelet.devicemanager import DevicePluginError
-from nvplugin.kubelet.kubelet import FakeKubelet
-from nvplugin.node import load_topology
-from nvplugin.node.nodefile import builtin_names
-from tests import WAIT_S, until
+from nvplugin.fakekubelet.devicemanager import DevicePluginError
+from nvplugin.fakekubelet.kubelet import FakeKubelet
+from nvplugin.nodefile.reader import builtin_names
+from nvplugin.nodesession import load_topology
 from tests.support.serve import Serve, kubelet_with, new_dir, node_file, run_serve
+from tests.support.waiting import WAIT_S, until
 
 GPU = "nvidia.com/gpu"
 SOCKET = "nvplugin-gpu.sock"

@@ -17,8 +17,8 @@ from lightkube import AsyncClient
 from nvplugin.kube import ApiAccess
 from nvplugin.kube.client import ApiUnavailable, open_client
 from nvplugin.kube.node import Backoff, NodeLabels, follow_labels, get_node
-from tests import WAIT_S
 from tests.support.kubeapi import KubeApiServer, self_signed
+from tests.support.waiting import WAIT_S
 
 NODE = "gpu-node-1"
 LABEL = "nvidia.com/device-plugin.config"

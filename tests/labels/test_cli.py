@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.labels.scenarios import MIG_TIME_SLICED, TIME_SLICED, read_fixture
+from tests.support.labelcases import MIG_TIME_SLICED, TIME_SLICED, read_fixture
 
 pytestmark = pytest.mark.process  # runs nvplugin as a process
 

@@ -21,12 +21,12 @@ from nvplugin.labels.gfd import (
     product,
     version_labels,
 )
-from nvplugin.node.builtin import builtin_names
 from nvplugin.node.gpumodels import PCI_CLASS_3D, PCI_CLASS_VGA
 from nvplugin.node.model import Driver, Link, Pcie
-from nvplugin.node.nodefile import load_node
+from nvplugin.nodefile.builtin import builtin_names
+from nvplugin.nodefile.reader import load_node
 from nvplugin.rm.plan import plan_resources
-from tests.labels.scenarios import (
+from tests.support.labelcases import (
     MPS,
     MPS_RENAMED,
     RENAMED,

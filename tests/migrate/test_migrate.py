@@ -18,9 +18,9 @@ import yaml
 
 from nvplugin.migrate import Migration, Status
 from nvplugin.migrate.daemonset import migrate_daemonset
-from nvplugin.migrate.report import to_text
+from nvplugin.migrate.findings import to_text
 from nvplugin.migrate.values import migrate_values
-from tests.chart.rendering import render, render_error
+from tests.support.helm import render, render_error
 from tests.support.nvidia import (
     FIXTURES,
     NVIDIA_IMAGE,

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from nvplugin.config import env_names
-from nvplugin.node.nodefile import builtin_names, load_node
-from nvplugin.node.report import mig_dict
+from nvplugin.node.views import mig_dict
+from nvplugin.nodefile.reader import builtin_names, load_node
 
 pytestmark = pytest.mark.process  # runs nvplugin commands as processes
 

@@ -9,13 +9,14 @@ from pathlib import Path
 import pytest
 
 from nvplugin.errors import InputError, NvpluginError
-from nvplugin.node import load_topology, open_node
 from nvplugin.node import nvml as nvml_module
 from nvplugin.node.model import Pcie
-from nvplugin.node.nodefile import builtin_names, load_node, parse_node
 from nvplugin.node.nvml import Nvml
-from nvplugin.node.sim import SimulatedNvml, UnmodelledNvmlCall
 from nvplugin.node.sysfs import read_cpu_layout, read_numa_distances, read_numa_node
+from nvplugin.nodefile.reader import builtin_names, load_node, parse_node
+from nvplugin.nodesession import load_topology, open_node
+from nvplugin.sim.fakenvml import SimulatedNvml, UnmodelledNvmlCall
+from tests.support.nodefiles import UNEVEN_FABRIC
 
 pynvml = nvml_module.bindings()
 
@@ -178,21 +179,6 @@ def test_direct_links_report_the_peer_gpu() -> None:
         pynvml.nvmlShutdown()
     bus = [g.pci_bus_id for g in spec.gpus]
     assert sorted(peers) == sorted([bus[1], bus[2], bus[3], bus[3], bus[4], bus[4]])
-
-
-UNEVEN_FABRIC = """
-version: v1
-name: uneven-fabric
-gpus:
-  - {name: A, nvswitch_links: 12, numa_node: 0}
-  - {name: B, nvswitch_links: 6, numa_node: 0}
-  - {name: C, numa_node: 0}
-links: |2
-        GPU0   GPU1   GPU2
-  GPU0  X      NV6    PIX
-  GPU1  NV6    X      NV2
-  GPU2  PIX    NV2    X
-"""
 
 
 def test_fabric_links_count_min_of_each_gpu() -> None:

@@ -9,22 +9,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from nvplugin.node.nodefile import parse_node
 from nvplugin.node.nvml import EventWaitError, GpuEvent, Nvml
-from nvplugin.node.sim import SimulatedNvml
-
-NODE = """
-version: v1
-name: events
-gpus: [{name: A}, {name: B}, {name: C}]
-links: |2
-        GPU0  GPU1  GPU2
-  GPU0  X     PIX   PIX
-  GPU1  PIX   X     PIX
-  GPU2  PIX   PIX   X
-events:
-{events}
-"""
+from nvplugin.nodefile.reader import parse_node
+from nvplugin.sim.fakenvml import SimulatedNvml
+from tests.support.nodefiles import EVENTS_NODE
 
 
 class FakeClock:
@@ -43,7 +31,7 @@ class FakeClock:
 
 def _session(events: str, **options: object) -> Iterator[tuple[Nvml, SimulatedNvml, FakeClock]]:
     clock = FakeClock()
-    spec = parse_node(NODE.replace("{events}", events), "test")
+    spec = parse_node(EVENTS_NODE.replace("{events}", events), "test")
     sim = SimulatedNvml(spec, clock=clock, sleep=clock.sleep, **options)  # type: ignore[arg-type]
     with sim:
         nvml = Nvml(sim.sysfs_root)

@@ -12,14 +12,13 @@ from pathlib import Path
 import pytest
 
 from nvplugin.errors import InputError
-from nvplugin.node import open_node
-from nvplugin.node.capture import capture
 from nvplugin.node.gpumodels import PCI_CLASS_3D, PCI_CLASS_VGA, gpu_model
 from nvplugin.node.mig import MIG_MODELS
 from nvplugin.node.model import Driver, MigUnits
-from nvplugin.node.nodefile import load_node, parse_node
-from nvplugin.node.nodespec import DEFAULT_DRIVER
 from nvplugin.node.sysfs import DMI_PRODUCT_NAME, read_machine_type, read_pci_class
+from nvplugin.nodefile.reader import load_node, parse_node
+from nvplugin.nodefile.spec import DEFAULT_DRIVER
+from nvplugin.nodesession import capture_node, open_node
 
 NODE = """\
 version: v1
@@ -89,7 +88,7 @@ def test_discovery_matches_every_builtin_node_file() -> None:
 
 
 def test_capture_writes_them_back() -> None:
-    text = capture(_write(NODE))
+    text = capture_node(_write(NODE))
     assert "machine: ProLiant DL380 Gen10" in text
     assert 'driver: {version: 535.183.01, cuda: "12.2"}' in text
     again = parse_node(text, "captured")

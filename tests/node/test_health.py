@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-import nvplugin.node
+import nvplugin.nodefile
 from nvplugin.node.health import DEFAULT_IGNORED_XIDS, HealthMonitor, HealthSettings
 from nvplugin.node.nvml import EventWaitError, GpuEvent
-from tests import WAIT_S as WAIT
+from nvplugin.nodesession import open_node
+from tests.support.waiting import WAIT_S as WAIT
 
 # --- a scripted event source --------------------------------------------------------------
 
@@ -447,7 +448,7 @@ def test_an_unexpected_error_in_a_cycle_does_not_end_monitoring(
 
 # --- through the simulated NVML -----------------------------------------------------------
 
-BUILTIN = Path(nvplugin.node.__file__).parent / "nodes" / "workstation-4gpu.yaml"
+BUILTIN = Path(nvplugin.nodefile.__file__).parent / "nodes" / "workstation-4gpu.yaml"
 
 
 def node_file(tmp_path: Path, events: list[dict[str, object]]) -> str:
@@ -467,7 +468,7 @@ def run_simulated(
 ) -> None:
     """Replay ``events`` through the simulated node; the health changes must be ``expected``."""
     changes = Changes()
-    with nvplugin.node.open_node(node_file(tmp_path, events)) as node:
+    with open_node(node_file(tmp_path, events)) as node:
         m = HealthMonitor(node.nvml, range(4), settings or HealthSettings(), changes)
         m.start()
         try:

@@ -16,7 +16,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from nvplugin.errors import InputError
-from nvplugin.node import mig, open_node
+from nvplugin.node import mig
 from nvplugin.node import nvml as nvml_module
 from nvplugin.node.health import HealthMonitor, HealthSettings, mig_health
 from nvplugin.node.mig import (
@@ -33,10 +33,11 @@ from nvplugin.node.mig import (
     profile_name,
 )
 from nvplugin.node.model import MigCaps
-from nvplugin.node.nodefile import load_node, parse_node
 from nvplugin.node.nvml import Nvml
-from nvplugin.node.sim import SimulatedNvml
-from tests import WAIT_S
+from nvplugin.nodefile.reader import load_node, parse_node
+from nvplugin.nodesession import open_node
+from nvplugin.sim.fakenvml import SimulatedNvml
+from tests.support.waiting import WAIT_S
 
 pynvml = nvml_module.bindings()
 
@@ -374,7 +375,7 @@ def test_sim_mig_calls_answer_like_nvml() -> None:
 
 
 def test_mig_calls_of_a_lost_parent_fail_as_lost() -> None:
-    builtin = Path(__file__).parents[2] / "nvplugin/node/nodes/dgx-a100-mig.yaml"
+    builtin = Path(__file__).parents[2] / "nvplugin/nodefile/nodes/dgx-a100-mig.yaml"
     text = builtin.read_text().replace("events: []", "events: [{after_s: 10, gpu: 0, lost: true}]")
     now = [0.0]
     with SimulatedNvml(parse_node(text, "lost"), clock=lambda: now[0]):
@@ -409,7 +410,7 @@ def test_mig_devices_take_their_parents_health() -> None:
 def test_an_xid_on_a_parent_turns_all_its_mig_devices_unhealthy_until_it_recovers() -> None:
     """End to end through the simulated NVML: events are the parent's; the per-GPU map the
     monitor publishes maps onto every MIG device of the parent, and back on recovery."""
-    builtin = Path(__file__).parents[2] / "nvplugin/node/nodes/dgx-a100-mig.yaml"
+    builtin = Path(__file__).parents[2] / "nvplugin/nodefile/nodes/dgx-a100-mig.yaml"
     # Scripted time counts from nvmlInit: the loss comes well after the Xid, so that a monitor
     # started late on a loaded machine still sees them one after the other (both due at its
     # first wait, the loss would be reported first), and GPU2's quiet period outlasts it.

@@ -6,16 +6,16 @@ import asyncio
 import os
 import tempfile
 
-import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from nvplugin.config import load_config
 from nvplugin.errors import NvpluginError
-from nvplugin.kubelet.kubelet import FakeKubelet
-from nvplugin.node import NodeSession, open_node
+from nvplugin.fakekubelet.kubelet import FakeKubelet
+from nvplugin.nodesession import NodeSession, open_node
 from nvplugin.plugin.daemon import Daemon
-from tests import WAIT_S
+from tests.support.service import health_check
+from tests.support.waiting import WAIT_S
 
 GPU = "nvidia.com/gpu"
 
@@ -64,16 +64,6 @@ def test_with_fail_on_init_error_the_error_propagates() -> None:
         assert os.listdir(directory) == []
 
     asyncio.run(asyncio.wait_for(body(), 30))
-
-
-async def health_check(path: str) -> tuple[int, str]:
-    async with grpc.aio.insecure_channel(f"unix:{path}") as channel:
-        call = health_pb2_grpc.HealthStub(channel).Check(
-            health_pb2.HealthCheckRequest(service=""), timeout=WAIT_S
-        )
-        answer = await call
-        reason = dict(await call.trailing_metadata() or ()).get("nvplugin-reason", "")
-    return answer.status, str(reason)
 
 
 def test_stop_while_waiting_for_gpus() -> None:

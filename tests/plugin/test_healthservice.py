@@ -17,7 +17,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from nvplugin.config import HealthServiceConfig
-from nvplugin.kubelet.kubelet import FakeKubelet
+from nvplugin.fakekubelet.kubelet import FakeKubelet
 from nvplugin.plugin.healthservice import (
     NOT_SERVING,
     SERVICE_UNKNOWN,
@@ -25,8 +25,8 @@ from nvplugin.plugin.healthservice import (
     PluginHealthService,
     add_to_server,
 )
-from tests import WAIT_S, until
 from tests.support.serve import Serve, kubelet_with, new_dir, node_file
+from tests.support.waiting import WAIT_S, until
 
 GPU = "nvidia.com/gpu"
 

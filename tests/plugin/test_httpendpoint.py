@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from nvplugin.plugin.httpendpoint import HttpEndpoint, Response
-from tests import WAIT_S
 from tests.support.harness import dropped
+from tests.support.waiting import WAIT_S
 
 
 def run(body: Callable[[], Awaitable[None]], timeout: float = 60) -> None:

@@ -10,12 +10,12 @@ from pathlib import Path
 
 from nvplugin.config import Config, load_config
 from nvplugin.config.pod import PodIdentity
-from nvplugin.node import open_node
+from nvplugin.nodesession import open_node
 from nvplugin.plugin.labelling import Labeller
 from nvplugin.plugin.metrics import Metrics
 from nvplugin.plugin.nodefeature import NodeFeaturePublisher
 from nvplugin.rm.plan import plan_for
-from tests.labels.scenarios import read_fixture
+from tests.support.labelcases import read_fixture
 
 STAMP = "nvidia.com/gfd.timestamp"
 

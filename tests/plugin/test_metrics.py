@@ -20,12 +20,12 @@ from nvplugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from nvplugin.config import load_config
 from nvplugin.config.rules import parse_address
 from nvplugin.errors import InputError, NvpluginError
-from nvplugin.node import load_topology
+from nvplugin.nodesession import load_topology
 from nvplugin.plugin.metrics import Metrics, metrics_endpoint
 from nvplugin.plugin.server import DevicePluginService, PluginSocket
-from tests import WAIT_S, until
 from tests.support.serve import Serve, kubelet_with, new_dir, node_file
 from tests.support.service import gpus_manager
+from tests.support.waiting import WAIT_S, until
 
 GPU = "nvidia.com/gpu"
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]

@@ -21,7 +21,7 @@ from nvplugin.allocator import DEFAULT_BUDGET_S
 from nvplugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from nvplugin.config import load_config
 from nvplugin.errors import NvpluginError
-from nvplugin.kubelet.kubelet import FakeKubelet
+from nvplugin.fakekubelet.kubelet import FakeKubelet
 from nvplugin.node.mig import caps_minor
 from nvplugin.plugin.daemon import Daemon
 from nvplugin.plugin.server import DevicePluginService, PluginSocket
@@ -35,9 +35,9 @@ from nvplugin.rm import (
     replica_id,
     resource_policy,
 )
-from tests import WAIT_S
-from tests.rm.test_mig_plan import NODE, config_of, plan_of
+from tests.support.migplans import NODE, config_of, plan_of
 from tests.support.service import run
+from tests.support.waiting import WAIT_S
 
 # --- the service -------------------------------------------------------------------------------
 

@@ -18,8 +18,7 @@ from pathlib import Path
 import pytest
 
 from nvplugin.errors import NvpluginError
-from nvplugin.node import NodeSession, open_node
-from nvplugin.node.simmps import PROGRAM
+from nvplugin.nodesession import NodeSession, open_node
 from nvplugin.plugin.mps import (
     DaemonSpec,
     MpsDaemon,
@@ -29,7 +28,8 @@ from nvplugin.plugin.mps import (
     find_control,
     local_root,
 )
-from tests import WAIT_S, until
+from nvplugin.sim.mpscontrol import PROGRAM
+from tests.support.waiting import WAIT_S, until
 
 pytestmark = pytest.mark.process  # runs the simulated nvidia-cuda-mps-control (a Python program)
 

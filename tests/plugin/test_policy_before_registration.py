@@ -14,11 +14,11 @@ import pytest
 
 from nvplugin.allocator import make_policy
 from nvplugin.config import load_config
-from nvplugin.kubelet.kubelet import FakeKubelet
+from nvplugin.fakekubelet.kubelet import FakeKubelet
 from nvplugin.plugin.daemon import Daemon
-from nvplugin.rm import policy as policy_module
-from tests import WAIT_S, until
-from tests.plugin.test_daemon import health_check
+from nvplugin.rm import policies as policy_module
+from tests.support.service import health_check
+from tests.support.waiting import WAIT_S, until
 
 GPU = "nvidia.com/gpu"
 

@@ -17,11 +17,11 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from nvplugin.api.v1beta1 import api_pb2, api_pb2_grpc
-from nvplugin.node import load_topology
+from nvplugin.nodesession import load_topology
 from nvplugin.plugin.healthservice import PluginHealthService, add_to_server
 from nvplugin.plugin.server import DevicePluginService, PluginSocket
-from tests import WAIT_S
 from tests.support.service import gpus_manager, run
+from tests.support.waiting import WAIT_S
 
 
 class _Waiting:

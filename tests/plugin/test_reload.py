@@ -8,7 +8,7 @@ import pytest
 from nvplugin.config import Config, load_config
 from nvplugin.plugin.endpoints import METRICS, PROBES
 from nvplugin.plugin.reload import ReloadSteps, reload_steps
-from tests.plugin.test_responses import write_config
+from tests.support.service import write_config
 
 
 def config_of(text: str = "") -> Config:

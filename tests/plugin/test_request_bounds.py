@@ -18,12 +18,12 @@ import grpc
 import pytest
 
 from nvplugin.api.v1beta1 import api_pb2
-from nvplugin.node import load_topology
+from nvplugin.nodesession import load_topology
 from nvplugin.plugin.work import Job, RequestWorkers
 from nvplugin.rm import Responder, make_responder
 from nvplugin.rm.devices import Device
-from tests import WAIT_S, until
 from tests.support.service import run, serving
+from tests.support.waiting import WAIT_S, until
 
 NODE = "dgx-h100"
 

@@ -16,7 +16,7 @@ import pytest
 from nvplugin.allocator import POLICY_NAMES, make_policy
 from nvplugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from nvplugin.errors import NvpluginError
-from nvplugin.node import NodeSession, load_topology, open_node
+from nvplugin.nodesession import NodeSession, load_topology, open_node
 from nvplugin.plugin.server import DevicePluginService, PluginSocket, claim_socket_path
 from tests.support.service import gpus_manager, run, serving
 

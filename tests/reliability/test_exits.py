@@ -11,11 +11,11 @@ import sys
 import tempfile
 import time
 
-from nvplugin.kubelet.kubelet import FakeKubelet
-from nvplugin.node import open_node
-from nvplugin.node.simtree import remove_stale_sysfs_trees
-from tests import WAIT_S
+from nvplugin.fakekubelet.kubelet import FakeKubelet
+from nvplugin.nodesession import open_node
+from nvplugin.sim.tree import remove_stale_sysfs_trees
 from tests.support.serve import Serve, new_dir
+from tests.support.waiting import WAIT_S
 
 GPU = "nvidia.com/gpu"
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.reliability import fuzzing, scenarios
+from tests.support.reliability import fuzzing, scenarios
 
 
 def test_every_hostile_or_random_request_is_answered_and_nothing_leaks() -> None:

@@ -22,21 +22,11 @@ from nvplugin import yamlinput
 from nvplugin.config import SCHEMA, SETTINGS, load_config
 from nvplugin.config.schema import Invalid
 from nvplugin.errors import InputError, describe
+from tests.support.hostile import ALIAS_BOMB
 
 MEMORY_CAP = 1 << 30  # bytes of address space for each command
 TIMEOUT_S = 60.0  # generous: the refusals take milliseconds; the cap is for a loaded machine
 
-# 575 bytes that expand to 10^9 nodes if every alias is followed.
-ALIAS_BOMB = "\n".join(
-    [
-        'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]',
-        *(
-            f"{chr(c)}: &{chr(c)} [{','.join(['*' + chr(c - 1)] * 9)}]"
-            for c in range(ord("b"), ord("j"))
-        ),
-        "gpus: *i",
-    ]
-)
 DEEP = "[" * 200_000 + "]" * 200_000
 NODE_HEAD = "version: v1\nname: x\n"
 

@@ -10,8 +10,8 @@ import os
 
 from nvplugin.config import Config, load_config
 from nvplugin.errors import NvpluginError
-from nvplugin.kubelet.kubelet import FakeKubelet
-from nvplugin.node import NodeSession, open_node
+from nvplugin.fakekubelet.kubelet import FakeKubelet
+from nvplugin.nodesession import NodeSession, open_node
 from nvplugin.plugin.daemon import Daemon
 from tests.support.harness import GPU, http_get, rss_kib, running, thread_count
 from tests.support.serve import new_dir, node_file, remove_dir

@@ -14,7 +14,7 @@ import pytest
 from nvplugin.api.v1beta1 import api_pb2
 from nvplugin.config import ReplicatedResource, ReplicatedResources, ResourceRules, Sharing
 from nvplugin.errors import InputError
-from nvplugin.node import load_topology
+from nvplugin.nodesession import load_topology
 from nvplugin.rm import Replicas, plan_resources
 from nvplugin.rm.devices import base_devices
 from nvplugin.rm.listing import (
@@ -23,8 +23,8 @@ from nvplugin.rm.listing import (
     listing_size,
     max_replicas,
 )
-from tests import WAIT_S
 from tests.support.serve import kubelet_with, new_dir, run_serve
+from tests.support.waiting import WAIT_S
 
 DGX2 = load_topology("dgx-2")
 

@@ -19,10 +19,10 @@ import grpc
 from nvplugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from nvplugin.log import REPEAT_INTERVAL_S
 from nvplugin.plugin.httpendpoint import MAX_CONNECTIONS
-from tests import WAIT_S
 from tests.support import bignodes
 from tests.support.harness import Plugin, http_get
 from tests.support.serve import Serve, new_dir, remove_dir
+from tests.support.waiting import WAIT_S
 
 GRACE_S = 30.0
 """Kubernetes' default termination grace period: after it, the kubelet kills the plugin."""

@@ -8,8 +8,8 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from tests.reliability import floods, scenarios
 from tests.support.harness import Outcome
+from tests.support.reliability import floods, scenarios
 
 Scenario = Callable[[scenarios.Scale], Awaitable[Outcome]]
 

@@ -24,15 +24,15 @@ from asyncinotify import Inotify, Mask
 from nvplugin import yamlinput
 from nvplugin.admit.process import plugin_environment
 from nvplugin.config import Config, load_config
-from nvplugin.kubelet.devicemanager import DeviceManager
-from nvplugin.kubelet.kubelet import FakeKubelet
+from nvplugin.fakekubelet.devicemanager import DeviceManager
+from nvplugin.fakekubelet.kubelet import FakeKubelet
 from nvplugin.plugin import daemon as daemon_module
 from nvplugin.plugin.daemon import Daemon
-from tests import WAIT_S
-from tests.reliability.scenarios import uuids
-from tests.reliability.test_inputs import ALIAS_BOMB
 from tests.support.harness import GPU, SOCKET, caught_signals
+from tests.support.hostile import ALIAS_BOMB
+from tests.support.reliability.scenarios import uuids
 from tests.support.serve import Serve, kubelet_with, new_dir, remove_dir
+from tests.support.waiting import WAIT_S
 
 NODE = "workstation-4gpu"
 

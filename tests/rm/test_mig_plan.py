@@ -4,19 +4,13 @@ settings from file, env and flags."""
 
 from __future__ import annotations
 
-import os
-import shutil
-from typing import Any
-
 import pytest
 
-from nvplugin.config import Config, load_config
+from nvplugin.config import load_config
 from nvplugin.errors import InputError
-from nvplugin.node import load_topology
-from nvplugin.rm import ResourcePlan, ServedResource, plan_for
-from tests.plugin.test_responses import write_config
+from nvplugin.rm import ResourcePlan, ServedResource
+from tests.support.migplans import HOMOGENEOUS, NODE, config_of, plan_of
 
-NODE = load_topology("dgx-a100-mig")
 # GPUs 0-1: 1g.5gb x7 (NUMA 3); GPU2: 3g.20gb, 2g.10gb, 1g.5gb x2 (NUMA 1); GPU3: 3g.20gb x2
 # (NUMA 1); GPU4: 2g.10gb x2, 1g.10gb, 1g.5gb+me (NUMA 7); GPU5: MIG on, no devices (NUMA 7);
 # GPUs 6-7: MIG off (NUMA 5).
@@ -28,29 +22,6 @@ MIXED_COUNTS = {
     "nvidia.com/mig-1g.5gb.me": 1,
     "nvidia.com/gpu": 2,
 }
-HOMOGENEOUS = """\
-version: v1
-name: a100-3g
-gpus:
-  - {name: NVIDIA A100-SXM4-40GB, numa_node: 0, mig: [3g.20gb, 3g.20gb]}
-  - {name: NVIDIA A100-SXM4-40GB, numa_node: 1, mig: [3g.20gb, 3g.20gb]}
-links: |2
-        GPU0     GPU1
-  GPU0  X        SYS
-  GPU1  SYS      X
-"""
-
-
-def config_of(text: str = "", strategy: str = "mixed") -> Config:
-    path = write_config(f"version: v1\nflags:\n  migStrategy: {strategy}\n" + text)
-    try:
-        return load_config(path)
-    finally:
-        shutil.rmtree(os.path.dirname(path), ignore_errors=True)
-
-
-def plan_of(config: Config, gpus: Any = NODE.gpus) -> ResourcePlan:
-    return plan_for(config, gpus)
 
 
 def counts(plan: ResourcePlan) -> dict[str, int]:
@@ -200,7 +171,7 @@ def test_a_mig_resource_cannot_take_a_name_already_served() -> None:
 
 
 def test_single_serves_every_mig_device_as_the_gpu_resource() -> None:
-    from nvplugin.node.nodefile import parse_node
+    from nvplugin.nodefile.reader import parse_node
 
     homogeneous = parse_node(HOMOGENEOUS, "test").topology()
     plan = plan_of(config_of(strategy="single"), homogeneous.gpus)

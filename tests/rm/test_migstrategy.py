@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from nvplugin.errors import InputError
-from nvplugin.node import load_topology
 from nvplugin.node.mig import MIG_MODELS
 from nvplugin.node.model import Gpu, Topology
-from nvplugin.node.nodefile import load_node, parse_node
+from nvplugin.nodefile.reader import load_node, parse_node
+from nvplugin.nodesession import load_topology
 from nvplugin.resourcenames import resource_name_problem
 from nvplugin.rm.devices import Device
 from nvplugin.rm.migstrategy import (
@@ -27,7 +27,7 @@ MIXED = load_node("dgx-a100-mig").topology()
 
 def _with_mig(layouts: list[str | None]) -> Topology:
     """The DGX A100 with ``layouts[i]`` as GPU i's ``mig`` value (None: no key)."""
-    text = (Path(__file__).parents[2] / "nvplugin/node/nodes/dgx-a100.yaml").read_text()
+    text = (Path(__file__).parents[2] / "nvplugin/nodefile/nodes/dgx-a100.yaml").read_text()
     lines = []
     gpu = 0
     for line in text.splitlines():

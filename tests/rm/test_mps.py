@@ -12,11 +12,11 @@ import pytest
 from nvplugin.api.nvidia import MPS_MEMORY_LIMIT_ENV, MPS_PIPE_ENV, MPS_THREADS_ENV
 from nvplugin.config import Config, load_config
 from nvplugin.errors import InputError
-from nvplugin.node import load_topology
+from nvplugin.nodesession import load_topology
 from nvplugin.rm import MpsAllocation, Replicas, Responder, plan_for
 from nvplugin.rm.devices import base_devices
 from nvplugin.rm.mps import share_memory_mib, share_threads
-from tests.plugin.test_responses import write_config
+from tests.support.service import write_config
 
 MIXED = load_topology("mixed-a100-t4")  # A100 80GB: 0, 1, 4, 5; T4 (15360 MiB): 2, 3, 6, 7
 MIG = load_topology("dgx-a100-mig")  # GPUs 0-5 MIG on, 6-7 off

@@ -15,9 +15,9 @@ import pytest
 
 from nvplugin.config import Config, load_config
 from nvplugin.errors import InputError
-from nvplugin.node import load_topology
+from nvplugin.nodesession import load_topology
 from nvplugin.rm import ResourcePlan, plan_resources
-from tests.plugin.test_responses import write_config
+from tests.support.service import write_config
 
 MIXED = load_topology("mixed-a100-t4")  # A100 0,1,4,5; T4 2,3,6,7
 A100 = [0, 1, 4, 5]

@@ -21,8 +21,8 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from nvplugin.node.cpuspec import CpuSpec
-from nvplugin.node.writer import GpuDraft, NodeDraft, render
+from nvplugin.nodefile.cpus import CpuSpec
+from nvplugin.nodefile.writer import GpuDraft, NodeDraft, render
 
 SIZES = (20, 24, 32, 64, 128)
 

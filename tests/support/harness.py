@@ -24,9 +24,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from nvplugin.api.v1beta1 import api_pb2, api_pb2_grpc
-from nvplugin.kubelet.kubelet import FakeKubelet
-from tests import WAIT_S
+from nvplugin.fakekubelet.kubelet import FakeKubelet
 from tests.support.serve import Serve, new_dir
+from tests.support.waiting import WAIT_S
 
 GPU = "nvidia.com/gpu"
 SOCKET = "nvplugin-gpu.sock"

@@ -47,7 +47,7 @@ from typing import Any
 
 import yaml
 
-from tests import WAIT_S
+from tests.support.waiting import WAIT_S
 
 TOKEN = "nvplugin-test-token"
 NODEFEATURES = "/apis/nfd.k8s-sigs.io/v1alpha1/namespaces/"

@@ -35,7 +35,7 @@ class RunDirectory:
         return run
 
     def leave(self) -> None:
-        from nvplugin.node.simtree import remove_stale_sysfs_trees  # late: benchmarks time imports
+        from nvplugin.sim.tree import remove_stale_sysfs_trees  # late: benchmarks time imports
 
         shutil.rmtree(self.root, ignore_errors=True)
         tempfile.tempdir = self.old_tempdir

@@ -20,10 +20,10 @@ from typing import Any
 import yaml
 
 from nvplugin.admit.process import PluginProcess, plugin_environment
-from nvplugin.kubelet.kubelet import FakeKubelet
-from tests import WAIT_S
+from nvplugin.fakekubelet.kubelet import FakeKubelet
+from tests.support.waiting import WAIT_S
 
-NODES_DIR = Path(__file__).resolve().parents[2] / "nvplugin" / "node" / "nodes"
+NODES_DIR = Path(__file__).resolve().parents[2] / "nvplugin" / "nodefile" / "nodes"
 
 
 def node_file(directory: str, base: str, events: list[dict[str, Any]]) -> str:

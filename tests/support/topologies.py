@@ -106,9 +106,9 @@ SWITCHED_16 = _switched16()
 
 
 def builtin_nodes() -> dict[str, Topology]:
-    """Every built-in simulated node (``nvplugin/node/nodes/*.yaml``), by name, as discovery
+    """Every built-in simulated node (``nvplugin/nodefile/nodes/*.yaml``), by name, as discovery
     would find it."""
-    from nvplugin.node.nodefile import builtin_names, load_node
+    from nvplugin.nodefile.reader import builtin_names, load_node
 
     return {name: load_node(name).topology() for name in builtin_names()}
 

@@ -349,7 +349,7 @@ Values, path.
 {{/*
 Every value the chart cannot use, found at once and refused in one render error that lists them
 all with their key paths: NVIDIA's values nvplugin's chart accepts at NVIDIA's defaults only
-(settings.json "nvidia", from nvplugin/config/chartvalues.py), NVIDIA's image, the settings'
+(settings.json "nvidia", from nvplugin/chart/values.py), NVIDIA's image, the settings'
 values nvplugin accepts at some values only ("refused"), config files the plugin would refuse,
 and values that contradict each other.
 */}}
@@ -401,7 +401,7 @@ and values that contradict each other.
 The key paths below .path where .value is not one of NVIDIA's .defaults (a list): null is "not
 set"; a mapping is compared key by key against the mappings among the defaults; the key paths in
 .skip (settings' chart values inside NVIDIA's block: gfd.enabled) are left alone. The rule of
-nvplugin/config/chartvalues.py (off_defaults), which `nvplugin migrate` applies. Returns a JSON
+nvplugin/chart/values.py (off_defaults), which `nvplugin migrate` applies. Returns a JSON
 list.
 */}}
 {{- define "nvplugin.offDefaults" -}}
