@@ -170,7 +170,7 @@ def test_valid_device_list_strategies_render(value: object) -> None:
 
 
 def test_nvidia_defaults_of_unsupported_values_render() -> None:
-    render(
+    given = render(
         {
             "gfd": {"enabled": False},
             "mps": {"root": "/run/nvidia/mps"},
@@ -182,6 +182,17 @@ def test_nvidia_defaults_of_unsupported_values_render() -> None:
             "migStrategy": "none",
         }
     )
+    plain = render({})
+    # Accepted at NVIDIA's defaults, they change nothing: the same objects as with no values,
+    # but for the two settings given, passed on as given (the plugin's defaults too).
+    assert given.env == {**plain.env, "MIG_STRATEGY": "none", "DEVICE_DISCOVERY_STRATEGY": "auto"}
+    given.container.pop("env")
+    plain.container.pop("env")
+    assert given.daemonset == plain.daemonset
+    others = sorted(set(given.manifests) | set(plain.manifests))
+    assert [given.manifests.get(m) for m in others if "daemonset" not in m] == [
+        plain.manifests.get(m) for m in others if "daemonset" not in m
+    ]
 
 
 def test_rendering_does_not_change_the_values() -> None:
