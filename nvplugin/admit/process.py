@@ -20,7 +20,8 @@ from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 STOP_TIMEOUT_S = 30.0
-"""How long :meth:`PluginProcess.stop` waits for an exit (the plugin needs about 2 s)."""
+"""How long :meth:`PluginProcess.stop` waits for an exit: far more than a plugin's stop takes
+(its own shutdown is bounded), so that only a hung plugin is killed."""
 
 ERROR_PREFIX = "error: "
 """How ``nvplugin`` commands print the error they exit with (the last line of the log)."""

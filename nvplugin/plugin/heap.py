@@ -3,9 +3,9 @@
 Building the allocation policy (best-effort's count-vector arrays on a 32-GPU node) allocates
 transient arrays on a worker thread and frees them before registration. glibc's allocator keeps
 most of that freed memory in the thread's arena rather than returning it, so the process stays
-resident by what its start-up needed at peak, not by what it keeps (measured: 4.6-6 MiB of a
-32-GPU PCIe server's ~90-100 MB). ``malloc_trim(0)`` returns the free pages of every arena. Where
-the C library has no ``malloc_trim`` (musl, macOS) this does nothing.
+resident by what its start-up needed at peak, not by what it keeps (docs/allocation.md has the
+figures). ``malloc_trim(0)`` returns the free pages of every arena. Where the C library has no
+``malloc_trim`` (musl, macOS) this does nothing.
 """
 
 from __future__ import annotations

@@ -66,7 +66,7 @@ def _usable(directory: str) -> bool:
 
 def make_root() -> Path:
     """A new, empty directory for a simulated node's tree, named for this process. In memory
-    where the OS offers it (a 256-CPU tree is ~1000 files, 40x faster on tmpfs), but not where
+    where the OS offers it (a many-CPU tree is a thousand small files), but not where
     programs cannot run (a container's /dev/shm is noexec): the tree is the driver root too, with
     the MPS control daemon's stand-in in it. The trees of dead owners there are swept first."""
     parent = "/dev/shm" if _usable("/dev/shm") else tempfile.gettempdir()
