@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 PYTEST_FLAGS ?=
 
-.PHONY: install run test test-fast lint format bench soak proto clean
+.PHONY: install run test test-fast lint format bench soak proto hooks clean
 
 install: $(STAMP)
 
@@ -45,6 +45,10 @@ bench: install
 # The reliability scenarios at full scale (tests/reliability/; make test runs them scaled down).
 soak: install
 	$(BIN)/python -m tests.support.reliability.soak
+
+# The commit-msg hook of CONTRIBUTING.md (subject <= 72 characters, a blank line before the body).
+hooks:
+	git config core.hooksPath .githooks
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
