@@ -231,7 +231,8 @@ def test_nvidias_chart_environment_serves_without_mps() -> None:
 
 def test_a_plugin_killed_with_sigkill_is_taken_over_by_the_next() -> None:
     """SIGKILL leaves the daemon and EXCLUSIVE_PROCESS behind (nothing can stop that); the next
-    plugin quits that daemon, starts its own, and restores the mode recorded before."""
+    plugin adopts that daemon (set up as it would set it up) and restores the mode recorded
+    before."""
 
     async def body() -> None:
         scene = Scene(SHARED, MPS)
@@ -250,10 +251,10 @@ def test_a_plugin_killed_with_sigkill_is_taken_over_by_the_next() -> None:
         try:
             async with kubelet_with(directory, *args) as (kubelet, serve):
                 await kubelet.wait_registered(SHARED, WAIT_S)
-                await serve.wait_log("MPS control daemon ready")
-                (daemon,) = daemon_pids(pipe)
-                assert daemon != left
-                assert not os.path.exists(f"/proc/{left}") or zombie(left)
+                adopted = await serve.wait_log("MPS control daemon adopted")
+                assert adopted["pid"] == left
+                assert daemon_pids(pipe) == [left]
+                assert serve.events("MPS control daemon ready") == []
             assert daemon_pids(pipe) == []
             assert os.listdir(os.path.join(root, "compute-modes")) == []
             assert len(serve.events("compute mode restored")) == 8
