@@ -93,6 +93,7 @@ __all__ = [
     "EXCLUSIVE_PROCESS",
     "ComputeModes",
     "DaemonSpec",
+    "Ended",
     "MpsDaemon",
     "MpsDaemons",
     "MpsError",
@@ -559,21 +560,30 @@ class MpsDaemons:
         await asyncio.gather(*(daemon.release() for daemon in daemons))
 
 
+@dataclass(frozen=True)
+class Ended:
+    """What :func:`end_leftovers` ended: the pipe directories whose daemons it stopped, the GPUs
+    whose mode it restored, and those it could not (their records kept), by index."""
+
+    pipe_dirs: tuple[str, ...] = ()
+    restored: tuple[int, ...] = ()
+    not_restored: tuple[int, ...] = ()
+
+
 async def end_leftovers(
     root: MpsRoot,
     nvml: ComputeModes,
     wanted: Sequence[DaemonSpec],
     inherited: dict[str, str],
     timing: Timing = Timing(),
-) -> int:
+) -> Ended:
     """End what earlier plugins left under ``root`` that none of ``wanted`` wants: nvplugin's
     daemons (:data:`~.mpscontrol.OWNER_ENV`) on another pipe directory under the root that serve
     a GPU of this node (``quit``, SIGKILL after ``stop_timeout_s``), then the compute modes
     recorded for this node's GPUs that no wanted spec serves (restored, records removed). Another
-    node's daemons and records -- a simulated node's, say -- are left alone. How many daemons it
-    ended."""
+    node's daemons and records -- a simulated node's, say -- are left alone."""
     if not os.path.isdir(root.path):
-        return 0
+        return Ended()
     log = get_logger("nvplugin.mps")
     pipes = {spec.pipe_dir for spec in wanted}
     node = {gpu.uuid: gpu for gpu in root.gpus}
@@ -592,13 +602,17 @@ async def end_leftovers(
     claimed = {gpu.uuid for spec in wanted for gpu in spec.gpus}
     records = ModeRecords(root.path, nvml)
 
-    def restore() -> None:
-        for uuid, mode in records.recorded().items():
-            if uuid not in claimed and uuid in node:
-                records.restore(node[uuid], mode)
+    def restore() -> tuple[list[int], list[int]]:
+        done: tuple[list[int], list[int]] = ([], [])
+        recorded = records.recorded()
+        for gpu in sorted(root.gpus, key=lambda gpu: gpu.index):
+            mode = recorded.get(gpu.uuid)
+            if mode is not None and gpu.uuid not in claimed:
+                done[0 if records.restore(gpu, mode) else 1].append(gpu.index)
+        return done
 
-    await asyncio.to_thread(restore)
-    return len(left)
+    restored, failed = await asyncio.to_thread(restore)
+    return Ended(tuple(pipe for pipe, _ in left), tuple(restored), tuple(failed))
 
 
 def _leftover_daemons(root: str, keep: set[str], gpus: set[str]) -> list[tuple[str, list[int]]]:
