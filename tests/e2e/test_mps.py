@@ -409,7 +409,7 @@ def test_a_plugin_restart_keeps_the_daemon_serving_its_client() -> None:
                             assert clients_of(scene, daemon) == [client.pid]
                             said = control_commands(root, SHARED)
                             assert said.count("set_default_active_thread_percentage 25") == 1
-                            assert said[-1] == "get_client_list " + str(daemon)
+                            assert f"get_client_list {daemon}" in said
                         finally:
                             assert second.stop() == 0
                         assert daemon_pids(pipe) == [daemon]
@@ -492,11 +492,12 @@ def _pid_namespaces() -> bool:
     return done.returncode == 0
 
 
-@pytest.mark.skipif(not _pid_namespaces(), reason="unshare cannot make a PID namespace here")
 def test_as_its_pid_namespaces_init_the_plugin_stops_its_daemons_at_sigterm() -> None:
     """In its container (the chart's), the plugin is PID 1 of the container's PID namespace:
     whatever it leaves running dies with it. So there SIGTERM quits the daemon and restores the
     compute modes, as an uninstall needs. Run here as PID 1 of a new PID namespace."""
+    if not _pid_namespaces():
+        pytest.skip("unshare cannot make a PID namespace on this machine")
 
     async def body() -> None:
         scene = Scene(SHARED, MPS)
