@@ -40,7 +40,7 @@ stop``, which wants nothing).
 
 At shutdown the daemons are released where they can outlive the plugin, and stopped where they
 cannot (:func:`daemons_outlive_us`: not when the plugin is its PID namespace's init, as in its
-container).
+container, or a container init's child).
 
 The control program's processes and commands are :mod:`.mpscontrol`'s.
 """
@@ -231,12 +231,29 @@ def mps_root(config: Config, gpus: Sequence[Gpu], driver_root: str | None) -> Mp
     return MpsRoot(local_root(config.mps_root), tuple(gpus), control)
 
 
-def daemons_outlive_us() -> bool:
-    """Whether the daemons this process starts can outlive it: not when it is PID 1, the init
-    of its PID namespace -- a container's main process, as nvplugin runs in its chart -- whose
-    exit makes the kernel kill every process of the namespace. There they are better stopped
-    cleanly (``quit``, compute modes restored) than killed a moment later."""
-    return os.getpid() != 1
+INIT_PID_NAMESPACE = 0xEFFFFFFC
+"""The inode of the host's (initial) PID namespace, ``/proc/self/ns/pid`` (the kernel's
+PROC_PID_INIT_INO)."""
+
+
+def daemons_outlive_us(
+    pid: int | None = None, ppid: int | None = None, namespace: int | None = None
+) -> bool:
+    """Whether the daemons this process starts can outlive it. Not when it is PID 1, the init of
+    its PID namespace -- a container's main process, as nvplugin runs in its chart -- whose exit
+    makes the kernel kill every process of the namespace; nor when its parent is a container's
+    init (tini, a shell: PID 1 of a PID namespace other than the host's), which ends with it.
+    There they are better stopped cleanly (``quit``, compute modes restored) than killed a moment
+    later. ``pid``, ``ppid``, ``namespace`` (the PID namespace's inode): this process's, unless
+    given."""
+    pid = os.getpid() if pid is None else pid
+    ppid = os.getppid() if ppid is None else ppid
+    if namespace is None:
+        try:
+            namespace = os.stat("/proc/self/ns/pid").st_ino
+        except OSError:
+            namespace = 0  # unknown: taken for a container's
+    return pid != 1 and (ppid != 1 or namespace == INIT_PID_NAMESPACE)
 
 
 # --- one daemon -----------------------------------------------------------------------------------

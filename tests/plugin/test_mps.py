@@ -31,6 +31,7 @@ from nvplugin.plugin.mps import (
     MpsRoot,
     Timing,
     daemon_pids,
+    daemons_outlive_us,
     find_control,
     local_root,
 )
@@ -389,6 +390,25 @@ def test_what_no_spec_wants_is_ended_and_nothing_else(node: NodeSession, root: s
         assert modes(node)[4] == "PROHIBITED"
 
     asyncio.run(asyncio.wait_for(body(), 4 * WAIT_S))
+
+
+HOST_PID_NAMESPACE = 0xEFFFFFFC
+
+
+@pytest.mark.parametrize(
+    ("pid", "ppid", "namespace", "outlive"),
+    [
+        (1, 0, 4026532512, False),  # a container's main process (the chart's)
+        (7, 1, 4026532512, False),  # under a container's init (tini): it ends with the plugin
+        (7, 1, HOST_PID_NAMESPACE, True),  # a host service, its parent the host's init
+        (7, 5, 4026532512, True),  # a child of another process in a container
+        (7, 5, HOST_PID_NAMESPACE, True),  # run from a shell on the host
+    ],
+)
+def test_where_the_daemons_outlive_the_plugin(
+    pid: int, ppid: int, namespace: int, outlive: bool
+) -> None:
+    assert daemons_outlive_us(pid, ppid, namespace) is outlive
 
 
 def test_memory_limits_are_read_as_the_daemon_prints_them() -> None:
