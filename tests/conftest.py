@@ -47,7 +47,7 @@ PROCESS_DIRECTORIES = ("e2e", "reliability")
 
 SHELLS = ("sh", "bash")
 MPS_CONTROL = "nvidia-cuda-mps-control"
-"""The simulated MPS control program (nvplugin/sim/mpscontrol.py) is a Python program too."""
+"""The simulated MPS control program (nvplugin/sim/fakempscontrol.py) is a Python program too."""
 
 
 def starts_a_program(executable: object, argv: object) -> bool:

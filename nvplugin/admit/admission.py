@@ -36,6 +36,8 @@ import contextlib
 import os
 import shutil
 import stat
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -368,17 +370,45 @@ class Admission:
             return self._active | {self._current}
         return self._active
 
+    @property
+    def mps_root(self) -> str:
+        """The plugin's MPS control daemons (a config with sharing.mps) live under this run's
+        directory."""
+        return os.path.join(self.directory, "mps")
+
     def start_plugin(self) -> PluginProcess:
         """``nvplugin serve`` on this run's directory, as the settings say."""
         return PluginProcess(
             self.directory,
             *self.settings.plugin_args(),
-            # MPS control daemons (a config with sharing.mps) under this run's directory.
             "--mps-root",
-            os.path.join(self.directory, "mps"),
+            self.mps_root,
             env=plugin_environment(drop=INHERITED_NOT),
             log_path=os.path.join(self.directory, "serve.log"),
         )
+
+    def stop_mps(self) -> None:
+        """The MPS daemons a stopped plugin leaves running (for a next plugin, which this run
+        does not have) stopped, and the compute modes they claimed restored: ``nvplugin mps
+        stop`` with the plugin's settings, when it had an MPS root."""
+        if not os.path.isdir(self.mps_root):
+            return
+        command = [sys.executable, "-m", "nvplugin", "mps", "stop", *self.settings.plugin_args()]
+        try:
+            done = subprocess.run(
+                [*command, "--mps-root", self.mps_root],
+                env=plugin_environment(drop=INHERITED_NOT),
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=STOP_TIMEOUT_S,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            _log.warning("nvplugin mps stop did not end", timeout_s=STOP_TIMEOUT_S)
+            return
+        if done.returncode != 0:
+            _log.warning("nvplugin mps stop failed", error=done.stderr.strip()[-500:])
 
     async def start(self) -> None:
         await self.kubelet.start()
@@ -418,6 +448,7 @@ class Admission:
         try:
             if self.plugin is not None:
                 await asyncio.to_thread(self.plugin.terminate, STOP_TIMEOUT_S)
+                await asyncio.to_thread(self.stop_mps)
             await self.kubelet.stop()
         finally:
             shutil.rmtree(self.directory, ignore_errors=True)

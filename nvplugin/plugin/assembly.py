@@ -8,7 +8,10 @@ daemon is ready, and held (every device Unhealthy) whenever it is not.
 :class:`Resources` starts all of that for a config, stops it (keeping the health monitor and what
 it has seen when asked: a reload with the same health rules; and the MPS daemons whose resource is
 served the same way again), and applies in place what can change while serving (health rules,
-the health service's settings).
+the health service's settings). Each start also ends what earlier plugins left of MPS under the
+MPS root that this config does not want (a daemon, recorded compute modes); at shutdown the MPS
+daemons are left running for the next plugin where they can outlive this one
+(:func:`~.mps.daemons_outlive_us`), and stopped where they cannot.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from nvplugin.plugin import healthservice
 from nvplugin.plugin.healthservice import PluginHealthService
 from nvplugin.plugin.heap import release_freed_heap
 from nvplugin.plugin.metrics import Metrics
-from nvplugin.plugin.mps import MpsDaemon, MpsDaemons, daemon_specs
+from nvplugin.plugin.mps import MpsDaemon, MpsDaemons, daemon_specs, daemons_outlive_us, mps_root
 from nvplugin.plugin.registrar import DirWatcher, Registrar
 from nvplugin.plugin.server import DevicePluginService, PluginSocket, preferred_budget
 from nvplugin.plugin.tasks import cancel
@@ -122,7 +125,8 @@ class Resources:
 
     ``on_fatal`` is told when a registrar fails (a socket the kubelet removed that cannot be
     served again): the daemon must then stop and exit non-zero. ``workers`` do the work of every
-    resource's requests (the daemon's, for its whole life).
+    resource's requests (the daemon's, for its whole life). ``keep_mps``: leave the MPS daemons
+    running at :meth:`close` (default: where they can outlive this process).
     """
 
     def __init__(
@@ -133,8 +137,10 @@ class Resources:
         serve_give_up_s: float,
         on_fatal: Callable[[NvpluginError], None],
         workers: RequestWorkers,
+        keep_mps: bool | None = None,
     ) -> None:
         self._node = node
+        self._keep_mps = daemons_outlive_us() if keep_mps is None else keep_mps
         self._metrics = metrics
         self._workers = workers
         self._serve_give_up_s = serve_give_up_s
@@ -167,6 +173,7 @@ class Resources:
         if plan.empty:
             self._log.info("not serving resources without GPUs", resources=list(plan.empty))
         specs = daemon_specs(config, plan.resources, self._node.driver_root, self._node.sim is None)
+        root = mps_root(config, topology.gpus, self._node.driver_root)
         if len(plan.resources) > 1 and tuple(config.device_list_strategy) == ("envvar",):
             self._log.warning(
                 "several resources served with deviceListStrategy envvar alone",
@@ -207,12 +214,12 @@ class Resources:
         if not parts:
             self._log.warning("every GPU is excluded; serving no resource")
             policies.cancel()
-            await self._mps.serve([])
+            await self._mps.serve([], root)
             if health is not None:
                 await asyncio.to_thread(health.stop)
             return
         self.served = parts
-        daemons = await self._mps.serve(specs)
+        daemons = await self._mps.serve(specs, root)
         services = [part.service for part in parts]
         if health is None:
             health = self._new_health(config, services)
@@ -253,10 +260,13 @@ class Resources:
         return None
 
     async def close(self) -> None:
-        """Stop serving, the MPS daemons, the health monitor and the directory watch
-        (shutdown)."""
+        """Stop serving, the health monitor and the directory watch (shutdown); leave the MPS
+        daemons running (or stop them: ``keep_mps``)."""
         await self.stop(keep_health=False)
-        await self._mps.stop()
+        if self._keep_mps:
+            await self._mps.release()
+        else:
+            await self._mps.stop()
         task, self._watcher_task = self._watcher_task, None
         self._watcher = None
         if task is not None:

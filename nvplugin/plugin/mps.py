@@ -1,56 +1,83 @@
-"""The MPS control daemon of each resource shared through MPS: started, set up, watched, restarted
-and stopped by the plugin itself -- no second DaemonSet, no node label.
+"""The MPS control daemon of each resource shared through MPS: started (or adopted), set up,
+watched, restarted and stopped by the plugin itself -- no second DaemonSet, no node label -- and
+left running when the plugin exits, so that its clients keep their server across a plugin
+restart.
 
 For each MPS resource (:class:`DaemonSpec`), :class:`MpsDaemon`:
 
-- claims its GPUs: compute mode EXCLUSIVE_PROCESS through NVML, the mode it found recorded in
-  ``<root>/compute-modes/<GPU UUID>`` first, so that it is restored when MPS stops serving the GPU
-  -- also by the next plugin if this one was killed before it could restore it;
-- quits a daemon of a previous plugin still running on the resource's pipe directory, then runs
-  ``nvidia-cuda-mps-control -d`` (from the driver root) with ``CUDA_MPS_PIPE_DIRECTORY`` and
+- claims its GPUs: compute mode EXCLUSIVE_PROCESS through NVML, the mode it had recorded first
+  (:mod:`.mpsmodes`), so that it is restored when MPS stops serving the GPU for good;
+- adopts the daemon already running on the resource's pipe directory when it is the one this
+  spec would start: nvplugin's (:data:`~.mpscontrol.OWNER_ENV`), alone there, with the same
+  ``CUDA_VISIBLE_DEVICES`` and log directory, answering ``get_server_list``, and with the same
+  defaults (``get_default_active_thread_percentage``, ``get_default_device_pinned_mem_limit
+  <n>``). It is watched as if this plugin had started it, and nothing is sent to it but those
+  queries. Any other daemon there is quit (logged with why), and then
+- runs ``nvidia-cuda-mps-control -d`` (from the driver root) with ``CUDA_MPS_PIPE_DIRECTORY`` and
   ``CUDA_MPS_LOG_DIRECTORY`` under ``<root>/<resource>/`` and ``CUDA_VISIBLE_DEVICES`` its GPUs'
-  UUIDs in index order (so ordinal n in a command is the resource's n-th GPU);
-- sets each GPU's default pinned device memory limit and the default active thread percentage
-  to one share (:mod:`nvplugin.rm.mps`), by its control commands -- the daemon is *ready* when
-  they are answered, and only then is the resource advertised;
+  UUIDs in index order (so ordinal n in a command is the resource's n-th GPU), and sets each GPU's
+  default pinned device memory limit and the default active thread percentage to one share
+  (:mod:`nvplugin.rm.mps`) by its control commands -- the daemon is *ready* when they are
+  answered (or when it was adopted), and only then is the resource advertised;
 - watches it: its exit (a pidfd: at once) and its answer to ``get_server_list`` every
   ``check_s``. When it dies or does not answer within ``command_timeout_s``, the resource's
   devices are Unhealthy at once, what is left of it is killed, and it is started again after a
   backoff (``backoff_s`` doubling to ``backoff_max_s``; back to the start once it stayed up that
   long); ready again, the devices are Healthy again;
-- stops: ``quit``, then SIGKILL if it is still there after ``stop_timeout_s``; compute modes
-  restored. No process is left behind.
-
-A control command is the real program's client: ``nvidia-cuda-mps-control`` with the command on
-its standard input, run as a child process off the event loop, bounded in time
-(``command_timeout_s``, then killed) and in output (:data:`MAX_OUTPUT`). The daemon process is
-found in ``/proc`` -- the process running ``nvidia-cuda-mps-control -d`` whose environment names
-the resource's pipe directory -- since it daemonizes away from its parent. NVML calls and ``/proc``
-reads run on worker threads.
+- stops (:meth:`MpsDaemon.stop`: MPS no longer serves the resource so): ``quit``, then SIGKILL
+  if it is still there after ``stop_timeout_s``; compute modes restored, records removed; or is
+  released (:meth:`MpsDaemon.release`: the plugin exits): no longer watched, left running with
+  its GPUs claimed and their records kept, for the next plugin to adopt.
 
 :class:`MpsDaemons` keeps the daemons across a re-serve (SIGHUP): a daemon whose spec is unchanged
 keeps running -- its clients keep their server -- and one no longer wanted is stopped before new
-ones start (a GPU may move from one MPS resource to another).
+ones start (a GPU may move from one MPS resource to another). Given the plugin's MPS root
+(:class:`MpsRoot`), each serve also ends what no served resource wants any more of what earlier
+plugins left there (:func:`end_leftovers`): nvplugin's daemons on the node's GPUs on another pipe
+directory under the root, and the compute modes recorded for GPUs MPS no longer serves -- so
+MPS is turned off for good by the first plugin that runs without it (and by ``nvplugin mps
+stop``, which wants nothing).
+
+At shutdown the daemons are released where they can outlive the plugin, and stopped where they
+cannot (:func:`daemons_outlive_us`: not when the plugin is its PID namespace's init, as in its
+container, or a container init's child).
+
+The control program's processes and commands are :mod:`.mpscontrol`'s.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
-import shutil
-import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Protocol
 
 from nvplugin.api.nvidia import MPS_CONTAINER_ROOT, MPS_LOG_ENV, MPS_PIPE_ENV, MPS_SHM_PATH
 from nvplugin.config import Config
 from nvplugin.errors import NvpluginError
 from nvplugin.log import get_logger
 from nvplugin.node.model import Gpu
+from nvplugin.plugin.mpscontrol import (
+    CHECK_COMMAND,
+    CONTROL,
+    OWNER,
+    OWNER_ENV,
+    MpsError,
+    alive,
+    close_pidfd,
+    control_daemons,
+    daemon_environment,
+    daemon_pids,
+    end_daemons,
+    find_control,
+    memory_mib,
+    open_pidfd,
+    run_control,
+)
+from nvplugin.plugin.mpsmodes import EXCLUSIVE_PROCESS, ComputeModes, ModeRecords
 from nvplugin.plugin.tasks import cancel
 from nvplugin.rm import ServedResource
 from nvplugin.rm.mps import (
@@ -62,27 +89,27 @@ from nvplugin.rm.mps import (
     shm_dir,
 )
 
-CONTROL = "nvidia-cuda-mps-control"
-CONTROL_DIRS = ("usr/bin", "bin", "usr/local/bin")
-"""Where a driver root holds ``nvidia-cuda-mps-control`` (relative to it)."""
-EXCLUSIVE_PROCESS = "EXCLUSIVE_PROCESS"
-COMPUTE_MODES_DIR = "compute-modes"
-"""``<root>/compute-modes/<GPU UUID>``: the compute mode a GPU had before MPS claimed it."""
-MAX_OUTPUT = 64 * 1024
-"""The most output a control command may print before it is killed."""
-CHECK_COMMAND = "get_server_list"
+__all__ = [
+    "EXCLUSIVE_PROCESS",
+    "ComputeModes",
+    "DaemonSpec",
+    "Ended",
+    "MpsDaemon",
+    "MpsDaemons",
+    "MpsError",
+    "MpsRoot",
+    "Timing",
+    "control_daemons",
+    "daemon_pids",
+    "daemon_specs",
+    "daemons_outlive_us",
+    "end_leftovers",
+    "find_control",
+    "local_root",
+    "mps_root",
+]
 
-
-class MpsError(NvpluginError):
-    """A control daemon could not be started, set up or reached (it is started again)."""
-
-
-class ComputeModes(Protocol):
-    """The part of :class:`nvplugin.node.nvml.Nvml` MPS needs."""
-
-    def compute_mode(self, index: int) -> str: ...
-
-    def set_compute_mode(self, index: int, mode: str) -> None: ...
+VISIBLE_ENV = "CUDA_VISIBLE_DEVICES"
 
 
 @dataclass(frozen=True)
@@ -117,16 +144,17 @@ class DaemonSpec:
         return log_dir(self.root, self.resource)
 
     def environment(self, inherited: dict[str, str]) -> dict[str, str]:
-        """The daemon's and its clients' environment: ``inherited`` plus the MPS directories and
-        the resource's GPUs; the program's own directory first on PATH (the MPS server beside
-        it in a driver root is found there)."""
+        """The daemon's and its control commands' environment: ``inherited`` plus the MPS
+        directories, the resource's GPUs and nvplugin's mark; the program's own directory first
+        on PATH (the MPS server beside it in a driver root is found there)."""
         path = inherited.get("PATH", os.defpath)
         return {
             **inherited,
             "PATH": f"{os.path.dirname(self.control)}{os.pathsep}{path}",
             MPS_PIPE_ENV: self.pipe_dir,
             MPS_LOG_ENV: self.log_dir,
-            "CUDA_VISIBLE_DEVICES": ",".join(gpu.uuid for gpu in self.gpus),
+            VISIBLE_ENV: ",".join(gpu.uuid for gpu in self.gpus),
+            OWNER_ENV: OWNER,
         }
 
     def setup_commands(self) -> list[str]:
@@ -138,27 +166,6 @@ class DaemonSpec:
         ]
         commands.append(f"set_default_active_thread_percentage {share_threads(self.replicas)}")
         return commands
-
-
-def find_control(driver_root: str | None) -> str:
-    """``nvidia-cuda-mps-control`` under the driver root (where this process sees it), else on
-    PATH (the NVIDIA container runtime puts it in ``/usr/bin`` with the compute capability);
-    NvpluginError saying where it looked."""
-    roots = [driver_root] if driver_root else []
-    for root in roots:
-        for directory in CONTROL_DIRS:
-            candidate = os.path.join(root, directory, CONTROL)
-            if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
-                return candidate
-    found = shutil.which(CONTROL)
-    if found is not None:
-        return found
-    where = f"under the driver root {driver_root} ({', '.join(CONTROL_DIRS)}) nor " if roots else ""
-    raise NvpluginError(
-        f"sharing.mps: {CONTROL} is not {where}on PATH: MPS needs the NVIDIA driver's MPS "
-        "programs (mount the host's driver root, flags.nvidiaDriverRoot, or run the plugin with "
-        "the NVIDIA container runtime and NVIDIA_DRIVER_CAPABILITIES including compute)"
-    )
 
 
 def local_root(mps_root: str, container_root: str = MPS_CONTAINER_ROOT) -> str:
@@ -204,6 +211,51 @@ def daemon_specs(
     ]
 
 
+@dataclass(frozen=True)
+class MpsRoot:
+    """The MPS root a plugin owns, as this process sees it (``path``), the node's GPUs and the
+    control program (None where it is not found: leftover daemons then get SIGTERM instead of
+    ``quit``): where what earlier plugins left is found and ended (:func:`end_leftovers`)."""
+
+    path: str
+    gpus: tuple[Gpu, ...]
+    control: str | None
+
+
+def mps_root(config: Config, gpus: Sequence[Gpu], driver_root: str | None) -> MpsRoot:
+    """``config``'s MPS root, with or without MPS in the config."""
+    try:
+        control: str | None = find_control(driver_root)
+    except NvpluginError:
+        control = None
+    return MpsRoot(local_root(config.mps_root), tuple(gpus), control)
+
+
+INIT_PID_NAMESPACE = 0xEFFFFFFC
+"""The inode of the host's (initial) PID namespace, ``/proc/self/ns/pid`` (the kernel's
+PROC_PID_INIT_INO)."""
+
+
+def daemons_outlive_us(
+    pid: int | None = None, ppid: int | None = None, namespace: int | None = None
+) -> bool:
+    """Whether the daemons this process starts can outlive it. Not when it is PID 1, the init of
+    its PID namespace -- a container's main process, as nvplugin runs in its chart -- whose exit
+    makes the kernel kill every process of the namespace; nor when its parent is a container's
+    init (tini, a shell: PID 1 of a PID namespace other than the host's), which ends with it.
+    There they are better stopped cleanly (``quit``, compute modes restored) than killed a moment
+    later. ``pid``, ``ppid``, ``namespace`` (the PID namespace's inode): this process's, unless
+    given."""
+    pid = os.getpid() if pid is None else pid
+    ppid = os.getppid() if ppid is None else ppid
+    if namespace is None:
+        try:
+            namespace = os.stat("/proc/self/ns/pid").st_ino
+        except OSError:
+            namespace = 0  # unknown: taken for a container's
+    return pid != 1 and (ppid != 1 or namespace == INIT_PID_NAMESPACE)
+
+
 # --- one daemon -----------------------------------------------------------------------------------
 
 Ready = Callable[[str | None], None]
@@ -212,7 +264,8 @@ Ready = Callable[[str | None], None]
 
 class MpsDaemon:
     """One resource's control daemon (see the module docstring). :meth:`start` runs it from now
-    on (a task); :meth:`stop` ends it. ``on_state`` (set with :meth:`follow`) hears every change."""
+    on (a task); :meth:`stop` ends it, :meth:`release` leaves it running. ``on_state`` (set with
+    :meth:`follow`) hears every change."""
 
     def __init__(
         self,
@@ -222,7 +275,7 @@ class MpsDaemon:
         timing: Timing = Timing(),
     ) -> None:
         self.spec = spec
-        self._nvml = nvml
+        self._records = ModeRecords(spec.root, nvml)
         self._env = spec.environment(inherited)
         self._timing = timing
         self._log = get_logger("nvplugin.mps", resource=spec.resource)
@@ -231,7 +284,8 @@ class MpsDaemon:
         self._followers: list[Ready] = []
         self._pid: int | None = None
         self._claimed: dict[int, str] = {}  # GPU index -> the mode to restore
-        self.starts = 0
+        self.starts = 0  # daemons started
+        self.adopted = 0  # daemons adopted
 
     @property
     def ready(self) -> bool:
@@ -262,6 +316,19 @@ class MpsDaemon:
         await self._quit()
         await asyncio.to_thread(self._release)
         self._log.info("MPS control daemon stopped", gpus=[gpu.index for gpu in self.spec.gpus])
+
+    async def release(self) -> None:
+        """Stop watching and leave the daemon running (the plugin exits): its GPUs stay claimed
+        and their records stay, for the next plugin to adopt it, or whoever turns MPS off to
+        restore them."""
+        task, self._task = self._task, None
+        await cancel([task])
+        self._set_state("released")
+        self._log.info(
+            "MPS control daemon left running",
+            pid=self._pid if self._pid is not None and alive(self._pid) else None,
+            pipe_dir=self.spec.pipe_dir,
+        )
 
     # --- the life of the daemon ---
 
@@ -296,10 +363,12 @@ class MpsDaemon:
             backoff = min(backoff * 2, timing.backoff_max_s)
 
     async def _start(self) -> None:
-        """Claim the GPUs, replace any daemon left on the pipe directory, start and set up."""
+        """Claim the GPUs; adopt the daemon on the pipe directory if it is this spec's, else
+        replace whatever runs there: start and set up."""
         spec = self.spec
         await asyncio.to_thread(self._prepare)
-        await self._quit()  # a daemon of a previous plugin (or one that stopped answering)
+        if await self._adopt():
+            return
         self.starts += 1
         output = await self._run_control(["-d"], "", self._timing.start_timeout_s)
         self._pid = await self._wait_for_daemon()
@@ -318,48 +387,79 @@ class MpsDaemon:
         """The directories, and each GPU in EXCLUSIVE_PROCESS (its mode before, recorded)."""
         spec = self.spec
         try:
-            for directory in (spec.pipe_dir, spec.log_dir, shm_dir(spec.root), self._modes_dir()):
+            for directory in (spec.pipe_dir, spec.log_dir, shm_dir(spec.root)):
                 os.makedirs(directory, mode=0o755, exist_ok=True)
             for gpu in spec.gpus:
-                if gpu.index not in self._claimed:
-                    self._claimed[gpu.index] = self._record(gpu)
-                if self._nvml.compute_mode(gpu.index) != EXCLUSIVE_PROCESS:
-                    self._nvml.set_compute_mode(gpu.index, EXCLUSIVE_PROCESS)
+                self._claimed.setdefault(gpu.index, self._records.claim(gpu))
         except OSError as exc:
             raise MpsError(f"cannot prepare {exc.filename}: {exc.strerror or exc}") from None
         except NvpluginError as exc:
             raise MpsError(str(exc)) from None
 
-    def _modes_dir(self) -> str:
-        return os.path.join(self.spec.root, COMPUTE_MODES_DIR)
-
-    def _record(self, gpu: Gpu) -> str:
-        """The mode to restore ``gpu`` to: as recorded (a plugin before this one claimed it and
-        did not restore it), else its mode now, recorded."""
-        path = Path(self._modes_dir(), gpu.uuid)
-        with contextlib.suppress(OSError):
-            recorded = path.read_text().strip()
-            if recorded:
-                return recorded
-        mode = self._nvml.compute_mode(gpu.index)
-        path.write_text(mode + "\n")
-        return mode
-
     def _release(self) -> None:
-        """Each claimed GPU back in its recorded mode; the record removed once restored."""
+        """Each claimed GPU back in its recorded mode; the record removed once restored (kept
+        when NVML refuses: the next plugin restores it)."""
         for gpu in self.spec.gpus:
             mode = self._claimed.pop(gpu.index, None)
-            if mode is None:
-                continue
-            try:
-                if mode != EXCLUSIVE_PROCESS:
-                    self._nvml.set_compute_mode(gpu.index, mode)
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(os.path.join(self._modes_dir(), gpu.uuid))
-            except (OSError, NvpluginError) as exc:  # the record stays: the next plugin restores
-                self._log.error("cannot restore the compute mode", gpu=gpu.index, error=str(exc))
-            else:
-                self._log.info("compute mode restored", gpu=gpu.index, mode=mode)
+            if mode is not None:
+                self._records.restore(gpu, mode)
+
+    # --- adoption ---
+
+    async def _adopt(self) -> bool:
+        """Adopt the daemon running on the pipe directory if it is the one this spec would
+        start; True if so. Any other is quit, with why."""
+        pids = await asyncio.to_thread(daemon_pids, self.spec.pipe_dir)
+        if not pids:
+            return False
+        reason = await self._differs(pids)
+        if reason is not None:
+            self._log.warning("MPS control daemon replaced", pids=pids, reason=reason)
+            await self._quit()
+            return False
+        self._pid = pids[0]
+        self.adopted += 1
+        self._log.info(
+            "MPS control daemon adopted",
+            pid=self._pid,
+            gpus=[gpu.index for gpu in self.spec.gpus],
+            replicas=self.spec.replicas,
+            pipe_dir=self.spec.pipe_dir,
+        )
+        return True
+
+    async def _differs(self, pids: Sequence[int]) -> str | None:
+        """Why the daemons ``pids`` on the pipe directory are not the one this spec would start
+        (None: it is)."""
+        spec = self.spec
+        if len(pids) > 1:
+            return f"{len(pids)} daemons run on the pipe directory"
+        env = await asyncio.to_thread(daemon_environment, pids[0])
+        if env.get(OWNER_ENV) != OWNER:
+            return f"not started by nvplugin ({OWNER_ENV} is not {OWNER} in its environment)"
+        for name in (VISIBLE_ENV, MPS_LOG_ENV):
+            if env.get(name) != self._env[name]:
+                return f"its {name} is {env.get(name)!r}, not {self._env[name]!r}"
+        try:
+            await self.command(CHECK_COMMAND)
+            threads = (await self.command("get_default_active_thread_percentage")).strip()
+            memory = [
+                (await self.command(f"get_default_device_pinned_mem_limit {ordinal}")).strip()
+                for ordinal in range(len(spec.gpus))
+            ]
+        except MpsError as exc:
+            return f"it does not answer: {exc}"
+        want = share_threads(spec.replicas)
+        if _number(threads) != want:
+            return f"its default active thread percentage is {threads!r}, not {want}"
+        for ordinal, (gpu, answer) in enumerate(zip(spec.gpus, memory, strict=True)):
+            mib = share_memory_mib(gpu, spec.replicas)
+            if memory_mib(answer) != mib:
+                return (
+                    f"its default pinned memory limit of device {ordinal} is {answer!r}, not "
+                    f"{memory_limit(mib)}"
+                )
+        return None
 
     async def _wait_for_daemon(self) -> int:
         """The daemon's pid once it answers (``-d`` may return before it listens)."""
@@ -386,13 +486,13 @@ class MpsDaemon:
         pid = self._pid
         assert pid is not None
         exited = asyncio.get_running_loop().create_future()
-        pidfd = _open_pidfd(pid, exited)
+        pidfd = open_pidfd(pid, exited)
         try:
             while not exited.done():
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(self._timing.check_s):
                         await asyncio.shield(exited)
-                if exited.done() or not _alive(pid):
+                if exited.done() or not alive(pid):
                     break
                 try:
                     await self.command(CHECK_COMMAND)
@@ -400,31 +500,14 @@ class MpsDaemon:
                     return f"control daemon {pid} does not answer: {exc}"
             return f"control daemon {pid} exited"
         finally:
-            _close_pidfd(pidfd)
-            self._pid = None if not _alive(pid) else pid
+            close_pidfd(pidfd)
+            self._pid = None if not alive(pid) else pid
 
     async def _quit(self) -> None:
         """End every daemon on the pipe directory: ``quit``, then SIGKILL what is left."""
         pids = await asyncio.to_thread(daemon_pids, self.spec.pipe_dir)
-        if not pids:
-            self._pid = None
-            return
-        try:
-            await self.command("quit", self._timing.stop_timeout_s)
-        except MpsError:
-            pass  # no answer: nothing to wait for
-        else:
-            deadline = time.monotonic() + self._timing.stop_timeout_s
-            while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
-                await asyncio.sleep(0.02)
-        for pid in pids:
-            if _alive(pid):
-                self._log.warning("MPS control daemon did not quit; killing it", pid=pid)
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + self._timing.stop_timeout_s
-        while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
+        quit = functools.partial(self.command, "quit", self._timing.stop_timeout_s)
+        await end_daemons(pids, quit, self._timing.stop_timeout_s)
         self._pid = None
 
     # --- control commands ---
@@ -434,134 +517,14 @@ class MpsDaemon:
         return await self._run_control([], text + "\n", timeout or self._timing.command_timeout_s)
 
     async def _run_control(self, args: Sequence[str], stdin: str, timeout: float) -> str:
-        what = " ".join(args) or stdin.strip()
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                self.spec.control,
-                *args,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-                env=self._env,
-                start_new_session=True,  # a signal to the plugin's group is not the daemon's
-            )
-        except OSError as exc:
-            raise MpsError(f"cannot run {self.spec.control}: {exc.strerror or exc}") from None
-        assert proc.stdin is not None and proc.stdout is not None
-        output = asyncio.create_task(_bounded(proc.stdout))
-        try:
-            async with asyncio.timeout(timeout):
-                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                    proc.stdin.write(stdin.encode())
-                    await proc.stdin.drain()
-                    proc.stdin.close()
-                await proc.wait()
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            await proc.wait()
-            output.cancel()
-            raise MpsError(f"{what!r}: no answer within {timeout:g} s") from None
-        except BaseException:  # cancelled (stopping): no command outlives its caller
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            output.cancel()
-            raise
-        finally:
-            if not output.done():
-                # The daemon it started may hold the pipe: take what came, do not wait for EOF.
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(output), 0.2)
-                output.cancel()
-        text = output.result() if output.done() and not output.cancelled() else b""
-        answer = text.decode(errors="replace")
-        if proc.returncode != 0:
-            raise MpsError(f"{what!r} failed (exit {proc.returncode}): {answer.strip()[:200]}")
-        return answer
+        return await run_control(self.spec.control, self._env, args, stdin, timeout)
 
 
-async def _bounded(stream: asyncio.StreamReader) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    while size < MAX_OUTPUT:
-        chunk = await stream.read(MAX_OUTPUT - size)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        size += len(chunk)
-    return b"".join(chunks)
-
-
-# --- processes ------------------------------------------------------------------------------------
-
-
-def daemon_pids(pipe: str) -> list[int]:
-    """The control daemons running on pipe directory ``pipe``, in pid order."""
-    return [pid for pid, directory in control_daemons() if directory == pipe]
-
-
-def control_daemons(proc: str = "/proc") -> list[tuple[int, str]]:
-    """Every MPS control daemon this process can see, with its pipe directory, in pid order:
-    processes whose command line runs ``nvidia-cuda-mps-control -d`` (or ``-f``) and whose
-    environment names ``CUDA_MPS_PIPE_DIRECTORY`` (a daemon without it uses NVIDIA's default
-    ``/tmp/nvidia-mps``; nvplugin always sets it)."""
-    prefix = f"{MPS_PIPE_ENV}=".encode()
-    found = []
-    for name in sorted(os.listdir(proc), key=lambda n: int(n) if n.isdigit() else -1):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"{proc}/{name}/cmdline", "rb") as cmdline:
-                argv = cmdline.read().split(b"\0")
-            if not any(os.path.basename(arg) == CONTROL.encode() for arg in argv):
-                continue
-            if b"-d" not in argv and b"-f" not in argv:
-                continue
-            with open(f"{proc}/{name}/environ", "rb") as environ:
-                pipes = [v for v in environ.read().split(b"\0") if v.startswith(prefix)]
-        except OSError:
-            continue  # gone meanwhile, or not ours to read
-        if pipes and _alive(int(name)):
-            found.append((int(name), pipes[0][len(prefix) :].decode(errors="replace")))
-    return found
-
-
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, dead but not reaped, does not)."""
+def _number(text: str) -> float | None:
     try:
-        with open(f"/proc/{pid}/stat") as stat:
-            state = stat.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    if state == "Z":
-        with contextlib.suppress(ChildProcessError, OSError):
-            os.waitpid(pid, os.WNOHANG)  # ours to reap when we are its parent (PID 1, subreaper)
-        return False
-    return True
-
-
-def _open_pidfd(pid: int, exited: asyncio.Future[None]) -> int | None:
-    """A pidfd for ``pid`` that resolves ``exited`` when it ends; None where pidfds are missing
-    (the periodic check then notices, within ``check_s``)."""
-    try:
-        fd = os.pidfd_open(pid)
-    except (AttributeError, OSError):
+        return float(text)
+    except ValueError:
         return None
-
-    def ended() -> None:
-        if not exited.done():
-            exited.set_result(None)
-
-    asyncio.get_running_loop().add_reader(fd, ended)
-    return fd
-
-
-def _close_pidfd(fd: int | None) -> None:
-    if fd is None:
-        return
-    with contextlib.suppress(Exception):
-        asyncio.get_running_loop().remove_reader(fd)
-    os.close(fd)
 
 
 # --- the daemons of a config ----------------------------------------------------------------------
@@ -576,15 +539,21 @@ class MpsDaemons:
     timing: Timing = Timing()
     running: dict[str, MpsDaemon] = field(default_factory=dict)
 
-    async def serve(self, specs: Sequence[DaemonSpec]) -> dict[str, MpsDaemon]:
+    async def serve(
+        self, specs: Sequence[DaemonSpec], root: MpsRoot | None = None
+    ) -> dict[str, MpsDaemon]:
         """The daemons for ``specs``, by resource: running ones whose spec is unchanged, new ones
-        (started) for the rest; the daemons no longer wanted stopped first."""
+        (started, or adopted) for the rest; the daemons no longer wanted stopped first, and
+        with ``root``, what earlier plugins left there that no spec wants
+        (:func:`end_leftovers`)."""
         wanted = {spec.resource: spec for spec in specs}
         for name, daemon in list(self.running.items()):
             daemon.unfollow_all()
             if wanted.get(name) != daemon.spec:
                 del self.running[name]
                 await daemon.stop()
+        if root is not None:
+            await end_leftovers(root, self.nvml, specs, self.inherited, self.timing)
         for name, spec in wanted.items():
             if name not in self.running:
                 daemon = MpsDaemon(spec, self.nvml, self.inherited, self.timing)
@@ -598,6 +567,80 @@ class MpsDaemons:
             daemon.unfollow_all()
 
     async def stop(self) -> None:
-        """Stop every daemon, together (shutdown)."""
+        """Stop every daemon, together (shutdown where they cannot outlive the plugin)."""
         daemons, self.running = list(self.running.values()), {}
         await asyncio.gather(*(daemon.stop() for daemon in daemons))
+
+    async def release(self) -> None:
+        """Leave every daemon running, unwatched, its GPUs claimed (shutdown)."""
+        daemons, self.running = list(self.running.values()), {}
+        await asyncio.gather(*(daemon.release() for daemon in daemons))
+
+
+@dataclass(frozen=True)
+class Ended:
+    """What :func:`end_leftovers` ended: the pipe directories whose daemons it stopped, the GPUs
+    whose mode it restored, and those it could not (their records kept), by index."""
+
+    pipe_dirs: tuple[str, ...] = ()
+    restored: tuple[int, ...] = ()
+    not_restored: tuple[int, ...] = ()
+
+
+async def end_leftovers(
+    root: MpsRoot,
+    nvml: ComputeModes,
+    wanted: Sequence[DaemonSpec],
+    inherited: dict[str, str],
+    timing: Timing = Timing(),
+) -> Ended:
+    """End what earlier plugins left under ``root`` that none of ``wanted`` wants: nvplugin's
+    daemons (:data:`~.mpscontrol.OWNER_ENV`) on another pipe directory under the root that serve
+    a GPU of this node (``quit``, SIGKILL after ``stop_timeout_s``), then the compute modes
+    recorded for this node's GPUs that no wanted spec serves (restored, records removed). Another
+    node's daemons and records -- a simulated node's, say -- are left alone."""
+    if not os.path.isdir(root.path):
+        return Ended()
+    log = get_logger("nvplugin.mps")
+    pipes = {spec.pipe_dir for spec in wanted}
+    node = {gpu.uuid: gpu for gpu in root.gpus}
+    left = await asyncio.to_thread(_leftover_daemons, root.path, pipes, set(node))
+    for pipe, pids in left:
+        log.info(
+            "stopping an MPS control daemon no served resource wants", pipe_dir=pipe, pids=pids
+        )
+        quit = None
+        if root.control is not None:
+            env = {**inherited, MPS_PIPE_ENV: pipe}
+            quit = functools.partial(
+                run_control, root.control, env, [], "quit\n", timing.stop_timeout_s
+            )
+        await end_daemons(pids, quit, timing.stop_timeout_s)
+    claimed = {gpu.uuid for spec in wanted for gpu in spec.gpus}
+    records = ModeRecords(root.path, nvml)
+
+    def restore() -> tuple[list[int], list[int]]:
+        done: tuple[list[int], list[int]] = ([], [])
+        recorded = records.recorded()
+        for gpu in sorted(root.gpus, key=lambda gpu: gpu.index):
+            mode = recorded.get(gpu.uuid)
+            if mode is not None and gpu.uuid not in claimed:
+                done[0 if records.restore(gpu, mode) else 1].append(gpu.index)
+        return done
+
+    restored, failed = await asyncio.to_thread(restore)
+    return Ended(tuple(pipe for pipe, _ in left), tuple(restored), tuple(failed))
+
+
+def _leftover_daemons(root: str, keep: set[str], gpus: set[str]) -> list[tuple[str, list[int]]]:
+    """nvplugin's daemons under ``root`` on a pipe directory not in ``keep``, serving one of
+    ``gpus`` (UUIDs): (pipe directory, pids), in pipe directory order."""
+    found: dict[str, list[int]] = {}
+    for pid, pipe in control_daemons():
+        if not pipe.startswith(root.rstrip(os.sep) + os.sep) or pipe in keep:
+            continue
+        env = daemon_environment(pid)
+        if env.get(OWNER_ENV) != OWNER or not gpus & set(env.get(VISIBLE_ENV, "").split(",")):
+            continue
+        found.setdefault(pipe, []).append(pid)
+    return sorted(found.items())

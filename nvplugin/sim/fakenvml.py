@@ -27,7 +27,7 @@ Model of the node file:
 - compute modes: every GPU starts in DEFAULT; ``nvmlDeviceSetComputeMode`` changes it for the
   rest of the simulation (:attr:`SimulatedNvml.compute_modes`);
 - the driver root (the same generated tree) holds ``usr/bin/nvidia-cuda-mps-control``, the MPS
-  control daemon's stand-in (:mod:`nvplugin.sim.mpscontrol`), run by this interpreter;
+  control daemon's stand-in (:mod:`nvplugin.sim.fakempscontrol`), run by this interpreter;
 - scripted events (``after_s`` from the first simulated ``nvmlInit``): an Xid event is
   delivered once, by the next ``nvmlEventSetWait`` of a set the GPU is registered in; a lost GPU
   raises GpuIsLost on every query until a ``recover`` event, and the next wait raises GpuIsLost
@@ -51,7 +51,7 @@ from nvplugin.node import mig, nvml
 from nvplugin.node.model import MAX_NVLINKS
 from nvplugin.node.sysfs import pci_key
 from nvplugin.nodefile.spec import NodeSpec
-from nvplugin.sim import mpscontrol, tree
+from nvplugin.sim import fakempscontrol, tree
 
 _HANDLE_BASE = 0x7E5A0000
 _SET_BASE = 0x7E5B0000
@@ -222,7 +222,7 @@ class SimulatedNvml:
             self._made_root = True
         self.sysfs_root = str(root)
         tree.write_tree(self.spec, root, numa=self._sysfs_numa)
-        mpscontrol.write_program(str(root))
+        fakempscontrol.write_program(str(root))
 
     @property
     def driver_root(self) -> str:

@@ -1,14 +1,25 @@
 """When ``nvplugin admit`` counts its plugin ready: every socket in the private directory has
-registered and sent its device list (over real sockets, with tiny in-test plugins)."""
+registered and sent its device list (over real sockets, with tiny in-test plugins); and a run
+with MPS leaves no control daemon behind."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
-from nvplugin.admit.admission import AdmitSettings, plugin_sockets, serving_everything
+import pytest
+
+from nvplugin.admit.admission import (
+    Admission,
+    AdmitSettings,
+    plugin_sockets,
+    serving_everything,
+)
 from nvplugin.fakekubelet.kubelet import FakeKubelet
+from nvplugin.nodesession import load_topology
+from nvplugin.plugin.mps import daemon_pids
 from tests.support.tinyplugin import TinyPlugin, device, register, run
 from tests.support.waiting import WAIT_S as WAIT
 
@@ -54,3 +65,29 @@ def test_the_plugin_is_told_only_what_the_user_said() -> None:
         *("--config", "c.yaml"),
         *("--mig-strategy", "mixed"),
     ]
+
+
+@pytest.mark.process  # runs nvplugin serve and the simulated nvidia-cuda-mps-control
+def test_a_run_with_mps_leaves_no_daemon_behind() -> None:
+    """The plugin leaves its MPS daemon running when it stops; a run, which has no next plugin
+    and removes its MPS root, stops it (nvplugin mps stop) before the root goes."""
+    config_dir = tempfile.mkdtemp()
+    config = Path(config_dir, "mps.yaml")
+    config.write_text(
+        "version: v1\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n"
+        "      replicas: 2\n"
+    )
+
+    async def main() -> None:
+        settings = AdmitSettings(simulate="dgx-1", config=str(config))
+        admission = Admission(settings, load_topology("dgx-1"))
+        pipe = os.path.join(admission.mps_root, "nvidia.com/gpu", "pipe")
+        async with admission:
+            assert len(daemon_pids(pipe)) == 1  # registered: its daemon is ready
+        assert daemon_pids(pipe) == []
+        assert not os.path.exists(admission.directory)
+
+    try:
+        run(main())
+    finally:
+        shutil.rmtree(config_dir, ignore_errors=True)

@@ -259,7 +259,10 @@ def test_probes_pass_when_the_config_renames_the_plugin_sockets(
 def test_the_rendered_mps_pod_serves_mps_shares(dirs: tuple[str, Path]) -> None:
     """The GPU Operator's MPS config through the chart: the rendered pod's plugin starts its MPS
     control daemon under the rendered MPS_ROOT (here a scratch directory, the pod's /mps being
-    absent on this host) and advertises the shares once it answers; stopped, nothing is left."""
+    absent on this host) and advertises the shares once it answers. Stopped, it leaves the daemon
+    running (here it is not its PID namespace's init, as it is in the pod:
+    tests/e2e/test_mps.py shows that case), and ``nvplugin mps stop`` with the pod's environment
+    stops it."""
     plugin_dir, work = dirs
     mps_root = str(work / "mps")
     values = {
@@ -288,8 +291,21 @@ def test_the_rendered_mps_pod_serves_mps_shares(dirs: tuple[str, Path]) -> None:
                 raise AssertionError(f"{exc}\n{log_path.read_text()}") from None
             (ready,) = _logged(log_path, "MPS control daemon ready")
             assert ready["pipe_dir"] == f"{mps_root}/nvidia.com/gpu.shared/pipe"
-        assert _logged(log_path, "MPS control daemon stopped")
-        assert daemon_pids(f"{mps_root}/nvidia.com/gpu.shared/pipe") == []
+        pipe = f"{mps_root}/nvidia.com/gpu.shared/pipe"
+        try:
+            (left,) = _logged(log_path, "MPS control daemon left running")
+            assert daemon_pids(pipe) == [left["pid"]]
+            stop = [sys.executable, "-m", "nvplugin", "mps", "stop", "--simulate", "dgx-a100"]
+            done = subprocess.run(stop, env=env, capture_output=True, text=True, timeout=60)
+            assert done.returncode == 0, done.stderr
+            assert done.stdout == (
+                f"MPS root {mps_root}: 1 control daemon(s) stopped, compute mode restored on 8 "
+                "GPU(s)\n"
+            )
+            assert daemon_pids(pipe) == []
+        finally:
+            for pid in daemon_pids(pipe):
+                os.kill(pid, signal.SIGKILL)
 
     asyncio.run(scenario())
 

@@ -2,24 +2,41 @@
 beside the fake kubelet -- replicas advertised once the control daemon it started is set up,
 Allocate over gRPC as NVIDIA's plus the container's shares, the daemon's commands in its
 control.log, a killed daemon making the replicas Unhealthy and coming back, SIGHUP turning MPS on
-and off, and no daemon left after stop."""
+and off; the daemon left running at SIGTERM and adopted by the next plugin with its client served
+throughout, stopped by the next plugin without MPS or by ``nvplugin mps stop`` (an uninstall),
+and stopped at SIGTERM by a plugin that is its PID namespace's init (as in its container)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
 import shutil
 import signal
-from collections.abc import Awaitable, Callable
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from nvplugin.fakekubelet.kubelet import FakeKubelet
 from nvplugin.nodesession import load_topology
 from nvplugin.plugin.mps import daemon_pids
 from nvplugin.rm import replica_id
-from tests.support.serve import Serve, admit_json, kubelet_with, new_dir, pods_file
-from tests.support.waiting import WAIT_S
+from nvplugin.sim import fakempscontrol
+from tests.support.serve import (
+    Serve,
+    admit_json,
+    kubelet_with,
+    new_dir,
+    pods_file,
+    run_nvplugin,
+)
+from tests.support.waiting import WAIT_S, until
 
 NODE = "dgx-1"  # 8 x V100 16 GB (16160 MiB)
 TOPOLOGY = load_topology(NODE)
@@ -72,9 +89,88 @@ class Scene:
     def args(self) -> tuple[str, ...]:
         return ("--simulate", NODE, "--config", str(self.config), "--mps-root", self.root)
 
+    @property
+    def records(self) -> list[str]:
+        """The compute modes recorded under the MPS root (GPU UUIDs)."""
+        with contextlib.suppress(FileNotFoundError):
+            return sorted(os.listdir(os.path.join(self.root, "compute-modes")))
+        return []
+
+    def mps_stop(self) -> list[dict[str, Any]]:
+        """``nvplugin mps stop`` on this scene's node and root (it must succeed); its JSON log."""
+        done = run_nvplugin(
+            "mps",
+            "stop",
+            "--simulate",
+            NODE,
+            "--mps-root",
+            self.root,
+            "--log-format",
+            "json",
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.startswith(f"MPS root {self.root}: "), done.stdout
+        return [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
+
     def remove(self) -> None:
+        """Whatever a failed test left running on the root ended, and the directories gone."""
+        for pid, _ in control_daemons_under(self.root):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         for path in (self.directory, self.root, self.config_dir):
             shutil.rmtree(path, ignore_errors=True)
+
+
+def control_daemons_under(root: str) -> list[tuple[int, str]]:
+    from nvplugin.plugin.mps import control_daemons
+
+    return [(pid, pipe) for pid, pipe in control_daemons() if pipe.startswith(root + os.sep)]
+
+
+def restored_modes(lines: list[dict[str, Any]]) -> list[tuple[int, str]]:
+    return [
+        (line["gpu"], line["mode"]) for line in lines if line["event"] == "compute mode restored"
+    ]
+
+
+@contextlib.asynccontextmanager
+async def client_of(scene: Scene) -> AsyncIterator[subprocess.Popen[str]]:
+    """A simulated MPS client (a CUDA program's stand-in) of the daemon on the scene's pipe
+    directory, once it is served; ended however the block ends. Its program is written outside
+    any plugin's simulated tree, which goes with its plugin."""
+    program = fakempscontrol.write_program(scene.config_dir)
+    env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": scene.pipe}
+    client = subprocess.Popen(
+        [program, "--simulated-client"], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert client.stdout is not None
+        served = await asyncio.wait_for(asyncio.to_thread(client.stdout.readline), WAIT_S)
+        assert served.startswith("served by "), served
+        yield client
+    finally:
+        if client.poll() is None:
+            client.terminate()
+        await asyncio.to_thread(client.wait, WAIT_S)
+        if client.stdout is not None:
+            client.stdout.close()
+
+
+def clients_of(scene: Scene, daemon: int) -> list[int]:
+    """What the daemon says of its clients (``get_client_list``)."""
+    program = os.path.join(scene.config_dir, fakempscontrol.PROGRAM)
+    env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": scene.pipe}
+    done = subprocess.run(
+        [program],
+        input=f"get_client_list {daemon}\n",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=WAIT_S,
+        check=True,
+    )
+    return [int(line) for line in done.stdout.split()]
 
 
 def test_mps_served_allocated_watched_and_stopped() -> None:
@@ -133,14 +229,19 @@ def test_mps_served_allocated_watched_and_stopped() -> None:
                 assert (
                     control_commands(root, SHARED)[-1] == "set_default_active_thread_percentage 25"
                 )
-            # Stopped (exit 0, checked by kubelet_with): the daemon quit, compute modes restored.
+            # Stopped (exit 0, checked by kubelet_with): the daemon left running for the next
+            # plugin, its GPUs claimed, their modes before still recorded.
+            assert daemon_pids(pipe) == [again]
+            (left,) = serve.events("MPS control daemon left running")
+            assert left["pid"] == again
+            assert serve.events("compute mode restored") == []
+            assert len(scene.records) == 8
+            # An uninstall's nvplugin mps stop: the daemon quit, compute modes restored.
+            stopped = scene.mps_stop()
             assert daemon_pids(pipe) == []
             assert control_commands(root, SHARED)[-1] == "quit"
-            restored = serve.events("compute mode restored")
-            assert [(line["gpu"], line["mode"]) for line in restored] == [
-                (n, "DEFAULT") for n in range(8)
-            ]
-            assert os.listdir(os.path.join(root, "compute-modes")) == []
+            assert restored_modes(stopped) == [(n, "DEFAULT") for n in range(8)]
+            assert scene.records == []
         finally:
             scene.remove()
 
@@ -231,12 +332,12 @@ def test_nvidias_chart_environment_serves_without_mps() -> None:
 
 def test_a_plugin_killed_with_sigkill_is_taken_over_by_the_next() -> None:
     """SIGKILL leaves the daemon and EXCLUSIVE_PROCESS behind (nothing can stop that); the next
-    plugin quits that daemon, starts its own, and restores the mode recorded before."""
+    plugin adopts that daemon (set up as it would set it up) and restores the mode recorded
+    before."""
 
     async def body() -> None:
         scene = Scene(SHARED, MPS)
-        directory, root, pipe = scene.directory, scene.root, scene.pipe
-        args = scene.args
+        directory, pipe, args = scene.directory, scene.pipe, scene.args
         async with FakeKubelet(directory) as kubelet:
             killed = Serve(directory, *args)
             try:
@@ -246,28 +347,206 @@ def test_a_plugin_killed_with_sigkill_is_taken_over_by_the_next() -> None:
             finally:
                 killed.stop(signal.SIGKILL)
         assert daemon_pids(pipe) == [left]  # nothing can stop it on SIGKILL
-        assert len(os.listdir(os.path.join(root, "compute-modes"))) == 8
+        assert len(scene.records) == 8
         try:
             async with kubelet_with(directory, *args) as (kubelet, serve):
                 await kubelet.wait_registered(SHARED, WAIT_S)
-                await serve.wait_log("MPS control daemon ready")
-                (daemon,) = daemon_pids(pipe)
-                assert daemon != left
-                assert not os.path.exists(f"/proc/{left}") or zombie(left)
+                adopted = await serve.wait_log("MPS control daemon adopted")
+                assert adopted["pid"] == left
+                assert daemon_pids(pipe) == [left]
+                assert serve.events("MPS control daemon ready") == []
+            assert daemon_pids(pipe) == [left]  # left running again, records kept
+            assert len(scene.records) == 8
+            assert len(restored_modes(scene.mps_stop())) == 8
             assert daemon_pids(pipe) == []
-            assert os.listdir(os.path.join(root, "compute-modes")) == []
-            assert len(serve.events("compute mode restored")) == 8
+            assert scene.records == []
         finally:
             scene.remove()
 
     run(body)
 
 
-def zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
+def test_a_plugin_restart_keeps_the_daemon_serving_its_client() -> None:
+    """SIGTERM leaves the daemon running; a client it serves keeps its server while the plugin
+    is gone and once the next plugin adopted that daemon (same process, not set up again) and
+    registered the replicas Healthy again. An uninstall's ``nvplugin mps stop`` ends it."""
+
+    async def body() -> None:
+        scene = Scene(SHARED, MPS)
+        directory, root, pipe, args = scene.directory, scene.root, scene.pipe, scene.args
+        try:
+            async with FakeKubelet(directory) as kubelet:
+                observer = kubelet.observer
+                first = Serve(directory, *args)
+                try:
+                    await observer.wait_for(
+                        lambda m: len(m.healthy_devices(SHARED)) == 32, WAIT_S, "32 replicas"
+                    )
+                    (daemon,) = daemon_pids(pipe)
+                    async with client_of(scene) as client:
+                        assert clients_of(scene, daemon) == [client.pid]
+                        assert first.stop() == 0
+                        (left,) = first.events("MPS control daemon left running")
+                        assert left["pid"] == daemon
+                        await observer.wait_for(
+                            lambda m: not m.is_registered(SHARED), WAIT_S, "the plugin gone"
+                        )
+                        assert daemon_pids(pipe) == [daemon]
+                        assert client.poll() is None
+                        assert len(scene.records) == 8
+
+                        second = Serve(directory, *args)
+                        try:
+                            await kubelet.wait_registered(SHARED, WAIT_S)
+                            await observer.wait_for(
+                                lambda m: len(m.healthy_devices(SHARED)) == 32, WAIT_S, "32 again"
+                            )
+                            (adopted,) = second.events("MPS control daemon adopted")
+                            assert adopted["pid"] == daemon
+                            assert second.events("MPS control daemon ready") == []
+                            assert second.events("MPS control daemon replaced") == []
+                            assert daemon_pids(pipe) == [daemon]
+                            assert client.poll() is None  # never lost its server
+                            assert clients_of(scene, daemon) == [client.pid]
+                            said = control_commands(root, SHARED)
+                            assert said.count("set_default_active_thread_percentage 25") == 1
+                            assert f"get_client_list {daemon}" in said
+                        finally:
+                            assert second.stop() == 0
+                        assert daemon_pids(pipe) == [daemon]
+                        assert client.poll() is None
+                        # Uninstall: the daemon quit; its client loses its server only now.
+                        assert len(restored_modes(scene.mps_stop())) == 8
+                        assert await asyncio.to_thread(client.wait, WAIT_S) == 1
+                        assert client.stdout is not None and client.stdout.read() == "server lost\n"
+                finally:
+                    first.terminate()
+            assert daemon_pids(pipe) == []
+            assert scene.records == []
+        finally:
+            scene.remove()
+
+    run(body)
+
+
+def test_a_restart_without_mps_stops_the_daemon_and_restores_compute_modes() -> None:
+    """MPS turned off while no plugin ran: the next plugin, with no MPS resource, stops the
+    daemon the last one left and restores the compute modes it recorded."""
+
+    async def body() -> None:
+        scene = Scene(GPU, MPS.replace("renameByDefault: true", "renameByDefault: false"))
+        directory, pipe, args = scene.directory, scene.pipe, scene.args
+        try:
+            async with kubelet_with(directory, *args) as (kubelet, first):
+                await kubelet.observer.wait_for(
+                    lambda m: len(m.healthy_devices(GPU)) == 32, WAIT_S, "32 MPS replicas"
+                )
+                (daemon,) = daemon_pids(pipe)
+            assert [line["pid"] for line in first.events("MPS control daemon left running")] == [
+                daemon
+            ]
+            assert daemon_pids(pipe) == [daemon] and len(scene.records) == 8
+            scene.config.write_text("version: v1\n")
+            async with kubelet_with(directory, *args) as (kubelet, second):
+                await kubelet.observer.wait_for(
+                    lambda m: (
+                        set(m.devices(GPU)) == {gpu.uuid for gpu in TOPOLOGY.gpus}
+                        and len(m.healthy_devices(GPU)) == 8
+                    ),
+                    WAIT_S,
+                    "8 whole GPUs",
+                )
+                (stopping,) = second.events(
+                    "stopping an MPS control daemon no served resource wants"
+                )
+                assert (stopping["pipe_dir"], stopping["pids"]) == (pipe, [daemon])
+                assert daemon_pids(pipe) == []
+                assert control_commands(scene.root, GPU)[-1] == "quit"
+                assert restored_modes(second.lines()) == [(n, "DEFAULT") for n in range(8)]
+                assert scene.records == []
+            assert second.events("MPS control daemon left running") == []
+        finally:
+            scene.remove()
+
+    run(body)
+
+
+def _pid_namespaces() -> bool:
+    """Whether this machine lets an unprivileged process make a PID namespace (unshare)."""
+    if shutil.which("unshare") is None:
+        return False
+    done = subprocess.run(
+        [
+            "unshare",
+            "--user",
+            "--map-root-user",
+            "--pid",
+            "--mount",
+            "--fork",
+            "--mount-proc",
+            "true",
+        ],
+        capture_output=True,
+        timeout=WAIT_S,
+        check=False,
+    )
+    return done.returncode == 0
+
+
+def test_as_its_pid_namespaces_init_the_plugin_stops_its_daemons_at_sigterm() -> None:
+    """In its container (the chart's), the plugin is PID 1 of the container's PID namespace:
+    whatever it leaves running dies with it. So there SIGTERM quits the daemon and restores the
+    compute modes, as an uninstall needs. Run here as PID 1 of a new PID namespace."""
+    if not _pid_namespaces():
+        pytest.skip("unshare cannot make a PID namespace on this machine")
+
+    async def body() -> None:
+        scene = Scene(SHARED, MPS)
+        directory, root, pipe = scene.directory, scene.root, scene.pipe
+        unshare = ["unshare", "--user", "--map-root-user", "--pid", "--mount", "--fork"]
+        unshare += ["--mount-proc", "--kill-child"]
+        command = [*unshare, sys.executable, "-m", "nvplugin", "serve"]
+        command += ["--device-plugin-dir", directory, "--log-format", "json"]
+        try:
+            async with FakeKubelet(directory) as kubelet:
+                serve = Serve(directory, *scene.args, command=command)
+                try:
+                    await kubelet.observer.wait_for(
+                        lambda m: len(m.healthy_devices(SHARED)) == 32, WAIT_S, "32 replicas"
+                    )
+                    (daemon,) = daemon_pids(pipe)
+                    # unshare passes no signal on: SIGTERM goes to the plugin, its child.
+                    (plugin,) = _children(serve.pid)
+                    assert _namespace_pid(plugin) == 1
+                    os.kill(plugin, signal.SIGTERM)
+                    assert serve.wait(WAIT_S) == 0, serve.text()
+                finally:
+                    serve.terminate()
+            await until(lambda: daemon_pids(pipe) == [], "the daemon gone")
+            assert control_commands(root, SHARED)[-1] == "quit"
+            assert serve.events("MPS control daemon left running") == []
+            assert restored_modes(serve.lines()) == [(n, "DEFAULT") for n in range(8)]
+            assert scene.records == []
+            assert daemon not in [pid for pid, _ in control_daemons_under(root)]
+        finally:
+            scene.remove()
+
+    run(body)
+
+
+def _children(pid: int) -> list[int]:
+    children: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        children += [int(c) for c in (task / "children").read_text().split()]
+    return children
+
+
+def _namespace_pid(pid: int) -> int:
+    """``pid``'s pid in its own (innermost) PID namespace."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("NSpid:"):
+            return int(line.split()[-1])
+    raise AssertionError(f"no NSpid for {pid}")
 
 
 def test_admit_shows_each_containers_mps_shares() -> None:

@@ -19,8 +19,15 @@ Reference"):
   ``get_default_active_thread_percentage``, ``set_default_device_pinned_mem_limit <dev> <value>``
   (``<dev>`` an ordinal among the daemon's ``CUDA_VISIBLE_DEVICES``, ``<value>`` such as
   ``40960M``), ``get_default_device_pinned_mem_limit <dev>``, and ``quit``, after which the
-  daemon removes its socket and pid file and exits. Each command is logged as the real daemon
+  daemon removes its socket and pid file and exits (its clients lose their server at once; the
+  real one waits for them unless told ``quit -t``). Each command is logged as the real daemon
   logs it (``[<time> Control <pid>] Cmd:<command>``).
+- Clients: a CUDA program reaches MPS through the pipe directory; here
+  ``nvidia-cuda-mps-control --simulated-client`` stands in for one (beyond the real program): it
+  connects, is served, prints ``served by <server>`` and keeps its connection until the daemon
+  ends it (it then prints ``server lost`` and exits 1) or it gets SIGTERM (exit 0). The
+  simulated MPS server runs in the daemon's own process: with a client connected,
+  ``get_server_list`` prints the daemon's pid, and ``get_client_list <pid>`` its clients' pids.
 
 Its process runs this interpreter on the script, so its command line names
 ``nvidia-cuda-mps-control``, and its environment holds ``CUDA_MPS_PIPE_DIRECTORY``, as the real
@@ -52,6 +59,10 @@ PROGRAM = "usr/bin/nvidia-cuda-mps-control"
 CONTROL = "control"
 PID_FILE = "nvidia-cuda-mps-control.pid"
 LOG_FILE = "control.log"
+SIMULATED_CLIENT = "--simulated-client"
+"""The argument that makes this program an MPS client (a CUDA program's stand-in)."""
+HELLO = "\0client"
+"""How a simulated client opens its connection (no control command starts with a NUL)."""
 
 MAX_COMMAND = 4096
 CONNECTION_TIMEOUT_S = 2.0
@@ -83,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         return _start(pipe_dir, log_dir, background=args == ["-d"])
     if not args:
         return _client(pipe_dir, sys.stdin, sys.stdout)
+    if args == [SIMULATED_CLIENT]:
+        return _cuda_client(pipe_dir, sys.stdout)
     print("usage: nvidia-cuda-mps-control [-d | -f]", file=sys.stderr)
     return 1
 
@@ -116,6 +129,37 @@ def _ask(path: str, command: str) -> str:
         while chunk := conn.recv(65536):
             chunks.append(chunk)
         return b"".join(chunks).decode(errors="replace")
+
+
+def _cuda_client(pipe_dir: str, out: TextIO) -> int:
+    """A CUDA program's stand-in: served by the daemon until it ends the connection."""
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.settimeout(CLIENT_TIMEOUT_S)
+        conn.connect(os.path.join(pipe_dir, CONTROL))
+        conn.sendall(f"{HELLO} {os.getpid()}\n".encode())
+        answer = b""
+        while not answer.endswith(b"\n"):
+            chunk = conn.recv(256)
+            if not chunk:
+                break
+            answer += chunk
+    except OSError:
+        print("Cannot find MPS control daemon process", file=sys.stderr)
+        return 1
+    if not answer.startswith(b"server "):
+        print(f"not served: {answer.decode(errors='replace').strip()}", file=sys.stderr)
+        return 1
+    out.write(f"served by {answer.decode().split()[1]}\n")
+    out.flush()
+    conn.settimeout(None)
+    with contextlib.suppress(OSError):
+        while conn.recv(256):
+            pass
+    out.write("server lost\n")
+    out.flush()
+    return 1
 
 
 # --- the daemon ----------------------------------------------------------------------------------
@@ -166,6 +210,7 @@ class _Daemon:
         self.devices = None if visible is None else len([d for d in visible.split(",") if d])
         self.thread_percentage = 100.0
         self.memory_limits: dict[int, str] = {}
+        self.clients: dict[socket.socket, int] = {}  # connection -> the client's pid
 
     def run(self) -> NoReturn:
         signal.signal(signal.SIGTERM, lambda *_: self.exit())
@@ -180,17 +225,29 @@ class _Daemon:
         self.log(f"Starting control daemon using socket {self.path}")
         self.log(f"To connect CUDA applications to this daemon, set env {PIPE_ENV}={self.pipe_dir}")
         while True:
-            ready, _, _ = select.select([self.listener], [], [], WATCH_S)
+            ready, _, _ = select.select([self.listener, *self.clients], [], [], WATCH_S)
             if not ready:
                 if not os.path.isdir(self.pipe_dir):
                     self.exit()
                 continue
-            with contextlib.suppress(OSError):
-                conn, _ = self.listener.accept()
-                with conn:
-                    self.serve(conn)
+            for ready_one in ready:
+                if ready_one is self.listener:
+                    self.accept()
+                else:
+                    self.client_spoke(ready_one)
 
-    def serve(self, conn: socket.socket) -> None:
+    def accept(self) -> None:
+        with contextlib.suppress(OSError):
+            conn, _ = self.listener.accept()
+            kept = False
+            try:
+                kept = self.serve(conn)
+            finally:
+                if not kept:
+                    conn.close()
+
+    def serve(self, conn: socket.socket) -> bool:
+        """Answer one connection; True when it is a client's, kept open."""
         conn.settimeout(CONNECTION_TIMEOUT_S)
         self.log("Accepting connection...")
         data = b""
@@ -200,6 +257,8 @@ class _Daemon:
                 break
             data += chunk
         command = data.split(b"\n", 1)[0].decode(errors="replace").strip()
+        if command.startswith(HELLO):
+            return self.serve_client(conn, command[len(HELLO) :].strip())
         self.log("NEW UI")
         self.log(f"Cmd:{command}")
         answer, done = self.answer(command.split())
@@ -210,6 +269,25 @@ class _Daemon:
         if done:
             conn.close()
             self.exit()
+        return False
+
+    def serve_client(self, conn: socket.socket, pid: str) -> bool:
+        if not pid.isdigit():
+            return False
+        self.log(f"NEW CLIENT {pid} from user {os.getuid()}: Server {os.getpid()}")
+        conn.sendall(f"server {os.getpid()}\n".encode())
+        conn.settimeout(None)
+        self.clients[conn] = int(pid)
+        return True
+
+    def client_spoke(self, conn: socket.socket) -> None:
+        """A client's connection is readable: it went (a client says nothing once served)."""
+        with contextlib.suppress(OSError):
+            if conn.recv(256):
+                return
+        pid = self.clients.pop(conn)
+        conn.close()
+        self.log(f"Client {pid} disconnected")
 
     def answer(self, words: list[str]) -> tuple[str, bool]:
         """The reply to a command, and whether the daemon quits."""
@@ -217,7 +295,11 @@ class _Daemon:
         if name == "quit" and (not args or _timeout(args)):
             return "", True
         if name == "get_server_list" and not args:
-            return "", False  # no CUDA client, so no MPS server, on a simulated node
+            return (str(os.getpid()) if self.clients else ""), False  # the server: ours
+        if name == "get_client_list" and len(args) == 1:
+            if args[0] != str(os.getpid()) or not self.clients:
+                return f"Server {args[0]} not found", False
+            return "\n".join(str(pid) for pid in sorted(self.clients.values())), False
         if name == "get_default_active_thread_percentage" and not args:
             return f"{self.thread_percentage:.1f}", False
         if name == "set_default_active_thread_percentage" and len(args) == 1:
@@ -254,6 +336,9 @@ class _Daemon:
             log.write(f"[{stamp}.{int(now * 1000) % 1000:03d} Control {os.getpid()}] {message}\n")
 
     def exit(self) -> NoReturn:
+        for conn in self.clients:  # they lose their server
+            with contextlib.suppress(OSError):
+                conn.close()
         self.log("Exit")
         for name in (CONTROL, PID_FILE):
             with contextlib.suppress(OSError):

@@ -24,8 +24,8 @@ from nvplugin.node.nvml import Nvml
 from nvplugin.nodefile.reader import load_node
 from nvplugin.nodefile.spec import EventSpec
 from nvplugin.nodesession import open_node
+from nvplugin.sim.fakempscontrol import PROGRAM
 from nvplugin.sim.fakenvml import SimulatedNvml
-from nvplugin.sim.mpscontrol import PROGRAM
 
 pynvml = nvml_module.bindings()
 
@@ -204,3 +204,57 @@ def test_sigterm_ends_the_daemon_cleanly(mps: tuple[str, dict[str, str]]) -> Non
     os.kill(pid, signal.SIGTERM)
     wait_gone(pid)
     assert not os.path.exists(os.path.join(env["CUDA_MPS_PIPE_DIRECTORY"], "control"))
+
+
+@pytest.mark.process
+def test_a_simulated_client_is_served_until_the_daemon_goes(
+    mps: tuple[str, dict[str, str]],
+) -> None:
+    """Beyond the real program: ``--simulated-client`` stands in for a CUDA program, served by
+    the daemon (get_server_list, get_client_list) until the daemon ends."""
+    control, env = mps
+    assert run(control, env, "-d").returncode == 0
+    pid = daemon_pid(env)
+    assert pid is not None
+    assert run(control, env, stdin="get_server_list\n").stdout == ""  # no client: no server
+    client = subprocess.Popen(
+        [control, "--simulated-client"], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert client.stdout is not None
+        assert client.stdout.readline() == f"served by {pid}\n"
+        listed = run(control, env, stdin=f"get_server_list\nget_client_list {pid}\n")
+        assert listed.stdout.splitlines() == [str(pid), str(client.pid)]
+        assert client.poll() is None
+        assert run(control, env, stdin="quit\n").returncode == 0
+        assert client.wait(timeout=30) == 1
+        assert client.stdout.read() == "server lost\n"
+    finally:
+        if client.poll() is None:
+            client.kill()
+            client.wait()
+    wait_gone(pid)
+    said = Path(env["CUDA_MPS_LOG_DIRECTORY"], "control.log").read_text()
+    assert f"NEW CLIENT {client.pid} from user {os.getuid()}: Server {pid}" in said
+
+
+@pytest.mark.process
+def test_a_simulated_client_that_goes_is_forgotten(mps: tuple[str, dict[str, str]]) -> None:
+    control, env = mps
+    assert run(control, env, "-d").returncode == 0
+    pid = daemon_pid(env)
+    assert pid is not None
+    client = subprocess.Popen(
+        [control, "--simulated-client"], env=env, stdout=subprocess.PIPE, text=True
+    )
+    assert client.stdout is not None
+    assert client.stdout.readline().startswith("served by")
+    client.terminate()
+    assert client.wait(timeout=30) == 0
+    client.stdout.close()
+    deadline = time.monotonic() + 30
+    while run(control, env, stdin="get_server_list\n").stdout and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert run(control, env, stdin="get_server_list\n").stdout == ""
+    assert run(control, env, stdin="quit\n").returncode == 0
+    wait_gone(pid)
