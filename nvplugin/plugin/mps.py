@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Protocol
 
 from nvplugin.api.nvidia import MPS_CONTAINER_ROOT, MPS_LOG_ENV, MPS_PIPE_ENV, MPS_SHM_PATH
+from nvplugin.backoff import Backoff, Retry
 from nvplugin.config import Config
 from nvplugin.errors import NvpluginError
 from nvplugin.log import get_logger
@@ -273,27 +274,24 @@ class MpsDaemon:
             follower(state)
 
     async def _run(self) -> None:
-        timing = self._timing
-        backoff = timing.backoff_s
+        # A daemon that served a good while (the longest wait or more) starts again quickly.
+        restarts = Retry(Backoff(self._timing.backoff_s, self._timing.backoff_max_s))
         while True:
             started = time.monotonic()
             try:
                 await self._start()
             except Exception as exc:  # whatever it was, the daemon is started again
                 self._set_state(str(exc))
-                self._log.error(
-                    "MPS control daemon failed to start", error=str(exc), retry_s=backoff
-                )
+                wait = restarts.next_after(time.monotonic() - started)
+                self._log.error("MPS control daemon failed to start", error=str(exc), retry_s=wait)
             else:
                 self._set_state(None)
                 reason = await self._watch()
                 self._set_state(reason)  # the devices go Unhealthy at once
-                self._log.error("MPS control daemon lost", reason=reason, restart_s=backoff)
+                wait = restarts.next_after(time.monotonic() - started)
+                self._log.error("MPS control daemon lost", reason=reason, restart_s=wait)
                 await self._quit()
-            if time.monotonic() - started >= timing.backoff_max_s:
-                backoff = timing.backoff_s  # it served a good while: start again quickly
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, timing.backoff_max_s)
+            await asyncio.sleep(wait)
 
     async def _start(self) -> None:
         """Claim the GPUs, replace any daemon left on the pipe directory, start and set up."""

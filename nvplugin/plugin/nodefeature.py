@@ -21,6 +21,7 @@ import contextlib
 from collections.abc import Mapping
 from typing import Any
 
+from nvplugin.backoff import Backoff
 from nvplugin.config.pod import PodIdentity
 from nvplugin.log import get_logger
 from nvplugin.plugin.metrics import Metrics
@@ -75,9 +76,9 @@ class NodeFeaturePublisher:
         # Only here is the client library imported: without the NodeFeature mode serve never
         # loads it.
         from nvplugin.kube.client import open_client
-        from nvplugin.kube.node import Backoff, Outage
+        from nvplugin.kube.node import API_JITTER, Outage
 
-        backoff = Backoff(*self._backoff)
+        backoff = Backoff(*self._backoff, jitter=API_JITTER)
         outage = Outage(backoff, self._log)
         client: Any = None
         owner: Any = None

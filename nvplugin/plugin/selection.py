@@ -29,6 +29,7 @@ import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from nvplugin.backoff import Backoff
 from nvplugin.config import Config
 from nvplugin.config.select import (
     Choice,
@@ -200,7 +201,7 @@ class ConfigSelector:
             return
         # Only here is the client library imported: without the API, serve never loads it.
         from nvplugin.kube.client import ApiUnavailable, open_client
-        from nvplugin.kube.node import Backoff, follow_labels
+        from nvplugin.kube.node import API_JITTER, follow_labels
 
         try:
             client = await asyncio.to_thread(open_client, self._selection.access)
@@ -209,7 +210,7 @@ class ConfigSelector:
             return
         name = self._selection.node_name or ""
         timing = self._timing
-        backoff = Backoff(timing.backoff_initial_s, timing.backoff_max_s)
+        backoff = Backoff(timing.backoff_initial_s, timing.backoff_max_s, API_JITTER)
         extra = {} if timing.watch_s is None else {"watch_s": timing.watch_s}
         try:
             async for state in follow_labels(client, name, backoff=backoff, **extra):
