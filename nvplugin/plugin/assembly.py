@@ -30,6 +30,7 @@ from nvplugin.node import NodeSession
 from nvplugin.node.health import HealthMonitor
 from nvplugin.node.model import Topology
 from nvplugin.plugin import healthservice
+from nvplugin.plugin.executor import RequestExecutor
 from nvplugin.plugin.healthservice import PluginHealthService
 from nvplugin.plugin.heap import release_freed_heap
 from nvplugin.plugin.metrics import Metrics
@@ -37,7 +38,6 @@ from nvplugin.plugin.mps import MpsDaemon, MpsDaemons, daemon_specs
 from nvplugin.plugin.registration import DirWatcher, Registrar
 from nvplugin.plugin.server import DevicePluginService, PluginSocket, preferred_budget
 from nvplugin.plugin.tasks import cancel
-from nvplugin.plugin.work import RequestWorkers
 from nvplugin.rm import (
     MpsAllocation,
     ResourceManager,
@@ -121,7 +121,7 @@ class Resources:
     """The resources served for the current config (see the module docstring).
 
     ``on_fatal`` is told when a registrar fails (a socket the kubelet removed that cannot be
-    served again): the daemon must then stop and exit non-zero. ``workers`` do the work of every
+    served again): the daemon must then stop and exit non-zero. ``executor`` does the work of every
     resource's requests (the daemon's, for its whole life).
     """
 
@@ -132,11 +132,11 @@ class Resources:
         *,
         serve_give_up_s: float,
         on_fatal: Callable[[NvpluginError], None],
-        workers: RequestWorkers,
+        executor: RequestExecutor,
     ) -> None:
         self._node = node
         self._metrics = metrics
-        self._workers = workers
+        self._executor = executor
         self._serve_give_up_s = serve_give_up_s
         self._on_fatal = on_fatal
         self._log = get_logger("nvplugin.daemon")
@@ -297,7 +297,7 @@ class Resources:
             _policy_of(policies, served.name),
             pre_start_required=config.pre_start_required,
             health=health.monitor.health if health is not None else None,
-            workers=self._workers,
+            executor=self._executor,
             preferred_budget_s=preferred_budget(config.allocation_budget_s),
         )
         name = served.name

@@ -60,6 +60,7 @@ from nvplugin.plugin import healthservice, reload
 from nvplugin.plugin.access import check_device_plugin_access
 from nvplugin.plugin.assembly import Resources, Served, make_dir, serve_socket
 from nvplugin.plugin.endpoints import METRICS, PROBES, Endpoints
+from nvplugin.plugin.executor import RequestExecutor
 from nvplugin.plugin.healthservice import PluginHealthService
 from nvplugin.plugin.httpendpoint import Response
 from nvplugin.plugin.labelling import Labeller
@@ -70,7 +71,6 @@ from nvplugin.plugin.selection import ApiTiming, ConfigSelector, Following
 from nvplugin.plugin.server import DevicePluginService
 from nvplugin.plugin.signals import HANDLED, PendingSignals
 from nvplugin.plugin.tasks import cancel
-from nvplugin.plugin.work import RequestWorkers
 from nvplugin.resourcenames import socket_name
 from nvplugin.rm import ResourceManager, ServedResource
 
@@ -114,7 +114,7 @@ class Daemon:
         self._hup = asyncio.Event()
         self._node: NodeSession | None = None
         self._resources: Resources | None = None  # once the node is discovered
-        self._workers = RequestWorkers()  # every resource's requests' work; closed at the end
+        self._executor = RequestExecutor()  # every resource's requests' work; closed first
         # While no GPU is discovered: the health service alone on the plugin socket.
         self._waiting: Served | None = None
         timing = api_timing or ApiTiming()
@@ -250,7 +250,7 @@ class Daemon:
             self.metrics,
             serve_give_up_s=self._serve_give_up_s,
             on_fatal=self._on_fatal,
-            workers=self._workers,
+            executor=self._executor,
         )
         async with self._applying:
             await self._resources.start(self.config)
@@ -349,7 +349,7 @@ class Daemon:
         name = config.resource_name
         make_dir(config.device_plugin_dir)
         service = DevicePluginService(
-            ResourceManager(ServedResource(name, ())), _NoGpus(), workers=self._workers
+            ResourceManager(ServedResource(name, ())), _NoGpus(), executor=self._executor
         )
         health_service = PluginHealthService(name, config.health_service)
         service.watch_health(health_service.set_health)
@@ -367,7 +367,7 @@ class Daemon:
 
     async def _shutdown(self) -> None:
         # First: a request in progress is dropped, not waited for (its client gets UNAVAILABLE).
-        self._workers.close()
+        self._executor.close()
         await self._stop_waiting()
         await self.labeller.close()  # NFD drops the node's labels with the file
         if self._resources is not None:

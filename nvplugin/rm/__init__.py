@@ -27,12 +27,21 @@ from nvplugin.rm.devices import REPLICA_SEPARATOR, Device, Kind, replica_id
 from nvplugin.rm.mps import MpsAllocation
 from nvplugin.rm.plan import ResourcePlan, ServedResource, plan_for, plan_resources
 from nvplugin.rm.policy import resource_policies, resource_policy
-from nvplugin.rm.requests import ContainerRequest, RequestError, ResourceManager
+from nvplugin.rm.requests import (
+    MAX_CONTAINER_REQUESTS,
+    CheckedRequest,
+    ContainerRequest,
+    RequestError,
+    ResourceManager,
+    check_container_count,
+)
 from nvplugin.rm.responses import Responder, check_caps, make_responder
 from nvplugin.rm.sharing import Replicas
 
 __all__ = [
+    "MAX_CONTAINER_REQUESTS",
     "REPLICA_SEPARATOR",
+    "CheckedRequest",
     "ContainerRequest",
     "Device",
     "Kind",
@@ -44,6 +53,7 @@ __all__ = [
     "Responder",
     "ServedResource",
     "check_caps",
+    "check_container_count",
     "make_responder",
     "plan_for",
     "plan_resources",
