@@ -52,7 +52,7 @@ from nvplugin.config import Config
 from nvplugin.errors import NvpluginError
 from nvplugin.log import get_logger
 from nvplugin.node.model import Gpu
-from nvplugin.plugin.tasks import cancel
+from nvplugin.plugin.tasks import Tasks
 from nvplugin.rm import ServedResource
 from nvplugin.rm.mps import (
     log_dir,
@@ -227,7 +227,7 @@ class MpsDaemon:
         self._env = spec.environment(inherited)
         self._timing = timing
         self._log = get_logger("nvplugin.mps", resource=spec.resource)
-        self._task: asyncio.Task[None] | None = None
+        self._tasks = self._lifetime()  # the watch, from start to stop
         self._state: str | None = "starting"
         self._followers: list[Ready] = []
         self._pid: int | None = None
@@ -252,17 +252,20 @@ class MpsDaemon:
         self._followers.clear()
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name=f"nvplugin-mps-{self.spec.resource}")
+        if not self._tasks:
+            self._tasks.spawn(self._run(), f"nvplugin-mps-{self.spec.resource}")
 
     async def stop(self) -> None:
         """Stop watching, quit the daemon (SIGKILL when it does not go), restore compute modes."""
-        task, self._task = self._task, None
-        await cancel([task])
+        tasks, self._tasks = self._tasks, self._lifetime()
+        await tasks.close()
         self._set_state("stopped")
         await self._quit()
         await asyncio.to_thread(self._release)
         self._log.info("MPS control daemon stopped", gpus=[gpu.index for gpu in self.spec.gpus])
+
+    def _lifetime(self) -> Tasks:
+        return Tasks(f"MPS control daemon {self.spec.resource}")
 
     # --- the life of the daemon ---
 
