@@ -186,7 +186,6 @@ class HealthMonitor:
                     elif self._stopping.wait(retry.next()):  # NVML still not answering
                         break
                     continue
-
                 try:
                     events = self._watcher.wait(self._wait_timeout_ms)
                 except Exception as exc:  # EventWaitError, or anything NVML threw at us

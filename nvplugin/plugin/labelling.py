@@ -126,7 +126,6 @@ class Labeller:
             config = self._config
             if config is None or self._closed:
                 return
-
             api = config.use_node_feature_api
             path = None if api else config.gfd.output_file
             written = self._written

@@ -195,7 +195,6 @@ async def allocate_flood(scale: Scale) -> Outcome:
         growth = out.rss_growth()
         out.check(growth is not None and growth <= 0.10, f"RSS grew {(growth or 0) * 100:.0f}%")
         out.notes.append(f"{refused} requests refused as too many containers, {answered} answered")
-
         out.check("Traceback" not in plugin.text(), "a traceback in the plugin's log")
     return out
 

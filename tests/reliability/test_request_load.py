@@ -111,7 +111,6 @@ def test_a_full_preferred_request_is_answered_within_its_budget() -> None:
                 assert line["budget_s"] == 1.5
             assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert serve.stop() == 0
-
         finally:
             serve.kill()
             remove_dir(directory)
