@@ -6,7 +6,7 @@ WATCH from there. When the watch ends -- the server's ``timeoutSeconds``, a drop
 API server restart -- it is resumed from the last resourceVersion seen, so no change is missed or
 seen twice; when the server answers that the version is too old (410 Gone, as an HTTP status or
 as an ``ERROR`` event carrying a Status with code 410), it lists again. While the API cannot be
-reached it retries with capped exponential backoff (:class:`Backoff`), and says so once per
+reached it retries with capped exponential backoff (:data:`API_BACKOFF`), and says so once per
 outage, not once per attempt. Every request has a deadline; nothing is kept but the last
 resourceVersion and the last labels.
 """
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -25,6 +24,7 @@ import httpx2
 from lightkube import ApiError, AsyncClient
 from lightkube.resources.core_v1 import Node
 
+from nvplugin.backoff import Backoff, Retry
 from nvplugin.errors import reason
 from nvplugin.kube.client import REQUEST_S, WATCH_S
 from nvplugin.log import get_logger
@@ -32,21 +32,11 @@ from nvplugin.log import get_logger
 BOOKMARK = "BOOKMARK"
 
 
-@dataclass(frozen=True)
-class Backoff:
-    """Capped exponential backoff, with jitter, between attempts while the API is away."""
-
-    initial_s: float = 0.5
-    maximum_s: float = 10.0
-
-    def after(self, current: float) -> float:
-        """The wait after one that lasted ``current`` (0: the first)."""
-        if current <= 0:
-            return self.initial_s
-        return min(current * 2, self.maximum_s)
-
-    def jittered(self, wait: float) -> float:
-        return wait * random.uniform(0.8, 1.0)
+API_JITTER = 0.2
+"""Each wait for the API is shortened by up to a fifth, at random: the plugins of many nodes
+that lost the API together do not come back to it together."""
+API_BACKOFF = Backoff(initial_s=0.5, maximum_s=10.0, jitter=API_JITTER)
+"""Between attempts while the API is away."""
 
 
 @dataclass(frozen=True)
@@ -80,7 +70,7 @@ async def follow_labels(
     client: AsyncClient,
     name: str,
     *,
-    backoff: Backoff = Backoff(),
+    backoff: Backoff = API_BACKOFF,
     watch_s: int = WATCH_S,
     request_s: float = REQUEST_S,
 ) -> AsyncIterator[NodeLabels]:
@@ -138,7 +128,7 @@ class Outage:
     def __init__(self, backoff: Backoff, log: Any) -> None:
         self._backoff = backoff
         self._log = log
-        self._wait = 0.0
+        self._retry = Retry(backoff)
         self._failures = 0
         self._last_failure = 0.0
         self._answered = False
@@ -147,7 +137,7 @@ class Outage:
     def over(self) -> None:
         """The API answered."""
         self._answered = True
-        self._wait = 0.0
+        self._retry.reset()
         self._failures = 0
         if self._said:
             self._log.info("kubernetes api answering again")
@@ -159,7 +149,7 @@ class Outage:
             self._failures = 0  # an isolated drop long after the last one
         self._failures += 1
         self._last_failure = now
-        self._wait = self._backoff.after(self._wait)
+        wait = self._retry.next()
         outage = self._failures >= self.SAY_AFTER or not self._answered
         if outage and not self._said:
             self._log.warning(
@@ -170,7 +160,7 @@ class Outage:
             self._said = True
         else:
             self._log.debug("kubernetes api request failed; retrying", error=reason(exc))
-        return self._backoff.jittered(self._wait)
+        return wait
 
 
 def _gone(exc: BaseException) -> bool:

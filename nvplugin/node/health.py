@@ -39,6 +39,7 @@ from typing import Protocol
 
 import structlog
 
+from nvplugin.backoff import Backoff, Retry
 from nvplugin.node.model import MigDevice
 from nvplugin.node.nvml import GpuEvent
 
@@ -140,8 +141,7 @@ class HealthMonitor:
         self._settings = settings
         self._on_change = on_change
         self._wait_timeout_ms = wait_timeout_ms
-        self._backoff_initial_s = backoff_initial_s
-        self._backoff_max_s = backoff_max_s
+        self._backoff = Backoff(backoff_initial_s, backoff_max_s)
         self._clock = clock
         self._on_xid = on_xid
         self._gpus = {i: _GpuState() for i in self._indices}
@@ -177,16 +177,14 @@ class HealthMonitor:
     # --- the loop (health thread) ---
 
     def _run(self) -> None:
-        delay = self._backoff_initial_s
+        retry = Retry(self._backoff)
         try:
             while not self._stopping.is_set():
                 if self._watcher is None:
                     if self._open():
-                        delay = self._backoff_initial_s
-                    else:  # NVML still not answering: back off (capped), then try again
-                        if self._stopping.wait(delay):
-                            break
-                        delay = min(delay * 2, self._backoff_max_s)
+                        retry.reset()
+                    elif self._stopping.wait(retry.next()):  # NVML still not answering
+                        break
                     continue
                 try:
                     events = self._watcher.wait(self._wait_timeout_ms)

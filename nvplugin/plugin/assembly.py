@@ -33,14 +33,14 @@ from nvplugin.node.health import HealthMonitor
 from nvplugin.node.model import Topology
 from nvplugin.nodesession import NodeSession
 from nvplugin.plugin import healthservice
+from nvplugin.plugin.executor import RequestExecutor
 from nvplugin.plugin.healthservice import PluginHealthService
 from nvplugin.plugin.heap import release_freed_heap
 from nvplugin.plugin.metrics import Metrics
-from nvplugin.plugin.mps import MpsDaemon, MpsDaemons, daemon_specs, daemons_outlive_us, mps_root
+from nvplugin.plugin.mps import MpsDaemons, daemon_specs, daemons_outlive_us, mps_root
 from nvplugin.plugin.registrar import DirWatcher, Registrar
 from nvplugin.plugin.server import DevicePluginService, PluginSocket, preferred_budget
-from nvplugin.plugin.tasks import cancel
-from nvplugin.plugin.work import RequestWorkers
+from nvplugin.plugin.tasks import Tasks
 from nvplugin.rm import (
     MpsAllocation,
     ResourceManager,
@@ -120,13 +120,26 @@ class Health:
         self.monitor.stop()
 
 
+@dataclass
+class Generation:
+    """What one :meth:`Resources.start` serves until the next :meth:`Resources.stop`: the plan,
+    each resource's socket, the health monitor, and the tasks of this generation -- the
+    device-plugin directory's watch, the policies' build and each resource's policy, the
+    registrars (an MPS resource's waits for its daemon first)."""
+
+    plan: ResourcePlan
+    served: list[Served]
+    health: Health
+    tasks: Tasks
+
+
 class Resources:
     """The resources served for the current config (see the module docstring).
 
     ``on_fatal`` is told when a registrar fails (a socket the kubelet removed that cannot be
-    served again): the daemon must then stop and exit non-zero. ``workers`` do the work of every
-    resource's requests (the daemon's, for its whole life). ``keep_mps``: leave the MPS daemons
-    running at :meth:`close` (default: where they can outlive this process).
+    served again): the daemon must then stop and exit non-zero. ``executor`` does the work of
+    every resource's requests (the daemon's, for its whole life). ``keep_mps``: leave the MPS
+    daemons running at :meth:`close` (default: where they can outlive this process).
     """
 
     def __init__(
@@ -136,24 +149,24 @@ class Resources:
         *,
         serve_give_up_s: float,
         on_fatal: Callable[[NvpluginError], None],
-        workers: RequestWorkers,
+        executor: RequestExecutor,
         keep_mps: bool | None = None,
     ) -> None:
         self._node = node
         self._keep_mps = daemons_outlive_us() if keep_mps is None else keep_mps
         self._metrics = metrics
-        self._workers = workers
+        self._executor = executor
         self._serve_give_up_s = serve_give_up_s
         self._on_fatal = on_fatal
         self._log = get_logger("nvplugin.daemon")
-        self.served: list[Served] = []  # one per served resource name, in plan order
         self.plan: ResourcePlan | None = None  # what is served (the last start's plan)
-        self._registrars: list[asyncio.Task[None]] = []  # one per served resource
-        self._policies: asyncio.Future[dict[str, Policy]] | None = None
-        self._health: Health | None = None  # one monitor for every served GPU
-        self._watcher: DirWatcher | None = None
-        self._watcher_task: asyncio.Task[None] | None = None
-        self._mps = MpsDaemons(node.nvml)
+        self._generation: Generation | None = None  # None: nothing served
+        self._mps = MpsDaemons(node.nvml)  # kept across generations
+
+    @property
+    def served(self) -> list[Served]:
+        """One per served resource name, in plan order (none while nothing is served)."""
+        return list(self._generation.served) if self._generation is not None else []
 
     @property
     def services(self) -> tuple[DevicePluginService, ...]:
@@ -181,45 +194,40 @@ class Resources:
                 reason=ENVVAR_COLLISION,
             )
         make_dir(config.device_plugin_dir)
-        watcher = await self._ensure_watcher(config.device_plugin_dir)
-        # The policies' start-up work (best-effort's tables) off the loop, once for the node.
-        policies: asyncio.Future[dict[str, Policy]] = asyncio.get_running_loop().run_in_executor(
-            None,
-            functools.partial(
-                _build_policies,
-                config.allocation_policy,
-                topology,
-                plan.resources,
-                budget_s=config.allocation_budget_s,
-            ),
-        )
-        policies.add_done_callback(functools.partial(self._policies_done, config))
-        responder = make_responder(
-            config.device_list_strategy,
-            config.device_id_strategy,
-            pass_device_specs=config.pass_device_specs,
-            dev_root=config.dev_root,
-            cdi_annotation_prefix=config.cdi_annotation_prefix,
-        )
+        tasks = Tasks("served resources")
         parts: list[Served] = []
         try:
+            watcher = DirWatcher(config.device_plugin_dir)
+            tasks.spawn(watcher.run(), "nvplugin-dirwatch")
+            # The policies' start-up work (best-effort's tables) off the loop, once for the node.
+            build = tasks.spawn(
+                self._policies(config, topology, plan.resources), "nvplugin-policies", quiet=True
+            )
+            responder = make_responder(
+                config.device_list_strategy,
+                config.device_id_strategy,
+                pass_device_specs=config.pass_device_specs,
+                dev_root=config.dev_root,
+                cdi_annotation_prefix=config.cdi_annotation_prefix,
+            )
             for served in plan.resources:
-                parts.append(await self._open(config, served, policies, responder, health))
+                # Its failure is the build's, logged once there.
+                policy = tasks.spawn(_policy_of(build, served.name), "nvplugin-policy", quiet=True)
+                parts.append(await self._open(config, served, policy, responder, health))
+            self.plan = plan
+            if not parts:
+                self._log.warning("every GPU is excluded; serving no resource")
+                await tasks.close()
+                await self._mps.serve([], root)
+                if health is not None:
+                    await asyncio.to_thread(health.stop)
+                return
+            daemons = await self._mps.serve(specs, root)
         except BaseException:
+            await tasks.close()
             for part in parts:
                 await part.close(STOP_GRACE_S)
-            policies.cancel()
             raise
-        self.plan = plan
-        if not parts:
-            self._log.warning("every GPU is excluded; serving no resource")
-            policies.cancel()
-            await self._mps.serve([], root)
-            if health is not None:
-                await asyncio.to_thread(health.stop)
-            return
-        self.served = parts
-        daemons = await self._mps.serve(specs, root)
         services = [part.service for part in parts]
         if health is None:
             health = self._new_health(config, services)
@@ -227,63 +235,55 @@ class Resources:
             health.forward.retarget(services)
             for service in services:
                 service.set_health(health.monitor.health)  # a change may have raced the rewire
-        self._policies, self._health = policies, health
+        self._generation = Generation(plan, parts, health, tasks)
         # Registered means ready: the kubelet's first GetPreferredAllocation must not wait for
         # the policies' start-up work (built off the loop while the sockets already serve).
-        await asyncio.wait({policies})
+        await asyncio.wait({build})
         for part in parts:
             daemon = daemons.get(part.service.resource_name)
-            if daemon is None:
-                self._register(config, part, watcher)
-            else:  # registered once its daemon is ready; held whenever it is not
-                daemon.follow(self._held_by(daemon, config, part, watcher))
+            ready = None
+            if daemon is not None:  # registered once its daemon is ready; held whenever not
+                ready = asyncio.Event()
+                daemon.follow(functools.partial(_follow_mps, part.service, ready))
+            tasks.spawn(self._registrar(config, part, watcher, ready), "nvplugin-registrar")
 
     async def stop(self, *, keep_health: bool) -> Health | None:
         """Stop serving every resource; returns their health monitor if asked to keep it."""
-        served, self.served = self.served, []
-        registrars, self._registrars = self._registrars, []
-        policies, self._policies = self._policies, None
-        health, self._health = self._health, None
+        generation, self._generation = self._generation, None
         self._mps.detach()  # kept running: the next start reuses what it serves the same way
-        if not served:
+        if generation is None:
             return None
-        await cancel(registrars)
-        for part in served:
+        await generation.tasks.close()  # registrars first: nothing serves a socket again
+        for part in generation.served:
             await part.close(STOP_GRACE_S)
             self._metrics.forget(part.service.resource_name)
-        if policies is not None and not policies.done():
-            policies.cancel()
-        assert health is not None  # set with the resources
         if keep_health:
-            return health
-        await asyncio.to_thread(health.stop)
+            return generation.health
+        await asyncio.to_thread(generation.health.stop)
         return None
 
     async def close(self) -> None:
-        """Stop serving, the health monitor and the directory watch (shutdown); leave the MPS
-        daemons running (or stop them: ``keep_mps``)."""
+        """Stop serving and the health monitor (shutdown); leave the MPS daemons running (or stop
+        them: ``keep_mps``)."""
         await self.stop(keep_health=False)
         if self._keep_mps:
             await self._mps.release()
         else:
             await self._mps.stop()
-        task, self._watcher_task = self._watcher_task, None
-        self._watcher = None
-        if task is not None:
-            await cancel([task])
 
     async def apply_in_place(self, config: Config, previous: Config) -> None:
         """Apply what changes nothing the kubelet sees (health rules, health service) without
         touching the sockets: no request fails, no stream ends, no re-registration. Changed
         health rules get a fresh monitor, as the old verdicts were made by rules no longer
         configured."""
-        assert self.served and self._health is not None
+        generation = self._generation
+        assert generation is not None
         if config.health != previous.health:
-            await asyncio.to_thread(self._health.stop)  # one monitor for all
-            self._health = self._new_health(config, list(self.services))
+            await asyncio.to_thread(generation.health.stop)  # one monitor for all
+            generation.health = self._new_health(config, list(self.services))
             for service in self.services:
-                service.set_health(self._health.monitor.health)
-        for part in self.served:
+                service.set_health(generation.health.monitor.health)
+        for part in generation.served:
             part.health_service.set_settings(config.health_service)
 
     # --- one resource ---
@@ -292,7 +292,7 @@ class Resources:
         self,
         config: Config,
         served: ServedResource,
-        policies: asyncio.Future[dict[str, Policy]],
+        policy: asyncio.Future[Policy],
         responder: Responder,
         health: Health | None,
     ) -> Served:
@@ -304,10 +304,10 @@ class Resources:
         manager = ResourceManager(served, responder)
         service = DevicePluginService(
             manager,
-            _policy_of(policies, served.name),
+            policy,
             pre_start_required=config.pre_start_required,
             health=health.monitor.health if health is not None else None,
-            workers=self._workers,
+            executor=self._executor,
             preferred_budget_s=preferred_budget(config.allocation_budget_s),
         )
         name = served.name
@@ -323,8 +323,15 @@ class Resources:
         path = os.path.join(config.device_plugin_dir, served.socket)
         return await serve_socket(path, service, health_service, self._metrics)
 
-    def _register(self, config: Config, served: Served, watcher: DirWatcher) -> None:
-        """Start registering one served resource, and keep re-registering it."""
+    async def _registrar(
+        self, config: Config, served: Served, watcher: DirWatcher, ready: asyncio.Event | None
+    ) -> None:
+        """Register one served resource -- once ``ready`` is set, for an MPS resource: its
+        daemon ready the first time -- and keep it registered for the generation's life. A
+        registrar only ends by cancellation; if it fails, the plugin must not stay up
+        unregistered: stop, and exit non-zero."""
+        if ready is not None:
+            await ready.wait()
         service, health_service, sock = served.service, served.health_service, served.socket
         name = service.resource_name
 
@@ -345,9 +352,6 @@ class Resources:
             on_unregistered=unregistered,
             serve_give_up_s=self._serve_give_up_s,
         )
-        task = asyncio.create_task(registrar.run(), name="nvplugin-registrar")
-        task.add_done_callback(self._registrar_done)
-        self._registrars.append(task)
         self._log.info(
             "serving",
             resource=name,
@@ -356,22 +360,12 @@ class Resources:
             replicas=service.manager.replicas.count,
             unhealthy=service.unhealthy_uuids(),
         )
-
-    def _held_by(
-        self, daemon: MpsDaemon, config: Config, served: Served, watcher: DirWatcher
-    ) -> Callable[[str | None], None]:
-        """What follows an MPS daemon's state for its resource: the devices held while it is not
-        ready, the registration started the first time it is."""
-        registered = False
-
-        def follow(state: str | None) -> None:
-            nonlocal registered
-            served.service.hold(None if state is None else f"MPS control daemon: {state}")
-            if state is None and not registered:
-                registered = True
-                self._register(config, served, watcher)
-
-        return follow
+        try:
+            await registrar.run()
+        except NvpluginError as exc:
+            self._on_fatal(exc)
+        except Exception as exc:
+            self._on_fatal(NvpluginError(f"registration failed: {exc!r}"))
 
     def _new_health(self, config: Config, services: Sequence[DevicePluginService]) -> Health:
         """One started health monitor for every served GPU, under ``config``'s health rules."""
@@ -386,36 +380,23 @@ class Resources:
         monitor.start()
         return Health(monitor, forward)
 
-    def _registrar_done(self, task: asyncio.Task[None]) -> None:
-        """A registrar only ends by cancellation; if it failed, the plugin must not stay up
-        unregistered: stop, and exit non-zero."""
-        if task.cancelled() or task.exception() is None:
-            return
-        exc = task.exception()
-        self._on_fatal(
-            exc
-            if isinstance(exc, NvpluginError)
-            else NvpluginError(f"registration failed: {exc!r}")
-        )
-
-    async def _ensure_watcher(self, directory: str) -> DirWatcher:
-        if self._watcher is not None and self._watcher.directory == directory:
-            return self._watcher
-        task, self._watcher_task = self._watcher_task, None
-        if task is not None:
-            await cancel([task])
-        self._watcher = DirWatcher(directory)
-        self._watcher_task = asyncio.create_task(self._watcher.run(), name="nvplugin-dirwatch")
-        return self._watcher
-
-    def _policies_done(self, config: Config, future: asyncio.Future[dict[str, Policy]]) -> None:
-        if future.cancelled():
-            return
-        exc = future.exception()
-        if exc is not None:
+    async def _policies(
+        self, config: Config, topology: Topology, resources: Sequence[ServedResource]
+    ) -> dict[str, Policy]:
+        """The resources' policies, built on a worker thread; said once, built or failed."""
+        try:
+            policies = await asyncio.to_thread(
+                _build_policies,
+                config.allocation_policy,
+                topology,
+                resources,
+                budget_s=config.allocation_budget_s,
+            )
+        except Exception as exc:
             self._log.error("allocation policy failed to build", error=str(exc))
-        else:
-            self._log.info("allocation policy ready", policy=config.allocation_policy)
+            raise
+        self._log.info("allocation policy ready", policy=config.allocation_policy)
+        return policies
 
 
 def _build_policies(
@@ -429,26 +410,17 @@ def _build_policies(
     return policies
 
 
-def _policy_of(policies: asyncio.Future[dict[str, Policy]], name: str) -> asyncio.Future[Policy]:
-    """Resource ``name``'s policy, once ``policies`` are built (their failure, or
-    cancellation, too)."""
-    loop = asyncio.get_running_loop()
-    policy: asyncio.Future[Policy] = loop.create_future()
+async def _policy_of(build: asyncio.Task[dict[str, Policy]], name: str) -> Policy:
+    """Resource ``name``'s policy, once the build is done (its failure too)."""
+    return (await asyncio.shield(build))[name]
 
-    def settle(built: asyncio.Future[dict[str, Policy]]) -> None:
-        if policy.done():
-            return
-        if built.cancelled():
-            policy.cancel()
-        elif built.exception() is not None:
-            policy.set_exception(built.exception())  # type: ignore[arg-type]
-        else:
-            policy.set_result(built.result()[name])
 
-    policies.add_done_callback(settle)
-    # A failure is logged once, for all (Resources._policies_done), not per resource at exit.
-    policy.add_done_callback(lambda done: done.cancelled() or done.exception())
-    return policy
+def _follow_mps(service: DevicePluginService, ready: asyncio.Event, state: str | None) -> None:
+    """An MPS daemon's state for its resource: every device held while it is not ready;
+    ``ready`` set (the registrar may start) the first time it is."""
+    service.hold(None if state is None else f"MPS control daemon: {state}")
+    if state is None:
+        ready.set()
 
 
 class Forward:

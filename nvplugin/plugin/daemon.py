@@ -60,6 +60,7 @@ from nvplugin.plugin import healthservice, reload
 from nvplugin.plugin.assembly import Resources, Served, make_dir, serve_socket
 from nvplugin.plugin.diraccess import check_device_plugin_access
 from nvplugin.plugin.endpoints import METRICS, PROBES, Endpoints
+from nvplugin.plugin.executor import RequestExecutor
 from nvplugin.plugin.healthservice import PluginHealthService
 from nvplugin.plugin.httpendpoint import Response
 from nvplugin.plugin.labelling import Labeller
@@ -69,8 +70,7 @@ from nvplugin.plugin.registrar import SERVE_AGAIN_GIVE_UP_S
 from nvplugin.plugin.selection import ApiTiming, ConfigSelector, Following
 from nvplugin.plugin.server import DevicePluginService
 from nvplugin.plugin.signals import HANDLED, PendingSignals
-from nvplugin.plugin.tasks import cancel
-from nvplugin.plugin.work import RequestWorkers
+from nvplugin.plugin.tasks import Tasks
 from nvplugin.resourcenames import socket_name
 from nvplugin.rm import ResourceManager, ServedResource
 
@@ -112,18 +112,23 @@ class Daemon:
         self._log = get_logger("nvplugin.daemon")
         self._stop = asyncio.Event()
         self._hup = asyncio.Event()
+        self._wake = asyncio.Event()  # set with either: the serve loop has something to do
+        # The tasks of the daemon's whole life: the config selector, the labeller's refresh,
+        # the NodeFeature publisher. Ended at shutdown, before what they use.
+        self._tasks = Tasks("daemon")
         self._node: NodeSession | None = None
         self._resources: Resources | None = None  # once the node is discovered
-        self._workers = RequestWorkers()  # every resource's requests' work; closed at the end
+        self._executor = RequestExecutor()  # every resource's requests' work; closed first
         # While no GPU is discovered: the health service alone on the plugin socket.
         self._waiting: Served | None = None
         timing = api_timing or ApiTiming()
         publisher = NodeFeaturePublisher(
             pod or PodIdentity(),
             self.metrics,
+            tasks=self._tasks,
             backoff=(timing.backoff_initial_s, timing.backoff_max_s),
         )
-        self.labeller = Labeller(publisher=publisher)
+        self.labeller = Labeller(publisher=publisher, tasks=self._tasks)
         self._applying = asyncio.Lock()  # one reload at a time: SIGHUP's or the selector's
         self.selector: ConfigSelector | None = None
         if following is not None:
@@ -164,10 +169,12 @@ class Daemon:
     def stop(self) -> None:
         """Ask the daemon to shut down (what SIGTERM does)."""
         self._stop.set()
+        self._wake.set()
 
     def reload(self) -> None:
         """Ask the daemon to reload its config (what SIGHUP does)."""
         self._hup.set()
+        self._wake.set()
 
     async def run(
         self, *, handle_signals: bool = True, pending: PendingSignals | None = None
@@ -190,7 +197,6 @@ class Daemon:
         self._log.info("effective config", config=self.config.as_dict(), simulate=self._simulate)
         for note in self.config.notes:  # keys present that are not for the plugin: said once
             self._log.info("config note", note=note)
-        selecting: asyncio.Task[None] | None = None
         try:
             check_device_plugin_access(
                 self.config.device_plugin_dir, self.config.kubelet_socket_path
@@ -198,10 +204,9 @@ class Daemon:
             # The probes first: the startup probe passes as soon as the process answers.
             await self._endpoints.start(self.config)
             if self.selector is not None:
-                selecting = asyncio.create_task(self.selector.run())
+                self._tasks.spawn(self.selector.run(), "nvplugin-config-selector")
             await self._serve()
         finally:
-            await cancel([selecting])
             await self._shutdown()
             if handle_signals:
                 for sig in HANDLED:
@@ -232,14 +237,14 @@ class Daemon:
         """Act first, log after: a log line must never stand between a signal and its effect
         (the log sink drops what it cannot write, but acting first does not rely on that)."""
         if name == "SIGHUP":
-            self._hup.set()  # before serving: reload once serving
+            self.reload()  # before serving: reload once serving
         else:
-            self._stop.set()
+            self.stop()
         self._log.info("signal", signal=name, before_serving=before_serving)
 
     def _on_fatal(self, error: NvpluginError) -> None:
         self._fatal = error
-        self._stop.set()
+        self.stop()
 
     async def _serve(self) -> None:
         self._node = await self._discover()
@@ -250,13 +255,14 @@ class Daemon:
             self.metrics,
             serve_give_up_s=self._serve_give_up_s,
             on_fatal=self._on_fatal,
-            workers=self._workers,
+            executor=self._executor,
         )
         async with self._applying:
             await self._resources.start(self.config)
             await self._update_labels()
         while not self._stop.is_set():
-            await _first(self._stop, self._hup)
+            await self._wake.wait()
+            self._wake.clear()
             if self._hup.is_set() and not self._stop.is_set():
                 self._hup.clear()
                 await self._reload_config()
@@ -349,7 +355,7 @@ class Daemon:
         name = config.resource_name
         make_dir(config.device_plugin_dir)
         service = DevicePluginService(
-            ResourceManager(ServedResource(name, ())), _NoGpus(), workers=self._workers
+            ResourceManager(ServedResource(name, ())), _NoGpus(), executor=self._executor
         )
         health_service = PluginHealthService(name, config.health_service)
         service.watch_health(health_service.set_health)
@@ -367,7 +373,8 @@ class Daemon:
 
     async def _shutdown(self) -> None:
         # First: a request in progress is dropped, not waited for (its client gets UNAVAILABLE).
-        self._workers.close()
+        self._executor.close()
+        await self._tasks.close()  # the selector (no reload starts now), labels' refresh
         await self._stop_waiting()
         await self.labeller.close()  # NFD drops the node's labels with the file
         if self._resources is not None:
@@ -388,16 +395,6 @@ class _NoGpus:
         self, available: Sequence[int], must_include: Sequence[int], size: int
     ) -> list[int]:
         return []
-
-
-async def _first(*events: asyncio.Event) -> None:
-    """Wait until one of ``events`` is set."""
-    waiters = [asyncio.create_task(event.wait()) for event in events]
-    try:
-        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for waiter in waiters:
-            waiter.cancel()
 
 
 def run_daemon(

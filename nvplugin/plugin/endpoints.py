@@ -42,13 +42,15 @@ class Endpoints:
             await self._start(kind, endpoint_address(config, kind))
 
     async def move(self, kind: str, address: str | None) -> None:
-        """Serve ``kind`` on ``address`` instead (a reload): off if it cannot bind there, which
-        is logged (the daemon serves on)."""
+        """Serve ``kind`` on ``address`` instead (a reload, or its rollback): off if it cannot
+        bind there, which is logged (the daemon serves on)."""
         await self._stop(kind)
         try:
             await self._start(kind, address)
         except NvpluginError as exc:
-            self._log.error(f"{kind} off: cannot serve the reloaded address", error=str(exc))
+            self._log.error(
+                f"{kind} off: cannot serve its address", address=address, error=str(exc)
+            )
 
     async def stop(self) -> None:
         for kind in reversed(KINDS):

@@ -42,7 +42,7 @@ from nvplugin.labels.output import remove, write_atomically
 from nvplugin.log import get_logger
 from nvplugin.nodesession import NodeSession
 from nvplugin.plugin.nodefeature import NodeFeaturePublisher
-from nvplugin.plugin.tasks import cancel
+from nvplugin.plugin.tasks import Tasks
 from nvplugin.rm.plan import ResourcePlan
 
 
@@ -57,6 +57,7 @@ class _Written:
 
 class Labeller:
     """Keeps the feature file or the NodeFeature object current (see the module docstring).
+    ``tasks``: the owner of its refresh (the daemon's whole life; ended before :meth:`close`);
     ``clock`` gives seconds since the epoch (tests pass their own); ``publisher``: where the
     NodeFeature mode publishes (None: that mode is logged as unavailable)."""
 
@@ -64,7 +65,10 @@ class Labeller:
         self,
         clock: Callable[[], float] = time.time,
         publisher: NodeFeaturePublisher | None = None,
+        *,
+        tasks: Tasks,
     ) -> None:
+        self._tasks = tasks
         self._publisher = publisher
         self._published: tuple[dict[str, str], int | None] | None = None
         self._clock = clock
@@ -75,7 +79,8 @@ class Labeller:
         self._written: _Written | None = None
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._refreshing = False
+        self._closed = False
         self._warned_models: tuple[str, ...] = ()
 
     @property
@@ -89,19 +94,17 @@ class Labeller:
         """Label what is served now: ``plan`` on ``node`` under ``config`` (no node: waiting for
         GPUs). Moves the file when ``flags.gfd.outputFile`` changed, removes it when unset."""
         self._config, self._node, self._plan = config, node, plan
-        if self._task is None:
-            self._task = asyncio.create_task(self._refresh(), name="nvplugin-labels")
+        if not self._refreshing:
+            self._refreshing = True
+            self._tasks.spawn(self._refresh(), "nvplugin-labels")
         await self._apply()
         self._wake.set()  # the interval counts from now, with the new settings
 
     async def close(self) -> None:
-        """Stop refreshing and remove the feature file (the NodeFeature object stays: its pod
-        owns it)."""
-        task, self._task = self._task, None
-        await cancel([task])
-        if self._publisher is not None:
-            await self._publisher.close()
+        """Stop labelling and remove the feature file (the NodeFeature object stays: its pod
+        owns it). Its refresh, and the publisher's task, end with their owner."""
         async with self._lock:
+            self._closed = True
             written, self._written = self._written, None
             if written is not None:
                 await self._remove(written.path)
@@ -121,7 +124,7 @@ class Labeller:
     async def _apply(self, again: bool = False) -> None:
         async with self._lock:
             config = self._config
-            if config is None:
+            if config is None or self._closed:
                 return
             api = config.use_node_feature_api
             path = None if api else config.gfd.output_file

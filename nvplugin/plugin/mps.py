@@ -56,6 +56,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from nvplugin.api.nvidia import MPS_CONTAINER_ROOT, MPS_LOG_ENV, MPS_PIPE_ENV, MPS_SHM_PATH
+from nvplugin.backoff import Backoff, Retry
 from nvplugin.config import Config
 from nvplugin.errors import NvpluginError
 from nvplugin.log import get_logger
@@ -78,7 +79,7 @@ from nvplugin.plugin.mpscontrol import (
     run_control,
 )
 from nvplugin.plugin.mpsmodes import EXCLUSIVE_PROCESS, ComputeModes, ModeRecords
-from nvplugin.plugin.tasks import cancel
+from nvplugin.plugin.tasks import Tasks
 from nvplugin.rm import ServedResource
 from nvplugin.rm.mps import (
     log_dir,
@@ -279,7 +280,7 @@ class MpsDaemon:
         self._env = spec.environment(inherited)
         self._timing = timing
         self._log = get_logger("nvplugin.mps", resource=spec.resource)
-        self._task: asyncio.Task[None] | None = None
+        self._tasks = self._lifetime()  # the watch, from start to stop
         self._state: str | None = "starting"
         self._followers: list[Ready] = []
         self._pid: int | None = None
@@ -305,13 +306,13 @@ class MpsDaemon:
         self._followers.clear()
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name=f"nvplugin-mps-{self.spec.resource}")
+        if not self._tasks:
+            self._tasks.spawn(self._run(), f"nvplugin-mps-{self.spec.resource}")
 
     async def stop(self) -> None:
         """Stop watching, quit the daemon (SIGKILL when it does not go), restore compute modes."""
-        task, self._task = self._task, None
-        await cancel([task])
+        tasks, self._tasks = self._tasks, self._lifetime()
+        await tasks.close()
         self._set_state("stopped")
         await self._quit()
         await asyncio.to_thread(self._release)
@@ -321,14 +322,17 @@ class MpsDaemon:
         """Stop watching and leave the daemon running (the plugin exits): its GPUs stay claimed
         and their records stay, for the next plugin to adopt it, or whoever turns MPS off to
         restore them."""
-        task, self._task = self._task, None
-        await cancel([task])
+        tasks, self._tasks = self._tasks, self._lifetime()
+        await tasks.close()
         self._set_state("released")
         self._log.info(
             "MPS control daemon left running",
             pid=self._pid if self._pid is not None and alive(self._pid) else None,
             pipe_dir=self.spec.pipe_dir,
         )
+
+    def _lifetime(self) -> Tasks:
+        return Tasks(f"MPS control daemon {self.spec.resource}")
 
     # --- the life of the daemon ---
 
@@ -340,27 +344,24 @@ class MpsDaemon:
             follower(state)
 
     async def _run(self) -> None:
-        timing = self._timing
-        backoff = timing.backoff_s
+        # A daemon that served a good while (the longest wait or more) starts again quickly.
+        restarts = Retry(Backoff(self._timing.backoff_s, self._timing.backoff_max_s))
         while True:
             started = time.monotonic()
             try:
                 await self._start()
             except Exception as exc:  # whatever it was, the daemon is started again
                 self._set_state(str(exc))
-                self._log.error(
-                    "MPS control daemon failed to start", error=str(exc), retry_s=backoff
-                )
+                wait = restarts.next_after(time.monotonic() - started)
+                self._log.error("MPS control daemon failed to start", error=str(exc), retry_s=wait)
             else:
                 self._set_state(None)
                 reason = await self._watch()
                 self._set_state(reason)  # the devices go Unhealthy at once
-                self._log.error("MPS control daemon lost", reason=reason, restart_s=backoff)
+                wait = restarts.next_after(time.monotonic() - started)
+                self._log.error("MPS control daemon lost", reason=reason, restart_s=wait)
                 await self._quit()
-            if time.monotonic() - started >= timing.backoff_max_s:
-                backoff = timing.backoff_s  # it served a good while: start again quickly
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, timing.backoff_max_s)
+            await asyncio.sleep(wait)
 
     async def _start(self) -> None:
         """Claim the GPUs; adopt the daemon on the pipe directory if it is this spec's, else

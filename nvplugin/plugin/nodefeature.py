@@ -21,23 +21,27 @@ import contextlib
 from collections.abc import Mapping
 from typing import Any
 
+from nvplugin.backoff import Backoff
 from nvplugin.config.pod import PodIdentity
 from nvplugin.log import get_logger
 from nvplugin.plugin.metrics import Metrics
-from nvplugin.plugin.tasks import cancel
+from nvplugin.plugin.tasks import Tasks
 
 
 class NodeFeaturePublisher:
-    """Publishes the labels it is handed (see the module docstring). ``backoff``: the first and
-    the longest wait between attempts, in seconds."""
+    """Publishes the labels it is handed (see the module docstring). ``tasks``: the owner of its
+    background task (the daemon's whole life); ``backoff``: the first and the longest wait
+    between attempts, in seconds."""
 
     def __init__(
         self,
         pod: PodIdentity,
         metrics: Metrics,
         *,
+        tasks: Tasks,
         backoff: tuple[float, float] = (0.5, 10.0),
     ) -> None:
+        self._tasks = tasks
         self._pod = pod
         self._metrics = metrics
         self._backoff = backoff
@@ -45,7 +49,7 @@ class NodeFeaturePublisher:
         self._wanted: dict[str, str] | None = None
         self._published: dict[str, str] | None = None
         self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._publishing = False
         self._said_off = False
 
     @property
@@ -63,21 +67,17 @@ class NodeFeaturePublisher:
             return
         self._wanted = dict(labels)
         self._wake.set()
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="nvplugin-nodefeature")
-
-    async def close(self) -> None:
-        """Stop publishing (the object stays: its pod owns it)."""
-        task, self._task = self._task, None
-        await cancel([task])
+        if not self._publishing:
+            self._publishing = True
+            self._tasks.spawn(self._run(), "nvplugin-nodefeature")
 
     async def _run(self) -> None:
         # Only here is the client library imported: without the NodeFeature mode serve never
         # loads it.
         from nvplugin.kube.client import open_client
-        from nvplugin.kube.node import Backoff, Outage
+        from nvplugin.kube.node import API_JITTER, Outage
 
-        backoff = Backoff(*self._backoff)
+        backoff = Backoff(*self._backoff, jitter=API_JITTER)
         outage = Outage(backoff, self._log)
         client: Any = None
         owner: Any = None

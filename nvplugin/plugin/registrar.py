@@ -20,12 +20,12 @@ import contextlib
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import grpc
 
 from nvplugin.api import VERSION
 from nvplugin.api.v1beta1 import api_pb2, api_pb2_grpc
+from nvplugin.backoff import Backoff, Retry
 from nvplugin.errors import NvpluginError
 from nvplugin.log import get_logger
 from nvplugin.plugin.server import DevicePluginService, PluginSocket
@@ -53,15 +53,8 @@ class RegistrationError(NvpluginError):
     """Register failed: the kubelet is not there yet, or it refused us (message says which)."""
 
 
-@dataclass(frozen=True)
-class Backoff:
-    """Capped exponential backoff between Register attempts while the kubelet is down."""
-
-    initial_s: float = 0.1
-    maximum_s: float = 5.0
-
-    def next(self, current: float) -> float:
-        return min(current * 2, self.maximum_s)
+REGISTER_BACKOFF = Backoff(initial_s=0.1, maximum_s=5.0)
+"""Between Register attempts while the kubelet is down (and serve attempts of a lost socket)."""
 
 
 async def register(
@@ -194,7 +187,7 @@ class Registrar:
             options=service.options,
         )
         self._watcher = watcher
-        self._backoff = backoff if backoff is not None else Backoff()
+        self._backoff = backoff if backoff is not None else REGISTER_BACKOFF
         self._on_registered = on_registered
         self._on_unregistered = on_unregistered
         self._serve_give_up_s = serve_give_up_s
@@ -216,7 +209,7 @@ class Registrar:
         """
         registered_with: tuple[int, int, int] | None = None
         last_seen: tuple[int, int, int] | None = None
-        delay = self._backoff.initial_s
+        retry = Retry(self._backoff)
         failures = 0
         serve_failures = 0
         failing_since = 0.0
@@ -225,7 +218,7 @@ class Registrar:
             kubelet = _identity(self._kubelet_socket)  # first: see the docstring
             if kubelet != last_seen:
                 last_seen = kubelet
-                delay = self._backoff.initial_s  # a new kubelet: try again right away
+                retry.reset()  # a new kubelet: try again right away
             if registered_with is not None and kubelet != registered_with:
                 if kubelet is None:
                     self._log.info("kubelet socket gone (kubelet restart?); waiting for it")
@@ -236,7 +229,11 @@ class Registrar:
             if not self._socket.intact():
                 self._lost()
                 registered_with = None
-                if not await self._serve_again(delay):
+                if not await self._serve_again():
+                    delay = retry.next()
+                    self._log.error(
+                        "cannot serve again", error=self._last_serve_error, retry_s=delay
+                    )
                     now = time.monotonic()
                     serve_failures += 1
                     failing_since = now if serve_failures == 1 else failing_since
@@ -247,7 +244,6 @@ class Registrar:
                             "exiting so that the plugin is restarted"
                         )
                     await self._watcher.wait(delay)
-                    delay = self._backoff.next(delay)
                     continue
                 serve_failures = 0
                 continue  # a new round: kubelet.sock is read again before we register
@@ -258,23 +254,22 @@ class Registrar:
                 if not waiting_logged:
                     self._log.info("waiting for the kubelet", kubelet_socket=self._kubelet_socket)
                     waiting_logged = True
-                await self._watcher.wait(min(delay, self._watcher.poll_s))
-                delay = self._backoff.next(delay)
+                await self._watcher.wait(min(retry.next(), self._watcher.poll_s))
                 continue
             try:
                 await self._register()
             except RegistrationError as exc:
                 failures += 1
+                delay = retry.next()
                 log = self._log.warning if failures == 1 else self._log.debug
                 log("registration failed; will retry", error=str(exc), retry_s=delay)
                 await self._watcher.wait(delay)
-                delay = self._backoff.next(delay)
                 continue
             registered_with = kubelet
             self.registered = True
             failures = 0
             waiting_logged = False
-            delay = self._backoff.initial_s
+            retry.reset()
             self.registrations += 1
             self._log.info(
                 "registered with kubelet",
@@ -294,7 +289,7 @@ class Registrar:
         if self._on_unregistered is not None:
             self._on_unregistered()
 
-    async def _serve_again(self, retry_s: float) -> bool:
+    async def _serve_again(self) -> bool:
         self._log.info(
             "plugin socket gone (kubelet restart?); serving again", socket=self._socket.path
         )
@@ -303,7 +298,6 @@ class Registrar:
             await self._socket.start()
         except NvpluginError as exc:
             self._last_serve_error = str(exc)
-            self._log.error("cannot serve again", error=str(exc), retry_s=retry_s)
             return False
         return True
 

@@ -15,6 +15,8 @@ old and the new config, from each setting's declared reload mode -- and carried 
 Whatever goes wrong -- a config that fails to load in any way, even one nobody foresaw, or one
 that cannot be served -- is logged and the running config kept: a reload never ends the plugin
 (every GPU would be lost to the kubelet), unless what served a moment ago cannot be served again.
+Keeping the running config means all of it: a rollback also moves back what the reload had
+already moved (the HTTP endpoints, to their previous addresses) and the log settings.
 """
 
 from __future__ import annotations
@@ -94,7 +96,7 @@ async def reload(
         try:
             await resources.apply_in_place(config, previous)
         except Exception as exc:
-            configure(previous.log.format, previous.log.level)
+            await _roll_back(previous, plan, endpoints)
             log.error(
                 "cannot apply the reloaded config; keeping the running one", error=reason(exc)
             )
@@ -113,7 +115,7 @@ async def reload(
             "cannot serve with the reloaded config; going back to the previous one",
             error=reason(exc),
         )
-        configure(previous.log.format, previous.log.level)
+        await _roll_back(previous, plan, endpoints)
     try:
         await resources.start(previous, health)
     except Exception as again:
@@ -123,3 +125,11 @@ async def reload(
             f"cannot serve the previous config again after a failed reload: {reason(again)}"
         ) from None
     return previous
+
+
+async def _roll_back(previous: Config, plan: ReloadSteps, endpoints: Endpoints) -> None:
+    """Undo what the reload changed before it failed: the log settings, and each HTTP endpoint
+    it moved back to ``previous``'s address (one that cannot bind there is logged and off)."""
+    configure(previous.log.format, previous.log.level)
+    for kind in plan.endpoints:
+        await endpoints.move(kind, endpoint_address(previous, kind))

@@ -29,6 +29,7 @@ import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from nvplugin.backoff import Backoff
 from nvplugin.config import Config
 from nvplugin.config.select import (
     Choice,
@@ -43,7 +44,7 @@ from nvplugin.errors import InputError, reason
 from nvplugin.log import get_logger
 from nvplugin.plugin.metrics import Metrics
 from nvplugin.plugin.registrar import DirWatcher
-from nvplugin.plugin.tasks import cancel
+from nvplugin.plugin.tasks import Tasks
 from nvplugin.yamlinput import MAX_BYTES
 
 SETTLE_S = 0.1
@@ -111,11 +112,13 @@ class ConfigSelector:
         self._selected(self.active)
         if self._start.problem is not None:
             self._rejected(self._start.reason or "invalid", self._start.problem, self.active)
-        tasks = [
-            asyncio.create_task(self._follow_label()),
-            asyncio.create_task(self._watch_directory()),
-        ]
+        # The followers live as long as this: ended with it, however it ends.
+        tasks = Tasks("config selector")
+        watcher = DirWatcher(self._selection.srcdir, "the config directory")
         try:
+            tasks.spawn(self._follow_label(), "nvplugin-node-label")
+            tasks.spawn(watcher.run(), "nvplugin-config-dirwatch")
+            tasks.spawn(self._watch_directory(watcher), "nvplugin-config-dir")
             while True:
                 await self._changed.wait()
                 await asyncio.sleep(self._settle_s)  # the rest of the change
@@ -127,7 +130,7 @@ class ConfigSelector:
                         "choosing the config failed; running config kept", error=reason(exc)
                     )
         finally:
-            await cancel(tasks)
+            await tasks.close()
 
     # --- choosing and applying ---
 
@@ -200,7 +203,7 @@ class ConfigSelector:
             return
         # Only here is the client library imported: without the API, serve never loads it.
         from nvplugin.kube.client import ApiUnavailable, open_client
-        from nvplugin.kube.node import Backoff, follow_labels
+        from nvplugin.kube.node import API_JITTER, follow_labels
 
         try:
             client = await asyncio.to_thread(open_client, self._selection.access)
@@ -209,7 +212,7 @@ class ConfigSelector:
             return
         name = self._selection.node_name or ""
         timing = self._timing
-        backoff = Backoff(timing.backoff_initial_s, timing.backoff_max_s)
+        backoff = Backoff(timing.backoff_initial_s, timing.backoff_max_s, API_JITTER)
         extra = {} if timing.watch_s is None else {"watch_s": timing.watch_s}
         try:
             async for state in follow_labels(client, name, backoff=backoff, **extra):
@@ -226,14 +229,10 @@ class ConfigSelector:
 
     # --- the directory ---
 
-    async def _watch_directory(self) -> None:
-        """Wake the choice on every change in the directory (the registrar's watcher: inotify,
-        else polling), and at least every :data:`POLL_S` (a change inotify did not report)."""
-        watcher = DirWatcher(self._selection.srcdir, "the config directory")
-        watching = asyncio.create_task(watcher.run())
-        try:
-            while True:
-                await watcher.wait(POLL_S)
-                self._changed.set()
-        finally:
-            await cancel([watching])
+    async def _watch_directory(self, watcher: DirWatcher) -> None:
+        """Wake the choice on every change in the directory (``watcher``, the registrar's kind:
+        inotify, else polling), and at least every :data:`POLL_S` (a change inotify did not
+        report)."""
+        while True:
+            await watcher.wait(POLL_S)
+            self._changed.set()

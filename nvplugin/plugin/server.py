@@ -47,8 +47,14 @@ from nvplugin.allocator import DEFAULT_BUDGET_S, Policy
 from nvplugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from nvplugin.errors import NvpluginError
 from nvplugin.log import RateLimited, get_logger
-from nvplugin.plugin.work import RequestWorkers, StepsJob, WorkersClosed
-from nvplugin.rm import ContainerRequest, RequestError, ResourceManager
+from nvplugin.plugin.executor import Busy, Closed, RequestExecutor
+from nvplugin.rm import (
+    CheckedRequest,
+    ContainerRequest,
+    RequestError,
+    ResourceManager,
+    check_container_count,
+)
 
 PUBLISH_S_PER_DEVICE = 50e-6
 """Seconds between two device lists, per advertised device. A list costs the loop ~0.5 us per
@@ -66,11 +72,10 @@ def publish_interval(devices: int) -> float:
 
 PREFERRED_SLACK_S = 1.0
 """What a GetPreferredAllocation request gets beyond one container's search budget: the other
-containers, the wait for a worker, thread switches on a loaded node."""
+containers, the wait for a thread, thread switches on a loaded node."""
 _INVALID = grpc.StatusCode.INVALID_ARGUMENT
-MAX_PREFERRED_CONTAINERS = 1024
-"""Most container requests one GetPreferredAllocation may name (the kubelet names one): what an
-answer for the containers left unanswered at the deadline costs the loop stays small."""
+_UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
+_BUSY = grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
 def preferred_budget(allocation_budget_s: float) -> float:
@@ -110,15 +115,15 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         pre_start_required: bool = False,
         health: Mapping[int, bool] | None = None,
         publish_interval_s: float | None = None,
-        workers: RequestWorkers | None = None,
+        executor: RequestExecutor | None = None,
         preferred_budget_s: float = preferred_budget(DEFAULT_BUDGET_S),
     ) -> None:
         """``health``: the health map to start from (GPU index -> healthy; default: all
         healthy); ``publish_interval_s``: the least time between two lists (None: by the
-        number of devices, :func:`publish_interval`); ``workers``: the threads that do the
-        requests' work (the daemon's, shared by its resources; None: threads of its own, ended
-        by :meth:`close`); ``preferred_budget_s``: how long one GetPreferredAllocation may
-        take (:func:`preferred_budget`)."""
+        number of devices, :func:`publish_interval`); ``executor``: the threads that do the
+        requests' work (the daemon's, shared by its resources; None: one of its own, closed by
+        :meth:`close`); ``preferred_budget_s``: how long one GetPreferredAllocation may take
+        (:func:`preferred_budget`)."""
         self.manager = manager
         self.resource_name = manager.name
         self._policy = policy
@@ -146,10 +151,11 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         self._closing = False
         self._streams = 0
         self._log = get_logger("nvplugin.plugin", resource=self.resource_name)
-        self._own_workers = workers is None
-        self._workers = workers if workers is not None else RequestWorkers()
+        self._own_executor = executor is None
+        self._executor = executor if executor is not None else RequestExecutor()
         self._preferred_budget_s = preferred_budget_s
         self._out_of_time = RateLimited(self._log, "warning")
+        self._busy = RateLimited(self._log, "warning")
         self._health_watchers: list[Callable[[dict[int, bool]], None]] = []
 
     # --- state ---
@@ -232,8 +238,8 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
             self._due.cancel()
             self._due = None
         self._wake()
-        if self._own_workers:
-            self._workers.close()
+        if self._own_executor:
+            self._executor.close()
 
     def uuids(self) -> list[str]:
         """UUIDs of what this resource serves (its GPUs, or its MIG devices), in index order."""
@@ -307,85 +313,102 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
             deadline = min(deadline, loop.time() + remaining)
         containers = request.container_requests
         total = len(containers)
-        if total > MAX_PREFERRED_CONTAINERS:
-            why = (
-                f"{total} container requests in one GetPreferredAllocation; at most "
-                f"{MAX_PREFERRED_CONTAINERS} are answered (the kubelet sends one per call)"
-            )
-            self._log.debug("rpc", method="GetPreferredAllocation", error=why)
-            return _refused(context, (_INVALID, why), api_pb2.PreferredAllocationResponse())
-        answers: list[list[str]] = []  # filled on a worker thread, in order
-        done, refused = False, None
         try:
-            async with asyncio.timeout_at(deadline):
-                policy = await self._current_policy()
-        except TimeoutError:  # the policy was not ready within the budget
-            pass
+            check_container_count(total, "GetPreferredAllocation")
+            answers, done = await self._preferred(containers, deadline)
+        except RequestError as exc:
+            status = (_INVALID, str(exc))
+        except Closed as exc:
+            status = (_UNAVAILABLE, str(exc))
         else:
-            steps = self.manager.preferring(
-                policy,
-                (
-                    ContainerRequest(
-                        c.available_deviceIDs, c.must_include_deviceIDs, c.allocation_size
-                    )
-                    for c in containers
-                ),
-                total,
-                answers,
+            response = api_pb2.PreferredAllocationResponse()
+            for ids in answers:
+                response.container_responses.add(deviceIDs=ids)
+            for _ in range(total - len(answers)):
+                response.container_responses.add()  # no preference: the kubelet chooses
+            ms = round((time.perf_counter() - started) * 1000, 3)
+            if not done:
+                self._out_of_time.log(
+                    "GetPreferredAllocation out of time",
+                    rest="no preference: the kubelet chooses for the containers not answered",
+                    answered=len(answers),
+                    containers=total,
+                    budget_s=self._preferred_budget_s,
+                    ms=ms,
+                )
+            self._log.debug("rpc", method="GetPreferredAllocation", ms=ms, answers=answers)
+            return response
+        self._log.debug("rpc", method="GetPreferredAllocation", error=status[1])
+        return _refused(context, status, api_pb2.PreferredAllocationResponse())
+
+    async def _preferred(
+        self, containers: Sequence[api_pb2.ContainerPreferredAllocationRequest], deadline: float
+    ) -> tuple[list[list[str]], bool]:
+        """The answers reached by the loop time ``deadline``, in order, and whether that is all
+        of them. On the request executor, a container at a time: health checks, ListAndWatch
+        and other RPCs keep answering, other requests take turns, and the deadline holds however
+        long the policy takes (:mod:`.executor`). Every place there taken: no answer."""
+        answers: list[list[str]] = []
+        if not containers:
+            return answers, True
+        requests = [
+            ContainerRequest(c.available_deviceIDs, c.must_include_deviceIDs, c.allocation_size)
+            for c in containers
+        ]
+        timeout = asyncio.timeout_at(deadline)
+        try:
+            async with timeout:
+                policy = await self._current_policy()
+                with self._executor.admitted():
+                    run = self._executor.run
+                    checked, first = await run(self._check_and_prefer_first, policy, requests)
+                    answers.append(first)
+                    for one in checked[1:]:
+                        answers.append(await run(self.manager.prefer, policy, one))
+        except TimeoutError:
+            if not timeout.expired():
+                raise
+            return answers, False
+        except Busy as exc:
+            self._busy.log(
+                "GetPreferredAllocation turned away",
+                reason=str(exc),
+                rest="no preference: the kubelet chooses",
             )
-            # On the request workers, a step at a time: health checks, ListAndWatch and other
-            # RPCs keep answering, other requests take turns, and the deadline holds however
-            # long the policy takes (:mod:`nvplugin.plugin.work`).
-            done, refused = await self._work(StepsJob(steps), deadline)
-            del steps
-        if refused is not None:
-            self._log.debug("rpc", method="GetPreferredAllocation", error=refused[1])
-            return _refused(context, refused, api_pb2.PreferredAllocationResponse())
-        answered = list(answers)  # a step still running may append after the deadline
-        response = api_pb2.PreferredAllocationResponse()
-        for ids in answered:
-            response.container_responses.add(deviceIDs=ids)
-        for _ in range(total - len(answered)):
-            response.container_responses.add()  # no preference: the kubelet chooses
-        ms = round((time.perf_counter() - started) * 1000, 3)
-        if not done:
-            self._out_of_time.log(
-                "GetPreferredAllocation out of time",
-                rest="no preference: the kubelet chooses for the containers not answered",
-                answered=len(answered),
-                containers=total,
-                budget_s=self._preferred_budget_s,
-                ms=ms,
-            )
-        self._log.debug("rpc", method="GetPreferredAllocation", ms=ms, answers=answered)
-        return response
+        return answers, True
+
+    def _check_and_prefer_first(
+        self, policy: Policy, requests: list[ContainerRequest]
+    ) -> tuple[list[CheckedRequest], list[str]]:
+        """The first unit of a GetPreferredAllocation: every container checked, then the first
+        one answered (the kubelet's request is one container: one unit, one thread switch)."""
+        checked = self.manager.checked(requests)
+        return checked, self.manager.prefer(policy, checked[0])
 
     async def Allocate(
         self, request: api_pb2.AllocateRequest, context: Any
     ) -> api_pb2.AllocateResponse:
         containers = request.container_requests
         total = len(containers)
-        job = StepsJob(self.manager.allocating((c.devices_ids for c in containers), total))
-        # On the request workers too: a reply of thousands of containers is built a step at a
-        # time, off the loop, and refused once it outgrows what the kubelet can receive.
-        _, refused = await self._work(job)
-        if refused is not None:
-            self._log.debug("rpc", method="Allocate", error=refused[1])
-            return _refused(context, refused, api_pb2.AllocateResponse())
-        self._log.debug("rpc", method="Allocate", containers=total)
-        return job.value
-
-    async def _work(
-        self, job: StepsJob[Any], deadline: float | None = None
-    ) -> tuple[bool, tuple[grpc.StatusCode, str] | None]:
-        """Run ``job`` on the request workers: (done, or the deadline came first; the status to
-        refuse the request with, if any)."""
         try:
-            return await self._workers.run(job, deadline), None
+            check_container_count(total, "Allocate")
+            # On the request executor too: the responses' strategies (CDI names, device specs
+            # with a stat each) stay off the loop.
+            with self._executor.admitted():
+                reply = await self._executor.run(
+                    self.manager.allocate, [c.devices_ids for c in containers]
+                )
         except RequestError as exc:
-            return False, (_INVALID, str(exc))
-        except WorkersClosed as exc:
-            return False, (grpc.StatusCode.UNAVAILABLE, str(exc))
+            status = (_INVALID, str(exc))
+        except Busy as exc:
+            status = (_BUSY, f"the plugin is busy: {exc}")
+        except Closed as exc:
+            status = (_UNAVAILABLE, str(exc))
+        else:
+            self._log.debug("rpc", method="Allocate", containers=total)
+            return reply
+        self._log.debug("rpc", method="Allocate", error=status[1])
+        return _refused(context, status, api_pb2.AllocateResponse())
 
     async def PreStartContainer(
         self, request: api_pb2.PreStartContainerRequest, context: Any

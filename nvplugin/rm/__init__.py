@@ -14,7 +14,7 @@ no event loop.
   containers' Allocate responses add.
 - :mod:`~nvplugin.rm.policies`: each resource's preferred-allocation policy, through the one
   factory, for every kind of unit.
-- :mod:`~nvplugin.rm.manager`: :class:`ResourceManager`, one served resource as the server sees
+- :mod:`~nvplugin.rm.requests`: :class:`ResourceManager`, one served resource as the server sees
   it: devices, the ListAndWatch listing (:mod:`~nvplugin.rm.listing`, with the kubelet's
   message-size bound), request checks, preferred allocation, Allocate responses
   (:mod:`~nvplugin.rm.responses`).
@@ -24,15 +24,24 @@ no event loop.
 from __future__ import annotations
 
 from nvplugin.rm.devices import REPLICA_SEPARATOR, Device, Kind, replica_id
-from nvplugin.rm.manager import ContainerRequest, RequestError, ResourceManager
 from nvplugin.rm.mps import MpsAllocation
 from nvplugin.rm.plan import ResourcePlan, ServedResource, plan_for, plan_resources
 from nvplugin.rm.policies import resource_policies, resource_policy
+from nvplugin.rm.requests import (
+    MAX_CONTAINER_REQUESTS,
+    CheckedRequest,
+    ContainerRequest,
+    RequestError,
+    ResourceManager,
+    check_container_count,
+)
 from nvplugin.rm.responses import Responder, check_caps, make_responder
 from nvplugin.rm.sharing import Replicas
 
 __all__ = [
+    "MAX_CONTAINER_REQUESTS",
     "REPLICA_SEPARATOR",
+    "CheckedRequest",
     "ContainerRequest",
     "Device",
     "Kind",
@@ -44,6 +53,7 @@ __all__ = [
     "Responder",
     "ServedResource",
     "check_caps",
+    "check_container_count",
     "make_responder",
     "plan_for",
     "plan_resources",

@@ -232,7 +232,7 @@ class Responder:
 
     def fill(self, devices: Sequence[Device], response: api_pb2.ContainerAllocateResponse) -> None:
         """:meth:`container_response`, written into ``response`` (an entry of a reply being
-        built: no message of its own to copy in, for a reply of thousands of containers)."""
+        built: no message of its own to copy in)."""
         unique = {device.uuid: replace(device, id=device.uuid, replica=None) for device in devices}
         ordered = sorted(unique.values(), key=lambda device: device.order)
         ids = [device_id(device, self.id_strategy) for device in ordered]

@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 from lightkube import AsyncClient
 
+from nvplugin.backoff import Backoff
 from nvplugin.kube import ApiAccess
 from nvplugin.kube.client import ApiUnavailable, open_client
-from nvplugin.kube.node import Backoff, NodeLabels, follow_labels, get_node
+from nvplugin.kube.node import API_BACKOFF, NodeLabels, follow_labels, get_node
 from tests.support.kubeapi import KubeApiServer, self_signed
 from tests.support.waiting import WAIT_S
 
@@ -218,7 +219,8 @@ def test_credentials_missing_or_unusable() -> None:
 
 
 def test_backoff_is_capped() -> None:
-    backoff = Backoff(initial_s=0.5, maximum_s=10.0)
+    backoff = API_BACKOFF
+    assert (backoff.initial_s, backoff.maximum_s) == (0.5, 10.0)
     waits = [0.0]
     for _ in range(8):
         waits.append(backoff.after(waits[-1]))

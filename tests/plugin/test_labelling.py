@@ -14,6 +14,7 @@ from nvplugin.nodesession import open_node
 from nvplugin.plugin.labelling import Labeller
 from nvplugin.plugin.metrics import Metrics
 from nvplugin.plugin.nodefeature import NodeFeaturePublisher
+from nvplugin.plugin.tasks import Tasks
 from nvplugin.rm.plan import plan_for
 from tests.support.labelcases import read_fixture
 
@@ -41,7 +42,8 @@ def test_the_timestamp_changes_with_the_labels_only() -> None:
     async def body() -> None:
         output = Path(tempfile.mkdtemp()) / "gfd"
         clock = Clock()
-        labeller = Labeller(clock)
+        tasks = Tasks("test")
+        labeller = Labeller(clock, tasks=tasks)
         with open_node("dgx-a100") as node:
             config = _config(output)
             try:
@@ -58,6 +60,7 @@ def test_the_timestamp_changes_with_the_labels_only() -> None:
                 await labeller.update(quiet, node, plan_for(quiet, node.topology.gpus))
                 assert STAMP not in _read(output)
             finally:
+                await tasks.close()
                 await labeller.close()
             assert not output.exists()
 
@@ -70,10 +73,12 @@ def test_waiting_for_gpus_labels_a_node_without_gpus() -> None:
         output.write_text("nvidia.com/gpu.count=8\n")  # left by a plugin that was killed
         machine = output.with_name("machine")
         machine.write_text("Some Server\n")
-        labeller = Labeller(Clock())
+        tasks = Tasks("test")
+        labeller = Labeller(Clock(), tasks=tasks)
         config = _config(output, GFD_MACHINE_TYPE_FILE=str(machine))
         await labeller.update(config, None, None)
         assert _read(output) == {STAMP: "1700000000", "nvidia.com/gpu.machine": "Some-Server"}
+        await tasks.close()
         await labeller.close()
         assert not output.exists()
 
@@ -84,7 +89,8 @@ def test_unset_output_file_removes_it_and_a_bad_one_is_only_logged() -> None:
     async def body() -> None:
         directory = Path(tempfile.mkdtemp())
         output = directory / "gfd"
-        labeller = Labeller(Clock())
+        tasks = Tasks("test")
+        labeller = Labeller(Clock(), tasks=tasks)
         with open_node("no-numa") as node:
             config = _config(output)
             plan = plan_for(config, node.topology.gpus)
@@ -95,6 +101,7 @@ def test_unset_output_file_removes_it_and_a_bad_one_is_only_logged() -> None:
             bad = _config(directory / "missing" / "gfd")
             await labeller.update(bad, node, plan)  # logged, not raised
             assert labeller.path is None and os.listdir(directory) == []
+            await tasks.close()
             await labeller.close()
 
     asyncio.run(body())
@@ -106,8 +113,11 @@ def test_nodefeature_mode_removes_the_file_and_without_node_name_is_only_logged(
 
     async def body() -> None:
         output = Path(tempfile.mkdtemp()) / "gfd"
-        publisher = NodeFeaturePublisher(PodIdentity(namespace="gpu-system"), Metrics())
-        labeller = Labeller(Clock(), publisher=publisher)
+        tasks = Tasks("test")
+        publisher = NodeFeaturePublisher(
+            PodIdentity(namespace="gpu-system"), Metrics(), tasks=tasks
+        )
+        labeller = Labeller(Clock(), publisher=publisher, tasks=tasks)
         with open_node("dgx-a100") as node:
             try:
                 config = _config(output)
@@ -119,6 +129,7 @@ def test_nodefeature_mode_removes_the_file_and_without_node_name_is_only_logged(
                 await labeller.update(api, node, plan_for(api, node.topology.gpus))
                 assert not output.exists() and publisher.published is None
             finally:
+                await tasks.close()
                 await labeller.close()
         os.rmdir(output.parent)
 

@@ -15,9 +15,10 @@ from structlog.testing import capture_logs
 
 from nvplugin.allocator import make_policy
 from nvplugin.api.v1beta1 import api_pb2
+from nvplugin.backoff import Backoff
 from nvplugin.fakekubelet.kubelet import FakeKubelet
 from nvplugin.nodesession import load_topology
-from nvplugin.plugin.registrar import Backoff, DirWatcher, Registrar, RegistrationError, register
+from nvplugin.plugin.registrar import DirWatcher, Registrar, RegistrationError, register
 from nvplugin.plugin.server import DevicePluginService, PluginSocket
 from tests.support.service import gpus_manager
 from tests.support.waiting import WAIT_S, until
@@ -123,7 +124,7 @@ def test_backoff_is_capped() -> None:
     backoff = Backoff(0.1, 1.0)
     delays = [0.1]
     for _ in range(6):
-        delays.append(backoff.next(delays[-1]))
+        delays.append(backoff.after(delays[-1]))
     assert delays == [0.1, 0.2, 0.4, 0.8, 1.0, 1.0, 1.0]
 
 

@@ -1,36 +1,46 @@
-"""Bounded work per request: GetPreferredAllocation answers within its budget however many
-containers it names and however slow the policy is, stops when its client goes, never delays
-another request; a many-container Allocate is built off the loop and refused when the kubelet
-could not receive its reply.
+"""Bounded work per request: GetPreferredAllocation answers within its budget however slow the
+policy is, stops when its client goes, never delays another request by more than a unit of each
+other request; a request naming more containers than the bound is refused; a full executor turns
+requests away instead of queueing them; an Allocate is built off the loop and refused when the
+kubelet could not receive its reply.
 
 Ordered by events, not timed: the fake policies and responders say when they run and wait for
-the test's go-ahead; "slow" policies take a few milliseconds per call, as a search does.
+the test's go-ahead.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Sequence
+from typing import Any, TypeVar
 
 import grpc
 import pytest
+from structlog.testing import capture_logs
 
 from nvplugin.api.v1beta1 import api_pb2
 from nvplugin.nodesession import load_topology
-from nvplugin.plugin.work import Job, RequestWorkers
-from nvplugin.rm import Responder, make_responder
+from nvplugin.plugin.executor import RequestExecutor
+from nvplugin.rm import MAX_CONTAINER_REQUESTS, Responder, make_responder
 from nvplugin.rm.devices import Device
 from tests.support.service import run, serving
 from tests.support.waiting import WAIT_S, until
 
 NODE = "dgx-h100"
+FULL = MAX_CONTAINER_REQUESTS
+T = TypeVar("T")
 
 
 def containers(ids: Sequence[str], count: int, size: int) -> api_pb2.PreferredAllocationRequest:
     one = api_pb2.ContainerPreferredAllocationRequest(available_deviceIDs=ids, allocation_size=size)
     return api_pb2.PreferredAllocationRequest(container_requests=[one] * count)
+
+
+async def rpc_error(call: Any) -> grpc.aio.AioRpcError:
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await call
+    return caught.value
 
 
 class _Stuck:
@@ -55,25 +65,60 @@ class _Stuck:
         return sorted(available)[:size]
 
 
-def test_preferred_with_hundreds_of_containers_answers_within_its_budget() -> None:
-    """300 containers, a policy that answers three and then never returns: the request is
-    answered at its deadline all the same -- the three answers, then no preference."""
+def test_a_full_preferred_request_answers_within_its_budget() -> None:
+    """As many containers as a request may name, a policy that answers three and then never
+    returns: the request is answered at its deadline all the same -- the answers reached, then
+    no preference -- and the plugin logs it once."""
 
     async def body() -> None:
         policy = _Stuck(answered=3)
-        async with serving(load_topology(NODE), preferred_budget_s=0.5) as s:
-            s.service._policy = policy  # a test's policy on the served resource
+        with capture_logs() as logs:
+            async with serving(load_topology(NODE), preferred_budget_s=0.5) as s:
+                s.service._policy = policy  # a test's policy on the served resource
+                ids = [s.uuid(i) for i in range(8)]
+                try:
+                    reply = await s.stub.GetPreferredAllocation(
+                        containers(ids, FULL, 2), timeout=WAIT_S
+                    )
+                    assert policy.stuck.is_set() and not policy.release.is_set()
+                finally:
+                    policy.release.set()
+        answers = [list(c.deviceIDs) for c in reply.container_responses]
+        assert len(answers) == FULL
+        given = [a for a in answers if a]
+        assert given == [ids[:2]] * len(given) and len(given) <= 3
+        assert answers[len(given) :] == [[]] * (FULL - len(given))
+        (line,) = [e for e in logs if e["event"] == "GetPreferredAllocation out of time"]
+        assert line["containers"] == FULL and line["answered"] == len(given)
+        assert line["budget_s"] == 0.5
+
+    run(body)
+
+
+def test_more_containers_than_a_request_may_name_are_refused() -> None:
+    """The kubelet names one container per call; beyond the bound, either RPC is refused with
+    INVALID_ARGUMENT saying so, and nothing is worked out. At the bound, each is answered."""
+
+    async def body() -> None:
+        async with serving(load_topology(NODE)) as s:
             ids = [s.uuid(i) for i in range(8)]
-            try:
-                reply = await s.stub.GetPreferredAllocation(containers(ids, 300, 2), timeout=WAIT_S)
-                assert policy.stuck.is_set() and not policy.release.is_set()
-                answers = [list(c.deviceIDs) for c in reply.container_responses]
-                assert len(answers) == 300
-                given = [a for a in answers if a]
-                assert given == [ids[:2]] * len(given) and len(given) <= 3
-                assert answers[len(given) :] == [[]] * (300 - len(given))
-            finally:
-                policy.release.set()
+            error = await rpc_error(
+                s.stub.GetPreferredAllocation(containers(ids, FULL + 1, 2), timeout=WAIT_S)
+            )
+            assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert error.details() == (
+                f"{FULL + 1} container requests in one GetPreferredAllocation; at most {FULL} "
+                "are answered (the kubelet sends one per call)"
+            )
+            error = await rpc_error(s.stub.Allocate(allocate(ids, FULL + 1), timeout=WAIT_S))
+            assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert f"at most {FULL} are answered" in (error.details() or "")
+            preferred = await s.stub.GetPreferredAllocation(
+                containers(ids, FULL, 2), timeout=WAIT_S
+            )
+            assert len(preferred.container_responses) == FULL
+            allocated = await s.stub.Allocate(allocate(ids[:2], FULL), timeout=WAIT_S)
+            assert len(allocated.container_responses) == FULL
 
     run(body)
 
@@ -97,16 +142,16 @@ class _Counting:
         return sorted(available)[:size]
 
 
-class _Watched(RequestWorkers):
-    """Request workers that say when a caller has stopped waiting (done, or cancelled)."""
+class _Watched(RequestExecutor):
+    """A request executor that says when a caller has stopped waiting (done, or cancelled)."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, workers: int = 1) -> None:
+        super().__init__(workers=workers)
         self.left = asyncio.Event()
 
-    async def run(self, job: Job, deadline: float | None = None) -> bool:
+    async def run(self, unit: Any, *args: Any) -> Any:
         try:
-            return await super().run(job, deadline)
+            return await super().run(unit, *args)
         finally:
             self.left.set()
 
@@ -114,70 +159,146 @@ class _Watched(RequestWorkers):
 def test_preferred_stops_when_its_client_goes() -> None:
     async def body() -> None:
         policy = _Counting()
-        workers = _Watched()
+        executor = _Watched(workers=1)
         try:
             async with serving(
-                load_topology(NODE), workers=workers, preferred_budget_s=WAIT_S
+                load_topology(NODE), executor=executor, preferred_budget_s=WAIT_S
             ) as s:
                 s.service._policy = policy
                 ids = [s.uuid(i) for i in range(8)]
-                call = s.stub.GetPreferredAllocation(containers(ids, 200, 2))
+                call = s.stub.GetPreferredAllocation(containers(ids, FULL, 2))
                 assert await asyncio.to_thread(policy.started.wait, WAIT_S)
                 call.cancel()  # the client goes while the first container is in the policy
                 with pytest.raises(asyncio.CancelledError):
                     await call
-                await asyncio.wait_for(workers.left.wait(), WAIT_S)  # the server saw it go
-                policy.permits.release()  # the call in progress ends ...
-                await until(lambda: workers.in_flight == 0, "the request to be dropped")
-                assert policy.calls == 1  # ... and no container after it is asked for
+                await asyncio.wait_for(executor.left.wait(), WAIT_S)  # the server saw it go
+                await until(lambda: executor.in_flight == 0, "the request to be dropped")
+                for _ in range(FULL):
+                    policy.permits.release()  # the call in progress ends ...
+                # ... and no container after it is asked for: on the one thread, a unit of the
+                # request that went would run before this one.
+                s.service._policy = _Stuck(answered=1)
+                reply = await s.stub.GetPreferredAllocation(containers(ids, 1, 1), timeout=WAIT_S)
+                assert [list(c.deviceIDs) for c in reply.container_responses] == [ids[:1]]
+                assert policy.calls == 1
         finally:
-            for _ in range(200):
+            for _ in range(FULL):
                 policy.permits.release()
-            workers.close()
+            executor.close()
 
     run(body)
 
 
-class _SlowForPairs:
-    """Size 2 takes a few milliseconds a call (a search's worth); size 1 answers at once."""
+class _GatedPairs:
+    """Size 2 (the flood) waits for a permit per call; size 1 answers at once."""
 
-    name = "slow-for-pairs"
+    name = "gated-pairs"
 
     def __init__(self) -> None:
+        self.pairs_started = 0
         self.pairs_answered = 0
+        self.singles_answered = 0
+        self.permits = threading.Semaphore(0)
 
     def allocate(
         self, available: Sequence[int], must_include: Sequence[int], size: int
     ) -> list[int]:
         if size == 2:
-            time.sleep(0.005)
+            self.pairs_started += 1
+            assert self.permits.acquire(timeout=WAIT_S), "the test never let the call go"
             self.pairs_answered += 1
+        else:
+            self.singles_answered += 1
         return sorted(available)[:size]
 
 
+async def _let_one_go(policy: _GatedPairs, answered: int) -> None:
+    """Let the flood container in the policy go (the ``answered``-th); back once the thread has
+    started its next unit (another flood container, or the one-container request's)."""
+    policy.permits.release()
+    await until(lambda: policy.pairs_answered == answered, "the flood container to be answered")
+    await until(
+        lambda: policy.singles_answered > 0 or policy.pairs_started > answered,
+        "the next unit to start",
+    )
+
+
 def test_a_flood_of_preferred_requests_never_delays_another() -> None:
-    """Eight requests of 600 containers each (seconds of policy work) are in flight; a
-    one-container request is answered before any of them is done: the workers take turns."""
+    """Three requests of as many containers as a request may name are in flight on one thread;
+    a one-container request sent meanwhile waits for at most one container of each of them,
+    and is answered before any of them is done: the requests take turns, a unit each."""
 
     async def body() -> None:
-        policy = _SlowForPairs()
-        async with serving(load_topology(NODE), preferred_budget_s=WAIT_S) as s:
-            s.service._policy = policy
-            ids = [s.uuid(i) for i in range(8)]
-            flood = [
-                asyncio.ensure_future(s.stub.GetPreferredAllocation(containers(ids, 600, 2)))
-                for _ in range(8)
-            ]
-            try:
-                await until(lambda: policy.pairs_answered >= 8, "the flood to be under way")
-                reply = await s.stub.GetPreferredAllocation(containers(ids, 1, 1), timeout=WAIT_S)
+        policy = _GatedPairs()
+        executor = RequestExecutor(workers=1)
+        flood: list[asyncio.Future[Any]] = []
+        try:
+            async with serving(
+                load_topology(NODE), executor=executor, preferred_budget_s=WAIT_S
+            ) as s:
+                s.service._policy = policy
+                ids = [s.uuid(i) for i in range(8)]
+                flood = [
+                    asyncio.ensure_future(s.stub.GetPreferredAllocation(containers(ids, FULL, 2)))
+                    for _ in range(3)
+                ]
+                await until(lambda: executor.in_flight == 3, "the flood to be under way")
+                await until(lambda: policy.pairs_started == 1, "a flood container in the policy")
+                single = asyncio.ensure_future(
+                    s.stub.GetPreferredAllocation(containers(ids, 1, 1), timeout=WAIT_S)
+                )
+                await until(lambda: executor.in_flight == 4, "the one-container request queued")
+                let_go = 0
+                while policy.singles_answered == 0:
+                    assert let_go < 3, "the one-container request waited for more than a turn"
+                    let_go += 1
+                    await _let_one_go(policy, let_go)
+                reply = await single
                 assert [list(c.deviceIDs) for c in reply.container_responses] == [ids[:1]]
                 assert not any(call.done() for call in flood)
-                assert policy.pairs_answered < 8 * 600
-            finally:
-                for call in flood:
-                    call.cancel()
-                await asyncio.gather(*flood, return_exceptions=True)
+                assert policy.pairs_answered < 3 * FULL
+        finally:
+            for _ in range(3 * FULL):
+                policy.permits.release()
+            for call in flood:
+                call.cancel()
+            await asyncio.gather(*flood, return_exceptions=True)
+            executor.close()
+
+    run(body)
+
+
+def test_a_full_executor_turns_requests_away_at_once() -> None:
+    """Every place taken (here: the one place, by a request stuck in its policy): a
+    GetPreferredAllocation is answered at once with no preference (the kubelet chooses), an
+    Allocate refused with RESOURCE_EXHAUSTED; nothing is queued. The place freed, both work."""
+
+    async def body() -> None:
+        policy = _Stuck(answered=0)
+        executor = RequestExecutor(workers=1, capacity=1)
+        try:
+            async with serving(
+                load_topology(NODE), executor=executor, preferred_budget_s=WAIT_S
+            ) as s:
+                s.service._policy = policy
+                ids = [s.uuid(i) for i in range(8)]
+                held = asyncio.ensure_future(
+                    s.stub.GetPreferredAllocation(containers(ids, 1, 2), timeout=WAIT_S)
+                )
+                assert await asyncio.to_thread(policy.stuck.wait, WAIT_S)
+                reply = await s.stub.GetPreferredAllocation(containers(ids, 2, 2), timeout=WAIT_S)
+                assert [list(c.deviceIDs) for c in reply.container_responses] == [[], []]
+                error = await rpc_error(s.stub.Allocate(allocate(ids[:1], 1), timeout=WAIT_S))
+                assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                assert "the plugin is busy" in (error.details() or "")
+                assert policy.calls == 1
+                policy.release.set()
+                assert [list(c.deviceIDs) for c in (await held).container_responses] == [ids[:2]]
+                allocated = await s.stub.Allocate(allocate(ids[:1], 1), timeout=WAIT_S)
+                assert len(allocated.container_responses) == 1
+        finally:
+            policy.release.set()
+            executor.close()
 
     run(body)
 
@@ -213,26 +334,35 @@ def allocate(ids: Sequence[str], count: int) -> api_pb2.AllocateRequest:
     return api_pb2.AllocateRequest(container_requests=[one] * count)
 
 
+class _Fat:
+    """A responder whose every container response carries 1 MiB more: a reply of a few
+    containers outgrows what the kubelet receives (real responses get there only with very long
+    paths, see docs/kubelet-behaviour.md#requests-per-call)."""
+
+    def __init__(self) -> None:
+        self._responder = make_responder(("envvar", "cdi-annotations"), pass_device_specs=True)
+
+    def fill(self, devices: Sequence[Device], response: api_pb2.ContainerAllocateResponse) -> None:
+        self._responder.fill(devices, response)
+        response.envs["PADDING"] = "x" * (1024 * 1024)
+
+
 def test_an_allocate_reply_the_kubelet_could_not_receive_is_refused() -> None:
-    """5000 containers of 16 GPUs with every strategy: a reply of about 20 MB, which the
-    kubelet's gRPC client (4 MiB at most) would refuse. It is refused here, saying why, before
-    it is built whole."""
+    """Containers whose responses add up to more than the kubelet's gRPC client receives
+    (4 MiB at most): the reply is refused here, saying why, instead of failing on the kubelet's
+    side with a transport error that says nothing."""
 
     async def body() -> None:
-        responder = make_responder(
-            ("envvar", "volume-mounts", "cdi-annotations", "cdi-cri"), pass_device_specs=True
-        )
-        async with serving(load_topology("dgx-2"), responder=responder) as s:
+        async with serving(load_topology("dgx-2"), responder=_Fat()) as s:
             ids = [s.uuid(i) for i in range(16)]
-            with pytest.raises(grpc.aio.AioRpcError) as caught:
-                await s.stub.Allocate(allocate(ids, 5000), timeout=WAIT_S)
-            assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-            details = caught.value.details() or ""
+            error = await rpc_error(s.stub.Allocate(allocate(ids, FULL), timeout=WAIT_S))
+            assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+            details = error.details() or ""
             assert "larger than 4194304 bytes" in details, details
             assert "the kubelet's gRPC client" in details
             # What fits is answered, every container in order.
-            reply = await s.stub.Allocate(allocate(ids, 100), timeout=WAIT_S)
-            assert len(reply.container_responses) == 100
+            reply = await s.stub.Allocate(allocate(ids, 3), timeout=WAIT_S)
+            assert len(reply.container_responses) == 3
 
     run(body)
 
@@ -253,12 +383,12 @@ class _Holding:
         self._responder.fill(devices, response)
 
 
-def test_other_rpcs_answer_while_a_many_container_allocate_is_built() -> None:
+def test_other_rpcs_answer_while_an_allocate_is_built() -> None:
     async def body() -> None:
         responder = _Holding()
         async with serving(load_topology(NODE), responder=responder) as s:
             ids = [s.uuid(i) for i in range(8)]
-            call = asyncio.ensure_future(s.stub.Allocate(allocate(ids, 2000), timeout=WAIT_S))
+            call = asyncio.ensure_future(s.stub.Allocate(allocate(ids, FULL), timeout=WAIT_S))
             assert await asyncio.to_thread(responder.started.wait, WAIT_S)
             options = await s.stub.GetDevicePluginOptions(api_pb2.Empty(), timeout=WAIT_S)
             assert options.get_preferred_allocation_available
@@ -268,6 +398,6 @@ def test_other_rpcs_answer_while_a_many_container_allocate_is_built() -> None:
             assert not call.done()
             responder.go.set()
             reply = await call
-            assert len(reply.container_responses) == 2000
+            assert len(reply.container_responses) == FULL
 
     run(body)

@@ -2,12 +2,13 @@
 duplicate, empty and huge ID lists, odd unicode, NULs, very long IDs, negative and huge sizes and
 many container requests.
 
-The oracle is exact. A request is valid when every ID is one of the node's, no list repeats an
-ID, every must-include ID is offered and no size is negative; then the answer must be what the
-allocator itself says (GetPreferredAllocation) or one response per container naming exactly its
-GPUs (Allocate). Anything else must be INVALID_ARGUMENT with a short message -- or, for a request
-over gRPC's 4 MiB message limit, RESOURCE_EXHAUSTED before the plugin sees it. Afterwards the
-plugin must still be up, with the same file descriptors and a bounded RSS.
+The oracle is exact. A request is valid when it names no more containers than one request may,
+every ID is one of the node's, no list repeats an ID, every must-include ID is offered and no
+size is negative; then the answer must be what the allocator itself says (GetPreferredAllocation)
+or one response per container naming exactly its GPUs (Allocate). Anything else must be
+INVALID_ARGUMENT with a short message -- or, for a request over gRPC's 4 MiB message limit,
+RESOURCE_EXHAUSTED before the plugin sees it. Afterwards the plugin must still be up, with the
+same file descriptors and a bounded RSS.
 
 Why RSS gets a 25% bound here and not the load test's 10%: the hostile requests are several MB
 each, handled on gRPC's threads, and glibc gives each thread its own malloc arena; RSS then saws
@@ -30,7 +31,7 @@ from hypothesis import strategies as st
 from nvplugin.allocator import Policy, make_policy
 from nvplugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from nvplugin.nodesession import load_topology
-from nvplugin.plugin.server import MAX_PREFERRED_CONTAINERS
+from nvplugin.rm import MAX_CONTAINER_REQUESTS
 from tests.support.harness import Outcome, Plugin, fd_count, settled_fds
 from tests.support.serve import new_dir
 
@@ -77,7 +78,7 @@ class Oracle:
     def preferred(self, containers: Sequence[Container]) -> list[list[str]] | None:
         """The answer per container, or None when the request must be refused (a bad list, or
         more containers than one request may name)."""
-        if len(containers) > MAX_PREFERRED_CONTAINERS:
+        if len(containers) > MAX_CONTAINER_REQUESTS:
             return None
         out = []
         for c in containers:
@@ -94,6 +95,8 @@ class Oracle:
         return out
 
     def allocate(self, containers: Sequence[Sequence[str]]) -> list[list[str]] | None:
+        if len(containers) > MAX_CONTAINER_REQUESTS:
+            return None
         if not all(self.valid_list(ids) for ids in containers):
             return None
         return [sorted(ids, key=self.index.__getitem__) for ids in containers]
@@ -128,6 +131,7 @@ def hostile_preferred(oracle: Oracle) -> list[list[Container]]:
         [Container(tuple(ids), (ids[0],) * 3, 2)],
         [Container(tuple(ids[:4]), (ids[7],), 2)],
         [Container(tuple(ids), (), 3)] * 5_000,  # many container requests
+        [Container(tuple(ids), (), 3)] * MAX_CONTAINER_REQUESTS,  # as many as one may name
         [Container(tuple(ids), (), 3), Container(("\x00",), (), 1)],
     ]
 
@@ -138,6 +142,7 @@ def hostile_allocate(oracle: Oracle) -> list[list[tuple[str, ...]]]:
         [],
         [()],
         [ids] * 5_000,
+        [ids] * MAX_CONTAINER_REQUESTS,
         [tuple(f"x{n}" for n in range(100_000))],
         [ids * 12_500],
         [(*ids, "G" * 1_000_000)],

@@ -69,8 +69,7 @@ class Scale:
     storm_s: float  # how long the storm lasts
     storm_streams: int  # ListAndWatch streams open during it (besides the kubelet's)
     idle_connections: int  # idle TCP connections held to each HTTP endpoint
-    flood_requests: int  # threads sending many-container requests back to back (floods.py)
-    flood_containers: int  # containers in each GetPreferredAllocation of the flood
+    flood_requests: int  # threads sending full requests back to back (floods.py)
     flood_probes: int  # the kubelet's own requests made during a flood
     mig_restarts: int  # kubelet restarts on the node serving six resources
 
@@ -89,7 +88,6 @@ TEST = Scale(
     storm_streams=2,
     idle_connections=300,
     flood_requests=3,
-    flood_containers=200,
     flood_probes=10,
     mig_restarts=3,
 )
@@ -107,7 +105,6 @@ SOAK = Scale(
     storm_streams=10,
     idle_connections=3_000,
     flood_requests=8,
-    flood_containers=600,
     flood_probes=200,
     mig_restarts=50,
 )

@@ -9,16 +9,19 @@ is handed, so its methods never touch NVML and may run on any thread:
 - :attr:`~ResourceManager.devices` and :meth:`~ResourceManager.listing`: what ListAndWatch
   advertises, for a health map of the GPUs the devices follow (:attr:`~ResourceManager.gpus`);
 - :meth:`~ResourceManager.preferred`: GetPreferredAllocation per container, through the
-  resource's policy (:mod:`nvplugin.rm.policies`) and, for replicas, the replica policy on top;
-- :meth:`~ResourceManager.allocate`: Allocate responses per container.
+  resource's policy (:mod:`nvplugin.rm.policies`) and, for replicas, the replica policy on top --
+  :meth:`~ResourceManager.checked` (every container) then :meth:`~ResourceManager.prefer` (one
+  container, one policy call), so that a caller can take them one at a time and stop between;
+- :meth:`~ResourceManager.allocate`: the Allocate reply, a response per container.
 
-Requests are checked before anything is answered: unknown or repeated IDs, must-include IDs not
-offered as available, a negative size, more replicas than ``failRequestsGreaterThanOne`` allows.
+Requests are checked before anything is answered: at most :data:`MAX_CONTAINER_REQUESTS`
+containers, unknown or repeated IDs, must-include IDs not offered as available, a negative size,
+more replicas than ``failRequestsGreaterThanOne`` allows.
 """
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from nvplugin.allocator import AllocationError, Policy
@@ -45,7 +48,25 @@ class ContainerRequest:
     size: int
 
 
+MAX_CONTAINER_REQUESTS = 8
+"""Most container requests one GetPreferredAllocation or Allocate may name. The kubelet names one
+(docs/kubelet-behaviour.md#device-allocation); the bound keeps a request's work to a few policy
+calls and its reply well within what the kubelet receives, and room for a client that asks for a
+pod's few containers at once. Why this number: docs/kubelet-behaviour.md#requests-per-call."""
+
+
+def check_container_count(total: int, method: str) -> None:
+    """RequestError when one ``method`` call names more than :data:`MAX_CONTAINER_REQUESTS`
+    container requests."""
+    if total > MAX_CONTAINER_REQUESTS:
+        raise RequestError(
+            f"{total} container requests in one {method}; at most {MAX_CONTAINER_REQUESTS} are "
+            "answered (the kubelet sends one per call)"
+        )
+
+
 MAX_SHOWN_ID = 128
+
 """Longest device ID quoted whole in an error. The message travels in the gRPC status trailer,
 which clients cap (8 KiB by default): a 1 MB ID quoted whole would turn INVALID_ARGUMENT into a
 transport error on the kubelet's side."""
@@ -98,54 +119,41 @@ class ResourceManager:
 
     def preferred(self, policy: Policy, requests: Sequence[ContainerRequest]) -> list[list[str]]:
         """The preferred IDs for each container request, in order; RequestError for a bad one
-        (impossible requests get ``[]``: the kubelet then chooses on its own)."""
-        answers: list[list[str]] = []
-        for _ in self.preferring(policy, requests, len(requests), answers):
-            pass
-        return answers
+        (impossible requests get ``[]``: the kubelet then chooses on its own): :meth:`checked`,
+        then :meth:`prefer` for each."""
+        return [self.prefer(policy, one) for one in self.checked(requests)]
 
-    def preferring(
-        self,
-        policy: Policy,
-        requests: Iterable[ContainerRequest],
-        total: int,
-        answers: list[list[str]],
-    ) -> Generator[None, None, None]:
-        """:meth:`preferred` one container at a time: it yields after each step, so that a
-        caller can share its threads between requests and stop between two steps. Every one of
-        the ``total`` requests is checked first (RequestError: nothing is answered), then each
-        is answered, in order, appended to ``answers`` (the answers so far, when the caller
-        stops early)."""
-        checked = []
-        for number, request in enumerate(requests):
-            checked.append(self._checked(request, number, total))
-            yield
-        for number, one in enumerate(checked):
-            answers.append(self._prefer(policy, one, number, total))
-            yield
+    def checked(self, requests: Sequence[ContainerRequest]) -> list[CheckedRequest]:
+        """Every container request checked, in order, before any is answered; RequestError for
+        the first bad one (and for more than :data:`MAX_CONTAINER_REQUESTS`)."""
+        total = len(requests)
+        check_container_count(total, "GetPreferredAllocation")
+        return [self._checked(request, number, total) for number, request in enumerate(requests)]
 
-    def allocate(
-        self, requests: Sequence[Sequence[str]]
-    ) -> list[api_pb2.ContainerAllocateResponse]:
-        """Each container's Allocate response for the IDs it was given; RequestError when an
-        ID is bad or the reply would be more than the kubelet can receive."""
-        steps = self.allocating(requests, len(requests))
-        while True:
-            try:
-                next(steps)
-            except StopIteration as done:
-                reply: api_pb2.AllocateResponse = done.value
-                return list(reply.container_responses)
+    def prefer(self, policy: Policy, request: CheckedRequest) -> list[str]:
+        """The preferred IDs for one checked container request: one call of ``policy`` (within
+        its budget)."""
+        available, must_include, size = request.available, request.must_include, request.size
+        try:
+            if self.replicas.shared:  # replicas: counts per unit, then the policy among units
+                picked = self.replicas.prefer(policy.allocate, available, must_include, size)
+                return [device.id for device in picked]
+            units = policy.allocate(
+                [d.unit for d in available], [d.unit for d in must_include], size
+            )
+        except AllocationError as exc:  # the checks should make this unreachable
+            raise RequestError(f"{request.where}: {exc}") from None
+        by_unit = {device.unit: device for device in available}
+        return [by_unit[u].id for u in sorted(units)]
 
-    def allocating(
-        self, requests: Iterable[Sequence[str]], total: int
-    ) -> Generator[None, None, api_pb2.AllocateResponse]:
-        """:meth:`allocate` one container at a time (it yields after each; see
-        :meth:`preferring`), returning the reply. Nothing is answered when one of the ``total``
-        requests is bad, or when the reply grows past :data:`KUBELET_MAX_RECEIVE_BYTES`: the
-        kubelet's gRPC client would refuse it (and the pod fail with a transport error that
-        says nothing), so it is refused here, naming why -- before it is built whole. Each
-        container's response is written into the reply in place (no copy)."""
+    def allocate(self, requests: Sequence[Sequence[str]]) -> api_pb2.AllocateResponse:
+        """The Allocate reply: each container's response for the IDs it was given, in order.
+        RequestError, and nothing answered, when a request is bad, when there are more than
+        :data:`MAX_CONTAINER_REQUESTS`, or when the reply would be larger than
+        :data:`KUBELET_MAX_RECEIVE_BYTES`: the kubelet's gRPC client would refuse it (and the pod
+        fail with a transport error that says nothing), so it is refused here, naming why."""
+        total = len(requests)
+        check_container_count(total, "Allocate")
         reply = api_pb2.AllocateResponse()
         size = 0
         for number, ids in enumerate(requests):
@@ -160,12 +168,10 @@ class ResourceManager:
             size += entry_size(response.ByteSize())
             if size > KUBELET_MAX_RECEIVE_BYTES:
                 raise RequestError(
-                    f"the Allocate reply for {total} container requests would be larger than "
+                    f"the Allocate reply for {total} container request(s) would be larger than "
                     f"{KUBELET_MAX_RECEIVE_BYTES} bytes, the most the kubelet's gRPC client "
-                    f"receives (it passed that at container request {number}); the kubelet "
-                    "asks for one container per call"
+                    f"receives (it passed that at container request {number})"
                 )
-            yield
         return reply
 
     def _named(self, ids: Iterable[str], where: str) -> list[Device]:
@@ -181,7 +187,7 @@ class ResourceManager:
             seen[device_id] = device
         return sorted_replicas(list(seen.values()))
 
-    def _checked(self, request: ContainerRequest, number: int, total: int) -> _Checked:
+    def _checked(self, request: ContainerRequest, number: int, total: int) -> CheckedRequest:
         available = self._named(request.available, _where("available_deviceIDs", number, total))
         must_include = self._named(
             request.must_include, _where("must_include_deviceIDs", number, total)
@@ -194,30 +200,18 @@ class ResourceManager:
         size = request.size
         if size < 0:
             raise RequestError(f"{_where('allocation_size', number, total)}: {size} is negative")
-        return _Checked(available, must_include, size)
-
-    def _prefer(self, policy: Policy, request: _Checked, number: int, total: int) -> list[str]:
-        available, must_include, size = request.available, request.must_include, request.size
-        try:
-            if self.replicas.shared:  # replicas: counts per unit, then the policy among units
-                picked = self.replicas.prefer(policy.allocate, available, must_include, size)
-                return [device.id for device in picked]
-            units = policy.allocate(
-                [d.unit for d in available], [d.unit for d in must_include], size
-            )
-        except AllocationError as exc:  # the checks above should make this unreachable
-            raise RequestError(f"{_where('request', number, total)}: {exc}") from None
-        by_unit = {device.unit: device for device in available}
-        return [by_unit[u].id for u in sorted(units)]
+        return CheckedRequest(available, must_include, size, _where("request", number, total))
 
 
 @dataclass(frozen=True)
-class _Checked:
-    """A container request whose IDs are known devices and whose size is not negative."""
+class CheckedRequest:
+    """A container request whose IDs are known devices and whose size is not negative;
+    ``where``: which request it is, for an error."""
 
     available: list[Device]
     must_include: list[Device]
     size: int
+    where: str
 
 
 def _shown_id(device_id: str) -> str:
