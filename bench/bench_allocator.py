@@ -11,9 +11,9 @@ repeat (the branch search keeps what it proves from one query to the next, as it
 a figure is that of a query in a stream of distinct ones). Start-up (table building) time, table
 size, tracemalloc peak and RSS growth are measured in the fresh process. Targets: 16 GPUs p99 <= 5
 ms and max <= 20 ms at every size; <= 8 GPUs p99 <= 0.2 ms; start-up <= 1 s and <= 50 MB on 16 GPUs
-and on the structured nodes beyond (methods ``counts`` and ``branch``; p99 <= 5 ms over gRPC, see
-``bench plugin``); the node without structure (method ``search``) answers within its budget (0.1 s)
-per query.
+and on the structured nodes up to 32 GPUs (method ``branch``; p99 <= 5 ms over gRPC, see
+``bench plugin``); the node without structure and the nodes beyond 32 GPUs (method ``search``)
+answer within their budget (0.1 s) per query.
 
 Run: ``python -m bench allocator``.
 """
@@ -87,7 +87,6 @@ def child() -> None:
     )
     if not numpy_free:  # numpy and the methods on it, which the policy imports
         import nvplugin.allocator.branch
-        import nvplugin.allocator.counts
         import nvplugin.allocator.search
         import nvplugin.allocator.tables  # noqa: F401
     imports = time.perf_counter() - started
@@ -256,9 +255,9 @@ def run() -> None:
         shutil.rmtree(directory, ignore_errors=True)
     print(
         "method = tables (subset tables, <= 16 GPUs), tree (dynamic programme over the tree of "
-        "classes, 9-16 GPUs whose scores nest), counts (count search, <= 4 classes of "
-        "interchangeable GPUs, > 32 GPUs), branch (branch and bound over count vectors, <= 8 "
-        "classes, <= 32 GPUs), search (budgeted local search, exact tables up to 16 available); "
+        "classes, 9-16 GPUs whose scores nest), branch (branch and bound over count vectors, <= 8 "
+        "classes, <= 32 GPUs), search (budgeted local search, exact tables up to 16 available; "
+        "every other node); "
         "import = the policy modules the node's method loads (numpy beyond the small tables and "
         "the tree); start-up = "
         "make_policy (after imports); tables = bytes the policy keeps; peak = tracemalloc peak "

@@ -17,14 +17,9 @@ once, the fastest method that is exact on it:
   nothing kept but the tree (start-up asks every size once, ~6 ms, to fill the caches of how
   pieces match), well under a millisecond per query. ``--explain`` builds the ``branch`` search
   on such a node for its partition and contenders (:meth:`_counter`).
-- ``counts`` (beyond 32 GPUs, on nodes whose GPUs fall into at most four classes of
-  interchangeable GPUs, as under PCIe switches or on an NVSwitch fabric): the count search of
-  :mod:`nvplugin.allocator.counts`, exact, a few ms per query up to 128 GPUs, from ~2 MB of
-  shape arrays built at start-up.
 - ``branch`` (9 to 32 GPUs in up to eight classes where ``tree`` does not apply: two to eight
   PCIe switches under one or two sockets beyond 16 GPUs, an NVSwitch fabric over only some of
-  the GPUs; it also takes the 17-32 GPU nodes of at most four classes from ``counts``, 2-3 times
-  faster per query with the same answers):
+  the GPUs):
   the branch and bound over count vectors of :mod:`nvplugin.allocator.branch`, exact, a few ms
   per query, from a list of count vectors built at start-up (~20 ms and ~2 MiB for 16-24 GPUs,
   0.16-0.31 s and 9-18 MiB kept, 14-22 MiB at peak, for 32 in eight classes). It replaces the
@@ -59,7 +54,6 @@ if TYPE_CHECKING:
     import numpy as np
 
     from nvplugin.allocator.branch import BranchSearch, LexKey
-    from nvplugin.allocator.counts import CountSearch
     from nvplugin.allocator.tables import Tables
 
 # numpy and the modules built on it (every method but the small tables and the tree) are
@@ -82,7 +76,7 @@ BRANCH_GPUS = 32
 """Largest node the ``branch`` method takes (the node sizes it is measured on)."""
 
 ALL_CONTENDERS = 4096
-"""Most compositions ``solve`` checks one by one on a ``counts`` or ``branch`` node to list every
+"""Most compositions ``solve`` checks one by one on a ``tree`` or ``branch`` node to list every
 contender; beyond it only those with the best own score are listed."""
 
 
@@ -108,14 +102,14 @@ class BestEffort:
         """``budget_s``: how long a ``search`` request may take (module docstring);
         ``table_gpus``/``tree_gpus``/``branch_gpus``: the largest node the tables / ``tree`` /
         ``branch`` take (lower them to test the other methods on small nodes);
-        ``structured=False``: no method that relies on classes of twins (``tree``, ``counts``,
+        ``structured=False``: no method that relies on classes of twins (``tree``,
         ``branch``), so that a node beyond the tables gets ``search`` (what benchmarks compare
         with)."""
         self._topology = topology
         self._budget_s = budget_s
         n = len(topology)
         self._tables: Tables | SmallTables | None = None
-        self._counts: CountSearch | BranchSearch | None = None
+        self._counts: BranchSearch | None = None
         self._tree: TreeSearch | None = None
         self._method = "search"
         small = n <= min(SMALL_GPUS, table_gpus)
@@ -125,7 +119,7 @@ class BestEffort:
         elif tree is not None and tree.root is not None:
             self._tree, self._method = tree, "tree"
         else:
-            from nvplugin.allocator import branch, counts
+            from nvplugin.allocator import branch
             from nvplugin.allocator.classes import twin_classes
             from nvplugin.allocator.tables import Tables
 
@@ -135,8 +129,6 @@ class BestEffort:
             elif n <= table_gpus:
                 self._tables = Tables.build(topology.scores, range(1, n + 1))
                 self._method = "tables"
-            elif classes is not None and counts.applies(classes):
-                self._counts, self._method = counts.CountSearch(classes), "counts"
         if n and self.method != "search":
             # One query at start-up runs every code path once (numpy's first calls are slower),
             # so the kubelet's first request is as fast as the rest; on a tree, one per size (a
@@ -154,7 +146,7 @@ class BestEffort:
 
     @property
     def method(self) -> str:
-        """``tables``, ``tree``, ``counts``, ``branch`` or ``search`` (module docstring)."""
+        """``tables``, ``tree``, ``branch`` or ``search`` (module docstring)."""
         return self._method
 
     @property
@@ -282,23 +274,17 @@ class BestEffort:
     # --- counts ---
 
     def _count_group(self, request: Request, started: float) -> tuple[tuple[int, ...], int, int]:
-        """(group, its score, OPT) on a ``counts`` or ``branch`` node; a ``branch`` search raises
-        :class:`OutOfTime` past three quarters of the budget from ``started``."""
-        from nvplugin.allocator.branch import BranchSearch
-
+        """(group, its score, OPT) on a ``branch`` node; the search raises :class:`OutOfTime`
+        past three quarters of the budget from ``started``."""
         assert self._counts is not None
         classes = self._counts.classes
         available = classes.counts(request.available)
         required = classes.counts(request.must_include)
         free = self._free(request)
-        if isinstance(self._counts, BranchSearch):
-            deadline = started + self._budget_s * EXACT_SHARE
-            lex = self._lex_key(request, required, free)
-            answer = self._counts.search(available, required, request.size, lex, deadline=deadline)
-            opt2, own2, best = answer.opt2, answer.own2, answer.best
-        else:
-            found = self._counts.search(available, required, request.size)
-            opt2, own2, best = found.opt2, found.own2, found.best
+        deadline = started + self._budget_s * EXACT_SHARE
+        lex = self._lex_key(request, required, free)
+        answer = self._counts.search(available, required, request.size, lex, deadline=deadline)
+        opt2, own2, best = answer.opt2, answer.own2, answer.best
         group = min(self._members(request, best, required, free))
         return group, own2 // 2, opt2 // 2
 
@@ -360,8 +346,8 @@ class BestEffort:
             out.append(tuple(sorted(chosen)))
         return out
 
-    def _counter(self) -> CountSearch | BranchSearch:
-        """The count search: made at start-up on a ``counts`` or ``branch`` node; on a ``tree``
+    def _counter(self) -> BranchSearch:
+        """The count search: made at start-up on a ``branch`` node; on a ``tree``
         node only once an explanation asks for it (``--explain`` lists a best partition and
         every contender, which the tree's programme does not keep), so that ``serve`` never
         loads numpy there."""
@@ -378,7 +364,7 @@ class BestEffort:
     ) -> Allocation:
         """The answer (``group`` when already known) with a best partition and the contenders
         (one per composition)."""
-        from nvplugin.allocator.counts import compositions
+        from nvplugin.allocator.branch import compositions
 
         counter = self._counter()
         if group is None:

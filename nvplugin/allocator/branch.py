@@ -12,8 +12,9 @@ docs/allocation.md's objective reads:
   ``g[c0] >= 1``: a recursion over count vectors, not over GPUs.
 - ``OPT = max f(x) + R(a - x)`` over the full groups x with ``r <= x <= a`` (without must-include
   GPUs: ``R(a)``), and the answer is, among the x reaching OPT, one with the highest ``f(x)``,
-  then the lex-smallest group (:mod:`nvplugin.allocator.counts` says why the lowest members per
-  class give it).
+  then the lex-smallest group: the must-include GPUs plus, in each class, the lowest other
+  available ones (their sorted indices are element-wise no larger than any other group's with
+  that vector).
 
 The space of count vectors is small (at most 5^8 = 390 625 vectors of 32 GPUs in 8 classes), but a
 request does not walk it. Three things keep the search to a few dozen states:
@@ -99,6 +100,25 @@ def vectors(classes: Classes) -> int:
 def applies(classes: Classes) -> bool:
     """Whether the branch search takes a node with these classes."""
     return len(classes) <= MAX_CLASSES and vectors(classes) <= MAX_VECTORS
+
+
+def compositions(low: IntArray, high: IntArray, total: int) -> IntArray:
+    """Every integer vector v with ``low <= v <= high`` and ``sum(v) = total``, one per row, in
+    lexicographic order."""
+    rows = np.zeros((1, 0), dtype=np.int64)
+    sums = np.zeros(1, dtype=np.int64)
+    for c in range(len(low)):
+        rest_high = int(high[c + 1 :].sum())
+        rest_low = int(low[c + 1 :].sum())
+        lo = np.maximum(low[c], total - sums - rest_high)
+        hi = np.minimum(high[c], total - sums - rest_low)
+        count = np.maximum(hi - lo + 1, 0)
+        which = np.repeat(np.arange(len(rows)), count)
+        offset = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
+        values = lo[which] + offset
+        rows = np.hstack([rows[which], values[:, None]])
+        sums = sums[which] + values
+    return rows
 
 
 @dataclass(frozen=True)

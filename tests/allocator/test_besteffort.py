@@ -134,8 +134,8 @@ def test_random_topologies_against_brute_force(
     expected = BruteForce(topology).answer(available, must, size)
     assert BestEffort(topology).allocate(available, must, size) == expected
     # The paths for nodes beyond the small tables answer the same (the tree where the scores
-    # nest, the branch or count search, or tables over the available GPUs; a budget no load
-    # reaches keeps the last exact).
+    # nest, the branch search, or tables over the available GPUs; a budget no load reaches keeps
+    # the last exact).
     for tree_gpus, branch_gpus in ((TREE_GPUS, BRANCH_GPUS), (0, BRANCH_GPUS), (0, 0)):
         beyond = BestEffort(
             topology, table_gpus=0, tree_gpus=tree_gpus, branch_gpus=branch_gpus, budget_s=60.0
