@@ -78,17 +78,17 @@ def child() -> None:
     started = time.perf_counter()
     import nvplugin.allocator.besteffort
     from nvplugin.allocator import make_policy
-    from nvplugin.allocator.smalltables import SMALL_GPUS
-    from nvplugin.allocator.tree import TREE_GPUS, TreeSearch
+    from nvplugin.allocator.methods.smalltables import SMALL_GPUS
+    from nvplugin.allocator.methods.tree import TREE_GPUS, TreeSearch
 
     n = len(topology)
     numpy_free = n <= SMALL_GPUS or (
         n <= TREE_GPUS and TreeSearch(topology.scores).root is not None
     )
     if not numpy_free:  # numpy and the methods on it, which the policy imports
-        import nvplugin.allocator.branch
-        import nvplugin.allocator.search
-        import nvplugin.allocator.tables  # noqa: F401
+        import nvplugin.allocator.methods.branch
+        import nvplugin.allocator.methods.search
+        import nvplugin.allocator.methods.tables  # noqa: F401
     imports = time.perf_counter() - started
     rss_before = _rss()
     start = time.perf_counter()

@@ -5,32 +5,31 @@ NVIDIA's allocator enumerates every partition of the free GPUs (22 million for 1
 once, the fastest method that is exact on it:
 
 - ``tables`` (up to :data:`SMALL_GPUS` GPUs, and up to :data:`TABLE_GPUS` where neither ``tree``
-  nor ``branch`` applies): the subset tables of :mod:`nvplugin.allocator.tables` (every
+  nor ``branch`` applies): the subset tables of :mod:`nvplugin.allocator.methods.tables` (every
   subset's score, and per group size the best partition score of every subset), built at
   start-up (~0.3 s and ~11 MiB of resident memory for 16 GPUs). A query is a few numpy
   operations over the at most C(16, 8) = 12870 candidate groups. Up to eight GPUs the same
-  tables are plain Python (:mod:`nvplugin.allocator.smalltables`: a few ms to build, tens of
+  tables are plain Python (:mod:`nvplugin.allocator.methods.smalltables`: a few ms to build, tens of
   microseconds a query), and the process never loads numpy.
 - ``tree`` (9 to 16 GPUs whose class scores nest as a PCIe tree's do: a DGX-2, 16-card PCIe
-  servers): the dynamic programme over the tree's subtrees of :mod:`nvplugin.allocator.tree`,
-  exact, plain Python (no numpy: a DGX-2's ``serve`` holds ~14 MiB less than with ``branch``),
-  nothing kept but the tree (start-up asks every size once, ~6 ms, to fill the caches of how
-  pieces match), well under a millisecond per query. ``--explain`` builds the ``branch`` search
-  on such a node for its partition and contenders (:meth:`_counter`).
-- ``branch`` (9 to 32 GPUs in up to eight classes where ``tree`` does not apply: two to eight
-  PCIe switches under one or two sockets beyond 16 GPUs, an NVSwitch fabric over only some of
-  the GPUs):
-  the branch and bound over count vectors of :mod:`nvplugin.allocator.branch`, exact, a few ms
-  per query, from a list of count vectors built at start-up (~20 ms and ~2 MiB for 16-24 GPUs,
-  0.16-0.31 s and 9-18 MiB kept, 14-22 MiB at peak, for 32 in eight classes). It replaces the
-  tables from 9 GPUs on where the scores do not nest. Should a request's search pass three
-  quarters of its time budget, the local search below answers instead.
-- ``search`` (every other node beyond 16 GPUs): a request with at most 16 available GPUs builds
-  the tables over them for its one size, and answers exactly if that finishes within three
-  quarters of the request's time budget; otherwise the local search of
-  :mod:`nvplugin.allocator.search` answers with the best partition it finds within the budget,
-  and, unless its partition meets its upper bound on OPT, a debug line says the answer is not
-  proven optimal, with the gap to that bound.
+  servers): the dynamic programme over the tree's subtrees of
+  :mod:`nvplugin.allocator.methods.tree`, exact, plain Python (no numpy: a DGX-2's ``serve`` holds
+  ~14 MiB less than with ``branch``), nothing kept but the tree (start-up asks every size once, ~6
+  ms, to fill the caches of how pieces match), well under a millisecond per query. ``--explain``
+  builds the ``branch`` search on such a node for its partition and contenders (:meth:`_counter`).
+- ``branch`` (9 to 32 GPUs in up to eight classes where ``tree`` does not apply: two to eight PCIe
+  switches under one or two sockets beyond 16 GPUs, an NVSwitch fabric over only some of the GPUs):
+  the branch and bound over count vectors of :mod:`nvplugin.allocator.methods.branch`, exact, a few
+  ms per query, from a list of count vectors built at start-up (~20 ms and ~2 MiB for 16-24 GPUs,
+  0.16-0.31 s and 9-18 MiB kept, 14-22 MiB at peak, for 32 in eight classes). It replaces the tables
+  from 9 GPUs on where the scores do not nest. Should a request's search pass three quarters of its
+  time budget, the local search below answers instead.
+- ``search`` (every other node beyond 16 GPUs): a request with at most 16 available GPUs builds the
+  tables over them for its one size, and answers exactly if that finishes within three quarters of
+  the request's time budget; otherwise the local search of :mod:`nvplugin.allocator.methods.search`
+  answers with the best partition it finds within the budget, and, unless its partition meets its
+  upper bound on OPT, a debug line says the answer is not proven optimal, with the gap to that
+  bound.
 
 There is no answer cache: a never-seen request is as fast as a repeated one. Every method is
 pure and read-only after start-up, so one policy serves concurrent requests from several threads.
@@ -45,21 +44,21 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from nvplugin.allocator.base import Allocation, OutOfTime, Request, check_request
-from nvplugin.allocator.smalltables import SMALL_GPUS, SmallTables
-from nvplugin.allocator.tree import TREE_GPUS, TreeSearch
+from nvplugin.allocator.methods.smalltables import SMALL_GPUS, SmallTables
+from nvplugin.allocator.methods.tree import TREE_GPUS, TreeSearch
 from nvplugin.log import get_logger
 from nvplugin.node.model import Topology
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from nvplugin.allocator.branch import BranchSearch, LexKey
-    from nvplugin.allocator.tables import Tables
+    from nvplugin.allocator.methods.branch import BranchSearch, LexKey
+    from nvplugin.allocator.methods.tables import Tables
 
 # numpy and the modules built on it (every method but the small tables and the tree) are
 # imported by the policies that use them: a node of at most SMALL_GPUS GPUs never loads numpy
-# (:mod:`nvplugin.allocator.smalltables`), nor one of at most TREE_GPUS whose scores nest
-# (:mod:`nvplugin.allocator.tree`).
+# (:mod:`nvplugin.allocator.methods.smalltables`), nor one of at most TREE_GPUS whose scores nest
+# (:mod:`nvplugin.allocator.methods.tree`).
 
 TABLE_GPUS = 16
 """Largest node whose tables are built once at start-up (2^16 masks: ~5 MB, ~0.3 s), and the
@@ -119,9 +118,9 @@ class BestEffort:
         elif tree is not None and tree.root is not None:
             self._tree, self._method = tree, "tree"
         else:
-            from nvplugin.allocator import branch
-            from nvplugin.allocator.classes import twin_classes
-            from nvplugin.allocator.tables import Tables
+            from nvplugin.allocator.methods import branch
+            from nvplugin.allocator.methods.classes import twin_classes
+            from nvplugin.allocator.methods.tables import Tables
 
             classes = twin_classes(topology.scores) if structured else None
             if classes is not None and n <= branch_gpus and branch.applies(classes):
@@ -225,7 +224,7 @@ class BestEffort:
         labels = request.available
         if len(labels) > TABLE_GPUS:
             return None, labels
-        from nvplugin.allocator.tables import Tables
+        from nvplugin.allocator.methods.tables import Tables
 
         scores = self._topology.scores
         sub = [[scores[a][b] for b in labels] for a in labels]
@@ -352,8 +351,8 @@ class BestEffort:
         every contender, which the tree's programme does not keep), so that ``serve`` never
         loads numpy there."""
         if self._counts is None:
-            from nvplugin.allocator.branch import BranchSearch
-            from nvplugin.allocator.classes import twin_classes
+            from nvplugin.allocator.methods.branch import BranchSearch
+            from nvplugin.allocator.methods.classes import twin_classes
 
             assert self._tree is not None
             self._counts = BranchSearch(twin_classes(self._topology.scores))
@@ -364,7 +363,7 @@ class BestEffort:
     ) -> Allocation:
         """The answer (``group`` when already known) with a best partition and the contenders
         (one per composition)."""
-        from nvplugin.allocator.branch import compositions
+        from nvplugin.allocator.methods.branch import compositions
 
         counter = self._counter()
         if group is None:
@@ -472,7 +471,7 @@ class BestEffort:
         return answer
 
     def _found(self, request: Request, *, fixed: bool, deadline: float | None = None) -> Allocation:
-        from nvplugin.allocator.search import local_search
+        from nvplugin.allocator.methods.search import local_search
 
         until = deadline if deadline is not None else time.monotonic() + self._budget_s
         found = local_search(

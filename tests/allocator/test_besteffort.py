@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from nvplugin.allocator import make_policy
 from nvplugin.allocator.besteffort import BRANCH_GPUS, BestEffort
-from nvplugin.allocator.tree import TREE_GPUS
+from nvplugin.allocator.methods.tree import TREE_GPUS
 from nvplugin.node.model import Topology
 from tests.support.reference import BruteForce, MemoSearch
 from tests.support.topologies import (

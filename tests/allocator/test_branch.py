@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
 from nvplugin.allocator.besteffort import BestEffort
-from nvplugin.allocator.branch import BranchSearch
-from nvplugin.allocator.classes import twin_classes
-from nvplugin.allocator.tables import Tables
+from nvplugin.allocator.methods.branch import BranchSearch
+from nvplugin.allocator.methods.classes import twin_classes
+from nvplugin.allocator.methods.tables import Tables
 from nvplugin.node.model import Topology
 from nvplugin.node.nodefile import parse_node
 from tests.support.bignodes import NODES, SERVERS
@@ -116,7 +116,7 @@ def test_the_bound_holds_on_every_count_vector(seed: int) -> None:
     size, R from the plain count-vector table. A bound below R would drop optima silently."""
     import numpy as np
 
-    from nvplugin.allocator.branch import _Query
+    from nvplugin.allocator.methods.branch import _Query
 
     rng = random.Random(seed)
     while True:

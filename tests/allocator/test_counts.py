@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nvplugin.allocator.besteffort import BestEffort
-from nvplugin.allocator.branch import compositions
-from nvplugin.allocator.classes import twin_classes
+from nvplugin.allocator.methods.branch import compositions
+from nvplugin.allocator.methods.classes import twin_classes
 from nvplugin.node.model import Topology
 from nvplugin.node.nodefile import parse_node
 from tests.support.bignodes import NODES

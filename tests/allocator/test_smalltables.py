@@ -15,8 +15,8 @@ import textwrap
 import pytest
 
 from nvplugin.allocator.besteffort import BestEffort
-from nvplugin.allocator.smalltables import SMALL_GPUS, SmallTables
-from nvplugin.allocator.tables import Tables
+from nvplugin.allocator.methods.smalltables import SMALL_GPUS, SmallTables
+from nvplugin.allocator.methods.tables import Tables
 from tests.support.bignodes import write
 from tests.support.topologies import builtin_nodes
 

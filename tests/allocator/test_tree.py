@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 from bench.bench_allocator import queries
 from nvplugin.allocator import explain_allocation
 from nvplugin.allocator.besteffort import BestEffort
-from nvplugin.allocator.smalltables import SmallTables
-from nvplugin.allocator.tables import Tables
-from nvplugin.allocator.tree import TreeSearch, hierarchy
+from nvplugin.allocator.methods.smalltables import SmallTables
+from nvplugin.allocator.methods.tables import Tables
+from nvplugin.allocator.methods.tree import TreeSearch, hierarchy
 from nvplugin.node.model import Topology
 from nvplugin.node.nodefile import load_node, parse_node
 from nvplugin.node.topoimport import Source, import_topo

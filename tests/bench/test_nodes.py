@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from nvplugin.allocator.besteffort import BestEffort
-from nvplugin.allocator.classes import twin_classes
+from nvplugin.allocator.methods.classes import twin_classes
 from nvplugin.node.nodefile import parse_node
 from tests.support.bignodes import NODES, SERVERS
 

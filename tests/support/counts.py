@@ -7,9 +7,9 @@ with the budgeted search. It stays here as an independent exact method on such n
 check it against brute force, the subset tables and a plain count recursion, then check the
 product's branch search and budgeted search against it.
 
-On such a node (:mod:`nvplugin.allocator.classes`) a group is a count vector x (GPUs per class)
-and its score ``f(x)`` depends on nothing else. With A the available GPUs (a per class), R the
-must-include ones (r per class) and s the size, the objective of docs/allocation.md reads:
+On such a node (:mod:`nvplugin.allocator.methods.classes`) a group is a count vector x (GPUs per
+class) and its score ``f(x)`` depends on nothing else. With A the available GPUs (a per class), R
+the must-include ones (r per class) and s the size, the objective of docs/allocation.md reads:
 
 - OPT = max over x (``|x| = s``, ``r <= x <= a``) of ``f(x) + rest(a - x)``, rest being the best
   partition score of what is left (:mod:`tests.support.forests`);
@@ -45,7 +45,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from nvplugin.allocator.base import check_request
-from nvplugin.allocator.classes import Classes, twin_classes
+from nvplugin.allocator.methods.classes import Classes, twin_classes
 from nvplugin.node.model import Topology
 from tests.support.forests import FULL, Forests
 

@@ -36,7 +36,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from nvplugin.allocator.base import OutOfTime
-from nvplugin.allocator.smalltables import split
+from nvplugin.allocator.methods.smalltables import split
 
 IntArray = NDArray[np.int64]
 
@@ -227,5 +227,5 @@ class Tables:
 
     def split(self, mask: int, s: int) -> tuple[list[int], int]:
         """A best partition of ``mask`` (popcount <= n - s): its full groups and its leftover,
-        as masks (:func:`nvplugin.allocator.smalltables.split`)."""
+        as masks (:func:`nvplugin.allocator.methods.smalltables.split`)."""
         return split(self.setscore, self.rest[s], mask, s)

@@ -3,13 +3,13 @@ tree, by dynamic programming over its subtrees: plain Python, nothing built at s
 the tree, and no numpy.
 
 Which nodes: on a PCIe tree the score of two GPUs depends only on their lowest common ancestor
-(switch, host bridge, socket, the system), and an NVSwitch fabric that every GPU reaches alike
-adds the same links to every pair. The class scores (:mod:`nvplugin.allocator.twins`) then form
+(switch, host bridge, socket, the system), and an NVSwitch fabric that every GPU reaches alike adds
+the same links to every pair. The class scores (:mod:`nvplugin.allocator.methods.twins`) then form
 an ultrametric: for any three classes, ``score(c, e) >= min(score(c, d), score(d, e))``. Such a
 matrix *is* a tree: at the lowest score t among a set of classes, those joined by scores above t
 fall into blocks that score exactly t with each other, and each block is a subtree. A DGX-2 (a
-fabric over two sockets of two PCIe switch pairs) and the 16-card PCIe servers are trees; a
-DGX-1's hybrid cube-mesh is not (it has eight GPUs and the small tables anyway).
+fabric over two sockets of two PCIe switch pairs) and the 16-card PCIe servers are trees; a DGX-1's
+hybrid cube-mesh is not (it has eight GPUs and the small tables anyway).
 
 Why it is exact and cheap. Write ``t_v`` for the score of a pair whose lowest common ancestor
 is tree node v, and ``Δ_v = t_v - t_parent(v)`` (the root's parent scores 0). A pair scores the
@@ -42,12 +42,12 @@ import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from nvplugin.allocator.twins import class_scores, twin_members
+from nvplugin.allocator.methods.twins import class_scores, twin_members
 
 TREE_GPUS = 16
 """Largest node the tree method takes: beyond, a 16-GPU socket has hundreds of profiles (203 on
 a 32-GPU server of eight switches, every GPU free, against 30 on a DGX-2) and the count search of
-:mod:`nvplugin.allocator.branch` is faster."""
+:mod:`nvplugin.allocator.methods.branch` is faster."""
 
 CACHED = 1 << 12
 """Most results each of the piece functions below keeps (how pieces match, complete, cut): a

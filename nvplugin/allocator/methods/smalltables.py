@@ -1,4 +1,4 @@
-"""The subset tables of :mod:`nvplugin.allocator.tables` for nodes of at most
+"""The subset tables of :mod:`nvplugin.allocator.methods.tables` for nodes of at most
 :data:`SMALL_GPUS` GPUs, in plain Python: the same numbers, the same answers, no numpy.
 
 Why a second form: on 2^8 = 256 masks the lists are built in a few milliseconds and a query
@@ -7,7 +7,7 @@ costs the process ~17 MiB of resident memory and ~0.1 s of start-up. Most nodes 
 at most eight GPUs (a DGX or HGX A100/H100, a PCIe server of four or eight cards): with these
 tables their plugin never loads numpy.
 
-The recurrence and the reading rules are those of :mod:`nvplugin.allocator.tables` (its
+The recurrence and the reading rules are those of :mod:`nvplugin.allocator.methods.tables` (its
 docstring): ``setscore[m]`` is the sum of pair scores inside mask m; ``rest[s][m]`` is the best
 score of a partition of m into groups of s plus one leftover group of ``popcount(m) mod s``,
 exact for popcounts up to n - s. The candidate groups of a size are listed in lex order of their
@@ -42,7 +42,8 @@ def set_scores(scores: Sequence[Sequence[int]]) -> list[int]:
 
 
 class ScoreTable(Protocol):
-    """A table read by mask: a list here, an int64 array in :mod:`nvplugin.allocator.tables`."""
+    """A table read by mask: a list here, an int64 array in
+    :mod:`nvplugin.allocator.methods.tables`."""
 
     def __getitem__(self, mask: int, /) -> SupportsInt: ...
 
@@ -106,7 +107,7 @@ def split(setscore: ScoreTable, rest: ScoreTable, mask: int, s: int) -> tuple[li
 @dataclass(frozen=True)
 class SmallTables:
     """The tables for n <= :data:`SMALL_GPUS` GPUs and every group size (the interface of
-    :class:`nvplugin.allocator.tables.Tables` that best-effort uses)."""
+    :class:`nvplugin.allocator.methods.tables.Tables` that best-effort uses)."""
 
     n: int
     setscore: list[int]

@@ -1,9 +1,10 @@
 """Best-effort within a time budget, for nodes no exact method answers quickly.
 
-Beyond 16 GPUs without a few classes of interchangeable GPUs (:mod:`nvplugin.allocator.branch`),
-and beyond 32 GPUs, the objective of docs/allocation.md has no fast exact method here: it is a
-partition problem, and the subset tables take seconds and hundreds of MB per extra few GPUs. A
-request then gets the best partition a local search finds before its deadline:
+Beyond 16 GPUs without a few classes of interchangeable GPUs
+(:mod:`nvplugin.allocator.methods.branch`), and beyond 32 GPUs, the objective of docs/allocation.md
+has no fast exact method here: it is a partition problem, and the subset tables take seconds and
+hundreds of MB per extra few GPUs. A request then gets the best partition a local search finds
+before its deadline:
 
 - start from a greedy partition (the must-include GPUs first, then each group grown from the
   best-connected free pair by the GPU with the most score to the group's members);

@@ -1,10 +1,10 @@
 """The exact best-effort objective on nodes of up to eight classes of interchangeable GPUs, by
 branch and bound over count vectors.
 
-On such a node (:mod:`nvplugin.allocator.classes`: a PCIe switch's cards, an NVSwitch fabric's
-GPUs of one socket) a group is a count vector x (GPUs per class) and its score ``f(x)`` depends on
-nothing else. With a the available GPUs per class, r the must-include ones and s the size,
-docs/allocation.md's objective reads:
+On such a node (:mod:`nvplugin.allocator.methods.classes`: a PCIe switch's cards, an NVSwitch
+fabric's GPUs of one socket) a group is a count vector x (GPUs per class) and its score ``f(x)``
+depends on nothing else. With a the available GPUs per class, r the must-include ones and s the
+size, docs/allocation.md's objective reads:
 
 - ``R(y)``: the best score of a partition of the count vector y into groups of s and one leftover
   group of ``|y| mod s``. Some group holds a GPU of the first class c0 that y has, so
@@ -19,16 +19,16 @@ docs/allocation.md's objective reads:
 The space of count vectors is small (at most 5^8 = 390 625 vectors of 32 GPUs in 8 classes), but a
 request does not walk it. Three things keep the search to a few dozen states:
 
-- **A bound that is exact for PCIe trees** (:mod:`nvplugin.allocator.countbound`). Pair scores are
-  sums of threshold steps: with the distinct scores t_1 < t_2 < ..., a pair scoring t contributes
-  ``t_i - t_(i-1)`` for every ``t_i <= t``. At threshold t_i the classes joined by scores ``>= t_i``
-  fall into connected components, and a pair of GPUs in one group counts at t_i only if both lie in
-  one component. The most pairs a partition can put inside a component of ``k`` GPUs is ``C(s, 2)``
-  per full group of s it could fill plus ``C(k mod s, 2)``, so ``R(y) <= sum_i (t_i - t_(i-1)) *
-  sum_components Cmax(GPUs of y in it)``. On a PCIe tree the components are the tree's subtrees, and
-  the bound is the score of packing every subtree as tightly as the group size allows: it is met
-  whenever the subtrees' counts divide well, and close otherwise. Where scores do not nest (an
-  NVSwitch fabric over part of a PCIe tree) the components still bound, less tightly.
+- **A bound that is exact for PCIe trees** (:mod:`nvplugin.allocator.methods.countbound`). Pair
+  scores are sums of threshold steps: with the distinct scores t_1 < t_2 < ..., a pair scoring t
+  contributes ``t_i - t_(i-1)`` for every ``t_i <= t``. At threshold t_i the classes joined by
+  scores ``>= t_i`` fall into connected components, and a pair of GPUs in one group counts at t_i
+  only if both lie in one component. The most pairs a partition can put inside a component of ``k``
+  GPUs is ``C(s, 2)`` per full group of s it could fill plus ``C(k mod s, 2)``, so ``R(y) <= sum_i
+  (t_i - t_(i-1)) * sum_components Cmax(GPUs of y in it)``. On a PCIe tree the components are the
+  tree's subtrees, and the bound is the score of packing every subtree as tightly as the group size
+  allows: it is met whenever the subtrees' counts divide well, and close otherwise. Where scores do
+  not nest (an NVSwitch fabric over part of a PCIe tree) the components still bound, less tightly.
 - **Symmetry.** Classes with the same scores to every other class and the same score inside
   (sibling switches) are interchangeable: R does not change when their counts are permuted, so
   a state is stored by its counts sorted within each such set, and a group is branched on once
@@ -57,8 +57,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from nvplugin.allocator.base import OutOfTime
-from nvplugin.allocator.classes import Classes
-from nvplugin.allocator.countbound import CHUNK, CountBound
+from nvplugin.allocator.methods.classes import Classes
+from nvplugin.allocator.methods.countbound import CHUNK, CountBound
 
 IntArray = NDArray[np.int64]
 

@@ -6,7 +6,7 @@ and j, k are twins, every pair among i, j, k has the same score), so a node spli
 and within a class of two or more GPUs every pair has the same score. A group's score then
 depends only on how many GPUs it takes from each class: ``f(x) = (xᵀMx - wᵀx) / 2`` with ``M``
 the class score matrix (diagonal ``w``: the score inside a class). That is what lets the
-branch search (:mod:`nvplugin.allocator.branch`) work on count vectors instead of subsets.
+branch search (:mod:`nvplugin.allocator.methods.branch`) work on count vectors instead of subsets.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from nvplugin.allocator.twins import class_scores, twin_members
+from nvplugin.allocator.methods.twins import class_scores, twin_members
 
 IntArray = NDArray[np.int64]
 
@@ -47,7 +47,7 @@ class Classes:
 
 def twin_classes(scores: Sequence[Sequence[int]]) -> Classes:
     """The twin classes of the GPUs whose pair scores are ``scores``
-    (:func:`nvplugin.allocator.twins.twin_members`)."""
+    (:func:`nvplugin.allocator.methods.twins.twin_members`)."""
     members, of = twin_members(scores)
     return Classes(
         tuple(tuple(group) for group in members),
