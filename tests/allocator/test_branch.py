@@ -116,7 +116,7 @@ def test_the_bound_holds_on_every_count_vector(seed: int) -> None:
     size, R from the plain count-vector table. A bound below R would drop optima silently."""
     import numpy as np
 
-    from nvplugin.allocator.methods.branch import _Query
+    from nvplugin.allocator.methods.branchquery import Query
 
     rng = random.Random(seed)
     while True:
@@ -127,7 +127,7 @@ def test_the_bound_holds_on_every_count_vector(seed: int) -> None:
     topology = from_classes(f"bound-{seed}", sizes, scores)
     classes = twin_classes(topology.scores)
     assert [list(c) for c in classes.members] == class_members(sizes)
-    search = BranchSearch(classes)
+    layout = BranchSearch(classes).layout
     reference = LatticeReference(class_members(sizes), scores)
     shape = [size + 1 for size in sizes]
     vectors = np.indices(shape).reshape(len(sizes), -1).T.astype(np.int64)
@@ -135,13 +135,13 @@ def test_the_bound_holds_on_every_count_vector(seed: int) -> None:
     top = np.asarray(sizes, dtype=np.int64)
     for size in range(2, sum(sizes)):
         exact = reference._rest(vectors, stride, size)
-        query = _Query(search, sum(sizes), size, None)
+        query = Query(layout, {}, sum(sizes), size, None)
         parent = query.state(top)
         totals = vectors.sum(axis=1)
         for total in range(size + 1, sum(sizes) + 1):
             rows = np.flatnonzero(totals == total)
-            taken = search._position[(top - vectors[rows]) @ search._stride]
-            bound = search._bound.of(parent, taken, total, size, query._cmax_list, search._groups)
+            taken = layout.position[(top - vectors[rows]) @ layout.stride]
+            bound = layout.bound.of(parent, taken, total, size, query.cmax, layout.groups)
             assert (bound >= exact[rows]).all(), (size, vectors[rows][bound < exact[rows]][:3])
 
 
