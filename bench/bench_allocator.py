@@ -87,8 +87,7 @@ def child() -> None:
     )
     if not numpy_free:  # numpy and the methods on it, which the policy imports
         import nvplugin.allocator.methods.branch
-        import nvplugin.allocator.methods.search
-        import nvplugin.allocator.methods.tables  # noqa: F401
+        import nvplugin.allocator.methods.search  # noqa: F401
     imports = time.perf_counter() - started
     rss_before = _rss()
     start = time.perf_counter()
@@ -118,7 +117,7 @@ def child() -> None:
 
 def _late(policy: Any, *runs: list[int]) -> set[int]:
     """Queries that took at least the exact share of the policy's budget in some run."""
-    from nvplugin.allocator.besteffort import EXACT_SHARE
+    from nvplugin.allocator.methods.base import EXACT_SHARE
 
     limit = getattr(policy, "budget_s", 0.0) * EXACT_SHARE * 1e9
     return {i for run in runs for i, t in enumerate(run) if limit and t >= limit}
@@ -172,7 +171,8 @@ def run() -> None:
     import tempfile
 
     from nvplugin.allocator import make_policy
-    from nvplugin.allocator.besteffort import EXACT_SHARE, BestEffort
+    from nvplugin.allocator.besteffort import BestEffort
+    from nvplugin.allocator.methods.base import EXACT_SHARE
     from nvplugin.log import configure
     from tests.support.bignodes import SERVERS
 
@@ -231,7 +231,7 @@ def run() -> None:
                 flush=True,
             )
             if method == "tree":  # the same queries by the branch search it replaced
-                branch = BestEffort(topology, tree_gpus=0)
+                branch = BestEffort(topology, methods=("branch",))
                 assert branch.method == "branch"
                 times, branch_answers = _answer_all(branch, work)
                 assert branch_answers == answers, f"{name}: the branch search answers otherwise"
@@ -242,7 +242,7 @@ def run() -> None:
                     flush=True,
                 )
             if name in SERVERS:  # the same queries by the generic search, for comparison
-                generic = BestEffort(topology, structured=False)
+                generic = BestEffort(topology, methods=("search",))
                 assert generic.method == "search"
                 times, _ = _answer_all(generic, work)
                 print(

@@ -15,8 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
+from nvplugin.allocator.base import check_request
 from nvplugin.allocator.besteffort import BestEffort
-from nvplugin.allocator.methods.branch import BranchSearch
+from nvplugin.allocator.methods.base import UNBOUNDED, warmed
+from nvplugin.allocator.methods.branch import BranchMethod, BranchSearch
 from nvplugin.allocator.methods.classes import twin_classes
 from nvplugin.allocator.methods.tables import Tables
 from nvplugin.node.model import Topology
@@ -207,19 +209,22 @@ def test_requests_share_the_memo_and_it_stays_bounded() -> None:
     ]
     rng.shuffle(work)
     reference = LatticeReference(class_members(sizes), scores)
-    policies = {}
-    for name, entries in (("shared", None), ("alone", 0), ("small", 32)):
-        policy = BestEffort(topology, budget_s=LONG)
-        if entries is not None:
-            policy._counts = BranchSearch(twin_classes(topology.scores), memo_entries=entries)
-        policies[name] = policy
-    searches = {name: policy._counts for name, policy in policies.items()}
-    assert all(isinstance(search, BranchSearch) for search in searches.values())
+    n = len(topology)
+    classes = twin_classes(topology.scores)
+    searches = {
+        "shared": BranchSearch(classes),
+        "alone": BranchSearch(classes, memo_entries=0),
+        "small": BranchSearch(classes, memo_entries=32),
+    }
+    methods = {name: BranchMethod(topology, search) for name, search in searches.items()}
+    warmed(methods["shared"], n, [n // 2])  # as the policy's start-up does
     one_request = most_small = 0
     for available, must, size in work:
         expected = reference.answer(available, must, size)
-        for name, policy in policies.items():
-            assert policy.allocate(available, must, size) == expected, (name, available, size)
+        request = check_request(n, available, must, size)
+        for name, method in methods.items():
+            answer = list(method.best(request, UNBOUNDED).group)
+            assert answer == expected, (name, available, size)
         one_request = max(one_request, _memo_entries(searches["alone"]))
         most_small = max(most_small, _memo_entries(searches["small"]))
     assert most_small <= 32 + one_request
@@ -288,9 +293,8 @@ def test_against_brute_force_on_arbitrary_class_scores(
     query: tuple[Topology, list[int], list[int], int],
 ) -> None:
     topology, available, must, size = query
-    policy = BestEffort(topology, table_gpus=0, tree_gpus=0, budget_s=LONG)
-    if policy.method != "branch":  # two classes that happen to be twins, or a convex few
-        policy._counts = BranchSearch(twin_classes(topology.scores))
+    policy = BestEffort(topology, methods=("branch",), budget_s=LONG)
+    assert policy.method == "branch"
     expected = BruteForce(topology).answer(available, must, size)
     assert policy.allocate(available, must, size) == expected
 

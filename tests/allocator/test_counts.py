@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nvplugin.allocator.besteffort import BestEffort
-from nvplugin.allocator.methods.branch import compositions
 from nvplugin.allocator.methods.classes import twin_classes
+from nvplugin.allocator.methods.counting import compositions
 from nvplugin.node.model import Topology
 from nvplugin.node.nodefile import parse_node
 from tests.support.bignodes import NODES
@@ -110,7 +110,7 @@ def test_non_convex_nodes_are_left_to_the_branch_search() -> None:
     the branch search (which needs no convexity) answers, exactly."""
     topology = from_classes("crossed", [3, 3], [[10, 250], [250, 10]])
     assert not applies(twin_classes(topology.scores))
-    policy = BestEffort(topology, table_gpus=0, tree_gpus=0)
+    policy = BestEffort(topology, methods=("branch", "search"))
     assert policy.method == "branch"
     reference = BruteForce(topology)
     for available, must, size in _queries(6, 3, 40):

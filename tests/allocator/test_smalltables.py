@@ -15,7 +15,7 @@ import textwrap
 import pytest
 
 from nvplugin.allocator.besteffort import BestEffort
-from nvplugin.allocator.methods.smalltables import SMALL_GPUS, SmallTables
+from nvplugin.allocator.methods.smalltables import SMALL_GPUS, SmallTableMethod, SmallTables
 from nvplugin.allocator.methods.tables import Tables
 from tests.support.bignodes import write
 from tests.support.topologies import builtin_nodes
@@ -81,9 +81,9 @@ def test_best_effort_up_to_eight_gpus_takes_them() -> None:
         policy = BestEffort(topology)
         if len(topology) <= SMALL_GPUS:
             assert policy.method == "tables", name
-            assert isinstance(policy._tables, SmallTables), name
+            assert isinstance(policy._method, SmallTableMethod), name
         else:
-            assert not isinstance(policy._tables, SmallTables), name
+            assert not isinstance(policy._method, SmallTableMethod), name
     with pytest.raises(ValueError, match="at most 8"):
         SmallTables.build([[0] * 9 for _ in range(9)])
 

@@ -47,17 +47,25 @@ would go through the BLAS library, whose worker threads spin on a busy node.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
 
+from nvplugin.allocator.base import Allocation, Request
+from nvplugin.allocator.methods import counting
+from nvplugin.allocator.methods.base import Best, Budget, warmed
 from nvplugin.allocator.methods.branchlayout import MAX_VECTORS, Layout
 from nvplugin.allocator.methods.branchquery import FIRST, UNKNOWN, Arrays, Query, State
-from nvplugin.allocator.methods.classes import Classes
+from nvplugin.allocator.methods.classes import Classes, twin_classes
+from nvplugin.allocator.methods.counting import LexKey
+from nvplugin.node.model import Topology
 
 IntArray = NDArray[np.int64]
+
+BRANCH_GPUS = 32
+"""Largest node the ``branch`` method takes (the node sizes it is measured on)."""
 
 MAX_CLASSES = 8
 """Most classes the branch search takes."""
@@ -66,11 +74,6 @@ MEMO_ENTRIES = 1 << 14
 """Most values of R (exact, or upper bounds) a node's search keeps from one request to the next,
 over every size: ~160 bytes each, 2.5 MiB at the limit. Past it, the next request starts an empty
 memo (a 2000-request run on a 32-GPU server, sizes 1-32, kept ~3 400)."""
-
-LexKey = Callable[[IntArray], NDArray[np.uint64]]
-"""For count vectors (rows), a key that orders their groups lexicographically: higher first. It
-is made of one part per class, each on bits of its own (the class's GPUs in a group, as a mask
-with the lowest GPU highest), so a vector's key rises with each class's part alone."""
 
 
 def vectors(classes: Classes) -> int:
@@ -81,25 +84,6 @@ def vectors(classes: Classes) -> int:
 def applies(classes: Classes) -> bool:
     """Whether the branch search takes a node with these classes."""
     return len(classes) <= MAX_CLASSES and vectors(classes) <= MAX_VECTORS
-
-
-def compositions(low: IntArray, high: IntArray, total: int) -> IntArray:
-    """Every integer vector v with ``low <= v <= high`` and ``sum(v) = total``, one per row, in
-    lexicographic order."""
-    rows = np.zeros((1, 0), dtype=np.int64)
-    sums = np.zeros(1, dtype=np.int64)
-    for c in range(len(low)):
-        rest_high = int(high[c + 1 :].sum())
-        rest_low = int(low[c + 1 :].sum())
-        lo = np.maximum(low[c], total - sums - rest_high)
-        hi = np.minimum(high[c], total - sums - rest_low)
-        count = np.maximum(hi - lo + 1, 0)
-        which = np.repeat(np.arange(len(rows)), count)
-        offset = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
-        values = lo[which] + offset
-        rows = np.hstack([rows[which], values[:, None]])
-        sums = sums[which] + values
-    return rows
 
 
 @dataclass(frozen=True)
@@ -354,3 +338,44 @@ def _orders(values: list[int]) -> list[tuple[int, ...]]:
         current[i], current[j] = current[j], current[i]
         current[i + 1 :] = reversed(current[i + 1 :])
         out.append(tuple(current))
+
+
+class BranchMethod:
+    """The ``branch`` method: nodes of :data:`BRANCH_GPUS` GPUs or fewer whose classes the
+    search takes (:func:`applies`)."""
+
+    name = "branch"
+
+    def __init__(self, topology: Topology, search: BranchSearch) -> None:
+        self._topology = topology
+        self._search = search
+
+    @classmethod
+    def build(cls, topology: Topology) -> BranchMethod | None:
+        n = len(topology)
+        if n > BRANCH_GPUS:
+            return None
+        classes = twin_classes(topology.scores)
+        if not applies(classes):
+            return None
+        return warmed(cls(topology, BranchSearch(classes)), n, [max(1, n // 2)])
+
+    @property
+    def nbytes(self) -> int:
+        return self._search.nbytes
+
+    def best(self, request: Request, budget: Budget) -> Best:
+        """The search raises OutOfTime past the exact share of ``budget``."""
+        classes = self._search.classes
+        available = classes.counts(request.available)
+        required = classes.counts(request.must_include)
+        free = counting.free_per_class(classes, request)
+        lex = counting.lex_key(len(self._topology), request, required, free)
+        answer = self._search.search(available, required, request.size, lex, deadline=budget.exact)
+        group = min(counting.members(request, answer.best, required, free))
+        return Best(group, answer.own2 // 2, answer.opt2 // 2)
+
+    def explain(
+        self, request: Request, group: tuple[int, ...], budget: Budget, *, contenders: bool
+    ) -> Allocation:
+        return counting.explain(self._search, self._topology, request, group, contenders=contenders)

@@ -20,9 +20,13 @@ from __future__ import annotations
 
 import itertools
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, SupportsInt
+
+from nvplugin.allocator.base import Allocation, Request
+from nvplugin.allocator.methods.base import POLICY, Best, Budget, warmed
+from nvplugin.node.model import Topology
 
 SMALL_GPUS = 8
 """Largest node these tables are for (2^8 masks)."""
@@ -164,3 +168,94 @@ class SmallTables:
 
     def split(self, mask: int, s: int) -> tuple[list[int], int]:
         return split(self.setscore, self.rest[s], mask, s)
+
+
+class SmallTableMethod:
+    """The ``tables`` method on nodes of at most :data:`SMALL_GPUS` GPUs."""
+
+    name = "tables"
+
+    def __init__(self, tables: SmallTables) -> None:
+        self._tables = tables
+
+    @classmethod
+    def build(cls, topology: Topology) -> SmallTableMethod | None:
+        n = len(topology)
+        if n > SMALL_GPUS:
+            return None
+        return warmed(cls(SmallTables.build(topology.scores)), n, [max(1, n // 2)])
+
+    @property
+    def nbytes(self) -> int:
+        return self._tables.nbytes
+
+    def best(self, request: Request, budget: Budget) -> Best:
+        found = self._tables.best_group(
+            request.available_mask, request.must_include_mask, request.size
+        )
+        assert found is not None, "a possible request always has a candidate group"
+        return Best(gpus(found[0], ()), found[1], found[2])
+
+    def explain(
+        self, request: Request, group: tuple[int, ...], budget: Budget, *, contenders: bool
+    ) -> Allocation:
+        return explain_table(self._tables, (), request, group, contenders=contenders)
+
+
+class Table(Protocol):
+    """What an explanation reads of either form of the tables (this module's, or
+    :class:`nvplugin.allocator.methods.tables.Tables`)."""
+
+    @property
+    def setscore(self) -> ScoreTable: ...
+
+    @property
+    def rest(self) -> Mapping[int, ScoreTable]: ...
+
+    def ranked(self, available: int, required: int, s: int) -> list[tuple[int, int]]: ...
+
+    def split(self, mask: int, s: int) -> tuple[list[int], int]: ...
+
+
+def explain_table(
+    tables: Table,
+    labels: tuple[int, ...],
+    request: Request,
+    group: tuple[int, ...],
+    *,
+    contenders: bool,
+) -> Allocation:
+    """``group``'s score, the best partition of the available GPUs holding it and its score,
+    read off ``tables`` (and with ``contenders``, every group reaching OPT, ranked). ``labels``:
+    the GPU index of each table position (empty when positions are GPU indices)."""
+    s = request.size
+    available = relabel(request.available_mask, labels)
+    chosen = relabel(sum(1 << gpu for gpu in group), labels)
+    own = int(tables.setscore[chosen])
+    total = own + int(tables.rest[s][available ^ chosen])
+    full, leftover = tables.split(available ^ chosen, s)
+    others = sorted((gpus(g, labels) for g in full), key=lambda g: g[0])
+    answer = gpus(chosen, labels)
+    ranked: tuple[tuple[tuple[int, ...], int], ...] = ()
+    if contenders:
+        required = relabel(request.must_include_mask, labels)
+        ranked = tuple(
+            (gpus(mask, labels), score) for mask, score in tables.ranked(available, required, s)
+        )
+    return Allocation(
+        POLICY, answer, own, total, (answer, *others), gpus(leftover, labels), contenders=ranked
+    )
+
+
+def gpus(mask: int, labels: tuple[int, ...]) -> tuple[int, ...]:
+    """A mask over table positions as GPU indices, ascending (positions are GPU indices when
+    ``labels`` is empty)."""
+    local = tuple(i for i in range(mask.bit_length()) if mask >> i & 1)
+    return tuple(labels[i] for i in local) if labels else local
+
+
+def relabel(mask: int, labels: tuple[int, ...]) -> int:
+    """A mask over GPU indices as a mask over table positions (identity when no labels)."""
+    if not labels:
+        return mask
+    return sum(1 << position for position, gpu in enumerate(labels) if mask >> gpu & 1)

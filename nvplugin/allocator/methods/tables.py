@@ -35,10 +35,16 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from nvplugin.allocator.base import OutOfTime
-from nvplugin.allocator.methods.smalltables import split
+from nvplugin.allocator.base import Allocation, OutOfTime, Request
+from nvplugin.allocator.methods.base import Best, Budget, warmed
+from nvplugin.allocator.methods.smalltables import explain_table, gpus, split
+from nvplugin.node.model import Topology
 
 IntArray = NDArray[np.int64]
+
+TABLE_GPUS = 16
+"""Largest node whose tables are built once at start-up (2^16 masks), and the most available
+GPUs the ``search`` method builds tables over for one request."""
 
 _CHUNK = 1 << 17
 """Elements per temporary (masks x candidate groups) matrix, so peak memory stays small."""
@@ -229,3 +235,37 @@ class Tables:
         """A best partition of ``mask`` (popcount <= n - s): its full groups and its leftover,
         as masks (:func:`nvplugin.allocator.methods.smalltables.split`)."""
         return split(self.setscore, self.rest[s], mask, s)
+
+
+class TableMethod:
+    """The ``tables`` method on nodes of :data:`TABLE_GPUS` GPUs or fewer: the tables of every
+    size, built at start-up."""
+
+    name = "tables"
+
+    def __init__(self, tables: Tables) -> None:
+        self._tables = tables
+
+    @classmethod
+    def build(cls, topology: Topology) -> TableMethod | None:
+        n = len(topology)
+        if n > TABLE_GPUS:
+            return None
+        tables = Tables.build(topology.scores, range(1, n + 1))
+        return warmed(cls(tables), n, [max(1, n // 2)])
+
+    @property
+    def nbytes(self) -> int:
+        return self._tables.nbytes
+
+    def best(self, request: Request, budget: Budget) -> Best:
+        found = self._tables.best_group(
+            request.available_mask, request.must_include_mask, request.size
+        )
+        assert found is not None, "a possible request always has a candidate group"
+        return Best(gpus(found[0], ()), found[1], found[2])
+
+    def explain(
+        self, request: Request, group: tuple[int, ...], budget: Budget, *, contenders: bool
+    ) -> Allocation:
+        return explain_table(self._tables, (), request, group, contenders=contenders)

@@ -42,7 +42,10 @@ import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from nvplugin.allocator.base import Allocation, Request
+from nvplugin.allocator.methods.base import Best, Budget, warmed
 from nvplugin.allocator.methods.twins import class_scores, twin_members
+from nvplugin.node.model import Topology
 
 TREE_GPUS = 16
 """Largest node the tree method takes: beyond, a 16-GPU socket has hundreds of profiles (203 on
@@ -356,3 +359,46 @@ def _combine(
 
     match(0, [], 0)
     return tuple(out)
+
+
+class TreeMethod:
+    """The ``tree`` method: nodes of :data:`TREE_GPUS` GPUs or fewer whose classes of twins
+    hang from a tree."""
+
+    name = "tree"
+
+    def __init__(self, topology: Topology, search: TreeSearch) -> None:
+        self._topology = topology
+        self._search = search
+
+    @classmethod
+    def build(cls, topology: Topology) -> TreeMethod | None:
+        n = len(topology)
+        if n > TREE_GPUS:
+            return None
+        search = TreeSearch(topology.scores)
+        if search.root is None:
+            return None
+        # One request per size fills the caches of how pieces match that later requests read.
+        return warmed(cls(topology, search), n, range(1, n + 1))
+
+    @property
+    def nbytes(self) -> int:
+        return 0  # the tree, and caches bounded by CACHED
+
+    def best(self, request: Request, budget: Budget) -> Best:
+        answer = self._search.best(request.available, request.must_include, request.size)
+        return Best(answer.group, answer.own, answer.opt)
+
+    def explain(
+        self, request: Request, group: tuple[int, ...], budget: Budget, *, contenders: bool
+    ) -> Allocation:
+        """The programme keeps no partition and no contender, so an explanation (``nvplugin
+        preferred --explain``, never ``serve``: it loads numpy) builds the branch search over
+        the node's classes and reads them off it."""
+        from nvplugin.allocator.methods import counting
+        from nvplugin.allocator.methods.branch import BranchSearch
+        from nvplugin.allocator.methods.classes import twin_classes
+
+        search = BranchSearch(twin_classes(self._topology.scores))
+        return counting.explain(search, self._topology, request, group, contenders=contenders)
