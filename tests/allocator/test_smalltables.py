@@ -90,9 +90,9 @@ def test_best_effort_up_to_eight_gpus_takes_them() -> None:
 
 @pytest.mark.process
 def test_a_small_node_is_served_without_numpy() -> None:
-    """What `serve` imports and builds for each resource of an eight-GPU node leaves numpy
-    unloaded (it would add ~17 MiB and ~0.1 s), and a DGX-2's too (the tree method,
-    tests/allocator/test_tree.py); a 20-GPU server's policy (the branch search) loads it."""
+    """What `serve` imports and builds for each resource of an eight-GPU node leaves numpy unloaded
+    (docs/allocation.md#how-it-is-computed says what it would add), and a DGX-2's too (the tree
+    method, tests/allocator/test_tree.py); a 20-GPU server's policy (the branch search) loads it."""
     code = textwrap.dedent(
         """
         import sys

@@ -1,47 +1,16 @@
-"""The exact best-effort objective on nodes of up to eight classes of interchangeable GPUs, by
-branch and bound over count vectors.
+"""The ``branch`` method: the exact objective on nodes of up to eight classes of interchangeable
+GPUs (:mod:`nvplugin.allocator.methods.classes`), by branch and bound over count vectors.
 
-On such a node (:mod:`nvplugin.allocator.methods.classes`: a PCIe switch's cards, an NVSwitch
-fabric's GPUs of one socket) a group is a count vector x (GPUs per class) and its score ``f(x)``
-depends on nothing else. With a the available GPUs per class, r the must-include ones and s the
-size, docs/allocation.md's objective reads:
-
-- ``R(y)``: the best score of a partition of the count vector y into groups of s and one leftover
-  group of ``|y| mod s``. Some group holds a GPU of the first class c0 that y has, so
-  ``R(y) = max f(g) + R(y - g)`` over the groups g (of s, or of the leftover size) with
-  ``g[c0] >= 1``: a recursion over count vectors, not over GPUs.
-- ``OPT = max f(x) + R(a - x)`` over the full groups x with ``r <= x <= a`` (without must-include
-  GPUs: ``R(a)``), and the answer is, among the x reaching OPT, one with the highest ``f(x)``,
-  then the lex-smallest group: the must-include GPUs plus, in each class, the lowest other
-  available ones (their sorted indices are element-wise no larger than any other group's with
-  that vector).
-
-The space of count vectors is small (at most 5^8 = 390 625 vectors of 32 GPUs in 8 classes), but a
-request does not walk it. Three things keep the search to a few dozen states:
-
-- **A bound that is exact for PCIe trees** (:mod:`nvplugin.allocator.methods.countbound`). Pair
-  scores are sums of threshold steps: with the distinct scores t_1 < t_2 < ..., a pair scoring t
-  contributes ``t_i - t_(i-1)`` for every ``t_i <= t``. At threshold t_i the classes joined by
-  scores ``>= t_i`` fall into connected components, and a pair of GPUs in one group counts at t_i
-  only if both lie in one component. The most pairs a partition can put inside a component of ``k``
-  GPUs is ``C(s, 2)`` per full group of s it could fill plus ``C(k mod s, 2)``, so ``R(y) <= sum_i
-  (t_i - t_(i-1)) * sum_components Cmax(GPUs of y in it)``. On a PCIe tree the components are the
-  tree's subtrees, and the bound is the score of packing every subtree as tightly as the group size
-  allows: it is met whenever the subtrees' counts divide well, and close otherwise. Where scores do
-  not nest (an NVSwitch fabric over part of a PCIe tree) the components still bound, less tightly.
-- **Symmetry.** Classes with the same scores to every other class and the same score inside
-  (sibling switches) are interchangeable: R does not change when their counts are permuted, so
-  a state is stored by its counts sorted within each such set, and a group is branched on once
-  per arrangement of equal counts.
-- **Fail-soft memo.** Each state remembers its exact value, or an upper bound once a search below
-  it was cut off because it could not reach what its caller needed; a later visit with a lower
-  need searches again, one with a higher need stops at once. Children are tried best bound
-  first, and a state stops the moment the next child's bound cannot beat its best. R of a count
-  vector is the same for every request of one size, so the memo outlives the request: a node's
-  later requests start from what earlier ones proved (up to :data:`MEMO_ENTRIES` values).
-
-Everything is integer numpy arithmetic (doubled scores, so pairs count whole): a float product
-would go through the BLAS library, whose worker threads spin on a busy node.
+A group is a count vector (GPUs per class) and its score depends on nothing else, so the best
+partition of what is left, R(y), is a recursion over count vectors, not over GPUs; a bound that
+is exact for PCIe trees (:mod:`nvplugin.allocator.methods.countbound`), symmetry among twin
+classes and a fail-soft memo that outlives the request keep a request to a few dozen states
+(docs/allocation.md#the-branch-search). Here: the node's search (its memo, OPT and the answer's
+count vectors) and the method; what start-up works out is
+:mod:`nvplugin.allocator.methods.branchlayout`, a request's walk
+:mod:`nvplugin.allocator.methods.branchquery`. Integer arithmetic only (doubled scores, so pairs
+count whole): a float product would go through the BLAS library, whose threads spin on a busy
+node.
 """
 
 from __future__ import annotations
@@ -72,8 +41,8 @@ MAX_CLASSES = 8
 
 MEMO_ENTRIES = 1 << 14
 """Most values of R (exact, or upper bounds) a node's search keeps from one request to the next,
-over every size: ~160 bytes each, 2.5 MiB at the limit. Past it, the next request starts an empty
-memo (a 2000-request run on a 32-GPU server, sizes 1-32, kept ~3 400)."""
+over every size; past it, the next request starts an empty memo (docs/allocation.md has what that
+holds in memory, and how many a long run keeps)."""
 
 
 def vectors(classes: Classes) -> int:

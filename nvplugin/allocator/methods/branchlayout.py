@@ -20,7 +20,7 @@ IntArray = NDArray[np.int64]
 
 MAX_VECTORS = 5**8
 """Most count vectors (the product of class sizes + 1) whose groups are listed at start-up: 32
-GPUs in 8 classes never exceed it (~17 MiB of arrays kept at the limit)."""
+GPUs in 8 classes never exceed it (docs/allocation.md has what they hold in memory)."""
 
 FEW = 48
 """Most groups a node's slice may have to be walked in Python rather than with arrays."""

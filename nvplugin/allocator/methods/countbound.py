@@ -14,9 +14,9 @@ from numpy.typing import NDArray
 IntArray = NDArray[np.int64]
 
 CHUNK = 1 << 14
-"""Count vectors per array operation at start-up: its temporaries (a few int64 copies of a
-chunk's vectors) stay ~1 MiB each; 4x more made the start-up peak of a 32-GPU, 8-class node
-32 MiB instead of 22, for no time saved."""
+"""Count vectors per array operation at start-up, so its temporaries (a few int64 copies of a
+chunk's vectors: 2^14 vectors of at most 8 counts, 1 MiB) keep the start-up peak low; larger
+chunks save no time (docs/allocation.md)."""
 
 
 class _Child(Protocol):

@@ -1,11 +1,12 @@
 """The subset tables of :mod:`nvplugin.allocator.methods.tables` for nodes of at most
 :data:`SMALL_GPUS` GPUs, in plain Python: the same numbers, the same answers, no numpy.
 
-Why a second form: on 2^8 = 256 masks the lists are built in a few milliseconds and a query
-reads at most C(8, 4) = 70 candidate groups, so numpy buys nothing there, while importing it
-costs the process ~17 MiB of resident memory and ~0.1 s of start-up. Most nodes in a fleet have
-at most eight GPUs (a DGX or HGX A100/H100, a PCIe server of four or eight cards): with these
-tables their plugin never loads numpy.
+Why a second form: on 2^8 = 256 masks a query reads at most C(8, 4) = 70 candidate groups, so
+numpy buys nothing there, while importing it costs the process memory and start-up time
+(docs/allocation.md#how-it-is-computed). Most nodes in a fleet have at most eight GPUs (a DGX or
+HGX A100/H100, a PCIe server of four or eight cards): with these tables their plugin never loads
+numpy. The module also holds the ``tables`` method on such nodes, and how either form of the
+tables explains a group (:func:`explain_table`).
 
 The recurrence and the reading rules are those of :mod:`nvplugin.allocator.methods.tables` (its
 docstring): ``setscore[m]`` is the sum of pair scores inside mask m; ``rest[s][m]`` is the best

@@ -1,4 +1,5 @@
-"""Subset tables that make the exact best-effort objective a handful of array operations.
+"""Subset tables that make the exact best-effort objective a handful of array operations, and
+the ``tables`` method, which builds them at start-up on nodes of up to :data:`TABLE_GPUS` GPUs.
 
 A set of GPUs is a bitmask (bit i = GPU i) of a node's n GPUs. For the objective in
 docs/allocation.md two numbers per subset are enough:
@@ -21,8 +22,8 @@ masks. Special cases that need no recurrence: s = 1 (every partition scores 0), 
 ``rest`` is ``setscore``). A query only ever reads ``rest[s]`` at popcount <= n - s, so levels
 above that are left as ``setscore`` and must not be read.
 
-For 16 GPUs the tables take ~5 MB (int64 over 2^16 masks for setscore and sizes 1..8) and well
-under a second to build (``bench/bench_allocator.py`` measures both).
+For 16 GPUs the tables are nine int64 arrays over the 2^16 masks (setscore, and sizes 1..8);
+``bench/bench_allocator.py`` measures their size and build time.
 """
 
 from __future__ import annotations
