@@ -18,7 +18,15 @@ import time
 from collections.abc import Callable, Sequence
 
 from nvplugin.allocator.base import Allocation, OutOfTime, Request, check_request
-from nvplugin.allocator.methods.base import POLICY, UNBOUNDED, Budget, Maker, Method, forced
+from nvplugin.allocator.methods.base import (
+    EXACT_SHARE,
+    NO_DEADLINE,
+    POLICY,
+    SEARCH_SHARE,
+    Maker,
+    Method,
+    forced,
+)
 from nvplugin.log import get_logger
 from nvplugin.node.model import Topology
 
@@ -120,11 +128,11 @@ class BestEffort:
         request = check_request(len(self._topology), available, must_include, size)
         if request.impossible:
             return []
-        budget = Budget.start(self._budget_s)
+        started = time.monotonic()
         try:
-            return list(self._method.best(request, budget).group)
+            return list(self._method.best(request, started + self._budget_s * EXACT_SHARE).group)
         except OutOfTime:
-            return list(self._in_time(request, budget, explain=False).indices)
+            return list(self._in_time(request, started, explain=False).indices)
 
     def solve(self, available: Sequence[int], must_include: Sequence[int], size: int) -> Allocation:
         """Like :meth:`allocate`, with the group's score, OPT, a best partition and the
@@ -132,15 +140,14 @@ class BestEffort:
         request = check_request(len(self._topology), available, must_include, size)
         if request.impossible:
             return Allocation(self.name, (), None, None, reason=request.impossible)
-        budget = Budget.start(self._budget_s)
+        started = time.monotonic()
         try:
-            group = self._method.best(request, budget).group
-            # A budget of its own: a method may build again what the answer needed.
-            return self._method.explain(
-                request, group, Budget.start(self._budget_s), contenders=True
-            )
+            group = self._method.best(request, started + self._budget_s * EXACT_SHARE).group
+            # A deadline of its own: a method may build again what the answer needed.
+            deadline = time.monotonic() + self._budget_s * EXACT_SHARE
+            return self._method.explain(request, group, deadline, contenders=True)
         except OutOfTime:
-            return self._in_time(request, budget, explain=True)
+            return self._in_time(request, started, explain=True)
 
     def evaluate(self, available: Sequence[int], group: Sequence[int], policy: str) -> Allocation:
         """Score a group another policy chose: its own score and the best partition of
@@ -151,7 +158,7 @@ class BestEffort:
             return Allocation(policy, (), None, None, reason=request.impossible)
         try:
             answer = self._method.explain(
-                request, request.must_include, UNBOUNDED, contenders=False
+                request, request.must_include, NO_DEADLINE, contenders=False
             )
         except OutOfTime:
             from nvplugin.allocator.methods.search import best_found
@@ -160,19 +167,20 @@ class BestEffort:
             answer = best_found(self._topology.scores, request, deadline, fixed=True)
         return dataclasses.replace(answer, policy=policy)
 
-    def _in_time(self, request: Request, budget: Budget, *, explain: bool) -> Allocation:
-        """The local search's answer by the search share of ``budget``, with a debug line
-        saying what is not proven."""
+    def _in_time(self, request: Request, started: float, *, explain: bool) -> Allocation:
+        """The local search's answer by the search share of the budget from ``started``, with a
+        debug line saying what is not proven."""
         group = forced(request)
         if group is not None and not explain:
             return Allocation(self.name, group, None, None)
         from nvplugin.allocator.methods.search import best_found
 
         scores = self._topology.scores
+        deadline = started + self._budget_s * SEARCH_SHARE
         if group is not None:  # the answer is known; only its partition is searched for
             fixed = check_request(len(self._topology), request.available, group, request.size)
-            return best_found(scores, fixed, budget.search, fixed=True)
-        answer = best_found(scores, request, budget.search, fixed=False)
+            return best_found(scores, fixed, deadline, fixed=True)
+        answer = best_found(scores, request, deadline, fixed=False)
         gap = (answer.bound or 0) - (answer.partition_score or 0)
         get_logger("nvplugin.allocator").debug(
             # A partition that meets the bound is optimal, but another optimal partition may

@@ -17,7 +17,7 @@ from structlog.testing import capture_logs
 
 from nvplugin.allocator.base import check_request
 from nvplugin.allocator.besteffort import BestEffort
-from nvplugin.allocator.methods.base import UNBOUNDED, warmed
+from nvplugin.allocator.methods.base import NO_DEADLINE, warmed
 from nvplugin.allocator.methods.branch import BranchMethod, BranchSearch
 from nvplugin.allocator.methods.classes import twin_classes
 from nvplugin.allocator.methods.tables import Tables
@@ -223,7 +223,7 @@ def test_requests_share_the_memo_and_it_stays_bounded() -> None:
         expected = reference.answer(available, must, size)
         request = check_request(n, available, must, size)
         for name, method in methods.items():
-            answer = list(method.best(request, UNBOUNDED).group)
+            answer = list(method.best(request, NO_DEADLINE).group)
             assert answer == expected, (name, available, size)
         one_request = max(one_request, _memo_entries(searches["alone"]))
         most_small = max(most_small, _memo_entries(searches["small"]))

@@ -1,6 +1,6 @@
-"""What a method of the best-effort policy is: the :class:`Method` interface, a request's
-:class:`Budget`, the :class:`Best` answer, and what every method shares (the answers no search is
-needed for, the start-up warm-up).
+"""What a method of the best-effort policy is: the :class:`Method` interface, the :class:`Best`
+answer, the shares of a request's time budget, and what every method shares (the answers no
+search is needed for, the start-up warm-up).
 
 The policy (:mod:`nvplugin.allocator.besteffort`) offers the node to its methods in turn, once,
 and keeps the first that takes it; each request then goes to that method alone. A method that
@@ -11,10 +11,8 @@ the local search instead.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import NamedTuple, Protocol, TypeVar
 
 from nvplugin.allocator.base import Allocation, Request, check_request
 from nvplugin.node.model import Topology
@@ -24,43 +22,21 @@ POLICY = "best-effort"
 
 EXACT_SHARE = 0.75
 """Share of a request's budget an exact method that may run long (the branch search, tables
-built per request) has before it gives up and the local search takes over."""
+built per request) has before it gives up and the local search takes over: the deadline a
+method is given."""
 
 SEARCH_SHARE = 0.9
 """Share of a request's budget after which the local search stops: what follows it and a thread
 switch under load must fit in the budget too."""
 
-
-@dataclass(frozen=True, slots=True)
-class Budget:
-    """A request's time: when it started (``time.monotonic()``) and how long it may take."""
-
-    started: float
-    seconds: float
-
-    @classmethod
-    def start(cls, seconds: float) -> Budget:
-        return cls(time.monotonic(), seconds)
-
-    @property
-    def exact(self) -> float:
-        """When an exact method stops (:data:`EXACT_SHARE`)."""
-        return self.started + self.seconds * EXACT_SHARE
-
-    @property
-    def search(self) -> float:
-        """When the local search stops (:data:`SEARCH_SHARE`)."""
-        return self.started + self.seconds * SEARCH_SHARE
+NO_DEADLINE = math.inf
+"""For start-up, and for scoring a group another policy chose."""
 
 
-UNBOUNDED = Budget(0.0, math.inf)
-"""No deadline: for start-up, and for scoring a group another policy chose."""
-
-
-@dataclass(frozen=True, slots=True)
-class Best:
+class Best(NamedTuple):
     """A method's answer: the group (GPU indices, ascending), and its own score and OPT where the
-    method knows them."""
+    method knows them. (A named tuple, not a frozen dataclass: made once per request, it costs a
+    third of one.)"""
 
     group: tuple[int, ...]
     score: int | None = None
@@ -85,12 +61,13 @@ class Method(Protocol):
         """Memory held by what start-up prepared."""
         ...
 
-    def best(self, request: Request, budget: Budget) -> Best:
-        """The answer; raises OutOfTime where it cannot answer exactly within ``budget``."""
+    def best(self, request: Request, deadline: float) -> Best:
+        """The answer; raises OutOfTime where it cannot answer exactly by ``deadline``
+        (``time.monotonic()``)."""
         ...
 
     def explain(
-        self, request: Request, group: tuple[int, ...], budget: Budget, *, contenders: bool
+        self, request: Request, group: tuple[int, ...], deadline: float, *, contenders: bool
     ) -> Allocation:
         """``group`` (the method's answer, or any group holding the must-include GPUs) with its
         score, the best partition of the available GPUs that holds it and that partition's
@@ -111,7 +88,7 @@ def warmed(method: M, gpus: int, sizes: Iterable[int]) -> M:
     fill, so the kubelet's first request is as fast as the rest."""
     if gpus:
         for size in sizes:
-            method.best(check_request(gpus, range(gpus), [], size), UNBOUNDED)
+            method.best(check_request(gpus, range(gpus), [], size), NO_DEADLINE)
     return method
 
 

@@ -24,7 +24,7 @@ from numpy.typing import NDArray
 
 from nvplugin.allocator.base import Allocation, Request
 from nvplugin.allocator.methods import counting
-from nvplugin.allocator.methods.base import Best, Budget, warmed
+from nvplugin.allocator.methods.base import Best, warmed
 from nvplugin.allocator.methods.branchlayout import MAX_VECTORS, Layout
 from nvplugin.allocator.methods.branchquery import FIRST, UNKNOWN, Arrays, Query, State
 from nvplugin.allocator.methods.classes import Classes, twin_classes
@@ -333,18 +333,18 @@ class BranchMethod:
     def nbytes(self) -> int:
         return self._search.nbytes
 
-    def best(self, request: Request, budget: Budget) -> Best:
-        """The search raises OutOfTime past the exact share of ``budget``."""
+    def best(self, request: Request, deadline: float) -> Best:
+        """The search raises OutOfTime past ``deadline``."""
         classes = self._search.classes
         available = classes.counts(request.available)
         required = classes.counts(request.must_include)
         free = counting.free_per_class(classes, request)
         lex = counting.lex_key(len(self._topology), request, required, free)
-        answer = self._search.search(available, required, request.size, lex, deadline=budget.exact)
+        answer = self._search.search(available, required, request.size, lex, deadline=deadline)
         group = min(counting.members(request, answer.best, required, free))
         return Best(group, answer.own2 // 2, answer.opt2 // 2)
 
     def explain(
-        self, request: Request, group: tuple[int, ...], budget: Budget, *, contenders: bool
+        self, request: Request, group: tuple[int, ...], deadline: float, *, contenders: bool
     ) -> Allocation:
         return counting.explain(self._search, self._topology, request, group, contenders=contenders)

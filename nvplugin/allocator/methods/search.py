@@ -33,7 +33,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from nvplugin.allocator.base import Allocation, OutOfTime, Request
-from nvplugin.allocator.methods.base import POLICY, Best, Budget, forced
+from nvplugin.allocator.methods.base import POLICY, Best, forced
 from nvplugin.allocator.methods.smalltables import explain_table, gpus, relabel
 from nvplugin.allocator.methods.tables import TABLE_GPUS, Tables
 from nvplugin.node.model import Topology
@@ -153,12 +153,12 @@ class SearchMethod:
     def nbytes(self) -> int:
         return 0
 
-    def best(self, request: Request, budget: Budget) -> Best:
+    def best(self, request: Request, deadline: float) -> Best:
         """Raises OutOfTime beyond the tables' reach: the local search answers then."""
         group = forced(request)
         if group is not None:
             return Best(group)
-        tables, labels = self._tables(request, budget)
+        tables, labels = self._tables(request, deadline)
         found = tables.best_group(
             relabel(request.available_mask, labels),
             relabel(request.must_include_mask, labels),
@@ -168,21 +168,20 @@ class SearchMethod:
         return Best(gpus(found[0], labels), found[1], found[2])
 
     def explain(
-        self, request: Request, group: tuple[int, ...], budget: Budget, *, contenders: bool
+        self, request: Request, group: tuple[int, ...], deadline: float, *, contenders: bool
     ) -> Allocation:
-        tables, labels = self._tables(request, budget)
+        tables, labels = self._tables(request, deadline)
         return explain_table(tables, labels, request, group, contenders=contenders)
 
-    def _tables(self, request: Request, budget: Budget) -> tuple[Tables, tuple[int, ...]]:
+    def _tables(self, request: Request, deadline: float) -> tuple[Tables, tuple[int, ...]]:
         """The tables over the available GPUs for the request's size, and the GPU index of each
-        table position; OutOfTime when they are too many or the build passes the exact share of
-        ``budget``."""
+        table position; OutOfTime when they are too many or the build passes ``deadline``."""
         labels = request.available
         if len(labels) > TABLE_GPUS:
             raise OutOfTime
         scores = self._topology.scores
         sub = [[scores[a][b] for b in labels] for a in labels]
-        return Tables.build(sub, [request.size], budget.exact), labels
+        return Tables.build(sub, [request.size], deadline), labels
 
 
 def _score(pair: IntArray, positions: IntArray) -> int:

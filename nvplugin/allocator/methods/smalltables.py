@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Protocol, SupportsInt
 
 from nvplugin.allocator.base import Allocation, Request
-from nvplugin.allocator.methods.base import POLICY, Best, Budget, warmed
+from nvplugin.allocator.methods.base import POLICY, Best, warmed
 from nvplugin.node.model import Topology
 
 SMALL_GPUS = 8
@@ -190,7 +190,7 @@ class SmallTableMethod:
     def nbytes(self) -> int:
         return self._tables.nbytes
 
-    def best(self, request: Request, budget: Budget) -> Best:
+    def best(self, request: Request, deadline: float) -> Best:
         found = self._tables.best_group(
             request.available_mask, request.must_include_mask, request.size
         )
@@ -198,7 +198,7 @@ class SmallTableMethod:
         return Best(gpus(found[0], ()), found[1], found[2])
 
     def explain(
-        self, request: Request, group: tuple[int, ...], budget: Budget, *, contenders: bool
+        self, request: Request, group: tuple[int, ...], deadline: float, *, contenders: bool
     ) -> Allocation:
         return explain_table(self._tables, (), request, group, contenders=contenders)
 

@@ -37,7 +37,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from nvplugin.allocator.base import Allocation, OutOfTime, Request
-from nvplugin.allocator.methods.base import Best, Budget, warmed
+from nvplugin.allocator.methods.base import Best, warmed
 from nvplugin.allocator.methods.smalltables import explain_table, gpus, split
 from nvplugin.node.model import Topology
 
@@ -259,7 +259,7 @@ class TableMethod:
     def nbytes(self) -> int:
         return self._tables.nbytes
 
-    def best(self, request: Request, budget: Budget) -> Best:
+    def best(self, request: Request, deadline: float) -> Best:
         found = self._tables.best_group(
             request.available_mask, request.must_include_mask, request.size
         )
@@ -267,6 +267,6 @@ class TableMethod:
         return Best(gpus(found[0], ()), found[1], found[2])
 
     def explain(
-        self, request: Request, group: tuple[int, ...], budget: Budget, *, contenders: bool
+        self, request: Request, group: tuple[int, ...], deadline: float, *, contenders: bool
     ) -> Allocation:
         return explain_table(self._tables, (), request, group, contenders=contenders)

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from nvplugin.allocator.base import Allocation, Request
-from nvplugin.allocator.methods.base import Best, Budget, warmed
+from nvplugin.allocator.methods.base import Best, warmed
 from nvplugin.allocator.methods.twins import class_scores, twin_members
 from nvplugin.node.model import Topology
 
@@ -361,12 +361,12 @@ class TreeMethod:
     def nbytes(self) -> int:
         return 0  # the tree, and caches bounded by CACHED
 
-    def best(self, request: Request, budget: Budget) -> Best:
+    def best(self, request: Request, deadline: float) -> Best:
         answer = self._search.best(request.available, request.must_include, request.size)
         return Best(answer.group, answer.own, answer.opt)
 
     def explain(
-        self, request: Request, group: tuple[int, ...], budget: Budget, *, contenders: bool
+        self, request: Request, group: tuple[int, ...], deadline: float, *, contenders: bool
     ) -> Allocation:
         """The programme keeps no partition and no contender, so an explanation (``nvplugin
         preferred --explain``, never ``serve``: it loads numpy) builds the branch search over
