@@ -13,7 +13,9 @@ size, tracemalloc peak and RSS growth are measured in the fresh process. Targets
 ms and max <= 20 ms at every size; <= 8 GPUs p99 <= 0.2 ms; start-up <= 1 s and <= 50 MB on 16 GPUs
 and on the structured nodes up to 32 GPUs (method ``branch``; p99 <= 5 ms over gRPC, see
 ``bench plugin``); the node without structure and the nodes beyond 32 GPUs (method ``search``)
-answer within their budget (0.1 s) per query.
+answer within their budget (0.1 s) per query. Where such a node has at most four classes of
+interchangeable GPUs, the count search oracle (tests/support/counts.py) says how many of the
+search's in-process answers are the exact ones.
 
 Run: ``python -m bench allocator``.
 """
@@ -162,6 +164,18 @@ def _nodes(directory: str) -> list[tuple[str, str]]:
     ]
 
 
+def _exact_answers(topology: Any, work: list[Query], answers: list[list[int]]) -> int | None:
+    """How many ``answers`` are the exact ones, by the count search oracle; None where it does
+    not apply (more than four classes of interchangeable GPUs, or scores that are not convex)."""
+    from nvplugin.allocator.methods.classes import twin_classes
+    from tests.support.counts import CountOracle, applies
+
+    if not applies(twin_classes(topology.scores)):
+        return None
+    oracle = CountOracle(topology)
+    return sum(oracle.answer(*query) == answer for query, answer in zip(work, answers, strict=True))
+
+
 def _mib(value: int) -> str:
     return f"{value / 2**20:6.2f}MiB"
 
@@ -213,6 +227,12 @@ def run() -> None:
             ]
             if method != "search" and any(i not in late for i in differ):
                 raise SystemExit(f"{name}: fresh-process answers differ from in-process ones")
+            exact = _exact_answers(topology, work, answers) if method == "search" else None
+            if exact is not None:
+                notes.append(
+                    f"{name}: {exact} of {len(work)} in-process answers of the search are exact "
+                    "(the count search oracle's)"
+                )
             if late and method == "branch":
                 notes.append(
                     f"{name}: {len(late)} queries took {EXACT_SHARE:.0%} of the budget or more in "
