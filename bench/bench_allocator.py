@@ -11,9 +11,11 @@ repeat (the branch search keeps what it proves from one query to the next, as it
 a figure is that of a query in a stream of distinct ones). Start-up (table building) time, table
 size, tracemalloc peak and RSS growth are measured in the fresh process. Targets: 16 GPUs p99 <= 5
 ms and max <= 20 ms at every size; <= 8 GPUs p99 <= 0.2 ms; start-up <= 1 s and <= 50 MB on 16 GPUs
-and on the structured nodes beyond (methods ``counts`` and ``branch``; p99 <= 5 ms over gRPC, see
-``bench plugin``); the node without structure (method ``search``) answers within its budget (0.1 s)
-per query.
+and on the structured nodes up to 32 GPUs (method ``branch``; p99 <= 5 ms over gRPC, see
+``bench plugin``); the node without structure and the nodes beyond 32 GPUs (method ``search``)
+answer within their budget (0.1 s) per query. Where such a node has at most four classes of
+interchangeable GPUs, the count search oracle (tests/support/counts.py) says how many of the
+search's in-process answers are the exact ones.
 
 Run: ``python -m bench allocator``.
 """
@@ -78,18 +80,16 @@ def child() -> None:
     started = time.perf_counter()
     import nvplugin.allocator.besteffort
     from nvplugin.allocator import make_policy
-    from nvplugin.allocator.smalltables import SMALL_GPUS
-    from nvplugin.allocator.tree import TREE_GPUS, TreeSearch
+    from nvplugin.allocator.methods.smalltables import SMALL_GPUS
+    from nvplugin.allocator.methods.tree import TREE_GPUS, TreeSearch
 
     n = len(topology)
     numpy_free = n <= SMALL_GPUS or (
         n <= TREE_GPUS and TreeSearch(topology.scores).root is not None
     )
     if not numpy_free:  # numpy and the methods on it, which the policy imports
-        import nvplugin.allocator.branch
-        import nvplugin.allocator.counts
-        import nvplugin.allocator.search
-        import nvplugin.allocator.tables  # noqa: F401
+        import nvplugin.allocator.methods.branch
+        import nvplugin.allocator.methods.search  # noqa: F401
     imports = time.perf_counter() - started
     rss_before = _rss()
     start = time.perf_counter()
@@ -119,7 +119,7 @@ def child() -> None:
 
 def _late(policy: Any, *runs: list[int]) -> set[int]:
     """Queries that took at least the exact share of the policy's budget in some run."""
-    from nvplugin.allocator.besteffort import EXACT_SHARE
+    from nvplugin.allocator.methods.base import EXACT_SHARE
 
     limit = getattr(policy, "budget_s", 0.0) * EXACT_SHARE * 1e9
     return {i for run in runs for i, t in enumerate(run) if limit and t >= limit}
@@ -164,6 +164,18 @@ def _nodes(directory: str) -> list[tuple[str, str]]:
     ]
 
 
+def _exact_answers(topology: Any, work: list[Query], answers: list[list[int]]) -> int | None:
+    """How many ``answers`` are the exact ones, by the count search oracle; None where it does
+    not apply (more than four classes of interchangeable GPUs, or scores that are not convex)."""
+    from nvplugin.allocator.methods.classes import twin_classes
+    from tests.support.counts import CountOracle, applies
+
+    if not applies(twin_classes(topology.scores)):
+        return None
+    oracle = CountOracle(topology)
+    return sum(oracle.answer(*query) == answer for query, answer in zip(work, answers, strict=True))
+
+
 def _mib(value: int) -> str:
     return f"{value / 2**20:6.2f}MiB"
 
@@ -173,7 +185,8 @@ def run() -> None:
     import tempfile
 
     from nvplugin.allocator import make_policy
-    from nvplugin.allocator.besteffort import EXACT_SHARE, BestEffort
+    from nvplugin.allocator.besteffort import BestEffort
+    from nvplugin.allocator.methods.base import EXACT_SHARE
     from nvplugin.log import configure
     from tests.support.bignodes import SERVERS
 
@@ -214,6 +227,12 @@ def run() -> None:
             ]
             if method != "search" and any(i not in late for i in differ):
                 raise SystemExit(f"{name}: fresh-process answers differ from in-process ones")
+            exact = _exact_answers(topology, work, answers) if method == "search" else None
+            if exact is not None:
+                notes.append(
+                    f"{name}: {exact} of {len(work)} in-process answers of the search are exact "
+                    "(the count search oracle's)"
+                )
             if late and method == "branch":
                 notes.append(
                     f"{name}: {len(late)} queries took {EXACT_SHARE:.0%} of the budget or more in "
@@ -232,7 +251,7 @@ def run() -> None:
                 flush=True,
             )
             if method == "tree":  # the same queries by the branch search it replaced
-                branch = BestEffort(topology, tree_gpus=0)
+                branch = BestEffort(topology, methods=("branch",))
                 assert branch.method == "branch"
                 times, branch_answers = _answer_all(branch, work)
                 assert branch_answers == answers, f"{name}: the branch search answers otherwise"
@@ -243,7 +262,7 @@ def run() -> None:
                     flush=True,
                 )
             if name in SERVERS:  # the same queries by the generic search, for comparison
-                generic = BestEffort(topology, structured=False)
+                generic = BestEffort(topology, methods=("search",))
                 assert generic.method == "search"
                 times, _ = _answer_all(generic, work)
                 print(
@@ -256,9 +275,9 @@ def run() -> None:
         shutil.rmtree(directory, ignore_errors=True)
     print(
         "method = tables (subset tables, <= 16 GPUs), tree (dynamic programme over the tree of "
-        "classes, 9-16 GPUs whose scores nest), counts (count search, <= 4 classes of "
-        "interchangeable GPUs, > 32 GPUs), branch (branch and bound over count vectors, <= 8 "
-        "classes, <= 32 GPUs), search (budgeted local search, exact tables up to 16 available); "
+        "classes, 9-16 GPUs whose scores nest), branch (branch and bound over count vectors, <= 8 "
+        "classes, <= 32 GPUs), search (budgeted local search, exact tables up to 16 available; "
+        "every other node); "
         "import = the policy modules the node's method loads (numpy beyond the small tables and "
         "the tree); start-up = "
         "make_policy (after imports); tables = bytes the policy keeps; peak = tracemalloc peak "

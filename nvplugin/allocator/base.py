@@ -24,7 +24,8 @@ class AllocationError(InputError):
 
 
 class OutOfTime(Exception):
-    """An exact method passed its deadline (``time.monotonic()``) and stopped."""
+    """An exact method cannot answer in time: it passed its deadline (``time.monotonic()``)
+    and stopped, or the request is beyond what it can answer in any budget."""
 
 
 class Policy(Protocol):

@@ -12,9 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nvplugin.allocator import make_policy
-from nvplugin.allocator.besteffort import BRANCH_GPUS, BestEffort
-from nvplugin.allocator.tree import TREE_GPUS
+from nvplugin.allocator.besteffort import BestEffort
+from nvplugin.allocator.methods.classes import twin_classes
 from nvplugin.node.model import Topology
+from tests.support.counts import CountOracle, applies
 from tests.support.reference import BruteForce, MemoSearch
 from tests.support.topologies import (
     DGX1_VOLTA,
@@ -133,14 +134,14 @@ def test_random_topologies_against_brute_force(
     topology, available, must, size = query
     expected = BruteForce(topology).answer(available, must, size)
     assert BestEffort(topology).allocate(available, must, size) == expected
-    # The paths for nodes beyond the small tables answer the same (the tree where the scores
-    # nest, the branch or count search, or tables over the available GPUs; a budget no load
-    # reaches keeps the last exact).
-    for tree_gpus, branch_gpus in ((TREE_GPUS, BRANCH_GPUS), (0, BRANCH_GPUS), (0, 0)):
-        beyond = BestEffort(
-            topology, table_gpus=0, tree_gpus=tree_gpus, branch_gpus=branch_gpus, budget_s=60.0
-        )
+    # The methods for nodes beyond the small tables answer the same (the tree where the scores
+    # nest, the branch search, or tables over the available GPUs; a budget no load reaches keeps
+    # the last exact), and so does the count search oracle where it applies.
+    for methods in (("tree", "branch", "search"), ("branch", "search"), ("search",)):
+        beyond = BestEffort(topology, methods=methods, budget_s=60.0)
         assert beyond.allocate(available, must, size) == expected, beyond.method
+    if applies(twin_classes(topology.scores)):
+        assert CountOracle(topology).answer(available, must, size) == expected
 
 
 @pytest.mark.slow

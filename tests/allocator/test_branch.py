@@ -15,10 +15,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
+from nvplugin.allocator.base import check_request
 from nvplugin.allocator.besteffort import BestEffort
-from nvplugin.allocator.branch import BranchSearch
-from nvplugin.allocator.classes import twin_classes
-from nvplugin.allocator.tables import Tables
+from nvplugin.allocator.methods.base import NO_DEADLINE, warmed
+from nvplugin.allocator.methods.branch import BranchMethod, BranchSearch
+from nvplugin.allocator.methods.classes import twin_classes
+from nvplugin.allocator.methods.tables import Tables
 from nvplugin.node.model import Topology
 from nvplugin.nodefile.reader import parse_node
 from tests.support.bignodes import NODES, SERVERS
@@ -116,7 +118,7 @@ def test_the_bound_holds_on_every_count_vector(seed: int) -> None:
     size, R from the plain count-vector table. A bound below R would drop optima silently."""
     import numpy as np
 
-    from nvplugin.allocator.branch import _Query
+    from nvplugin.allocator.methods.branchquery import Query
 
     rng = random.Random(seed)
     while True:
@@ -127,7 +129,7 @@ def test_the_bound_holds_on_every_count_vector(seed: int) -> None:
     topology = from_classes(f"bound-{seed}", sizes, scores)
     classes = twin_classes(topology.scores)
     assert [list(c) for c in classes.members] == class_members(sizes)
-    search = BranchSearch(classes)
+    layout = BranchSearch(classes).layout
     reference = LatticeReference(class_members(sizes), scores)
     shape = [size + 1 for size in sizes]
     vectors = np.indices(shape).reshape(len(sizes), -1).T.astype(np.int64)
@@ -135,13 +137,13 @@ def test_the_bound_holds_on_every_count_vector(seed: int) -> None:
     top = np.asarray(sizes, dtype=np.int64)
     for size in range(2, sum(sizes)):
         exact = reference._rest(vectors, stride, size)
-        query = _Query(search, sum(sizes), size, None)
+        query = Query(layout, {}, sum(sizes), size, None)
         parent = query.state(top)
         totals = vectors.sum(axis=1)
         for total in range(size + 1, sum(sizes) + 1):
             rows = np.flatnonzero(totals == total)
-            taken = search._position[(top - vectors[rows]) @ search._stride]
-            bound = search._bound.of(parent, taken, total, size, query._cmax_list, search._groups)
+            taken = layout.position[(top - vectors[rows]) @ layout.stride]
+            bound = layout.bound.of(parent, taken, total, size, query.cmax, layout.groups)
             assert (bound >= exact[rows]).all(), (size, vectors[rows][bound < exact[rows]][:3])
 
 
@@ -207,19 +209,22 @@ def test_requests_share_the_memo_and_it_stays_bounded() -> None:
     ]
     rng.shuffle(work)
     reference = LatticeReference(class_members(sizes), scores)
-    policies = {}
-    for name, entries in (("shared", None), ("alone", 0), ("small", 32)):
-        policy = BestEffort(topology, budget_s=LONG)
-        if entries is not None:
-            policy._counts = BranchSearch(twin_classes(topology.scores), memo_entries=entries)
-        policies[name] = policy
-    searches = {name: policy._counts for name, policy in policies.items()}
-    assert all(isinstance(search, BranchSearch) for search in searches.values())
+    n = len(topology)
+    classes = twin_classes(topology.scores)
+    searches = {
+        "shared": BranchSearch(classes),
+        "alone": BranchSearch(classes, memo_entries=0),
+        "small": BranchSearch(classes, memo_entries=32),
+    }
+    methods = {name: BranchMethod(topology, search) for name, search in searches.items()}
+    warmed(methods["shared"], n, [n // 2])  # as the policy's start-up does
     one_request = most_small = 0
     for available, must, size in work:
         expected = reference.answer(available, must, size)
-        for name, policy in policies.items():
-            assert policy.allocate(available, must, size) == expected, (name, available, size)
+        request = check_request(n, available, must, size)
+        for name, method in methods.items():
+            answer = list(method.best(request, NO_DEADLINE).group)
+            assert answer == expected, (name, available, size)
         one_request = max(one_request, _memo_entries(searches["alone"]))
         most_small = max(most_small, _memo_entries(searches["small"]))
     assert most_small <= 32 + one_request
@@ -288,9 +293,8 @@ def test_against_brute_force_on_arbitrary_class_scores(
     query: tuple[Topology, list[int], list[int], int],
 ) -> None:
     topology, available, must, size = query
-    policy = BestEffort(topology, table_gpus=0, tree_gpus=0, budget_s=LONG)
-    if policy.method != "branch":  # two classes that happen to be twins, or a convex few
-        policy._counts = BranchSearch(twin_classes(topology.scores))
+    policy = BestEffort(topology, methods=("branch",), budget_s=LONG)
+    assert policy.method == "branch"
     expected = BruteForce(topology).answer(available, must, size)
     assert policy.allocate(available, must, size) == expected
 

@@ -1,6 +1,8 @@
-"""The count search (nodes of a few classes of interchangeable GPUs) answers exactly what the
-objective of docs/allocation.md asks: against brute force, against the subset tables on every
-<= 16-GPU node it applies to, and against a plain count-vector recursion on larger nodes."""
+"""The count search oracle (tests/support/counts.py: nodes of a few classes of interchangeable
+GPUs) answers exactly what the objective of docs/allocation.md asks: against brute force, against
+the subset tables on every <= 16-GPU node it applies to, and against a plain count-vector
+recursion on larger nodes. Then the product against it: the branch search up to 32 GPUs, and
+beyond, where the budgeted search answers, its partitions never claim more than OPT."""
 
 from __future__ import annotations
 
@@ -13,10 +15,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nvplugin.allocator.besteffort import BestEffort
-from nvplugin.allocator.classes import conditionally_psd, twin_classes
-from nvplugin.allocator.counts import CountSearch, applies, compositions
-from nvplugin.allocator.forests import shapes
+from nvplugin.allocator.methods.classes import twin_classes
+from nvplugin.allocator.methods.counting import compositions
 from nvplugin.node.model import Topology
+from nvplugin.nodefile.reader import parse_node
+from tests.support.bignodes import NODES
+from tests.support.counts import CountOracle, CountSearch, applies, conditionally_psd, convex
+from tests.support.forests import shapes
 from tests.support.reference import BruteForce, CountReference
 from tests.support.topologies import (
     builtin_nodes,
@@ -49,7 +54,7 @@ def test_classes_of_builtin_nodes() -> None:
     assert len(twin_classes(BUILTIN["dgx-1"].scores)) == 8
     h100 = twin_classes(BUILTIN["dgx-h100"].scores)
     assert h100.scores.tolist() == [[1820, 1810], [1810, 1820]]
-    assert h100.convex()
+    assert convex(h100)
 
 
 def test_conditionally_psd_is_exact() -> None:
@@ -105,7 +110,7 @@ def test_non_convex_nodes_are_left_to_the_branch_search() -> None:
     the branch search (which needs no convexity) answers, exactly."""
     topology = from_classes("crossed", [3, 3], [[10, 250], [250, 10]])
     assert not applies(twin_classes(topology.scores))
-    policy = BestEffort(topology, table_gpus=0, tree_gpus=0)
+    policy = BestEffort(topology, methods=("branch", "search"))
     assert policy.method == "branch"
     reference = BruteForce(topology)
     for available, must, size in _queries(6, 3, 40):
@@ -129,9 +134,8 @@ def test_against_brute_force_on_random_structured_nodes(
     query: tuple[Topology, list[int], list[int], int],
 ) -> None:
     topology, available, must, size = query
-    policy = BestEffort(topology, table_gpus=0, tree_gpus=0, branch_gpus=0)
-    assert policy.method == "counts"
-    assert policy.allocate(available, must, size) == BruteForce(topology).answer(
+    oracle = CountOracle(topology)
+    assert oracle.answer(available, must, size) == BruteForce(topology).answer(
         available, must, size
     )
 
@@ -147,11 +151,10 @@ def test_which_builtin_nodes_are_counted() -> None:
 @pytest.mark.parametrize("name", COUNTED)
 def test_against_the_tables_on_builtin_nodes(name: str) -> None:
     topology = BUILTIN[name]
-    counted = BestEffort(topology, table_gpus=0, tree_gpus=0, branch_gpus=0)
-    assert counted.method == "counts"
+    counted = CountOracle(topology)
     tables = BestEffort(topology)
     for available, must, size in _queries(len(topology), 7, 200):
-        assert counted.allocate(available, must, size) == tables.allocate(available, must, size)
+        assert counted.answer(available, must, size) == tables.allocate(available, must, size)
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -162,36 +165,88 @@ def test_against_the_tables_on_random_structured_nodes(seed: int) -> None:
     while sum(sizes) > 16:
         sizes[sizes.index(max(sizes))] -= 1
     topology = from_classes(f"random-{seed}", sizes, tree_scores(m, seed))
-    counted = BestEffort(topology, table_gpus=0, tree_gpus=0, branch_gpus=0)
-    assert counted.method == "counts"
+    counted = CountOracle(topology)
     tables = BestEffort(topology)
     for available, must, size in _queries(len(topology), seed, 60):
-        assert counted.allocate(available, must, size) == tables.allocate(available, must, size)
+        assert counted.answer(available, must, size) == tables.allocate(available, must, size)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("sizes", "seed"), [([6, 6, 6, 6], 1), ([5, 7, 4, 8], 2), ([10, 10], 3)])
 def test_larger_nodes_against_a_count_recursion(sizes: list[int], seed: int) -> None:
-    """Beyond subset tables: a plain memoised recursion over count vectors (no shapes)."""
+    """Beyond subset tables: a plain memoised recursion over count vectors (no shapes), and the
+    branch search the product answers these nodes with."""
     scores = tree_scores(len(sizes), seed)
     topology = from_classes("large", sizes, scores)
-    counted = BestEffort(topology, branch_gpus=0)
-    assert counted.method == "counts"
+    counted = CountOracle(topology)
+    policy = BestEffort(topology)
+    assert policy.method == "branch"
     reference = CountReference(class_members(sizes), scores)
     for available, must, size in _queries(len(topology), seed, 25):
-        assert counted.allocate(available, must, size) == reference.answer(available, must, size)
+        expected = reference.answer(available, must, size)
+        assert counted.answer(available, must, size) == expected
+        assert policy.allocate(available, must, size) == expected
 
 
 def test_explain_partition_is_consistent() -> None:
+    """The product's explanation on a node the count search applies to (the branch search's):
+    its partition scores what the count recursion and the oracle say OPT is."""
     topology = from_classes("explain", [5, 5, 5, 5], tree_scores(4, 9))
-    policy = BestEffort(topology, branch_gpus=0)
-    assert policy.method == "counts"
+    policy = BestEffort(topology)
+    assert policy.method == "branch"
+    oracle = CountOracle(topology)
     reference = CountReference(class_members([5, 5, 5, 5]), tree_scores(4, 9))
     for available, must, size in _queries(len(topology), 4, 30):
         solved = policy.solve(available, must, size)
+        assert solved.partition_score == oracle.opt(available, must, size)
         assert list(solved.indices) == policy.allocate(available, must, size)
         check_solved(topology, solved, available, size)
         a = tuple(len([i for i in available if i in c]) for c in reference.classes)
         x = tuple(len([i for i in solved.indices if i in c]) for c in reference.classes)
         rest = tuple(p - q for p, q in zip(a, x, strict=True))
         assert solved.partition_score == reference.score(x) + reference.rest(rest, size)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_branch_search_against_the_oracle_on_larger_nodes(seed: int) -> None:
+    """17-32 GPUs in two to four classes of a random PCIe tree (with or without a fabric): what
+    the count search had before the branch search took them, answered alike."""
+    rng = random.Random(seed)
+    m = rng.randint(2, 4)
+    while True:
+        sizes = [rng.randint(2, 10) for _ in range(m)]
+        if 17 <= sum(sizes) <= 32:
+            break
+    topology = from_classes(f"larger-{seed}", sizes, tree_scores(m, seed))
+    oracle = CountOracle(topology)
+    policy = BestEffort(topology, budget_s=60.0)
+    assert policy.method == "branch"
+    for available, must, size in _queries(len(topology), seed, 20):
+        assert policy.allocate(available, must, size) == oracle.answer(available, must, size)
+
+
+BEYOND = ["pcie-switch-64", "nvswitch-64", "pcie-switch-128", "nvswitch-128"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", BEYOND)
+def test_beyond_32_gpus_the_budgeted_search_stays_under_opt(name: str) -> None:
+    """The generated nodes beyond 32 GPUs get the budgeted search: a valid answer whose
+    partition scores at most OPT (the oracle's), and whose bound is at least OPT; when it says
+    it is proven, it is the oracle's answer."""
+    topology = parse_node(NODES[name](), f"<{name}>").topology()
+    policy = BestEffort(topology)
+    assert policy.method == "search"
+    oracle = CountOracle(topology)
+    n = len(topology)
+    work = [(list(range(n)), [], size) for size in (2, 3, 8, n // 2 - 1)]
+    work += _queries(n, 5, 6)[n:]
+    for available, must, size in work:
+        solved = policy.solve(available, must, size)
+        check_solved(topology, solved, available, size)
+        assert set(must) <= set(solved.indices)
+        expected, opt = oracle.found(available, must, size)
+        assert solved.partition_score is not None and solved.partition_score <= opt
+        assert solved.bound is None or opt <= solved.bound
+        if solved.proven:
+            assert list(solved.indices) == expected

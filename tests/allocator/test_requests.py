@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from nvplugin.allocator import POLICY_NAMES, AllocationError, explain_allocation, make_policy
+from nvplugin.allocator import (
+    POLICIES,
+    POLICY_NAMES,
+    AllocationError,
+    check_policy_name,
+    explain_allocation,
+    make_policy,
+)
 from nvplugin.errors import InputError
 from tests.support.topologies import DGX1_VOLTA, EXAMPLE_4GPU
 
@@ -56,6 +63,15 @@ def test_impossible_requests_answer_empty(
 def test_unknown_policy() -> None:
     with pytest.raises(InputError, match="unknown allocation policy 'closest'"):
         make_policy("closest", DGX1_VOLTA)
+    with pytest.raises(InputError, match=r"'closest'; have: best-effort, simple$"):
+        check_policy_name("closest")
+
+
+def test_every_policy_is_registered_once_by_name() -> None:
+    """The names are the registry's, the default first; each makes its policy over GPUs."""
+    assert POLICY_NAMES == tuple(POLICIES) == ("best-effort", "simple")
+    for name in POLICIES:
+        assert make_policy(name, DGX1_VOLTA).name == name
 
 
 def test_explain_scores_simple_against_best_partition() -> None:

@@ -11,7 +11,7 @@ from structlog.testing import capture_logs
 
 from nvplugin.allocator import explain_allocation, make_policy
 from nvplugin.allocator.besteffort import BestEffort
-from nvplugin.allocator.search import local_search, upper_bound
+from nvplugin.allocator.methods.search import local_search, upper_bound
 from nvplugin.node.model import Topology
 from tests.support.reference import MemoSearch
 from tests.support.topologies import from_scores

@@ -15,8 +15,8 @@ import textwrap
 import pytest
 
 from nvplugin.allocator.besteffort import BestEffort
-from nvplugin.allocator.smalltables import SMALL_GPUS, SmallTables
-from nvplugin.allocator.tables import Tables
+from nvplugin.allocator.methods.smalltables import SMALL_GPUS, SmallTableMethod, SmallTables
+from nvplugin.allocator.methods.tables import Tables
 from tests.support.bignodes import write
 from tests.support.topologies import builtin_nodes
 
@@ -81,18 +81,18 @@ def test_best_effort_up_to_eight_gpus_takes_them() -> None:
         policy = BestEffort(topology)
         if len(topology) <= SMALL_GPUS:
             assert policy.method == "tables", name
-            assert isinstance(policy._tables, SmallTables), name
+            assert isinstance(policy._method, SmallTableMethod), name
         else:
-            assert not isinstance(policy._tables, SmallTables), name
+            assert not isinstance(policy._method, SmallTableMethod), name
     with pytest.raises(ValueError, match="at most 8"):
         SmallTables.build([[0] * 9 for _ in range(9)])
 
 
 @pytest.mark.process
 def test_a_small_node_is_served_without_numpy() -> None:
-    """What `serve` imports and builds for each resource of an eight-GPU node leaves numpy
-    unloaded (it would add ~17 MiB and ~0.1 s), and a DGX-2's too (the tree method,
-    tests/allocator/test_tree.py); a 20-GPU server's policy (the branch search) loads it."""
+    """What `serve` imports and builds for each resource of an eight-GPU node leaves numpy unloaded
+    (docs/allocation.md#how-it-is-computed says what it would add), and a DGX-2's too (the tree
+    method, tests/allocator/test_tree.py); a 20-GPU server's policy (the branch search) loads it."""
     code = textwrap.dedent(
         """
         import sys

@@ -5,7 +5,7 @@ or without an NVSwitch fabric over every GPU) against the subset tables; on ever
 `nvidia-smi topo -m` output here that is a tree, against the tables (beyond eight GPUs) or brute
 force; on small nodes whose class scores are any ultrametric, inside scores anything (steps that
 go down), against brute force. Nodes whose scores do not nest go to the other methods, and a
-DGX-2's `--explain` (which builds the count search) shows the tree's answer."""
+DGX-2's `--explain` (which builds the branch search) shows the tree's answer."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 from bench.bench_allocator import queries
 from nvplugin.allocator import explain_allocation
 from nvplugin.allocator.besteffort import BestEffort
-from nvplugin.allocator.smalltables import SmallTables
-from nvplugin.allocator.tables import Tables
-from nvplugin.allocator.tree import TreeSearch, hierarchy
+from nvplugin.allocator.methods.smalltables import SmallTables
+from nvplugin.allocator.methods.tables import Tables
+from nvplugin.allocator.methods.tree import TreeSearch, hierarchy
 from nvplugin.node.model import Topology
 from nvplugin.nodefile.reader import load_node, parse_node
 from nvplugin.nodefile.topoimport import Source, import_topo

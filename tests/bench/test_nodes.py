@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from nvplugin.allocator.besteffort import BestEffort
-from nvplugin.allocator.classes import twin_classes
+from nvplugin.allocator.methods.classes import twin_classes
 from nvplugin.nodefile.reader import parse_node
 from tests.support.bignodes import NODES, SERVERS
 
@@ -25,6 +25,7 @@ def test_generated_node_parses_and_has_its_structure(name: str) -> None:
         assert len(topology) == sum(switches)
     else:
         assert len(classes) == len(topology) == 20
-    # branch up to 32 GPUs (the PCIe servers, and the 4- or 2-class nodes), counts beyond
-    expected = "search" if name == "mesh-20" else "branch" if len(topology) <= 32 else "counts"
+    # branch up to 32 GPUs (the PCIe servers, and the 4- or 2-class nodes), the budgeted search
+    # beyond (as on the node without structure)
+    expected = "branch" if name != "mesh-20" and len(topology) <= 32 else "search"
     assert BestEffort(topology).method == expected

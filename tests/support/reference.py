@@ -3,7 +3,7 @@
 :class:`BruteForce` follows docs/allocation.md word for word: it lists every partition of the
 available GPUs and reads OPT and the answer off that list. It is only feasible up to ~10 GPUs.
 :class:`MemoSearch` is for the 16-GPU node: a plain memoised recursion over sets (highest GPU
-first, Python integers, no tables), written independently of ``nvplugin.allocator.tables``.
+first, Python integers, no tables), written independently of ``nvplugin.allocator.methods.tables``.
 """
 
 from __future__ import annotations

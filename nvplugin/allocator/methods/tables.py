@@ -1,4 +1,5 @@
-"""Subset tables that make the exact best-effort objective a handful of array operations.
+"""Subset tables that make the exact best-effort objective a handful of array operations, and
+the ``tables`` method, which builds them at start-up on nodes of up to :data:`TABLE_GPUS` GPUs.
 
 A set of GPUs is a bitmask (bit i = GPU i) of a node's n GPUs. For the objective in
 docs/allocation.md two numbers per subset are enough:
@@ -21,8 +22,8 @@ masks. Special cases that need no recurrence: s = 1 (every partition scores 0), 
 ``rest`` is ``setscore``). A query only ever reads ``rest[s]`` at popcount <= n - s, so levels
 above that are left as ``setscore`` and must not be read.
 
-For 16 GPUs the tables take ~5 MB (int64 over 2^16 masks for setscore and sizes 1..8) and well
-under a second to build (``bench/bench_allocator.py`` measures both).
+For 16 GPUs the tables are nine int64 arrays over the 2^16 masks (setscore, and sizes 1..8);
+``bench/bench_allocator.py`` measures their size and build time.
 """
 
 from __future__ import annotations
@@ -35,10 +36,16 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from nvplugin.allocator.base import OutOfTime
-from nvplugin.allocator.smalltables import split
+from nvplugin.allocator.base import Allocation, OutOfTime, Request
+from nvplugin.allocator.methods.base import Best, warmed
+from nvplugin.allocator.methods.smalltables import explain_table, gpus, split
+from nvplugin.node.model import Topology
 
 IntArray = NDArray[np.int64]
+
+TABLE_GPUS = 16
+"""Largest node whose tables are built once at start-up (2^16 masks), and the most available
+GPUs the ``search`` method builds tables over for one request."""
 
 _CHUNK = 1 << 17
 """Elements per temporary (masks x candidate groups) matrix, so peak memory stays small."""
@@ -227,5 +234,39 @@ class Tables:
 
     def split(self, mask: int, s: int) -> tuple[list[int], int]:
         """A best partition of ``mask`` (popcount <= n - s): its full groups and its leftover,
-        as masks (:func:`nvplugin.allocator.smalltables.split`)."""
+        as masks (:func:`nvplugin.allocator.methods.smalltables.split`)."""
         return split(self.setscore, self.rest[s], mask, s)
+
+
+class TableMethod:
+    """The ``tables`` method on nodes of :data:`TABLE_GPUS` GPUs or fewer: the tables of every
+    size, built at start-up."""
+
+    name = "tables"
+
+    def __init__(self, tables: Tables) -> None:
+        self._tables = tables
+
+    @classmethod
+    def build(cls, topology: Topology) -> TableMethod | None:
+        n = len(topology)
+        if n > TABLE_GPUS:
+            return None
+        tables = Tables.build(topology.scores, range(1, n + 1))
+        return warmed(cls(tables), n, [max(1, n // 2)])
+
+    @property
+    def nbytes(self) -> int:
+        return self._tables.nbytes
+
+    def best(self, request: Request, deadline: float) -> Best:
+        found = self._tables.best_group(
+            request.available_mask, request.must_include_mask, request.size
+        )
+        assert found is not None, "a possible request always has a candidate group"
+        return Best(gpus(found[0], ()), found[1], found[2])
+
+    def explain(
+        self, request: Request, group: tuple[int, ...], deadline: float, *, contenders: bool
+    ) -> Allocation:
+        return explain_table(self._tables, (), request, group, contenders=contenders)

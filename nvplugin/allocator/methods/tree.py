@@ -1,39 +1,15 @@
-"""The exact best-effort objective on nodes whose classes of interchangeable GPUs hang from a
-tree, by dynamic programming over its subtrees: plain Python, nothing built at start-up beyond
-the tree, and no numpy.
+"""The ``tree`` method: the exact objective on nodes whose classes of interchangeable GPUs hang
+from a tree (a PCIe tree, with or without an NVSwitch fabric every GPU reaches alike: a DGX-2), by
+a dynamic programme over the tree's subtrees, in plain Python so that such a node never loads
+numpy.
 
-Which nodes: on a PCIe tree the score of two GPUs depends only on their lowest common ancestor
-(switch, host bridge, socket, the system), and an NVSwitch fabric that every GPU reaches alike
-adds the same links to every pair. The class scores (:mod:`nvplugin.allocator.twins`) then form
-an ultrametric: for any three classes, ``score(c, e) >= min(score(c, d), score(d, e))``. Such a
-matrix *is* a tree: at the lowest score t among a set of classes, those joined by scores above t
-fall into blocks that score exactly t with each other, and each block is a subtree. A DGX-2 (a
-fabric over two sockets of two PCIe switch pairs) and the 16-card PCIe servers are trees; a
-DGX-1's hybrid cube-mesh is not (it has eight GPUs and the small tables anyway).
-
-Why it is exact and cheap. Write ``t_v`` for the score of a pair whose lowest common ancestor
-is tree node v, and ``Δ_v = t_v - t_parent(v)`` (the root's parent scores 0). A pair scores the
-sum of the Δ of the nodes above it, so a partition scores ``Σ_v Δ_v · Σ_groups C(|g ∩ v|, 2)``:
-at each node, only the sizes of the pieces the groups leave inside its subtree count. A
-subtree's *profile* is those piece sizes: the size of the marked group's piece (the group that
-is the answer, which must hold the must-include GPUs) and the multiset of the other groups'
-pieces. The best value of every profile of a node follows from its children's: a group's piece
-in the node is one piece (or none) from each child, so the children's profiles merge by
-matching their pieces (sums at most s), and the node adds ``Δ_v`` times its pieces' pairs. At
-the root the one profile wanted is the marked group of s, ``⌊|A|/s⌋ - 1`` other groups of s and
-the leftover of ``|A| mod s``.
-
-The value compared is not the partition's score alone but the triple (partition score, the
-marked group's own score, the marked group's lex key), lexicographically: exactly the objective
-of docs/allocation.md (OPT, then the highest own score, then the lex-smallest group). All three
-are sums over the tree (the lex key: sorted index tuples of one length compare as masks with
-the lowest GPU on the highest bit do, in reverse, and a class's share of the mask is its
-must-include GPUs and its lowest other free ones), so they pack into one integer and the
-merge only adds and compares integers. The answer's GPUs are read off the lex key's bits.
-
-A profile has at most ``⌊|A|/s⌋`` pieces besides the marked one (one per other group), each of
-at most s GPUs: on 16 GPUs a node has a few dozen profiles, and a request merges them in well
-under a millisecond (``python -m bench allocator``).
+Class scores that form an ultrametric (:mod:`nvplugin.allocator.methods.twins`) are read back as a
+tree (:func:`hierarchy`). A partition's score is a sum over tree nodes of each node's score step
+times the pairs the groups' *pieces* leave inside it, so a subtree's best value per *profile* (the
+marked group's piece, the multiset of the others') follows from its children's by matching their
+pieces. The value compared is the packed triple (partition score, the marked group's own score,
+its lex key): exactly OPT, then the highest own score, then the lex-smallest group
+(docs/allocation.md#the-tree-programme).
 """
 
 from __future__ import annotations
@@ -42,17 +18,19 @@ import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from nvplugin.allocator.twins import class_scores, twin_members
+from nvplugin.allocator.base import Allocation, Request
+from nvplugin.allocator.methods.base import Best, warmed
+from nvplugin.allocator.methods.twins import class_scores, twin_members
+from nvplugin.node.model import Topology
 
 TREE_GPUS = 16
 """Largest node the tree method takes: beyond, a 16-GPU socket has hundreds of profiles (203 on
-a 32-GPU server of eight switches, every GPU free, against 30 on a DGX-2) and the count search of
-:mod:`nvplugin.allocator.branch` is faster."""
+a 32-GPU server of eight switches, every GPU free, against 30 on a DGX-2) and the branch search of
+:mod:`nvplugin.allocator.methods.branch` is faster."""
 
 CACHED = 1 << 12
-"""Most results each of the piece functions below keeps (how pieces match, complete, cut): a
-DGX-2 asked 20 000 random requests keeps ~1 900 matchings, and all three caches together, with
-the rest of the process's allocations since start, ~2.4 MiB (tracemalloc)."""
+"""Most results each of the piece functions below keeps (how pieces match, complete, cut), so a
+long-lived ``serve`` holds them within a bound (docs/allocation.md has what a DGX-2 keeps)."""
 
 OWN_BITS = 48
 """Width of the own-score field of a packed value (:class:`TreeSearch`): far above any group's
@@ -356,3 +334,46 @@ def _combine(
 
     match(0, [], 0)
     return tuple(out)
+
+
+class TreeMethod:
+    """The ``tree`` method: nodes of :data:`TREE_GPUS` GPUs or fewer whose classes of twins
+    hang from a tree."""
+
+    name = "tree"
+
+    def __init__(self, topology: Topology, search: TreeSearch) -> None:
+        self._topology = topology
+        self._search = search
+
+    @classmethod
+    def build(cls, topology: Topology) -> TreeMethod | None:
+        n = len(topology)
+        if n > TREE_GPUS:
+            return None
+        search = TreeSearch(topology.scores)
+        if search.root is None:
+            return None
+        # One request per size fills the caches of how pieces match that later requests read.
+        return warmed(cls(topology, search), n, range(1, n + 1))
+
+    @property
+    def nbytes(self) -> int:
+        return 0  # the tree, and caches bounded by CACHED
+
+    def best(self, request: Request, deadline: float) -> Best:
+        answer = self._search.best(request.available, request.must_include, request.size)
+        return Best(answer.group, answer.own, answer.opt)
+
+    def explain(
+        self, request: Request, group: tuple[int, ...], deadline: float, *, contenders: bool
+    ) -> Allocation:
+        """The programme keeps no partition and no contender, so an explanation (``nvplugin
+        preferred --explain``, never ``serve``: it loads numpy) builds the branch search over
+        the node's classes and reads them off it."""
+        from nvplugin.allocator.methods import counting
+        from nvplugin.allocator.methods.branch import BranchSearch
+        from nvplugin.allocator.methods.classes import twin_classes
+
+        search = BranchSearch(twin_classes(self._topology.scores))
+        return counting.explain(search, self._topology, request, group, contenders=contenders)

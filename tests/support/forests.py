@@ -1,13 +1,14 @@
-"""Best partitions of count vectors, read off a fixed list of forest shapes.
+"""Best partitions of count vectors, read off a fixed list of forest shapes (for the count
+search oracle, :mod:`tests.support.counts`).
 
-The count search (:mod:`nvplugin.allocator.counts`) needs, for a vector ``y`` of GPUs per class
-and a group size s, the best score of a partition of y into full groups of s and one leftover
-group of ``|y| mod s`` (and, once per request, the same with one *designated* group of a given
-size). Write a partition as a matrix X: one row per group, one column per class, row sums the
-group sizes, column sums y. On a convex node (:meth:`Classes.convex`) the partition score is a
-convex function over the polytope of such real matrices, so some best partition is a vertex, and
-the vertices of this *transportation polytope* are the matrices whose non-zero entries form a
-forest in the bipartite graph of groups and classes. Three facts make that a short list:
+The count search needs, for a vector ``y`` of GPUs per class and a group size s, the best score
+of a partition of y into full groups of s and one leftover group of ``|y| mod s`` (and, once per
+request, the same with one *designated* group of a given size). Write a partition as a matrix X:
+one row per group, one column per class, row sums the group sizes, column sums y. On a convex
+node (:func:`tests.support.counts.convex`) the partition score is a convex function over the
+polytope of such real matrices, so some best partition is a vertex, and the vertices of this
+*transportation polytope* are the matrices whose non-zero entries form a forest in the bipartite
+graph of groups and classes. Three facts make that a short list:
 
 - A group taking only one class (*pure*) is a leaf of the forest; all the others (*mixed*) have
   at least two edges, so there are at most (classes - 1) of them. Pure full groups change

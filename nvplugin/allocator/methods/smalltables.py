@@ -1,13 +1,14 @@
-"""The subset tables of :mod:`nvplugin.allocator.tables` for nodes of at most
+"""The subset tables of :mod:`nvplugin.allocator.methods.tables` for nodes of at most
 :data:`SMALL_GPUS` GPUs, in plain Python: the same numbers, the same answers, no numpy.
 
-Why a second form: on 2^8 = 256 masks the lists are built in a few milliseconds and a query
-reads at most C(8, 4) = 70 candidate groups, so numpy buys nothing there, while importing it
-costs the process ~17 MiB of resident memory and ~0.1 s of start-up. Most nodes in a fleet have
-at most eight GPUs (a DGX or HGX A100/H100, a PCIe server of four or eight cards): with these
-tables their plugin never loads numpy.
+Why a second form: on 2^8 = 256 masks a query reads at most C(8, 4) = 70 candidate groups, so
+numpy buys nothing there, while importing it costs the process memory and start-up time
+(docs/allocation.md#how-it-is-computed). Most nodes in a fleet have at most eight GPUs (a DGX or
+HGX A100/H100, a PCIe server of four or eight cards): with these tables their plugin never loads
+numpy. The module also holds the ``tables`` method on such nodes, and how either form of the
+tables explains a group (:func:`explain_table`).
 
-The recurrence and the reading rules are those of :mod:`nvplugin.allocator.tables` (its
+The recurrence and the reading rules are those of :mod:`nvplugin.allocator.methods.tables` (its
 docstring): ``setscore[m]`` is the sum of pair scores inside mask m; ``rest[s][m]`` is the best
 score of a partition of m into groups of s plus one leftover group of ``popcount(m) mod s``,
 exact for popcounts up to n - s. The candidate groups of a size are listed in lex order of their
@@ -20,9 +21,13 @@ from __future__ import annotations
 
 import itertools
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, SupportsInt
+
+from nvplugin.allocator.base import Allocation, Request
+from nvplugin.allocator.methods.base import POLICY, Best, warmed
+from nvplugin.node.model import Topology
 
 SMALL_GPUS = 8
 """Largest node these tables are for (2^8 masks)."""
@@ -42,7 +47,8 @@ def set_scores(scores: Sequence[Sequence[int]]) -> list[int]:
 
 
 class ScoreTable(Protocol):
-    """A table read by mask: a list here, an int64 array in :mod:`nvplugin.allocator.tables`."""
+    """A table read by mask: a list here, an int64 array in
+    :mod:`nvplugin.allocator.methods.tables`."""
 
     def __getitem__(self, mask: int, /) -> SupportsInt: ...
 
@@ -106,7 +112,7 @@ def split(setscore: ScoreTable, rest: ScoreTable, mask: int, s: int) -> tuple[li
 @dataclass(frozen=True)
 class SmallTables:
     """The tables for n <= :data:`SMALL_GPUS` GPUs and every group size (the interface of
-    :class:`nvplugin.allocator.tables.Tables` that best-effort uses)."""
+    :class:`nvplugin.allocator.methods.tables.Tables` that best-effort uses)."""
 
     n: int
     setscore: list[int]
@@ -163,3 +169,94 @@ class SmallTables:
 
     def split(self, mask: int, s: int) -> tuple[list[int], int]:
         return split(self.setscore, self.rest[s], mask, s)
+
+
+class SmallTableMethod:
+    """The ``tables`` method on nodes of at most :data:`SMALL_GPUS` GPUs."""
+
+    name = "tables"
+
+    def __init__(self, tables: SmallTables) -> None:
+        self._tables = tables
+
+    @classmethod
+    def build(cls, topology: Topology) -> SmallTableMethod | None:
+        n = len(topology)
+        if n > SMALL_GPUS:
+            return None
+        return warmed(cls(SmallTables.build(topology.scores)), n, [max(1, n // 2)])
+
+    @property
+    def nbytes(self) -> int:
+        return self._tables.nbytes
+
+    def best(self, request: Request, deadline: float) -> Best:
+        found = self._tables.best_group(
+            request.available_mask, request.must_include_mask, request.size
+        )
+        assert found is not None, "a possible request always has a candidate group"
+        return Best(gpus(found[0], ()), found[1], found[2])
+
+    def explain(
+        self, request: Request, group: tuple[int, ...], deadline: float, *, contenders: bool
+    ) -> Allocation:
+        return explain_table(self._tables, (), request, group, contenders=contenders)
+
+
+class Table(Protocol):
+    """What an explanation reads of either form of the tables (this module's, or
+    :class:`nvplugin.allocator.methods.tables.Tables`)."""
+
+    @property
+    def setscore(self) -> ScoreTable: ...
+
+    @property
+    def rest(self) -> Mapping[int, ScoreTable]: ...
+
+    def ranked(self, available: int, required: int, s: int) -> list[tuple[int, int]]: ...
+
+    def split(self, mask: int, s: int) -> tuple[list[int], int]: ...
+
+
+def explain_table(
+    tables: Table,
+    labels: tuple[int, ...],
+    request: Request,
+    group: tuple[int, ...],
+    *,
+    contenders: bool,
+) -> Allocation:
+    """``group``'s score, the best partition of the available GPUs holding it and its score,
+    read off ``tables`` (and with ``contenders``, every group reaching OPT, ranked). ``labels``:
+    the GPU index of each table position (empty when positions are GPU indices)."""
+    s = request.size
+    available = relabel(request.available_mask, labels)
+    chosen = relabel(sum(1 << gpu for gpu in group), labels)
+    own = int(tables.setscore[chosen])
+    total = own + int(tables.rest[s][available ^ chosen])
+    full, leftover = tables.split(available ^ chosen, s)
+    others = sorted((gpus(g, labels) for g in full), key=lambda g: g[0])
+    answer = gpus(chosen, labels)
+    ranked: tuple[tuple[tuple[int, ...], int], ...] = ()
+    if contenders:
+        required = relabel(request.must_include_mask, labels)
+        ranked = tuple(
+            (gpus(mask, labels), score) for mask, score in tables.ranked(available, required, s)
+        )
+    return Allocation(
+        POLICY, answer, own, total, (answer, *others), gpus(leftover, labels), contenders=ranked
+    )
+
+
+def gpus(mask: int, labels: tuple[int, ...]) -> tuple[int, ...]:
+    """A mask over table positions as GPU indices, ascending (positions are GPU indices when
+    ``labels`` is empty)."""
+    local = tuple(i for i in range(mask.bit_length()) if mask >> i & 1)
+    return tuple(labels[i] for i in local) if labels else local
+
+
+def relabel(mask: int, labels: tuple[int, ...]) -> int:
+    """A mask over GPU indices as a mask over table positions (identity when no labels)."""
+    if not labels:
+        return mask
+    return sum(1 << position for position, gpu in enumerate(labels) if mask >> gpu & 1)

@@ -1,9 +1,12 @@
-"""Best-effort within a time budget, for nodes no exact method answers quickly.
+"""The ``search`` method, for nodes no exact method takes (beyond 16 GPUs without a few classes
+of interchangeable GPUs, and every node beyond 32 GPUs), and the local search that answers any
+request an exact method cannot answer within its budget.
 
-Beyond 16 GPUs without a few classes of interchangeable GPUs (:mod:`nvplugin.allocator.counts`),
-the objective of docs/allocation.md has no fast exact method here: it is a partition problem, and
-the subset tables take seconds and hundreds of MB per extra few GPUs. A request then gets the best
-partition a local search finds before its deadline:
+On such nodes the objective of docs/allocation.md is a partition problem with no fast exact
+method here. A request with at most :data:`~nvplugin.allocator.methods.tables.TABLE_GPUS`
+available GPUs builds the subset tables over them, for its one size, and answers exactly if that
+finishes within the exact share of its budget; any other request gets the best partition a local
+search finds before its deadline:
 
 - start from a greedy partition (the must-include GPUs first, then each group grown from the
   best-connected free pair by the GPU with the most score to the group's members);
@@ -28,6 +31,12 @@ from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
+
+from nvplugin.allocator.base import Allocation, OutOfTime, Request
+from nvplugin.allocator.methods.base import POLICY, Best, forced
+from nvplugin.allocator.methods.smalltables import explain_table, gpus, relabel
+from nvplugin.allocator.methods.tables import TABLE_GPUS, Tables
+from nvplugin.node.model import Topology
 
 IntArray = NDArray[np.int64]
 
@@ -104,6 +113,75 @@ def local_search(
         best_score,
         upper_bound(pair, size),
     )
+
+
+def best_found(
+    scores: Sequence[Sequence[int]], request: Request, deadline: float, *, fixed: bool
+) -> Allocation:
+    """:func:`local_search`'s answer as an explanation: unproven, but where the group is given
+    (``fixed``: the must-include GPUs) and the partition meets the bound (another optimal
+    partition could hold a group of a higher own score when the group is the search's)."""
+    found = local_search(
+        scores, request.available, request.must_include, request.size, deadline, fixed=fixed
+    )
+    return Allocation(
+        POLICY,
+        found.groups[0],
+        found.score,
+        found.partition_score,
+        found.groups,
+        found.leftover,
+        contenders=((found.groups[0], found.score),),
+        proven=fixed and found.partition_score == found.bound,
+        bound=found.bound,
+    )
+
+
+class SearchMethod:
+    """The ``search`` method (module docstring): it takes every node, and prepares nothing."""
+
+    name = "search"
+
+    def __init__(self, topology: Topology) -> None:
+        self._topology = topology
+
+    @classmethod
+    def build(cls, topology: Topology) -> SearchMethod:
+        return cls(topology)
+
+    @property
+    def nbytes(self) -> int:
+        return 0
+
+    def best(self, request: Request, deadline: float) -> Best:
+        """Raises OutOfTime beyond the tables' reach: the local search answers then."""
+        group = forced(request)
+        if group is not None:
+            return Best(group)
+        tables, labels = self._tables(request, deadline)
+        found = tables.best_group(
+            relabel(request.available_mask, labels),
+            relabel(request.must_include_mask, labels),
+            request.size,
+        )
+        assert found is not None, "a possible request always has a candidate group"
+        return Best(gpus(found[0], labels), found[1], found[2])
+
+    def explain(
+        self, request: Request, group: tuple[int, ...], deadline: float, *, contenders: bool
+    ) -> Allocation:
+        tables, labels = self._tables(request, deadline)
+        return explain_table(tables, labels, request, group, contenders=contenders)
+
+    def _tables(self, request: Request, deadline: float) -> tuple[Tables, tuple[int, ...]]:
+        """The tables over the available GPUs for the request's size, and the GPU index of each
+        table position; OutOfTime when they are too many or the build passes ``deadline``."""
+        labels = request.available
+        if len(labels) > TABLE_GPUS:
+            raise OutOfTime
+        scores = self._topology.scores
+        sub = [[scores[a][b] for b in labels] for a in labels]
+        return Tables.build(sub, [request.size], deadline), labels
 
 
 def _score(pair: IntArray, positions: IntArray) -> int:

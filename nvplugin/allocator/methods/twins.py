@@ -1,10 +1,10 @@
 """Which GPUs are interchangeable: the rule behind every method that works on classes of twins,
 in plain Python (no numpy), so that the methods that need no arrays can use it too.
 
-Two GPUs are *twins* when they have the same pair score to every other GPU (the cards behind
-one PCIe switch, the GPUs of one socket on an NVSwitch fabric). Twinship is an equivalence, so
-a node splits into classes; :class:`nvplugin.allocator.classes.Classes` holds them with numpy
-arrays for the count methods, :mod:`nvplugin.allocator.tree` as plain lists.
+Two GPUs are *twins* when they have the same pair score to every other GPU (the cards behind one
+PCIe switch, the GPUs of one socket on an NVSwitch fabric). Twinship is an equivalence, so a node
+splits into classes; :class:`nvplugin.allocator.methods.classes.Classes` holds them with numpy
+arrays for the count methods, :mod:`nvplugin.allocator.methods.tree` as plain lists.
 """
 
 from __future__ import annotations

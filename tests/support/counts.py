@@ -1,11 +1,18 @@
-"""The exact best-effort objective on nodes of a few classes of interchangeable GPUs.
+"""A test oracle: the exact best-effort objective on nodes of a few classes of interchangeable
+GPUs, by the count search over forest shapes (:mod:`tests.support.forests`).
 
-On such a node (:mod:`nvplugin.allocator.classes`) a group is a count vector x (GPUs per class)
-and its score ``f(x)`` depends on nothing else. With A the available GPUs (a per class), R the
-must-include ones (r per class) and s the size, the objective of docs/allocation.md reads:
+It was the product's method for nodes beyond 32 GPUs in at most four classes; only generated test
+nodes are that large behind one kubelet (tests/support/bignodes.py), and the product answers them
+with the budgeted search. It stays here as an independent exact method on such nodes: the tests
+check it against brute force, the subset tables and a plain count recursion, then check the
+product's branch search and budgeted search against it.
+
+On such a node (:mod:`nvplugin.allocator.methods.classes`) a group is a count vector x (GPUs per
+class) and its score ``f(x)`` depends on nothing else. With A the available GPUs (a per class), R
+the must-include ones (r per class) and s the size, the objective of docs/allocation.md reads:
 
 - OPT = max over x (``|x| = s``, ``r <= x <= a``) of ``f(x) + rest(a - x)``, rest being the best
-  partition score of what is left (:mod:`nvplugin.allocator.forests`);
+  partition score of what is left (:mod:`tests.support.forests`);
 - the answer's count vector is, among the x reaching OPT, one with the highest ``f(x)``; and the
   answer itself is the lex-smallest group with such a vector: R plus, in each class, the lowest
   other available GPUs. (Lowest members per class give a group whose sorted indices are
@@ -17,18 +24,30 @@ group once: the best shape gives OPT and the best own score f* among groups of b
 (the partition score plus a tiny multiple of the designated group's score is still convex, so a
 vertex reaches both). Then only the count vectors with ``f(x) = f*`` are listed (without listing
 the others) and checked for ``f(x) + rest(a - x) = OPT``: usually a handful.
+
+The vertex argument needs the class scores to be convex (:func:`convex`): ``M`` positive
+semidefinite on vectors that sum to zero (then every partition score is a convex function on the
+transportation polytope of group-by-class counts, and a best partition sits at a vertex). PCIe
+trees (deeper common ancestor, higher score) and NVSwitch fabrics (links = min of both GPUs')
+always pass; the check is exact (integer arithmetic), as a float eigenvalue near zero would decide
+exactness by rounding. A class of one GPU never holds a pair, so its diagonal is free: it can be
+taken as large as needed, and only classes of two or more GPUs are checked.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
+from itertools import combinations
 
 import numpy as np
 from numpy.typing import NDArray
 
-from nvplugin.allocator.classes import Classes
-from nvplugin.allocator.forests import FULL, Forests
+from nvplugin.allocator.base import check_request
+from nvplugin.allocator.methods.classes import Classes, twin_classes
+from nvplugin.node.model import Topology
+from tests.support.forests import FULL, Forests
 
 IntArray = NDArray[np.int64]
 
@@ -44,26 +63,55 @@ _NONE = np.iinfo(np.int64).min // 4
 
 def applies(classes: Classes) -> bool:
     """Whether the count search answers exactly on a node with these classes."""
-    return len(classes) <= MAX_CLASSES and classes.convex()
+    return len(classes) <= MAX_CLASSES and convex(classes)
 
 
-def compositions(low: IntArray, high: IntArray, total: int) -> IntArray:
-    """Every integer vector v with ``low <= v <= high`` and ``sum(v) = total``, one per row, in
-    lexicographic order."""
-    rows = np.zeros((1, 0), dtype=np.int64)
-    sums = np.zeros(1, dtype=np.int64)
-    for c in range(len(low)):
-        rest_high = int(high[c + 1 :].sum())
-        rest_low = int(low[c + 1 :].sum())
-        lo = np.maximum(low[c], total - sums - rest_high)
-        hi = np.minimum(high[c], total - sums - rest_low)
-        count = np.maximum(hi - lo + 1, 0)
-        which = np.repeat(np.arange(len(rows)), count)
-        offset = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
-        values = lo[which] + offset
-        rows = np.hstack([rows[which], values[:, None]])
-        sums = sums[which] + values
-    return rows
+def convex(classes: Classes) -> bool:
+    """Whether the class score matrix passes the check of the module docstring. Exact, and
+    exponential in the number of classes of two or more GPUs: ask only for a few classes."""
+    paired = [c for c, group in enumerate(classes.members) if len(group) > 1]
+    return conditionally_psd(classes.scores[np.ix_(paired, paired)])
+
+
+def conditionally_psd(matrix: IntArray) -> bool:
+    """Whether ``vᵀ matrix v >= 0`` for every real v whose entries sum to zero.
+
+    On the basis ``e_i - e_last`` of that subspace the form is ``B[i][j] = M[i][j] - M[i][k] -
+    M[k][j] + M[k][k]``; B is positive semidefinite exactly when all its principal minors are
+    non-negative (leading minors alone do not decide the semidefinite case).
+    """
+    k = len(matrix) - 1
+    if k <= 0:
+        return True
+    last = matrix[k]
+    basis = [
+        [int(matrix[i, j] - matrix[i, k] - last[j] + last[k]) for j in range(k)] for i in range(k)
+    ]
+    return all(
+        _determinant([[basis[i][j] for j in rows] for i in rows]) >= 0
+        for size in range(1, k + 1)
+        for rows in combinations(range(k), size)
+    )
+
+
+def _determinant(rows: list[list[int]]) -> Fraction:
+    """Exact determinant by Gaussian elimination over fractions (tiny matrices only)."""
+    work = [[Fraction(v) for v in row] for row in rows]
+    size = len(work)
+    result = Fraction(1)
+    for col in range(size):
+        pivot = next((r for r in range(col, size) if work[r][col] != 0), None)
+        if pivot is None:
+            return Fraction(0)
+        if pivot != col:
+            work[col], work[pivot] = work[pivot], work[col]
+            result = -result
+        result *= work[col][col]
+        for r in range(col + 1, size):
+            factor = work[r][col] / work[col][col]
+            for c in range(col, size):
+                work[r][c] -= factor * work[col][c]
+    return result
 
 
 @dataclass(frozen=True)
@@ -254,3 +302,45 @@ class CountSearch:
 def _batches(count: int, step: int) -> Iterator[tuple[int, int]]:
     for start in range(0, count, step):
         yield start, min(count, start + step)
+
+
+class CountOracle:
+    """The count search as a policy-like oracle over a topology: :meth:`answer` is the group
+    docs/allocation.md asks for (``[]`` when impossible), :meth:`opt` its OPT. Only for nodes
+    where :func:`applies` holds."""
+
+    def __init__(self, topology: Topology) -> None:
+        self.topology = topology
+        self.classes = twin_classes(topology.scores)
+        assert applies(self.classes), f"{topology.name}: the count search does not apply"
+        self.search = CountSearch(self.classes)
+
+    def found(
+        self, available: Sequence[int], must_include: Sequence[int], size: int
+    ) -> tuple[list[int], int]:
+        """The answer and OPT of a possible request."""
+        request = check_request(len(self.topology), available, must_include, size)
+        assert not request.impossible, request.impossible
+        a = self.classes.counts(request.available)
+        r = self.classes.counts(request.must_include)
+        counted = self.search.search(a, r, request.size)
+        free: list[list[int]] = [[] for _ in range(len(self.classes))]
+        for gpu in request.available:
+            if gpu not in request.must_include:
+                free[self.classes.of[gpu]].append(gpu)
+        groups = []
+        for vector in (counted.best - r).tolist():
+            chosen = list(request.must_include)
+            for c, k in enumerate(vector):
+                chosen.extend(free[c][:k])
+            groups.append(sorted(chosen))
+        return min(groups), counted.opt2 // 2
+
+    def answer(self, available: Sequence[int], must_include: Sequence[int], size: int) -> list[int]:
+        request = check_request(len(self.topology), available, must_include, size)
+        if request.impossible:
+            return []
+        return self.found(available, must_include, size)[0]
+
+    def opt(self, available: Sequence[int], must_include: Sequence[int], size: int) -> int:
+        return self.found(available, must_include, size)[1]

@@ -1,7 +1,7 @@
-"""The upper bound the branch search (:mod:`nvplugin.allocator.branch`) prunes with: twice an
-upper bound on R, the best partition score of a count vector, from the node's parts (sockets)
-and the components of its score levels, tabulated at start-up where a part is small, with the
-pairing term that ties a part's big pieces to other parts' small ones.
+"""The upper bound the branch search (:mod:`nvplugin.allocator.methods.branch`) prunes with: twice
+an upper bound on R, the best partition score of a count vector, from the node's parts (sockets) and
+the components of its score levels, tabulated at start-up where a part is small, with the pairing
+term that ties a part's big pieces to other parts' small ones.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from numpy.typing import NDArray
 IntArray = NDArray[np.int64]
 
 CHUNK = 1 << 14
-"""Count vectors per array operation at start-up: its temporaries (a few int64 copies of a
-chunk's vectors) stay ~1 MiB each; 4x more made the start-up peak of a 32-GPU, 8-class node
-32 MiB instead of 22, for no time saved."""
+"""Count vectors per array operation at start-up, so its temporaries (a few int64 copies of a
+chunk's vectors: 2^14 vectors of at most 8 counts, 1 MiB) keep the start-up peak low; larger
+chunks save no time (docs/allocation.md)."""
 
 
 class _Child(Protocol):
@@ -44,13 +44,13 @@ PART_VECTORS = 4096
 
 
 class CountBound:
-    """Twice an upper bound on R (:mod:`nvplugin.allocator.branch`'s docstring), tightened where the
-    classes split into parts joined by low scores (sockets): with W the highest score between two
-    parts, every group's pairs score W each, plus, inside each part, what the part's own scores less
-    W add. A part's share is at most the best split of its GPUs into pieces of at most s, whatever
-    their number (the pieces of the groups that cross it), which is tabulated at start-up for every
-    size over the part's count vectors (a few thousand at most): exact for the part, where the
-    components bound only each level of it.
+    """Twice an upper bound on R (:mod:`nvplugin.allocator.methods.branch`'s docstring), tightened
+    where the classes split into parts joined by low scores (sockets): with W the highest score
+    between two parts, every group's pairs score W each, plus, inside each part, what the part's own
+    scores less W add. A part's share is at most the best split of its GPUs into pieces of at most
+    s, whatever their number (the pieces of the groups that cross it), which is tabulated at
+    start-up for every size over the part's count vectors (a few thousand at most): exact for the
+    part, where the components bound only each level of it.
 
     What that leaves loose is how the parts' pieces pair up: a piece of more than s/2 GPUs (and
     fewer than s) needs, in its group, pieces of other parts totalling fewer than s/2, each
