@@ -57,10 +57,11 @@ from nvplugin.rm import (
 )
 
 PUBLISH_S_PER_DEVICE = 50e-6
-"""Seconds between two device lists, per advertised device. A list costs the loop ~0.5 us per
-device to build and ~0.15 us per device per stream to serialize (8000 devices: ~4 ms, and ~1 ms
-per stream), and the kubelet a parse and a checkpoint write; this keeps a storm's lists to about
-1% of the loop whatever the node's size: 8000 devices get at most 2.5 lists a second."""
+"""Seconds between two device lists, per advertised device. A list costs the loop a build and
+a serialization per stream, both linear in the devices (docs/architecture.md, "Threads and
+tasks", has the figures ``python -m bench sharing`` prints), and the kubelet a parse and a
+checkpoint write; this keeps a storm's lists to a small share of the loop whatever the node's
+size: 8000 devices get at most 2.5 lists a second."""
 MAX_PUBLISH_INTERVAL_S = 1.0
 """However long the list, a change waits at most this long to be sent."""
 
