@@ -171,20 +171,14 @@ class SmallTables:
         return split(self.setscore, self.rest[s], mask, s)
 
 
-class SmallTableMethod:
-    """The ``tables`` method on nodes of at most :data:`SMALL_GPUS` GPUs."""
+class TablesMethod:
+    """The ``tables`` method over either form of the tables (:class:`Table`): answers and
+    explanations read them; each form's subclass builds them."""
 
     name = "tables"
 
-    def __init__(self, tables: SmallTables) -> None:
+    def __init__(self, tables: Table) -> None:
         self._tables = tables
-
-    @classmethod
-    def build(cls, topology: Topology) -> SmallTableMethod | None:
-        n = len(topology)
-        if n > SMALL_GPUS:
-            return None
-        return warmed(cls(SmallTables.build(topology.scores)), n, [max(1, n // 2)])
 
     @property
     def nbytes(self) -> int:
@@ -203,6 +197,17 @@ class SmallTableMethod:
         return explain_table(self._tables, (), request, group, contenders=contenders)
 
 
+class SmallTableMethod(TablesMethod):
+    """The ``tables`` method on nodes of at most :data:`SMALL_GPUS` GPUs."""
+
+    @classmethod
+    def build(cls, topology: Topology) -> SmallTableMethod | None:
+        n = len(topology)
+        if n > SMALL_GPUS:
+            return None
+        return warmed(cls(SmallTables.build(topology.scores)), n, [max(1, n // 2)])
+
+
 class Table(Protocol):
     """What an explanation reads of either form of the tables (this module's, or
     :class:`nvplugin.allocator.methods.tables.Tables`)."""
@@ -216,6 +221,11 @@ class Table(Protocol):
     def ranked(self, available: int, required: int, s: int) -> list[tuple[int, int]]: ...
 
     def split(self, mask: int, s: int) -> tuple[list[int], int]: ...
+
+    @property
+    def nbytes(self) -> int: ...
+
+    def best_group(self, available: int, required: int, s: int) -> tuple[int, int, int] | None: ...
 
 
 def explain_table(

@@ -36,9 +36,9 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from nvplugin.allocator.base import Allocation, OutOfTime, Request
-from nvplugin.allocator.methods.base import Best, warmed
-from nvplugin.allocator.methods.smalltables import explain_table, gpus, split
+from nvplugin.allocator.base import OutOfTime
+from nvplugin.allocator.methods.base import warmed
+from nvplugin.allocator.methods.smalltables import TablesMethod, split
 from nvplugin.node.model import Topology
 
 IntArray = NDArray[np.int64]
@@ -238,14 +238,9 @@ class Tables:
         return split(self.setscore, self.rest[s], mask, s)
 
 
-class TableMethod:
+class TableMethod(TablesMethod):
     """The ``tables`` method on nodes of :data:`TABLE_GPUS` GPUs or fewer: the tables of every
     size, built at start-up."""
-
-    name = "tables"
-
-    def __init__(self, tables: Tables) -> None:
-        self._tables = tables
 
     @classmethod
     def build(cls, topology: Topology) -> TableMethod | None:
@@ -254,19 +249,3 @@ class TableMethod:
             return None
         tables = Tables.build(topology.scores, range(1, n + 1))
         return warmed(cls(tables), n, [max(1, n // 2)])
-
-    @property
-    def nbytes(self) -> int:
-        return self._tables.nbytes
-
-    def best(self, request: Request, deadline: float) -> Best:
-        found = self._tables.best_group(
-            request.available_mask, request.must_include_mask, request.size
-        )
-        assert found is not None, "a possible request always has a candidate group"
-        return Best(gpus(found[0], ()), found[1], found[2])
-
-    def explain(
-        self, request: Request, group: tuple[int, ...], deadline: float, *, contenders: bool
-    ) -> Allocation:
-        return explain_table(self._tables, (), request, group, contenders=contenders)
