@@ -16,7 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ from nvplugin.nodesession import load_topology
 from nvplugin.plugin.mps import daemon_pids
 from nvplugin.rm import replica_id
 from nvplugin.sim import fakempscontrol
+from tests.support.mpsclient import mps_client
 from tests.support.serve import (
     Serve,
     admit_json,
@@ -134,27 +135,11 @@ def restored_modes(lines: list[dict[str, Any]]) -> list[tuple[int, str]]:
     ]
 
 
-@contextlib.asynccontextmanager
-async def client_of(scene: Scene) -> AsyncIterator[subprocess.Popen[str]]:
-    """A simulated MPS client (a CUDA program's stand-in) of the daemon on the scene's pipe
-    directory, once it is served; ended however the block ends. Its program is written outside
-    any plugin's simulated tree, which goes with its plugin."""
+def client_of(scene: Scene) -> contextlib.AbstractAsyncContextManager[subprocess.Popen[str]]:
+    """A simulated MPS client of the daemon on the scene's pipe directory. Its program is written
+    outside any plugin's simulated tree, which goes with its plugin."""
     program = fakempscontrol.write_program(scene.config_dir)
-    env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": scene.pipe}
-    client = subprocess.Popen(
-        [program, "--simulated-client"], env=env, stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert client.stdout is not None
-        served = await asyncio.wait_for(asyncio.to_thread(client.stdout.readline), WAIT_S)
-        assert served.startswith("served by "), served
-        yield client
-    finally:
-        if client.poll() is None:
-            client.terminate()
-        await asyncio.to_thread(client.wait, WAIT_S)
-        if client.stdout is not None:
-            client.stdout.close()
+    return mps_client(program, {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": scene.pipe})
 
 
 def clients_of(scene: Scene, daemon: int) -> list[int]:

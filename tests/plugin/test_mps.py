@@ -8,6 +8,7 @@ up otherwise replaced, and what no spec wants any more ended (leftover daemons, 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
@@ -36,6 +37,7 @@ from nvplugin.plugin.mps import (
 )
 from nvplugin.plugin.mpscontrol import memory_mib
 from nvplugin.sim.fakempscontrol import PROGRAM
+from tests.support.mpsclient import mps_client
 from tests.support.waiting import WAIT_S, until
 
 pytestmark = pytest.mark.process  # runs the simulated nvidia-cuda-mps-control (a Python program)
@@ -231,25 +233,9 @@ def test_the_root_is_nvidias_container_root_when_mounted(root: str) -> None:
     )
 
 
-@asynccontextmanager
-async def client_of(spec: DaemonSpec) -> AsyncIterator[subprocess.Popen[str]]:
-    """A simulated MPS client of the daemon on ``spec``'s pipe directory, once it is served
-    (ended however the block ends)."""
-    env = spec.environment(dict(os.environ))
-    client = subprocess.Popen(
-        [spec.control, "--simulated-client"], env=env, stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert client.stdout is not None
-        served = await asyncio.wait_for(asyncio.to_thread(client.stdout.readline), WAIT_S)
-        assert served.startswith("served by "), served
-        yield client
-    finally:
-        if client.poll() is None:
-            client.terminate()
-        await asyncio.to_thread(client.wait, WAIT_S)
-        if client.stdout is not None:
-            client.stdout.close()
+def client_of(spec: DaemonSpec) -> contextlib.AbstractAsyncContextManager[subprocess.Popen[str]]:
+    """A simulated MPS client of the daemon on ``spec``'s pipe directory."""
+    return mps_client(spec.control, spec.environment(dict(os.environ)))
 
 
 def test_a_released_daemon_is_adopted_with_its_clients(node: NodeSession, root: str) -> None:
