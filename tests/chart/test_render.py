@@ -326,6 +326,20 @@ def test_chart_values_reach_the_plugin_as_its_environment(renders: dict[str, Ren
     assert rendered.container["args"][-2:] == ["--simulate", "dgx-a100"]
 
 
+def test_a_simulated_node_gets_a_writable_tmp_under_the_read_only_root(
+    renders: dict[str, Rendered],
+) -> None:
+    # The simulated node writes its sysfs tree and driver root (with a program to run) into a
+    # temporary directory: the root filesystem is read-only and a container's /dev/shm noexec,
+    # so without a volume at /tmp the plugin cannot start (No usable temporary directory).
+    simulated, real = renders["everything"], renders["defaults"]
+    assert simulated.container["securityContext"]["readOnlyRootFilesystem"] is True
+    mounts = {m["mountPath"]: m["name"] for m in simulated.container["volumeMounts"]}
+    volumes = {v["name"]: v for v in simulated.pod["volumes"]}
+    assert volumes[mounts["/tmp"]] == {"name": "tmp", "emptyDir": {}}
+    assert "/tmp" not in {m["mountPath"] for m in real.container["volumeMounts"]}
+
+
 def test_nvidia_driver_root_is_mounted_where_the_plugin_loads_nvml(
     renders: dict[str, Rendered],
 ) -> None:
@@ -491,9 +505,11 @@ def test_mps_mounts_the_root_and_a_tmpfs_for_its_shared_memory(
         "path": "/var/run/nvidia/mps",
         "type": "DirectoryOrCreate",
     }
+    # DirectoryOrCreate: the kubelet checks the type before the init container makes the
+    # directory, so a node that never had MPS would wait in Init forever with Directory.
     assert volumes["mps-shm"]["hostPath"] == {
         "path": "/var/run/nvidia/mps/shm",
-        "type": "Directory",
+        "type": "DirectoryOrCreate",
     }
     mounts = {m["name"]: m for m in container["volumeMounts"]}
     assert mounts["mps-root"] == {
