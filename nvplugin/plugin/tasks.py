@@ -43,10 +43,6 @@ class Tasks:
         """Tasks not done yet."""
         return len(self._tasks)
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     def spawn(
         self, work: Coroutine[Any, Any, T], name: str, *, quiet: bool = False
     ) -> asyncio.Task[T]:
