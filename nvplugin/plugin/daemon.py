@@ -293,7 +293,11 @@ class Daemon:
             return self.config is not previous
 
     async def _update_labels(self) -> None:
-        """Bring the node's labels in line with what is served now."""
+        """Bring the node's labels in line with what is served now. Not while discovery runs
+        (a per-node config applied meanwhile): the labels are written once, whole, when it
+        ends -- or, when it must wait for GPUs, as a node without GPUs (:meth:`_discover`)."""
+        if self._node is None and self._waiting is None:
+            return
         resources = self._resources
         await self.labeller.update(
             self.config, self._node, resources.plan if resources is not None else None
