@@ -17,6 +17,7 @@ from nvplugin.cli.flags import (
     setting_options,
 )
 from nvplugin.cli.group import NVIDIA_COMMAND, main, user_errors
+from nvplugin.pid1 import serve_below_init
 from nvplugin.plugin.signals import PendingSignals
 
 
@@ -72,6 +73,7 @@ def _serve(
     # First, before any import or file read (and usually since this module's first lines): a
     # signal is never fatal (SIGHUP before serving reloads once serving; SIGTERM/SIGINT before
     # serving stop cleanly).
+    serve_below_init()  # as PID 1: an init stays behind to reap and forward (nvplugin.pid1)
     pending = PendingSignals.current()
 
     import os
