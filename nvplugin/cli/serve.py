@@ -79,7 +79,7 @@ def _serve(
     import os
 
     from nvplugin.config import SETTINGS, config_file, load_config
-    from nvplugin.config.select import first_choice, read_selection
+    from nvplugin.config.select import RECORD_NAME, first_choice, read_selection
     from nvplugin.errors import InputError
 
     env = dict(os.environ)
@@ -108,7 +108,9 @@ def _serve(
             )
         from nvplugin.plugin.selection import Following
 
-        start = first_choice(selection, load_file)
+        start = first_choice(
+            selection, load_file, os.path.join(load_file(None).device_plugin_dir, RECORD_NAME)
+        )
         following = Following(selection, start, load_file)
         config = start.config
     from nvplugin.config.pod import read_pod

@@ -250,6 +250,8 @@ class Daemon:
         self._node = await self._discover()
         if self._node is None:
             return  # stopped while waiting for GPUs
+        if self.selector is not None and not await self._until(self.selector.chosen):
+            return  # stopped while waiting for the node's label
         self._resources = Resources(
             self._node,
             self.metrics,
@@ -266,6 +268,16 @@ class Daemon:
             if self._hup.is_set() and not self._stop.is_set():
                 self._hup.clear()
                 await self._reload_config()
+
+    async def _until(self, event: asyncio.Event) -> bool:
+        """Wait for ``event``; False when the daemon is stopped first."""
+        waits = [asyncio.ensure_future(e.wait()) for e in (event, self._stop)]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+        return event.is_set() and not self._stop.is_set()
 
     async def _reload_config(self) -> None:
         if self._reload is None:
