@@ -1,13 +1,15 @@
 """The plugin's own Node, followed on a real kube-apiserver (tests/support/realapi.py) with the
 token of the chart's ServiceAccount: refused by the real RBAC authorizer until the chart's
-rendered ClusterRole and ClusterRoleBinding are applied, then every label change seen."""
+rendered ClusterRole and ClusterRoleBinding are applied, then every label change seen -- by the
+client in process, and by ``nvplugin serve`` beside the fake kubelet, switching its per-node
+config when the label changes."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +17,14 @@ import pytest
 from lightkube import ApiError, AsyncClient
 
 from nvplugin.backoff import Backoff
+from nvplugin.fakekubelet.devicemanager import DeviceManager
 from nvplugin.kube import ApiAccess
 from nvplugin.kube.client import open_client
 from nvplugin.kube.node import NodeLabels, follow_labels, get_node
+from tests.support.configmap import ConfigMapVolume
 from tests.support.helm import render
 from tests.support.realapi import RealAPI
+from tests.support.serve import kubelet_with, new_dir
 from tests.support.waiting import WAIT_S
 
 LABEL = "nvidia.com/device-plugin.config"
@@ -112,5 +117,59 @@ def test_the_charts_service_account_is_refused_until_its_rbac_then_follows_the_l
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+
+    run(body)
+
+
+GPU = "nvidia.com/gpu"
+MIG_SMALL = "nvidia.com/mig-1g.5gb"
+FAILING = "kubernetes api failing (unreachable or refusing); still serving, retrying"
+SERVE_CONFIGS = {
+    "default": "version: v1\nflags:\n  migStrategy: none\n",
+    "a100-40gb": "version: v1\nflags:\n  migStrategy: mixed\n",
+    "tesla-t4": "version: v1\nflags:\n  migStrategy: none\nsharing:\n  timeSlicing:\n"
+    "    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n",
+}
+
+
+def gpus(count: int) -> Callable[[DeviceManager], bool]:
+    return lambda m: m.is_registered(GPU) and len(m.devices(GPU)) == count
+
+
+def mig_mixed(m: DeviceManager) -> bool:
+    return m.is_registered(MIG_SMALL) and len(m.devices(MIG_SMALL)) == 16 and gpus(2)(m)
+
+
+def test_serve_switches_config_by_a_real_label_change_once_the_charts_rbac_binds(
+    real_api: RealAPI, node: str, chart_rbac: tuple[str, list[dict[str, Any]]]
+) -> None:
+    namespace, rbac = chart_rbac
+    (account,) = [o for o in rbac if o["kind"] == "ServiceAccount"]
+    real_api.apply(account)
+    kubeconfig = real_api.service_account_kubeconfig(namespace, account["metadata"]["name"])
+    volume = ConfigMapVolume(SERVE_CONFIGS)
+    env = {
+        "KUBECONFIG": str(kubeconfig),
+        "CONFIG_FILE_SRCDIR": volume.path,
+        "NODE_NAME": node,
+    }
+    args = ("--simulate", "dgx-a100-mig", "--api-backoff-s", "0.05", "0.5")
+
+    async def body() -> None:
+        async with kubelet_with(new_dir(), *args, env=env) as (kubelet, serve):
+            # Refused by the real authorizer: the default config served, the refusal said.
+            await kubelet.observer.wait_for(gpus(8), WAIT_S, "the default config")
+            line = await serve.wait_log(FAILING)
+            assert 'cannot list resource "nodes"' in line["error"], line
+
+            # The chart's ClusterRole and binding: the Node's label chooses.
+            await asyncio.to_thread(real_api.apply, rbac)
+            await kubelet.observer.wait_for(mig_mixed, WAIT_S, "the a100-40gb config")
+            await serve.wait_log("kubernetes api answering again")
+
+            # A real label change through the API: the watch sees it, re-served.
+            await asyncio.to_thread(real_api.label_node, node, {LABEL: "tesla-t4"})
+            await kubelet.observer.wait_for(gpus(32), WAIT_S, "4 replicas per GPU")
+            assert "Traceback" not in serve.text()
 
     run(body)
