@@ -552,6 +552,19 @@ class RealAPI:
             node = self.request("PATCH", f"/api/v1/nodes/{name}/status", {"status": status})
         return node
 
+    def until_allowed(self, token: str, method: str, path: str) -> None:
+        """Waits until ``token``'s owner may ``method path`` (a binding just applied reaches the
+        authorizer's cache after a moment); :class:`RealAPIError` (403) after :data:`START_S`."""
+        deadline = time.monotonic() + START_S
+        while True:
+            try:
+                self.request(method, path, token=token)
+                return
+            except RealAPIError as exc:
+                if exc.status != 403 or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.05)
+
     def label_node(self, name: str, labels: Mapping[str, str | None]) -> Json:
         """Sets (a value) or removes (None) labels of Node ``name``, as ``kubectl label`` does
         (a merge patch); the Node as stored."""
