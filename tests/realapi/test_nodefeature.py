@@ -26,6 +26,7 @@ from nvplugin.kube import ApiAccess
 from nvplugin.kube.client import open_client
 from nvplugin.kube.nodefeature import NODE_NAME_LABEL, Owner, object_name, pod_uid, publish
 from tests.support.helm import render
+from tests.support.kubeapi import KubeApiServer
 from tests.support.labelcases import read_fixture
 from tests.support.realapi import RealAPI, RealAPIError
 from tests.support.serve import Serve, new_dir
@@ -218,3 +219,34 @@ def test_serve_publishes_the_object_with_the_charts_rbac(
                 assert serve.stop() == 0, serve.text()
 
     run(body)
+
+
+def test_a_node_name_too_long_for_the_objects_name_is_refused_where_our_server_took_it(
+    real_api: RealAPI, crd: None
+) -> None:
+    """A real-API failure the hand-written server (tests/support/kubeapi.py) lets through: a
+    Node name may be 253 characters (a DNS subdomain), and the API takes the Node; GFD's object
+    name for it, ``nvidia-features-for-<node>``, then exceeds the 253 an object name may have,
+    and the real server refuses the object (422) where ours stored it."""
+    node = f"gpu-{uuid.uuid4().hex[:8]}-{'a' * 220}.example.com"
+    assert len(node) <= 253 < len(object_name(node))
+    real_api.add_node(node)
+    namespace = real_api.namespace("longname")
+
+    async def body() -> None:
+        async with client_of(real_api.admin_kubeconfig) as client:
+            with pytest.raises(ApiError) as refused:
+                await publish(client, node, namespace, LABELS, None)
+            assert refused.value.status.code == 422
+            assert "must be no more than 253 characters" in str(refused.value.status.message)
+        async with KubeApiServer() as ours:
+            client = await asyncio.to_thread(open_client, ApiAccess(kubeconfig=ours.kubeconfig()))
+            try:
+                assert await publish(client, node, namespace, LABELS, None) == "created"
+            finally:
+                await client.close()
+
+    try:
+        run(body)
+    finally:
+        real_api.delete({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})
