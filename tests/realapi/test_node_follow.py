@@ -173,3 +173,37 @@ def test_serve_switches_config_by_a_real_label_change_once_the_charts_rbac_binds
             assert "Traceback" not in serve.text()
 
     run(body)
+
+
+def test_the_follower_goes_on_across_a_real_apiserver_restart(real_api: RealAPI, node: str) -> None:
+    """kube-apiserver stopped and started again (etcd keeps the data): the watch breaks, the
+    follower retries, and a label change made after the restart is seen."""
+
+    async def body() -> None:
+        async with client_of(real_api.admin_kubeconfig) as client:
+            seen: list[NodeLabels] = []
+
+            async def follow() -> None:
+                async for state in follow_labels(client, node, backoff=FAST):
+                    seen.append(state)
+
+            async def until_label(value: str | None) -> None:
+                async with asyncio.timeout(WAIT_S):
+                    while not seen or seen[-1].labels.get(LABEL) != value:
+                        await asyncio.sleep(0.02)
+
+            task = asyncio.create_task(follow())
+            try:
+                await until_label("a100-40gb")
+                outage = real_api.outage()
+                await asyncio.to_thread(outage.__enter__)
+                await asyncio.to_thread(outage.__exit__, None, None, None)
+                await asyncio.to_thread(real_api.label_node, node, {LABEL: "tesla-t4"})
+                await until_label("tesla-t4")
+                assert [s.labels.get(LABEL) for s in seen] == ["a100-40gb", "tesla-t4"]
+            finally:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    run(body)

@@ -43,6 +43,7 @@ START_S = 60.0
 """Longest wait for a component to answer (the apiserver takes ~2 s on an idle machine)."""
 STOP_S = 15.0
 """Longest wait for a component to exit after SIGTERM before it is killed."""
+OUTAGE_GRACE_S = 2.0
 REQUEST_S = 30.0
 FIELD_MANAGER = "tests"
 ADMIN_USER = "realapi-admin"
@@ -150,14 +151,15 @@ class _Process:
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def stop(self) -> None:
+    def stop(self, grace_s: float = STOP_S) -> None:
+        """SIGTERM; SIGKILL after ``grace_s``."""
         proc, self.proc = self.proc, None
         if proc is None:
             return
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
             try:
-                proc.wait(STOP_S)
+                proc.wait(grace_s)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(STOP_S)
@@ -328,9 +330,10 @@ class RealAPI:
     @contextlib.contextmanager
     def outage(self) -> Iterator[None]:
         """kube-apiserver stopped for the block (etcd keeps the data); started again on the same
-        port after it, once it answers /readyz."""
+        port after it, once it answers /readyz. Stopped with SIGTERM, killed after
+        :data:`OUTAGE_GRACE_S`: it drains open watches for longer than tests should wait."""
         assert self._apiserver is not None
-        self._apiserver.stop()
+        self._apiserver.stop(OUTAGE_GRACE_S)
         try:
             yield
         finally:
@@ -532,9 +535,12 @@ class RealAPI:
         labels: Mapping[str, str] | None = None,
         capacity: Mapping[str, str] | None = None,
         allocatable: Mapping[str, str] | None = None,
+        ready: bool = True,
     ) -> Json:
         """A Node object (no kubelet behind it); capacity and allocatable set through the status
-        subresource, as a kubelet would. The Node as stored."""
+        subresource, as a kubelet would. ``ready``: its Ready condition True and the not-ready
+        taint the API server puts on a new Node removed (no node controller runs here to do
+        either), so that kube-scheduler places Pods on it. The Node as stored."""
         node = self.request(
             "POST",
             "/api/v1/nodes",
@@ -544,12 +550,28 @@ class RealAPI:
                 "metadata": {"name": name, "labels": labels or {}},
             },
         )
+        status: Json = {}
         if capacity is not None or allocatable is not None:
-            status = {
-                "capacity": dict(capacity or allocatable or {}),
-                "allocatable": dict(allocatable or capacity or {}),
-            }
+            status["capacity"] = dict(capacity or allocatable or {})
+            status["allocatable"] = dict(allocatable or capacity or {})
+        if ready:
+            now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            status["conditions"] = [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "KubeletReady",
+                    "message": "an API-only Node of the real-API test tier",
+                    "lastHeartbeatTime": now,
+                    "lastTransitionTime": now,
+                }
+            ]
+        if status:
             node = self.request("PATCH", f"/api/v1/nodes/{name}/status", {"status": status})
+        taints = (node.get("spec") or {}).get("taints") or []
+        kept = [t for t in taints if t.get("key") != "node.kubernetes.io/not-ready"]
+        if ready and kept != taints:
+            node = self.request("PATCH", f"/api/v1/nodes/{name}", {"spec": {"taints": kept}})
         return node
 
     def until_allowed(self, token: str, method: str, path: str) -> None:
@@ -625,6 +647,7 @@ class RealScheduler:
                 f"--secure-port={self.port}",
                 f"--authentication-kubeconfig={self.api.admin_kubeconfig}",
                 f"--authorization-kubeconfig={self.api.admin_kubeconfig}",
+                "--authentication-skip-lookup=true",
                 f"--cert-dir={self.api.root / self.name}",
                 "--v=2",
             ]
