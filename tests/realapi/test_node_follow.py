@@ -71,7 +71,7 @@ async def client_of(kubeconfig: Path) -> AsyncIterator[AsyncClient]:
         await client.close()
 
 
-def test_the_charts_service_account_is_refused_until_its_rbac_then_follows_the_label(
+def test_the_charts_account_is_refused_until_its_rbac_then_follows_the_node(
     real_api: RealAPI, node: str, chart_rbac: tuple[str, list[dict[str, Any]]]
 ) -> None:
     namespace, rbac = chart_rbac
@@ -108,11 +108,28 @@ def test_the_charts_service_account_is_refused_until_its_rbac_then_follows_the_l
                 # The binding reaches the authorizer's cache after a moment: the follower
                 # retries through the 403s meanwhile.
                 await until_label("a100-40gb")
+                assert not (await get_node(client, f"no-such-{node}")).exists  # 404
                 await asyncio.to_thread(real_api.label_node, node, {LABEL: "tesla-t4"})
                 await until_label("tesla-t4")
                 await asyncio.to_thread(real_api.label_node, node, {LABEL: None})
                 await until_label(None)
                 assert seen[-1].exists
+                # Deleted, and made again: said both times.
+                gone = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}}
+                await asyncio.to_thread(real_api.delete, gone)
+                async with asyncio.timeout(WAIT_S):
+                    while seen[-1].exists:
+                        changed.clear()
+                        await changed.wait()
+                await asyncio.to_thread(real_api.add_node, node, labels={LABEL: "h100"})
+                await until_label("h100")
+                assert [(s.exists, s.labels.get(LABEL)) for s in seen] == [
+                    (True, "a100-40gb"),
+                    (True, "tesla-t4"),
+                    (True, None),
+                    (False, None),
+                    (True, "h100"),
+                ]
             finally:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

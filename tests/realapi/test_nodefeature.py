@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from nvplugin.kube.client import open_client
 from nvplugin.kube.nodefeature import NODE_NAME_LABEL, Owner, object_name, pod_uid, publish
 from tests.support.helm import render
 from tests.support.kubeapi import KubeApiServer
-from tests.support.labelcases import read_fixture
+from tests.support.labelcases import TIME_SLICED, read_fixture
 from tests.support.realapi import RealAPI, RealAPIError
 from tests.support.serve import Serve, new_dir
 from tests.support.waiting import WAIT_S
@@ -170,10 +171,19 @@ def test_published_with_the_charts_role_owned_by_a_real_pod_and_a_real_conflict(
             assert stored["spec"]["labels"] == shared
             assert stored["metadata"]["labels"] == {NODE_NAME_LABEL: node, "team": "ml"}
 
+            # No pod: no owner. A pod that is not there: 404.
+            other = f"{node}-2"
+            assert await publish(client, other, ns, LABELS, None) == "created"
+            stored = await asyncio.to_thread(real_api.request, "GET", release.object_path(other))
+            assert "ownerReferences" not in stored["metadata"]
+            with pytest.raises(ApiError) as missing:
+                await pod_uid(client, ns, "no-such-pod")
+            assert missing.value.status.code == 404
+
     run(body)
 
 
-def test_serve_publishes_the_object_with_the_charts_rbac(
+def test_serve_publishes_the_object_with_the_charts_rbac_and_a_reload_changes_it(
     real_api: RealAPI, release: Release
 ) -> None:
     node = f"gpu-{uuid.uuid4().hex[:8]}"
@@ -188,7 +198,6 @@ def test_serve_publishes_the_object_with_the_charts_rbac(
         "NAMESPACE": release.namespace,
         "POD_NAME": release.pod,
     }
-    expected = read_fixture("dgx-a100")
 
     def labels() -> dict[str, str]:
         try:
@@ -201,22 +210,47 @@ def test_serve_publishes_the_object_with_the_charts_rbac(
         published.pop(STAMP, None)
         return published
 
+    async def until_labels(expected: dict[str, str]) -> None:
+        async with asyncio.timeout(WAIT_S):
+            while await asyncio.to_thread(labels) != expected:
+                await asyncio.sleep(0.1)
+
     async def body() -> None:
         directory = new_dir()
+        config = Path(new_dir()) / "config.yaml"
+        config.write_text("version: v1\n")
         async with FakeKubelet(directory) as kubelet:
-            args = ("--simulate", "dgx-a100", "--api-backoff-s", "0.05", "0.5")
-            serve = Serve(directory, *args, env=env)
+            args = ("--simulate", "dgx-a100", "--config", str(config))
+            serve = Serve(directory, *args, "--api-backoff-s", "0.05", "0.5", env=env)
             try:
                 await kubelet.wait_registered(GPU, WAIT_S)
-                async with asyncio.timeout(WAIT_S):
-                    while await asyncio.to_thread(labels) != expected:
-                        await asyncio.sleep(0.1)
+                await until_labels(read_fixture("dgx-a100"))
                 stored = real_api.request("GET", release.object_path(node))
-                assert stored["metadata"]["ownerReferences"][0]["uid"] == release.pod_uid
+                assert stored["metadata"]["labels"] == {NODE_NAME_LABEL: node}
+                assert stored["metadata"]["ownerReferences"] == [
+                    {"apiVersion": "v1", "kind": "Pod", "name": release.pod, "uid": release.pod_uid}
+                ]
                 assert stored["spec"]["labels"][STAMP].isdigit()
+                version = stored["metadata"]["resourceVersion"]
+
+                # A reload that changes what is served (4 replicas) changes the object.
+                config.write_text(TIME_SLICED)
+                serve.send(signal.SIGHUP)
+                await kubelet.observer.wait_for(
+                    lambda m: len(m.healthy_devices(GPU)) == 32, WAIT_S, "32 replicas"
+                )
+                await until_labels(read_fixture("dgx-a100.time-sliced"))
+                stored = real_api.request("GET", release.object_path(node))
+                assert stored["metadata"]["resourceVersion"] != version
+                assert stored["metadata"]["ownerReferences"][0]["uid"] == release.pod_uid
+                # GFD writes one or the other: no feature file in NodeFeature mode.
+                assert not serve.events("labelled the node")
                 assert "kubernetes api failing" not in serve.text()
             finally:
                 assert serve.stop() == 0, serve.text()
+        # Left in place at stop: the pod owns it (and the garbage collector, not here, takes it
+        # with the pod).
+        assert labels() == read_fixture("dgx-a100.time-sliced")
 
     run(body)
 
