@@ -330,6 +330,21 @@ def serving_everything(directory: str, devices: DeviceManager, seen: Observer) -
     return bool(sockets) and all(s in registered and s in listed for s in sockets)
 
 
+def device_allocatable(devices: DeviceManager) -> dict[str, int]:
+    """Each device resource's allocatable as the kubelet's fit sees it: its healthy devices,
+    raised to the devices allocated -- to every pod, the one being admitted included, whose
+    devices the container manager allocated before the fit runs (the device manager's
+    ``sanitizeNodeAllocatable``). So a pod holding devices that turned unhealthy does not leave
+    the next pod short (docs/kubelet-behaviour.md#resource-fit)."""
+    extended = {r: c.allocatable for r, c in devices.capacity().items()}
+    allocated: dict[str, int] = {}
+    for entry in devices.allocations():
+        allocated[entry.resource] = allocated.get(entry.resource, 0) + len(entry.device_ids)
+    for resource, count in allocated.items():
+        extended[resource] = max(extended.get(resource, 0), count)
+    return extended
+
+
 # --- the admission run -------------------------------------------------------------------------
 
 
@@ -514,12 +529,7 @@ class Admission:
         """The node's allocatable as the kubelet's resource fit sees it now: CPUs and memory
         less the reservations, ``--max-pods``, and each device resource's healthy devices --
         at least as many as are allocated (the kubelet's device manager raises it to that)."""
-        extended = {r: c.allocatable for r, c in self.devices.capacity().items()}
-        allocated: dict[str, int] = {}
-        for entry in self.devices.allocations():
-            allocated[entry.resource] = allocated.get(entry.resource, 0) + len(entry.device_ids)
-        for resource, count in allocated.items():
-            extended[resource] = max(extended.get(resource, 0), count)
+        extended = device_allocatable(self.devices)
         reserved = self.settings.reserved_cpus
         return node_allocatable(
             len(self.topology.cpus.cpus),

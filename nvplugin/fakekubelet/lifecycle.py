@@ -4,14 +4,15 @@ node have room for the pod's CPU, memory and extended resources, and for one mor
 The kubelet runs its admit handlers in order and stops at the first that refuses; the container
 manager's (topology manager, device and CPU allocation) comes before this one
 (docs/kubelet-behaviour.md#resource-fit). This one compares the pod's effective requests
-(:func:`nvplugin.fakekubelet.pods.pod_requests`) with the node's allocatable minus what the other
-active pods request, in the scheduler's order -- pods, cpu, memory, then extended resources --
-and reports the first that does not fit, with the kubelet's reason (``OutOf<resource>``) and
-message. Extended resources the node does not know at all are left out first, as the kubelet
-does (cluster-level resources are unknown to nodes).
+(:func:`nvplugin.fakekubelet.pods.pod_requests`, ``spec.overhead`` included) with the node's
+allocatable minus what the other active pods request (their overhead included), in the
+scheduler's order -- pods, cpu, memory, then extended resources -- and reports the first that
+does not fit, with the kubelet's reason (``OutOf<resource>``) and message. Extended resources the
+node does not know at all are left out first, as the kubelet does (cluster-level resources are
+unknown to nodes).
 
 Known simplifications: ephemeral storage, hugepages and other node resources are not modelled
-(their requests are not checked), nor pod overhead, node affinity, host ports or taints.
+(their requests are not checked), nor node affinity, host ports or taints.
 """
 
 from __future__ import annotations
@@ -95,12 +96,12 @@ def resource_fit(pod: Pod, others: Sequence[Pod], node: NodeResources) -> PodAdm
     resource that does not fit (see the module docstring)."""
     if len(others) + 1 > node.pods:
         return _Shortfall(PODS, 1, len(others), node.pods).result()
-    wanted = _counted(pod_requests(pod), node)
+    wanted = _counted(pod_requests(pod, overhead=True), node)
     if not any(wanted.values()):
         return PodAdmitResult.admitted()
     used: dict[str, int] = {}
     for other in others:
-        for name, value in _counted(pod_requests(other), node).items():
+        for name, value in _counted(pod_requests(other, overhead=True), node).items():
             used[name] = used.get(name, 0) + value
     checks = [(CPU, node.milli_cpu)]
     if node.memory is not None:

@@ -7,6 +7,7 @@ from decimal import Decimal
 
 import pytest
 
+from nvplugin.errors import InputError
 from nvplugin.fakekubelet.lifecycle import (
     DEFAULT_MAX_PODS,
     EVICTION_HARD_MEMORY,
@@ -118,3 +119,34 @@ def test_node_allocatable_is_capacity_less_reservations_and_the_eviction_thresho
     )
     assert node == NodeResources(milli_cpu, memory, DEFAULT_MAX_PODS, {"a/b": 2})
     assert node_allocatable(80, None).memory is None
+
+
+def test_pod_overhead_counts_in_the_fit_for_the_pod_and_the_others() -> None:
+    """``spec.overhead`` (set from the pod's RuntimeClass) is part of what the kubelet's fit
+    requests: cpu 79 plus 1500m overhead is 80500 (the real kubelet 1.32)."""
+    (heavy,) = load_pods(
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: heavy}\nspec:\n"
+        "  overhead: {cpu: 1500m, memory: 1Gi}\n"
+        "  containers: [{name: main, resources: {requests: {cpu: '79'}}}]\n"
+    )
+    result = resource_fit(heavy, [], NODE)
+    assert (result.admit, result.reason, result.message) == (
+        False,
+        "OutOfcpu",
+        "Node didn't have enough resource: cpu, requested: 80500, used: 0, capacity: 80000",
+    )
+    (light,) = load_pods(
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: light}\nspec:\n"
+        "  overhead: {cpu: 250m}\n  containers: [{name: main}]\n"
+    )
+    # Overhead alone is a request: the pod is checked, and counted as used for the next one.
+    assert resource_fit(light, [], NodeResources(milli_cpu=0, memory=0)).reason == "OutOfcpu"
+    after = resource_fit(pod("next", "{requests: {cpu: '80'}}"), [light], NODE)
+    assert after.message == (
+        "Node didn't have enough resource: cpu, requested: 80000, used: 250, capacity: 80000"
+    )
+    with pytest.raises(InputError, match=r"spec.overhead\[cpu\]"):
+        load_pods(
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: bad}\nspec:\n"
+            "  overhead: {cpu: -1}\n  containers: [{name: main}]\n"
+        )
