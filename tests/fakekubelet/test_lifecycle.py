@@ -14,8 +14,10 @@ from nvplugin.fakekubelet.lifecycle import (
     NodeResources,
     node_allocatable,
     resource_fit,
+    validate_node_allocatable,
 )
 from nvplugin.fakekubelet.pods import Pod, load_pods
+from nvplugin.fakekubelet.topologymanager import StartupError
 
 GI = 1024**3
 NODE = NodeResources(milli_cpu=80_000, memory=512 * GI, pods=4, extended={"nvidia.com/gpu": 8})
@@ -150,3 +152,26 @@ def test_pod_overhead_counts_in_the_fit_for_the_pod_and_the_others() -> None:
             "apiVersion: v1\nkind: Pod\nmetadata: {name: bad}\nspec:\n"
             "  overhead: {cpu: -1}\n  containers: [{name: main}]\n"
         )
+
+
+def test_reservations_above_capacity_stop_the_kubelet_with_its_text() -> None:
+    """The kubelet's container manager refuses to start when a reservation exceeds the capacity;
+    it prints each quantity as Go's %v of a resource.Quantity value shows it."""
+    gib = 1024**3
+    with pytest.raises(StartupError) as err:
+        validate_node_allocatable({"memory": ["600Gi"], "cpu": ["100"]}, 80, 512 * gib)
+    assert str(err.value) == (
+        'invalid Node Allocatable configuration. Resource "cpu" has a reservation of '
+        "{{100 0} {<nil>}  DecimalSI} but capacity of {{80000 -3} {<nil>}  DecimalSI}. "
+        'Expected capacity >= reservation. Resource "memory" has a reservation of '
+        "{{644349952000 0} {<nil>}  BinarySI} but capacity of {{549755813888 0} {<nil>}  "
+        "BinarySI}. Expected capacity >= reservation."
+    )
+    # Mixed scales add at the finer one; the first non-zero quantity gives the format.
+    with pytest.raises(StartupError, match=r"of \{\{81500 -3\} \{<nil>\}  DecimalSI\} but"):
+        validate_node_allocatable({"cpu": ["1500m", "80"]}, 80, None)
+    # The hard eviction threshold (100Mi) counts: all the memory less 100Mi is the most.
+    validate_node_allocatable({"memory": ["524188Mi"], "cpu": ["80"]}, 80, 512 * gib)
+    with pytest.raises(StartupError, match='"memory"'):
+        validate_node_allocatable({"memory": ["524189Mi"]}, 80, 512 * gib)
+    validate_node_allocatable({"memory": ["1Ei"]}, 80, None)  # memory unknown: not checked
