@@ -13,6 +13,9 @@ serves (:class:`~nvplugin.rm.plan.ResourcePlan`). GFD's rules, restated:
 - ``cuda.driver.{major,minor,rev}`` and ``cuda.driver-version.{major,minor,revision,full}``: the
   driver version ``X.Y[.Z]`` (the revision empty without ``.Z``); ``cuda.runtime.{major,minor}``
   and ``cuda.runtime-version.{major,minor,full}``: the newest CUDA version the driver supports.
+- ``vgpu.present``: ``false``. GFD writes ``true`` (and ``vgpu.host-driver-{version,branch}``)
+  in a guest whose GPUs are NVIDIA vGPU devices, ``false`` on every other node with GPUs (bare
+  metal, PCI passthrough). nvplugin does not detect vGPU guests, so it always writes ``false``.
 - ``mig.capable``: whether any GPU supports MIG; ``mps.capable``: ``true`` when GPUs are shared
   through MPS (``sharing.mps`` with replicas > 1), else ``false``; ``gpu.mode``: ``compute``
   when every GPU is a PCI 3D controller, ``graphics`` when every one is a VGA controller, else
@@ -98,6 +101,7 @@ def gfd_labels(node: NodeFacts, plan: ResourcePlan | None, timestamp: int | None
         labels[f"{PREFIX}mig.strategy"] = plan.mig_strategy
         labels.update(mig_labels(plan))
     labels[f"{PREFIX}gpu.mode"] = gpu_mode(gpus)
+    labels[f"{PREFIX}vgpu.present"] = _bool(False)
     return labels
 
 

@@ -60,6 +60,9 @@ GFD_SHAPES = {
     "nvidia.com/gpu.compute.minor": r"[0-9]+",
     "nvidia.com/mps.capable": r"true|false",
     "nvidia.com/gpu.mode": r"compute|graphics|unknown",
+    # GFD writes false on a node without vGPU devices (bare metal, passthrough): a selector
+    # on vgpu.present=false must keep matching after the swap.
+    "nvidia.com/vgpu.present": r"false",
 }
 LABEL_KEY = re.compile(
     r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
