@@ -45,8 +45,9 @@ models GFD labels one chosen by chance; here it is the model of the lowest-index
 off (else with MIG on), and :func:`other_models` names the rest for a warning. GFD takes one
 sharing block for the whole node (MPS when ``sharing.mps`` replicates anything); nvplugin may
 share two resources two ways, and each resource's labels say its own. GFD fails to label a node
-that has MPS sharing and a GPU with MIG on; nvplugin serves MPS on whole GPUs only, so such a
-node's labels say ``mps.capable=true`` for its MPS-shared GPUs.
+that has MPS sharing and a GPU with MIG on; nvplugin serves MPS on whole GPUs with MIG off only
+(under migStrategy none it leaves the GPUs with MIG on out of MPS), so such a node's labels say
+``mps.capable=true`` when some GPU is MPS-shared, ``false`` when none is.
 """
 
 from __future__ import annotations
@@ -116,10 +117,15 @@ def labels_without_gpus(machine: str | None, timestamp: int | None) -> dict[str,
 
 
 def labelled_gpus(gpus: Sequence[Gpu], plan: ResourcePlan | None) -> list[Gpu]:
-    """The node's GPUs but those ``resources.exclude`` hides, in index order."""
+    """The node's GPUs but those ``resources.exclude`` hides, in index order (GPUs with MIG on
+    that MPS leaves out under migStrategy none are labelled, as under none without MPS)."""
     if plan is None:
         return list(gpus)
-    return [gpu for gpu in gpus if plan.served_as.get(str(gpu.index), "") is not None]
+    return [
+        gpu
+        for gpu in gpus
+        if plan.served_as.get(str(gpu.index), "") is not None or gpu.index in plan.mps_mig_on
+    ]
 
 
 def version_labels(driver: Driver) -> dict[str, str]:
