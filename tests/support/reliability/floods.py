@@ -139,7 +139,7 @@ def in_flight_kib(threads: int, *requests: api_pb2.AllocateRequest) -> int:
     times. Between the warm-up's reading and the last one the process's RSS swings by up to this
     with how many requests happened to be in flight, and how much of that the allocator kept (a
     heap's high-water mark is not returned), more so on a busy machine, where requests pile up:
-    a bound relative to RSS failed there without a leak (docs/testing.md#reliability). A leak
+    a bound relative to RSS failed there without a leak (DEVELOPERS.md#reliability-bounds). A leak
     grows with the number of requests (hundreds here, thousands at soak scale); this allowance
     does not."""
     return threads * IN_FLIGHT_COPIES * sum(r.ByteSize() for r in requests) // 1024
