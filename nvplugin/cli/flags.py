@@ -160,6 +160,19 @@ def setting_options(nvidia_only: bool = False) -> Callable[[F], F]:
                 help=text,
                 **extra,
             )(func)
+        from nvplugin.config.loader import REFUSED_NAMES
+
+        for number, refused in enumerate(REFUSED_NAMES):
+            func = click.option(
+                f"--{refused.flag}",
+                f"refused_{number}",
+                default=None,
+                is_flag=False,
+                flag_value="true",
+                metavar="true|false",
+                hidden=True,
+                help=f"NVIDIA's; refused: {refused.why} [${refused.env}]",
+            )(func)
         return func
 
     return add

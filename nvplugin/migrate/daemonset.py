@@ -16,12 +16,20 @@ from typing import Any
 from nvplugin import __version__, yamlinput
 from nvplugin.chart.values import NVIDIA_IMAGE
 from nvplugin.config import flag_names, load_config
-from nvplugin.config.loader import DISABLE_HEALTHCHECKS, ENABLE_HEALTHCHECKS, env_names
+from nvplugin.config.loader import (
+    DISABLE_HEALTHCHECKS,
+    ENABLE_HEALTHCHECKS,
+    REFUSED_NAMES,
+    env_names,
+    refused_names,
+)
 from nvplugin.errors import InputError
 from nvplugin.migrate.findings import Migration, Status
 
 RUNTIME_ENV = ("NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "NVIDIA_MIG_MONITOR_DEVICES")
 """Read by the NVIDIA container runtime, not by the plugin."""
+REFUSED_ENV = frozenset(r.env for r in REFUSED_NAMES)
+"""NVIDIA's variables nvplugin refuses by name: read by the loader, which names them."""
 PLUGIN_COMMANDS = ((), ("nvidia-device-plugin",))
 """The plugin container's command: none (the image's entrypoint) or NVIDIA's command."""
 OTHER_COMMANDS = {
@@ -135,7 +143,7 @@ def _settings(key: str, container: dict[str, Any], migration: Migration) -> None
             continue  # read with DP_DISABLE_HEALTHCHECKS: the pair means one thing
         if name in (DISABLE_HEALTHCHECKS, ENABLE_HEALTHCHECKS):
             one = {n: env[n] for n in (DISABLE_HEALTHCHECKS, ENABLE_HEALTHCHECKS) if n in env}
-        elif name in known or name.startswith("NVPLUGIN_"):
+        elif name in known or name.startswith("NVPLUGIN_") or name in REFUSED_ENV:
             one = {name: value}
         else:
             migration.add(f"{key}.env.{name}", Status.UNKNOWN, "not read by nvplugin; kept", value)
@@ -188,6 +196,16 @@ def _parse_args(args: list[str]) -> tuple[dict[str, tuple[str, object]], list[tu
             position += 0 if equals else 1
             continue
         path = names.get(name)
+        refused = {r.flag: r for r in REFUSED_NAMES}.get(name)
+        if path is None and refused is not None:
+            if not equals:
+                following = args[position] if position < len(args) else None
+                if following is not None and not following.startswith("-"):
+                    value, position = following, position + 1
+                else:
+                    value = "true"
+            problems.extend((arg, p) for p in refused_names({}, {name: value}))
+            continue
         if path is None:
             problems.append((arg, "not a flag of nvidia-device-plugin"))
             continue

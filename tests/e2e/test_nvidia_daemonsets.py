@@ -160,6 +160,20 @@ def test_nvidia_device_plugin_help_shows_nvidias_flags() -> None:
     assert "--resource-name" not in text  # nvplugin's own settings are not NVIDIA's flags
 
 
+@pytest.mark.parametrize("flag", ["--cdi-disable-hooks", "-cdi-disable-hooks=true"])
+def test_cdi_disable_hooks_flag_is_refused_by_name(flag: str) -> None:
+    done = subprocess.run(
+        [str(BIN / "nvidia-device-plugin"), flag, "--simulate", "dgx-1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "error: flag --cdi-disable-hooks='true': " in done.stderr
+    assert "does not support generating CDI specs yet" in done.stderr
+    assert "No such option" not in done.stderr
+
+
 def test_go_style_single_dash_flags() -> None:
     """NVIDIA's command reads flags as Go does: ``-fail-on-init-error=false`` and
     ``--fail-on-init-error=false`` are one flag (a DaemonSet's args may use either)."""

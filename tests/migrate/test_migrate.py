@@ -250,3 +250,19 @@ def test_a_long_hyphenated_path_stays_whole_in_the_title() -> None:
     text = to_text([migrate_values("{}", source)])
     header = [line for line in text.splitlines() if line.startswith("# ")]
     assert any(source in line for line in header), header
+
+
+def test_cdi_disable_hooks_is_refused_by_name_not_kept_as_unknown() -> None:
+    def change(container: dict[str, Any]) -> None:
+        container["env"] += [{"name": "CDI_DISABLE_HOOKS", "value": "true"}]
+        container["args"] = ["--cdi-disable-hooks"]
+
+    migration = _daemonset("chart-v0.20.0-defaults.yaml", change)
+    refused = {
+        f.key.rsplit(".", 1)[-1] if ".env." in f.key else "args": f for f in migration.refused
+    }
+    assert set(refused) == {"CDI_DISABLE_HOOKS", "args"}
+    assert "environment variable CDI_DISABLE_HOOKS='true'" in refused["CDI_DISABLE_HOOKS"].message
+    assert refused["args"].value == "--cdi-disable-hooks"
+    assert "does not support generating CDI specs yet" in refused["args"].message
+    assert not [f for f in migration.findings if f.status is Status.UNKNOWN]
