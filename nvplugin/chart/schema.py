@@ -12,6 +12,7 @@ from typing import Any
 
 from nvplugin.chart.values import (
     BY_PATH,
+    GFD_ONLY,
     NO_DEFAULT,
     NVIDIA_IMAGE,
     NVIDIA_TAG,
@@ -201,6 +202,7 @@ def settings_data() -> dict[str, Any]:
             "tagMessage": NVIDIA_TAG_WHY,
         },
         "noDefault": NO_DEFAULT,
+        "gfdOnly": GFD_ONLY,
     }
 
 

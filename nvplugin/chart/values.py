@@ -153,6 +153,35 @@ def no_default_problem(
     )
 
 
+GFD_ONLY = (
+    "with gfd.enabled, NVIDIA's chart deploys GPU Feature Discovery alone (beside another "
+    "device plugin); nvplugin's labels come from its plugin pods, which devicePlugin.enabled="
+    "false leaves out, and nvplugin has no labels-only pod (its pods would register "
+    "nvidia.com/gpu beside the other plugin): keep NVIDIA's GPU Feature Discovery for such a "
+    "node, or set devicePlugin.enabled=true and remove the other plugin"
+)
+"""Why a GPU-Feature-Discovery-only release (``devicePlugin.enabled=false``,
+``gfd.enabled=true``) is refused rather than rendered to nothing."""
+NFD_NOT_DEPLOYED = (
+    "NVIDIA's chart with gfd.enabled also deploys Node Feature Discovery (its nfd subchart, "
+    "Chart.yaml's condition nfd.enabled,gfd.enabled), which turns the feature file or the "
+    "NodeFeature objects into node labels; nvplugin's chart does not: deploy NFD with its own "
+    "chart (keep NVIDIA's release's NFD, or install node-feature-discovery) before the swap, "
+    "or no label arrives"
+)
+"""What ``migrate`` says of ``gfd.enabled``: the one thing that stops working after the swap."""
+
+
+def gfd_only(values: Mapping[str, Any]) -> bool:
+    """Whether chart ``values`` ask for GPU Feature Discovery without the plugin (the chart's
+    templates apply the same rule: "nvplugin.gfdOnly")."""
+    plugin = values.get("devicePlugin")
+    gfd = values.get("gfd")
+    enabled = plugin.get("enabled") if isinstance(plugin, Mapping) else None
+    labels = gfd.get("enabled") if isinstance(gfd, Mapping) else None
+    return enabled is False and labels is True
+
+
 def _present(label: str, value: str) -> dict[str, Any]:
     return {"matchExpressions": [{"key": label, "operator": "In", "values": [value]}]}
 

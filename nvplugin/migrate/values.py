@@ -16,10 +16,14 @@ from typing import Any
 from nvplugin import yamlinput
 from nvplugin.chart.values import (
     BY_PATH,
+    GFD_ONLY,
+    NFD_NOT_DEPLOYED,
     NVIDIA_IMAGE,
     NvidiaValue,
     Use,
     covering,
+    gfd_only,
+    no_default_problem,
     off_defaults,
 )
 from nvplugin.config import SETTINGS, load_config
@@ -58,7 +62,37 @@ def migrate_values(text: str, source: str, repository: str = DEFAULT_REPOSITORY)
     _walk(document, "", migration, _setting_values(), repository)
     if "image" not in document or "repository" not in (document.get("image") or {}):
         _put(migration.output, "image.repository", repository)
+    _gfd(document, migration)
+    _default_config(document, migration)
     return migration
+
+
+def _default_config(document: Mapping[str, Any], migration: Migration) -> None:
+    """NVIDIA's chart's rule: a config.map must give an unlabelled node a config (both charts
+    refuse it at render, with NVIDIA's message)."""
+    config = document.get("config")
+    if not isinstance(config, dict) or not isinstance(config.get("map"), dict):
+        return
+    fallbacks = config.get("fallbackStrategies")
+    if not isinstance(fallbacks, list):
+        fallbacks = list(BY_PATH["config.fallbackStrategies"].defaults()[0])
+    default = config.get("default")
+    problem = no_default_problem(
+        [str(name) for name in config["map"]],
+        default if isinstance(default, str) else None,
+        [str(item) for item in fallbacks],
+    )
+    if problem is not None:
+        migration.add("values.config.map", Status.REFUSED, problem)
+
+
+def _gfd(document: Mapping[str, Any], migration: Migration) -> None:
+    """``gfd.enabled``: NVIDIA's chart also deployed NFD, nvplugin's does not; without the
+    plugin (a GPU-Feature-Discovery-only release) nothing would label the nodes."""
+    if gfd_only(document):
+        migration.add("values.devicePlugin.enabled", Status.REFUSED, GFD_ONLY, False)
+    elif isinstance(gfd := document.get("gfd"), dict) and gfd.get("enabled") is True:
+        migration.add("values.gfd.enabled", Status.DIFFERS, NFD_NOT_DEPLOYED, True)
 
 
 def _walk(

@@ -167,3 +167,20 @@ def test_names_yaml_would_retype_stay_strings(name: str) -> None:
 def test_the_schema_refuses_what_the_api_server_refuses(key: str, value: object) -> None:
     with pytest.raises(helm.HelmError, match=SCHEMA_ERROR):
         render({key: value})
+
+
+# --- GPU Feature Discovery without the plugin ------------------------------------------------------
+
+
+def test_a_gfd_only_release_is_refused_not_rendered_to_nothing() -> None:
+    data = with_nvplugin_image(values("v0.20.0"))
+    data["devicePlugin"]["enabled"] = False
+    data["gfd"]["enabled"] = True
+    error = render_error(data)
+    assert "values.devicePlugin.enabled: false: with gfd.enabled, NVIDIA's chart deploys GPU" in (
+        error
+    )
+    assert "nvplugin has no labels-only pod" in error
+    # Without gfd, devicePlugin.enabled=false still means NVIDIA's: no plugin, nothing rendered.
+    data["gfd"]["enabled"] = False
+    assert render(data).objects == []

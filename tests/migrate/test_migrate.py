@@ -266,3 +266,37 @@ def test_cdi_disable_hooks_is_refused_by_name_not_kept_as_unknown() -> None:
     assert refused["args"].value == "--cdi-disable-hooks"
     assert "does not support generating CDI specs yet" in refused["args"].message
     assert not [f for f in migration.findings if f.status is Status.UNKNOWN]
+
+
+def test_gfd_enabled_says_nvidias_chart_also_deployed_nfd() -> None:
+    data = values("v0.20.0")
+    data["gfd"]["enabled"] = True
+    migration = _values(data)
+    (note,) = [f for f in migration.findings if f.key == "values.gfd.enabled"]
+    assert note.status is Status.DIFFERS
+    assert "NVIDIA's chart with gfd.enabled also deploys Node Feature Discovery" in note.message
+    assert "nvplugin's chart does not" in note.message
+    assert migration.refused == [] and migration.output["gfd"] == {"enabled": True}
+
+
+def test_a_gfd_only_release_is_refused_as_the_chart_refuses_it() -> None:
+    data = values("v0.18.2")
+    data["devicePlugin"]["enabled"] = False
+    data["gfd"]["enabled"] = True
+    migration = _values(data)
+    (refused,) = migration.refused
+    assert refused.key == "values.devicePlugin.enabled"
+    error = render_error(migration.output)
+    assert f"values.devicePlugin.enabled: false: {refused.message}" in error
+
+
+def test_a_config_map_without_a_default_is_refused_with_nvidias_message() -> None:
+    data = values("v0.20.0")
+    data["config"]["map"] = {"a100-40gb": "version: v1\n", "tesla-t4": "version: v1\n"}
+    migration = _values(data)
+    (refused,) = migration.refused
+    assert refused.key == "values.config.map"
+    assert refused.message.startswith("A default config must be provided when more than one")
+    assert f"values.config.map: {refused.message}" in render_error(migration.output)
+    data["config"]["default"] = "tesla-t4"
+    assert _values(data).refused == []

@@ -382,6 +382,9 @@ and values that contradict each other.
 {{- $problems = concat $problems (include "nvplugin.configProblems" . | fromJsonArray) }}
 {{- with include "nvplugin.defaultProblem" . }}{{ $problems = append $problems . }}{{ end }}
 {{- with include "nvplugin.noDefaultProblem" (dict "Values" .Values "message" $data.noDefault) }}{{ $problems = append $problems . }}{{ end }}
+{{- if include "nvplugin.gfdOnly" . }}
+{{- $problems = append $problems (printf "values.devicePlugin.enabled: false: %s" $data.gfdOnly) }}
+{{- end }}
 {{- if regexMatch $data.image.pattern (.Values.image.repository | toString) }}
 {{- $problems = append $problems (printf "values.image.repository: %q %s" .Values.image.repository $data.image.message) }}
 {{- end }}
@@ -476,6 +479,14 @@ NVIDIA's values use NVIDIA's variable names.
 {{- end }}
 {{- end }}
 {{- toJson $out }}
+{{- end }}
+
+{{/*
+GPU Feature Discovery without the plugin (devicePlugin.enabled=false, gfd.enabled=true):
+refused, as nvplugin's labels come from its plugin pods (nvplugin/chart/values.py: gfd_only).
+*/}}
+{{- define "nvplugin.gfdOnly" -}}
+{{- if and (eq (toJson (.Values.devicePlugin | default dict).enabled) "false") (eq (toJson (.Values.gfd | default dict).enabled) "true") }}true{{ end }}
 {{- end }}
 
 {{/* NVIDIA's devicePlugin.enabled: false renders no plugin. */}}
