@@ -331,7 +331,7 @@ NVIDIA_VALUES: tuple[NvidiaValue, ...] = (
     _v(
         "devicePlugin.containers.main.env",
         Use.HONOURED,
-        [
+        [  # main after v0.20.0 (no tag up to v0.20.0 has the key: its template set these)
             {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
             {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "compute,utility"},
         ],
@@ -379,7 +379,8 @@ NVIDIA_VALUES: tuple[NvidiaValue, ...] = (
     _v(
         "mps.enableHostPID",
         Use.DEFAULTS,
-        True,
+        True,  # v0.20.0 and after
+        False,  # v0.18.2
         why="nvplugin runs each MPS control daemon in its own pod, which needs neither the host's "
         "PID namespace nor its network (NVIDIA's MPS DaemonSet does); leave mps.enableHostPID "
         "and mps.enableHostNetwork at NVIDIA's defaults or remove them",

@@ -169,7 +169,7 @@ def test_the_schema_refuses_what_the_api_server_refuses(key: str, value: object)
         render({key: value})
 
 
-# --- GPU Feature Discovery without the plugin ------------------------------------------------------
+# --- GPU Feature Discovery without the plugin -------------------------------------------------
 
 
 def test_a_gfd_only_release_is_refused_not_rendered_to_nothing() -> None:

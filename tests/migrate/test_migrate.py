@@ -65,7 +65,7 @@ def _cannot(version: str) -> dict[str, Any]:
     data["gfd"]["enabled"] = True  # honoured: kept
     data["gfd"]["nameOverride"] = "gfd"
     data["nfd"]["worker"]["config"]["sources"]["pci"]["deviceClassWhitelist"] = ["03"]
-    data["mps"]["enableHostPID"] = False
+    data["mps"]["enableHostNetwork"] = True
     data["gdsEnabled"] = True
     data["deviceDiscoveryStrategy"] = "tegra"
     data["cdi"]["featureFlags"] = "disable-nvsandboxutils"
