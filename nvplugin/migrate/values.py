@@ -59,7 +59,7 @@ def migrate_values(text: str, source: str, repository: str = DEFAULT_REPOSITORY)
         "(helm install nvplugin charts/nvplugin -n kube-system -f THIS_FILE)",
         {},
     )
-    _walk(document, "", migration, _setting_values(), repository)
+    _walk(document, (), migration, _setting_values(), repository)
     if "image" not in document or "repository" not in (document.get("image") or {}):
         _put(migration.output, "image.repository", repository)
     _gfd(document, migration)
@@ -97,25 +97,27 @@ def _gfd(document: Mapping[str, Any], migration: Migration) -> None:
 
 def _walk(
     node: Mapping[str, Any],
-    prefix: str,
+    prefix: tuple[str, ...],
     migration: Migration,
     settings: dict[str, tuple[str, Setting]],
     repository: str,
 ) -> None:
     for key, value in node.items():
-        path = f"{prefix}.{key}" if prefix else str(key)
+        parts = (*prefix, str(key))
+        path = ".".join(parts)
         if value is None:
             continue  # null: not set, as Helm takes it
-        if path in settings:
+        declared = None if "." in str(key) else covering(path)  # a dotted key is no value's
+        if path in settings and "." not in str(key):
             _setting_value(path, value, migration, *settings[path])
-        elif (declared := covering(path)) is not None:
+        elif declared is not None:
             if declared.path == path and declared.settings and isinstance(value, dict):
                 value = _block_settings(value, path, declared, migration, settings)
                 if not value:
                     continue
             _nvidia_value(path, value, declared.path, migration, repository)
         elif isinstance(value, dict) and value:
-            _walk(value, path, migration, settings, repository)
+            _walk(value, parts, migration, settings, repository)
         else:
             migration.add(
                 f"values.{path}",
@@ -124,7 +126,7 @@ def _walk(
                 "(nvplugin's chart checks it against its schema)",
                 value,
             )
-            _put(migration.output, path, value)
+            _put_parts(migration.output, parts, value)
 
 
 def _block_settings(
@@ -238,7 +240,12 @@ def _get(value: object, leaf: str, prefix: str) -> object:
 
 
 def _put(out: dict[str, Any], path: str, value: object) -> None:
-    *parents, leaf = path.split(".")
+    _put_parts(out, tuple(path.split(".")), value)
+
+
+def _put_parts(out: dict[str, Any], parts: tuple[str, ...], value: object) -> None:
+    """``value`` at the keys ``parts`` (a key may hold dots: a label's name)."""
+    *parents, leaf = parts
     node = out
     for parent in parents:
         node = node.setdefault(parent, {})

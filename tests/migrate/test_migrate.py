@@ -409,3 +409,17 @@ def test_values_read_from_standard_input() -> None:
         [*command, "--daemonset", "-"], input=text, capture_output=True, text=True, timeout=60
     )
     assert both.returncode == 2 and "only one of --values and --daemonset" in both.stderr
+
+
+def test_dotted_keys_of_unknown_values_stay_keys() -> None:
+    """A label's name (with dots) under a value NVIDIA's chart does not have is one key, not a
+    path: podLabels is nvplugin's, kept as it is."""
+    labels = {"example.com/team": "ml", "app.kubernetes.io/part-of": "gpu"}
+    migration = _values({"podLabels": labels, "image": {"repository": NVIDIA_IMAGE}})
+    assert migration.output["podLabels"] == labels
+    unknown = sorted(f.key for f in migration.findings if f.status is Status.UNKNOWN)
+    assert unknown == [
+        "values.podLabels.app.kubernetes.io/part-of",
+        "values.podLabels.example.com/team",
+    ]
+    assert render(migration.output).pod is not None
