@@ -113,7 +113,7 @@ def _nvidias(facts: dict[str, Any], leaf: str, default: Any, base: str) -> bool:
 
 
 def test_the_facts_that_corrected_the_fixtures() -> None:
-    """The two facts issue 39 found the fixtures and declarations got wrong."""
+    """The two facts the fixtures and declarations once got wrong."""
     assert "devicePlugin.containers.main.env" not in FACTS["v0.20.0"]["values"]
     assert FACTS["v0.18.2"]["values"]["mps.enableHostPID"] is False
     assert "devicePlugin.containers.main.env" in FACTS["main"]["values"]
