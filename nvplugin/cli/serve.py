@@ -90,6 +90,15 @@ def _serve(
         for name, value in options.items()
         if name.startswith("setting_")
     }
+    from nvplugin.config.loader import REFUSED_NAMES, refused_names
+
+    given = {
+        REFUSED_NAMES[int(name.split("_")[1])].flag: value
+        for name, value in options.items()
+        if name.startswith("refused_")
+    }
+    for problem in refused_names({}, given):
+        raise InputError(problem)
     path = config_file(config_path, env)
 
     def load_file(file: str | None) -> Any:
