@@ -92,12 +92,12 @@ def _serve(
     }
     from nvplugin.config.loader import REFUSED_NAMES, refused_names
 
-    given = {
+    refused = {
         REFUSED_NAMES[int(name.split("_")[1])].flag: value
         for name, value in options.items()
         if name.startswith("refused_")
     }
-    for problem in refused_names({}, given):
+    for problem in refused_names({}, refused):
         raise InputError(problem)
     path = config_file(config_path, env)
 
