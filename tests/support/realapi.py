@@ -39,6 +39,9 @@ import yaml
 
 ASSETS_ENV = "KUBEBUILDER_ASSETS"
 BINARIES = ("etcd", "kube-apiserver", "kube-scheduler")
+CONTROLLER_MANAGER = "kube-controller-manager"
+"""Optional beside them (envtest's layout has none; the Makefile adds it when it can): runs the
+garbage collector for :meth:`RealAPI.garbage_collector`."""
 START_S = 60.0
 """Longest wait for a component to answer (the apiserver takes ~2 s on an idle machine)."""
 STOP_S = 15.0
@@ -196,6 +199,14 @@ def _wait_healthy(component: _Process, url: str, context: ssl.SSLContext, header
         time.sleep(0.1)
 
 
+def _insecure() -> ssl.SSLContext:
+    """For a component's own health endpoint: it serves a self-signed certificate it made."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    return context
+
+
 def _documents(objs_or_yaml: Json | Iterable[Json] | str) -> list[Json]:
     if isinstance(objs_or_yaml, str):
         return [d for d in yaml.safe_load_all(objs_or_yaml) if d]
@@ -221,6 +232,7 @@ class RealAPI:
     _context: ssl.SSLContext | None = None
     _resources: dict[tuple[str, str], tuple[str, bool]] = field(default_factory=dict)
     _schedulers: list[RealScheduler] = field(default_factory=list)
+    _controller_manager: _Process | None = None
 
     def __post_init__(self) -> None:
         self.ca_file = self.root / "pki" / "ca.crt"
@@ -318,7 +330,7 @@ class RealAPI:
     def stop_processes(self) -> None:
         for scheduler in list(self._schedulers):
             scheduler.stop()
-        for component in (self._apiserver, self._etcd):
+        for component in (self._controller_manager, self._apiserver, self._etcd):
             if component is not None:
                 component.stop()
 
@@ -339,6 +351,43 @@ class RealAPI:
         finally:
             port = int(self.server.rsplit(":", 1)[1])
             self._start_apiserver(port)
+
+    @contextlib.contextmanager
+    def garbage_collector(self) -> Iterator[None]:
+        """kube-controller-manager running its garbage collector alone, for the block: objects
+        whose owners are gone are deleted (``ownerReferences``), as in a cluster. Only for the
+        block: other tests' objects may name owners that never existed.
+        :class:`AssetsMissing` when ``$KUBEBUILDER_ASSETS`` has no kube-controller-manager."""
+        binary = self.assets / CONTROLLER_MANAGER
+        if not os.access(binary, os.X_OK):
+            raise AssetsMissing(f"{ASSETS_ENV}={self.assets} has no {CONTROLLER_MANAGER}")
+        port = free_port()
+        self._controller_manager = _Process(
+            CONTROLLER_MANAGER,
+            [
+                str(binary),
+                f"--kubeconfig={self.admin_kubeconfig}",
+                "--controllers=garbagecollector",
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={port}",
+                f"--authentication-kubeconfig={self.admin_kubeconfig}",
+                f"--authorization-kubeconfig={self.admin_kubeconfig}",
+                "--authentication-skip-lookup=true",
+                f"--cert-dir={self.root / CONTROLLER_MANAGER}",
+                "--v=1",
+            ],
+            self.root / f"{CONTROLLER_MANAGER}.log",
+        )
+        try:
+            self._controller_manager.start()
+            _wait_healthy(
+                self._controller_manager, f"https://127.0.0.1:{port}/healthz", _insecure(), {}
+            )
+            yield
+        finally:
+            self._controller_manager.stop()
+            self._controller_manager = None
 
     def logs(self) -> dict[str, str]:
         """The last lines of each component's log (for a failing test's message)."""
@@ -404,7 +453,7 @@ class RealAPI:
         key = (api_version, kind)
         if key not in self._resources:
             base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
-            for resource in self.request("GET", base).get("resources", []):
+            for resource in self.request("GET", base).get("resources") or []:
                 if "/" not in resource["name"]:
                     found = (resource["name"], bool(resource["namespaced"]))
                     self._resources[(api_version, resource["kind"])] = found
@@ -468,7 +517,7 @@ class RealAPI:
         deadline = time.monotonic() + START_S
         while True:
             current = self.request("GET", path)
-            conditions = current.get("status", {}).get("conditions", [])
+            conditions = (current.get("status") or {}).get("conditions") or []  # null at first
             established = any(
                 c.get("type") == "Established" and c.get("status") == "True" for c in conditions
             )
@@ -652,11 +701,10 @@ class RealScheduler:
                 "--v=2",
             ]
             self.process.start()
-            insecure = ssl.create_default_context()
-            insecure.check_hostname = False
-            insecure.verify_mode = ssl.CERT_NONE  # its own self-signed serving certificate
             try:
-                _wait_healthy(self.process, f"https://127.0.0.1:{self.port}/readyz", insecure, {})
+                _wait_healthy(
+                    self.process, f"https://127.0.0.1:{self.port}/readyz", _insecure(), {}
+                )
                 return
             except RuntimeError:
                 self.process.stop()
