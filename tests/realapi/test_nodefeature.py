@@ -73,19 +73,8 @@ def release(real_api: RealAPI, crd: None) -> Iterator[Release]:
     account = next(o for o in rbac if o["kind"] == "ServiceAccount")
     real_api.apply(account)
     pod = f"nvplugin-{uuid.uuid4().hex[:5]}"
-    created = real_api.request(
-        "POST",
-        f"/api/v1/namespaces/{namespace}/pods",
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": pod},
-            "spec": {
-                "serviceAccountName": account["metadata"]["name"],
-                "automountServiceAccountToken": False,
-                "containers": [{"name": "nvplugin", "image": "nvplugin:test"}],
-            },
-        },
+    created = real_api.add_pod(
+        namespace, pod, spec={"serviceAccountName": account["metadata"]["name"]}
     )
     yield Release(namespace, account["metadata"]["name"], rbac, pod, created["metadata"]["uid"])
 

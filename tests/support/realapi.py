@@ -50,6 +50,9 @@ OUTAGE_GRACE_S = 2.0
 REQUEST_S = 30.0
 FIELD_MANAGER = "tests"
 ADMIN_USER = "realapi-admin"
+UNSCHEDULED = "realapi-unscheduled"
+"""The scheduler name :meth:`RealAPI.add_pod` gives a Pod by default: no scheduler serves it, so
+the kube-schedulers other tests start leave such a Pod (an API object only) alone."""
 SERVICE_CIDR = "10.96.0.0/16"
 
 Json = dict[str, Any]
@@ -622,6 +625,22 @@ class RealAPI:
         if ready and kept != taints:
             node = self.request("PATCH", f"/api/v1/nodes/{name}", {"spec": {"taints": kept}})
         return node
+
+    def add_pod(self, namespace: str, name: str, *, spec: Mapping[str, Any] | None = None) -> Json:
+        """A Pod object (nothing runs it): one container unless ``spec`` says otherwise, no
+        token mounted, and scheduler :data:`UNSCHEDULED` unless ``spec`` names one. The Pod as
+        stored (its ``metadata.uid`` is the server's)."""
+        body: Json = {
+            "schedulerName": UNSCHEDULED,
+            "automountServiceAccountToken": False,
+            "containers": [{"name": "main", "image": "realapi:test"}],
+            **(spec or {}),
+        }
+        return self.request(
+            "POST",
+            f"/api/v1/namespaces/{namespace}/pods",
+            {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": body},
+        )
 
     def until_allowed(self, token: str, method: str, path: str) -> None:
         """Waits until ``token``'s owner may ``method path`` (a binding just applied reaches the
