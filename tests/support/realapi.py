@@ -16,6 +16,7 @@ is stopped by :meth:`RealAPI.stop`.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import secrets
@@ -25,6 +26,7 @@ import socket
 import ssl
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -149,9 +151,16 @@ class _Process:
     proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
+        # Killed with this process if it dies without stopping it (a test run killed): the
+        # signal comes when the starting *thread* ends, so only from the main thread.
+        dies_with_us = threading.current_thread() is threading.main_thread()
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
-                self.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
+                self.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                preexec_fn=_die_with_parent if dies_with_us else None,
             )
 
     def running(self) -> bool:
@@ -183,6 +192,15 @@ class _Process:
         return RuntimeError(
             f"{self.name} {what} ({state}); its log {self.log} ends:\n{self.tail()}"
         )
+
+
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGKILL when the parent goes."""
+    _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _wait_healthy(component: _Process, url: str, context: ssl.SSLContext, headers: Json) -> None:
