@@ -61,7 +61,7 @@ class Release:
 
 @pytest.fixture(scope="module")
 def crd(real_api: RealAPI) -> None:
-    real_api.install_crd(CRD)
+    real_api.install_crd(str(CRD))  # a path as text, as tests may give it
 
 
 @pytest.fixture

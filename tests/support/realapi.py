@@ -525,7 +525,10 @@ class RealAPI:
                 raise
 
     def install_crd(self, obj_or_path: Json | str | Path) -> Json:
-        """Applies the CustomResourceDefinition and waits until it is Established and served."""
+        """Applies the CustomResourceDefinition (an object, a file's path, or YAML text) and
+        waits until it is Established and served."""
+        if isinstance(obj_or_path, str) and "\n" not in obj_or_path and os.path.isfile(obj_or_path):
+            obj_or_path = Path(obj_or_path)
         if isinstance(obj_or_path, Path):
             obj_or_path = obj_or_path.read_text()
         (crd,) = _documents(obj_or_path)
