@@ -28,7 +28,7 @@ REAL_API_ENV  :=
 REAL_API_DEPS :=
 endif
 
-.PHONY: install run test test-fast lint format bench soak proto hooks clean real-api-assets
+.PHONY: install run test test-fast lint format bench soak proto hooks clean real-api-assets e2e-node
 
 install: $(STAMP)
 
@@ -88,6 +88,11 @@ bench: install
 # The reliability scenarios at full scale (tests/reliability/; make test runs them scaled down).
 soak: install
 	$(BIN)/python -m tests.support.reliability.soak
+
+# The image and chart on a real one-node cluster (root; not part of make test): see
+# tests/support/realnode/. Binaries from NVPLUGIN_E2E_BIN, else unpacked from ../shared/k8s.
+e2e-node: install
+	$(BIN)/python -m tests.support.realnode
 
 # The commit-msg hook of CONTRIBUTING.md (subject <= 72 characters, a blank line before the body).
 hooks:
