@@ -6,8 +6,9 @@ API itself, so a field it refuses, a CRD schema that does not validate or RBAC i
 denies fails a test. One :class:`RealAPI` serves a whole pytest session (tests/conftest.py's
 ``real_api`` fixture): TLS with a CA made here, the RBAC authorizer on, an admin token, and
 service account tokens minted through TokenRequest so the plugin runs with exactly the RBAC a
-test applies. No controller-manager: nothing garbage-collects, no ``default`` ServiceAccount
-appears by itself (:meth:`RealAPI.namespace` makes it), Nodes are API objects only.
+test applies. No controller runs unless asked (:meth:`RealAPI.garbage_collector`): no
+``default`` ServiceAccount appears by itself (:meth:`RealAPI.namespace` makes it), Nodes are API
+objects only.
 
 Everything lives in one temporary directory (under the test run's directory) and every process
 is stopped by :meth:`RealAPI.stop`.
@@ -45,10 +46,11 @@ CONTROLLER_MANAGER = "kube-controller-manager"
 """Optional beside them (envtest's layout has none; the Makefile adds it when it can): runs the
 garbage collector for :meth:`RealAPI.garbage_collector`."""
 START_S = 60.0
-"""Longest wait for a component to answer (the apiserver takes ~2 s on an idle machine)."""
+"""Longest wait for a component to answer (generous: only reached when something is broken)."""
 STOP_S = 15.0
 """Longest wait for a component to exit after SIGTERM before it is killed."""
 OUTAGE_GRACE_S = 2.0
+"""How long :meth:`RealAPI.outage` lets kube-apiserver drain before killing it."""
 REQUEST_S = 30.0
 FIELD_MANAGER = "tests"
 ADMIN_USER = "realapi-admin"
