@@ -12,14 +12,17 @@ PYTEST_FLAGS ?=
 # start into failures rather than skips. Without both the tier is skipped and said to be.
 K8S_VERSION := 1.36.2
 K8S_ARCHIVE := ../shared/k8s/kube-$(K8S_VERSION)-linux-amd64.tar.xz
+# The node archive beside it lends kube-controller-manager (its garbage collector) when there.
+K8S_NODE_ARCHIVE := ../shared/k8s/kube-node-$(K8S_VERSION)-linux-amd64.tar.xz
 K8S_CACHE   := .cache/k8s
 K8S_ASSETS  := $(K8S_CACHE)/kube-$(K8S_VERSION)
+K8S_NODE    := kube-node-$(K8S_VERSION)
 ifdef KUBEBUILDER_ASSETS
 REAL_API_ENV  := NVPLUGIN_REQUIRE_REAL_API=1
 REAL_API_DEPS :=
 else ifneq ($(wildcard $(K8S_ARCHIVE)),)
 REAL_API_ENV  := KUBEBUILDER_ASSETS=$(abspath $(K8S_ASSETS)) NVPLUGIN_REQUIRE_REAL_API=1
-REAL_API_DEPS := $(K8S_ASSETS)/.checked
+REAL_API_DEPS := $(K8S_ASSETS)/.unpacked
 else
 REAL_API_ENV  :=
 REAL_API_DEPS :=
@@ -43,16 +46,23 @@ test: install lint $(REAL_API_DEPS)
 	$(REAL_API_ENV) $(BIN)/python -m pytest $(PYTEST_FLAGS)
 
 # Unpack the real-API tier's binaries (see K8S_ARCHIVE above) and print the directory.
-real-api-assets: $(K8S_ASSETS)/.checked
+real-api-assets: $(K8S_ASSETS)/.unpacked
 	@echo "KUBEBUILDER_ASSETS=$(abspath $(K8S_ASSETS))"
 
-$(K8S_ASSETS)/.checked: $(K8S_ARCHIVE)
-	rm -rf $(K8S_ASSETS)
+$(K8S_ASSETS)/.unpacked: $(K8S_ARCHIVE) $(wildcard $(K8S_NODE_ARCHIVE))
+	rm -rf $(K8S_ASSETS) $(K8S_CACHE)/$(K8S_NODE)
 	mkdir -p $(K8S_CACHE)
 	tar -xJf $(K8S_ARCHIVE) -C $(K8S_CACHE)
 	cd $(K8S_ASSETS) && sha256sum --check --strict --quiet SHA256SUMS
 	if [ -f $(dir $(K8S_ARCHIVE))SHA256SUMS.contents ]; then \
 	  cmp $(dir $(K8S_ARCHIVE))SHA256SUMS.contents $(K8S_ASSETS)/SHA256SUMS; fi
+	if [ -f $(K8S_NODE_ARCHIVE) ]; then \
+	  tar -xJf $(K8S_NODE_ARCHIVE) -C $(K8S_CACHE) \
+	    $(K8S_NODE)/kube-controller-manager $(K8S_NODE)/SHA256SUMS && \
+	  (cd $(K8S_CACHE)/$(K8S_NODE) && grep ' kube-controller-manager$$' SHA256SUMS \
+	    | sha256sum --check --strict --quiet) && \
+	  mv $(K8S_CACHE)/$(K8S_NODE)/kube-controller-manager $(K8S_ASSETS)/ && \
+	  rm -rf $(K8S_CACHE)/$(K8S_NODE); fi
 	touch $@
 
 # While working: the unit and in-process tests, about a minute. Leaves out the tests marked

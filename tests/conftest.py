@@ -21,13 +21,14 @@ generated examples). Every test under ``tests/e2e/`` and ``tests/reliability/`` 
 ``process`` here; elsewhere a test says so itself. The same audit hook keeps the marks honest: a
 test that starts such a child without the ``process`` mark fails, naming what it started.
 
-The real-API tier (``realapi``: tests/realapi/ and every test using ``real_api`` or
-``real_scheduler``, all also ``process``): etcd, kube-apiserver and kube-scheduler from
-``$KUBEBUILDER_ASSETS`` (tests/support/realapi.py), started at most once per session and only when
-a selected test asks for it. Without the assets those tests are skipped and the summary says the
-tier was not run and how to get it; with ``NVPLUGIN_REQUIRE_REAL_API=1`` (``make test`` sets it
-when it has the assets) they fail instead. ``NVPLUGIN_REAL_API_REPORT`` names a file the
-session writes the tier's outcome to (.ci/run checks it).
+The real-API tier (``realapi``: tests/realapi/ and every test using ``real_api``,
+``real_scheduler`` or ``real_garbage_collector``, all also ``process``): etcd, kube-apiserver and
+kube-scheduler from ``$KUBEBUILDER_ASSETS`` (tests/support/realapi.py), started at most once per
+session and only when a selected test asks for it. Without the assets those tests are skipped
+and the summary says the tier was not run and how to get it; with
+``NVPLUGIN_REQUIRE_REAL_API=1`` (``make test`` sets it when it has the assets) they fail instead.
+``NVPLUGIN_REAL_API_REPORT`` names a file the session writes the tier's outcome to (.ci/run
+checks it).
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ MARKERS = {
 PROCESS_DIRECTORIES = ("e2e", "reliability", "realapi")
 """Directories of process-level tests (real ``nvplugin serve``, real signals): all ``process``."""
 REAL_API_DIRECTORY = "realapi"
-REAL_API_FIXTURES = ("real_api", "real_scheduler")
+REAL_API_FIXTURES = ("real_api", "real_scheduler", "real_garbage_collector")
 REQUIRE_REAL_API = "NVPLUGIN_REQUIRE_REAL_API"
 REAL_API_REPORT = "NVPLUGIN_REAL_API_REPORT"
 HOW_TO_GET_ASSETS = (
@@ -206,6 +207,24 @@ def real_api(request: pytest.FixtureRequest) -> Iterator[RealAPI]:
         yield api
     finally:
         api.stop()
+
+
+@pytest.fixture
+def real_garbage_collector(real_api: RealAPI) -> Iterator[None]:
+    """kube-controller-manager's garbage collector against :func:`real_api` for the test.
+    Skipped when ``$KUBEBUILDER_ASSETS`` has no kube-controller-manager (envtest's assets have
+    none; ``make test`` adds it from the node archive beside the API-tier archive)."""
+    from tests.support.realapi import AssetsMissing
+
+    try:
+        collector = real_api.garbage_collector()
+        collector.__enter__()
+    except AssetsMissing as exc:
+        pytest.skip(f"no garbage collector: {exc}")
+    try:
+        yield
+    finally:
+        collector.__exit__(None, None, None)
 
 
 @pytest.fixture

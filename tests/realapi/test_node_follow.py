@@ -174,10 +174,12 @@ def test_serve_switches_config_by_a_real_label_change_once_the_charts_rbac_binds
 
     async def body() -> None:
         async with kubelet_with(new_dir(), *args, env=env) as (kubelet, serve):
-            # Refused by the real authorizer: the default config served, the refusal said.
-            await kubelet.observer.wait_for(gpus(8), WAIT_S, "the default config")
+            # Refused by the real authorizer: the refusal said, and (a first start, no choice
+            # recorded) nothing served until the label is read.
+            await serve.wait_log("waiting for the node's label before serving")
             line = await serve.wait_log(FAILING)
             assert 'cannot list resource "nodes"' in line["error"], line
+            assert not kubelet.devices.is_registered(GPU)
 
             # The chart's ClusterRole and binding: the Node's label chooses.
             await asyncio.to_thread(real_api.apply, rbac)

@@ -6,8 +6,9 @@ API itself, so a field it refuses, a CRD schema that does not validate or RBAC i
 denies fails a test. One :class:`RealAPI` serves a whole pytest session (tests/conftest.py's
 ``real_api`` fixture): TLS with a CA made here, the RBAC authorizer on, an admin token, and
 service account tokens minted through TokenRequest so the plugin runs with exactly the RBAC a
-test applies. No controller-manager: nothing garbage-collects, no ``default`` ServiceAccount
-appears by itself (:meth:`RealAPI.namespace` makes it), Nodes are API objects only.
+test applies. No controller runs unless asked (:meth:`RealAPI.garbage_collector`): no
+``default`` ServiceAccount appears by itself (:meth:`RealAPI.namespace` makes it), Nodes are API
+objects only.
 
 Everything lives in one temporary directory (under the test run's directory) and every process
 is stopped by :meth:`RealAPI.stop`.
@@ -16,6 +17,7 @@ is stopped by :meth:`RealAPI.stop`.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import secrets
@@ -25,6 +27,7 @@ import socket
 import ssl
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -39,14 +42,21 @@ import yaml
 
 ASSETS_ENV = "KUBEBUILDER_ASSETS"
 BINARIES = ("etcd", "kube-apiserver", "kube-scheduler")
+CONTROLLER_MANAGER = "kube-controller-manager"
+"""Optional beside them (envtest's layout has none; the Makefile adds it when it can): runs the
+garbage collector for :meth:`RealAPI.garbage_collector`."""
 START_S = 60.0
-"""Longest wait for a component to answer (the apiserver takes ~2 s on an idle machine)."""
+"""Longest wait for a component to answer (generous: only reached when something is broken)."""
 STOP_S = 15.0
 """Longest wait for a component to exit after SIGTERM before it is killed."""
 OUTAGE_GRACE_S = 2.0
+"""How long :meth:`RealAPI.outage` lets kube-apiserver drain before killing it."""
 REQUEST_S = 30.0
 FIELD_MANAGER = "tests"
 ADMIN_USER = "realapi-admin"
+UNSCHEDULED = "realapi-unscheduled"
+"""The scheduler name :meth:`RealAPI.add_pod` gives a Pod by default: no scheduler serves it, so
+the kube-schedulers other tests start leave such a Pod (an API object only) alone."""
 SERVICE_CIDR = "10.96.0.0/16"
 
 Json = dict[str, Any]
@@ -143,9 +153,16 @@ class _Process:
     proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
+        # Killed with this process if it dies without stopping it (a test run killed): the
+        # signal comes when the starting *thread* ends, so only from the main thread.
+        dies_with_us = threading.current_thread() is threading.main_thread()
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
-                self.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
+                self.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                preexec_fn=_die_with_parent if dies_with_us else None,
             )
 
     def running(self) -> bool:
@@ -179,6 +196,15 @@ class _Process:
         )
 
 
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGKILL when the parent goes."""
+    _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 def _wait_healthy(component: _Process, url: str, context: ssl.SSLContext, headers: Json) -> None:
     deadline = time.monotonic() + START_S
     while True:
@@ -194,6 +220,14 @@ def _wait_healthy(component: _Process, url: str, context: ssl.SSLContext, header
         if time.monotonic() > deadline:
             raise component.failure(f"did not answer {url} within {START_S:g} s")
         time.sleep(0.1)
+
+
+def _insecure() -> ssl.SSLContext:
+    """For a component's own health endpoint: it serves a self-signed certificate it made."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    return context
 
 
 def _documents(objs_or_yaml: Json | Iterable[Json] | str) -> list[Json]:
@@ -221,6 +255,7 @@ class RealAPI:
     _context: ssl.SSLContext | None = None
     _resources: dict[tuple[str, str], tuple[str, bool]] = field(default_factory=dict)
     _schedulers: list[RealScheduler] = field(default_factory=list)
+    _controller_manager: _Process | None = None
 
     def __post_init__(self) -> None:
         self.ca_file = self.root / "pki" / "ca.crt"
@@ -318,7 +353,7 @@ class RealAPI:
     def stop_processes(self) -> None:
         for scheduler in list(self._schedulers):
             scheduler.stop()
-        for component in (self._apiserver, self._etcd):
+        for component in (self._controller_manager, self._apiserver, self._etcd):
             if component is not None:
                 component.stop()
 
@@ -339,6 +374,43 @@ class RealAPI:
         finally:
             port = int(self.server.rsplit(":", 1)[1])
             self._start_apiserver(port)
+
+    @contextlib.contextmanager
+    def garbage_collector(self) -> Iterator[None]:
+        """kube-controller-manager running its garbage collector alone, for the block: objects
+        whose owners are gone are deleted (``ownerReferences``), as in a cluster. Only for the
+        block: other tests' objects may name owners that never existed.
+        :class:`AssetsMissing` when ``$KUBEBUILDER_ASSETS`` has no kube-controller-manager."""
+        binary = self.assets / CONTROLLER_MANAGER
+        if not os.access(binary, os.X_OK):
+            raise AssetsMissing(f"{ASSETS_ENV}={self.assets} has no {CONTROLLER_MANAGER}")
+        port = free_port()
+        self._controller_manager = _Process(
+            CONTROLLER_MANAGER,
+            [
+                str(binary),
+                f"--kubeconfig={self.admin_kubeconfig}",
+                "--controllers=garbagecollector",
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={port}",
+                f"--authentication-kubeconfig={self.admin_kubeconfig}",
+                f"--authorization-kubeconfig={self.admin_kubeconfig}",
+                "--authentication-skip-lookup=true",
+                f"--cert-dir={self.root / CONTROLLER_MANAGER}",
+                "--v=1",
+            ],
+            self.root / f"{CONTROLLER_MANAGER}.log",
+        )
+        try:
+            self._controller_manager.start()
+            _wait_healthy(
+                self._controller_manager, f"https://127.0.0.1:{port}/healthz", _insecure(), {}
+            )
+            yield
+        finally:
+            self._controller_manager.stop()
+            self._controller_manager = None
 
     def logs(self) -> dict[str, str]:
         """The last lines of each component's log (for a failing test's message)."""
@@ -404,7 +476,7 @@ class RealAPI:
         key = (api_version, kind)
         if key not in self._resources:
             base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
-            for resource in self.request("GET", base).get("resources", []):
+            for resource in self.request("GET", base).get("resources") or []:
                 if "/" not in resource["name"]:
                     found = (resource["name"], bool(resource["namespaced"]))
                     self._resources[(api_version, resource["kind"])] = found
@@ -455,7 +527,10 @@ class RealAPI:
                 raise
 
     def install_crd(self, obj_or_path: Json | str | Path) -> Json:
-        """Applies the CustomResourceDefinition and waits until it is Established and served."""
+        """Applies the CustomResourceDefinition (an object, a file's path, or YAML text) and
+        waits until it is Established and served."""
+        if isinstance(obj_or_path, str) and "\n" not in obj_or_path and os.path.isfile(obj_or_path):
+            obj_or_path = Path(obj_or_path)
         if isinstance(obj_or_path, Path):
             obj_or_path = obj_or_path.read_text()
         (crd,) = _documents(obj_or_path)
@@ -468,7 +543,7 @@ class RealAPI:
         deadline = time.monotonic() + START_S
         while True:
             current = self.request("GET", path)
-            conditions = current.get("status", {}).get("conditions", [])
+            conditions = (current.get("status") or {}).get("conditions") or []  # null at first
             established = any(
                 c.get("type") == "Established" and c.get("status") == "True" for c in conditions
             )
@@ -574,6 +649,22 @@ class RealAPI:
             node = self.request("PATCH", f"/api/v1/nodes/{name}", {"spec": {"taints": kept}})
         return node
 
+    def add_pod(self, namespace: str, name: str, *, spec: Mapping[str, Any] | None = None) -> Json:
+        """A Pod object (nothing runs it): one container unless ``spec`` says otherwise, no
+        token mounted, and scheduler :data:`UNSCHEDULED` unless ``spec`` names one. The Pod as
+        stored (its ``metadata.uid`` is the server's)."""
+        body: Json = {
+            "schedulerName": UNSCHEDULED,
+            "automountServiceAccountToken": False,
+            "containers": [{"name": "main", "image": "realapi:test"}],
+            **(spec or {}),
+        }
+        return self.request(
+            "POST",
+            f"/api/v1/namespaces/{namespace}/pods",
+            {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": body},
+        )
+
     def until_allowed(self, token: str, method: str, path: str) -> None:
         """Waits until ``token``'s owner may ``method path`` (a binding just applied reaches the
         authorizer's cache after a moment); :class:`RealAPIError` (403) after :data:`START_S`."""
@@ -652,11 +743,10 @@ class RealScheduler:
                 "--v=2",
             ]
             self.process.start()
-            insecure = ssl.create_default_context()
-            insecure.check_hostname = False
-            insecure.verify_mode = ssl.CERT_NONE  # its own self-signed serving certificate
             try:
-                _wait_healthy(self.process, f"https://127.0.0.1:{self.port}/readyz", insecure, {})
+                _wait_healthy(
+                    self.process, f"https://127.0.0.1:{self.port}/readyz", _insecure(), {}
+                )
                 return
             except RuntimeError:
                 self.process.stop()
