@@ -1,0 +1,104 @@
+"""Per-GPU cordon by Node annotation as a cluster runs it: ``nvplugin serve`` as a real
+subprocess beside the fake kubelet, following its Node on a real HTTP API server
+(tests/support/kubeapi.py, through the client library). Annotating the Node withdraws exactly
+the named GPUs' units (whole GPUs, MIG devices) from the kubelet, live; removing it restores
+them; an entry naming no GPU is said once and ignored."""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.request
+from collections.abc import Awaitable, Callable
+
+from nvplugin.fakekubelet.devicemanager import DeviceManager
+from nvplugin.nodefile.reader import load_node
+from nvplugin.plugin.cordon import ANNOTATION, HAMI_ANNOTATION
+from tests.support.kubeapi import KubeApiServer
+from tests.support.serve import Serve, kubelet_with, new_dir
+from tests.support.waiting import WAIT_S
+
+NODE = "dgx-a100-cordon"
+GPU = "nvidia.com/gpu"
+MIG_SMALL = "nvidia.com/mig-1g.5gb"
+TOPOLOGY = load_node("dgx-a100-mig").topology()
+
+
+def run(body: Callable[[], Awaitable[None]], timeout: float = 150) -> None:
+    asyncio.run(asyncio.wait_for(body(), timeout))
+
+
+def units(*gpus: int) -> frozenset[str]:
+    """Every device ID the kubelet sees of ``gpus`` under MIG mixed: the GPU itself, or its MIG
+    devices."""
+    out: set[str] = set()
+    for index in gpus:
+        gpu = TOPOLOGY.gpus[index]
+        out |= {d.uuid for d in gpu.mig_devices} if gpu.mig_enabled else {gpu.uuid}
+    return frozenset(out)
+
+
+def unhealthy(m: DeviceManager) -> frozenset[str]:
+    return frozenset().union(*(m.unhealthy_devices(r) for r in m.resources()))
+
+
+def exactly(expected: frozenset[str]) -> Callable[[DeviceManager], bool]:
+    return lambda m: (
+        m.is_registered(GPU) and m.is_registered(MIG_SMALL) and unhealthy(m) == expected
+    )
+
+
+async def scrape(serve: Serve) -> str:
+    port = int((await serve.wait_log("serving metrics"))["port"])
+
+    def get() -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=WAIT_S) as r:
+            return str(r.read().decode())
+
+    return await asyncio.to_thread(get)
+
+
+def test_annotation_withdraws_and_restores_exactly_the_named_gpus() -> None:
+    async def body() -> None:
+        async with KubeApiServer() as api:
+            api.add_node(NODE)
+            env = {
+                "NODE_NAME": NODE,
+                "KUBECONFIG": api.kubeconfig(),
+                "NVPLUGIN_METRICS_ADDRESS": "127.0.0.1:0",
+            }
+            args = ("--simulate", "dgx-a100-mig", "--mig-strategy", "mixed")
+            async with kubelet_with(new_dir(), *args, env=env) as (kubelet, serve):
+                wait = kubelet.observer.wait_for
+                await wait(exactly(frozenset()), WAIT_S, "everything healthy")
+
+                # nvplugin's annotation by index (a MIG GPU), HAMi's by UUID (a whole GPU).
+                api.annotate(NODE, ANNOTATION, "1")
+                api.annotate(NODE, HAMI_ANNOTATION, TOPOLOGY.gpus[7].uuid)
+                await wait(exactly(units(1, 7)), WAIT_S, "GPU 1's MIG devices and GPU 7 out")
+                metrics = await scrape(serve)
+                assert 'nvplugin_gpu_unhealthy{gpu="7",signal="cordon"} 1.0' in metrics
+
+                # One entry names no GPU: said once, the rest applies.
+                api.annotate(NODE, ANNOTATION, "1, GPU-not-here, 3")
+                await wait(exactly(units(1, 3, 7)), WAIT_S, "GPU 3 out too")
+                await serve.wait_log(
+                    "cordon annotation names no GPU of this node; ignored",
+                    where=lambda line: line.get("entry") == "GPU-not-here",
+                )
+                api.touch(NODE)  # the same annotation seen again: not said again
+
+                # Removed: restored.
+                api.annotate(NODE, ANNOTATION, None)
+                await wait(exactly(units(7)), WAIT_S, "only GPU 7 left out")
+                api.annotate(NODE, HAMI_ANNOTATION, None)
+                await wait(exactly(frozenset()), WAIT_S, "everything healthy again")
+                said = [
+                    line
+                    for line in serve.lines()
+                    if line.get("event") == "cordon annotation names no GPU of this node; ignored"
+                ]
+                assert len(said) == 1
+                metrics = await scrape(serve)
+                assert 'nvplugin_gpu_unhealthy{gpu="7",signal="cordon"} 0.0' in metrics
+
+    run(body)
