@@ -50,7 +50,7 @@ import structlog
 from nvplugin.backoff import Backoff, Retry
 from nvplugin.node.model import MigDevice
 from nvplugin.node.nvml import GpuEvent
-from nvplugin.node.signals import GpuSignals, SignalNvml, SignalSettings
+from nvplugin.node.signals import SIGNALS, GpuSignals, SignalNvml, SignalSettings
 
 DEFAULT_IGNORED_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
 """Xids caused by applications, not by the GPU (NVIDIA's plugin skips the same ones):
@@ -221,6 +221,11 @@ class HealthMonitor:
                 for i in self._indices:
                     links = self._nvml.nvlinks(i) if signals.nvlink else ()
                     self._signals[i] = GpuSignals(i, signals, links, quiet)
+                _log.info(
+                    "health signals polled",
+                    every_s=signals.poll_s,
+                    signals=[name for name in SIGNALS if signals.on(name)],
+                )
             while not self._stopping.is_set():
                 if self._watcher is None:
                     if self._open():

@@ -56,6 +56,10 @@ class SignalSettings:
     pcie: bool = True
     pcie_threshold: int = DEFAULT_PCIE_THRESHOLD
 
+    def on(self, signal: str) -> bool:
+        """Whether ``signal`` (a name of :data:`SIGNALS`) is polled."""
+        return bool(getattr(self, signal.replace("-", "_")))
+
     @property
     def any(self) -> bool:
         """Whether any signal is polled at all."""
