@@ -219,3 +219,27 @@ class GpuSignals:
         rise = self._pcie.add(now, replays)
         climbing = rise >= self.settings.pcie_threshold
         self._set("pcie", f"PCIe replays rose by {rise} (now {replays})" if climbing else None)
+
+
+def snapshot(nvml: SignalNvml, index: int) -> dict[str, str]:
+    """What one read of GPU ``index`` says is wrong with it now (``nvplugin devices``): the
+    signals one read can judge -- fabric, row remapping, NVLinks up at discovery that are down
+    now -- by name; counters need a window and are left to the monitor."""
+    faults: dict[str, str] = {}
+    try:
+        fabric = nvml.fabric(index)
+        if fabric is not None and fabric.problem is not None:
+            faults["fabric"] = fabric.problem
+        remap = nvml.row_remap(index)
+        if remap is not None and any(remap):
+            faults["row-remap"] = "row remap failed" if remap[1] else "row remap pending"
+        down = []
+        for link in nvml.nvlinks(index):
+            reading = nvml.nvlink(index, link)
+            if reading is None or not reading[0]:
+                down.append(link)
+        if down:
+            faults["nvlink"] = "nvlink " + ",".join(map(str, down)) + " down"
+    except Exception as exc:  # a GPU NVML cannot read is worth saying, not a failed command
+        faults["nvml"] = str(exc)
+    return faults

@@ -22,6 +22,7 @@ from nvplugin.node.nvml import Nvml
 from nvplugin.node.signals import SignalSettings
 from nvplugin.nodefile.reader import load_node
 from nvplugin.sim.fakenvml import SimulatedNvml
+from tests.support.serve import run_nvplugin
 from tests.support.waiting import WAIT_S, until_sync
 
 SIGNALS_NODE = """
@@ -305,3 +306,30 @@ def test_cordon_applies_with_health_checks_off(tmp_path: Path) -> None:
     monitor.set_cordon(frozenset({1}))
     assert seen == [healthy(2, 1)]
     assert monitor.health == healthy(2, 1)
+
+
+# --- nvplugin devices ---------------------------------------------------------------------------
+
+
+@pytest.mark.process
+def test_devices_says_what_one_read_finds(tmp_path: Path) -> None:
+    path = tmp_path / "node.yaml"
+    events = [
+        {"after_s": 0, "gpu": 1, "fabric": "in-progress"},
+        {"after_s": 0, "gpu": 2, "remap": "failed"},
+    ]
+    path.write_text(SIGNALS_NODE.replace("{events}", json.dumps(events)))
+    table = run_nvplugin("devices", "--simulate", str(path), timeout=WAIT_S)
+    assert table.returncode == 0, table.stderr
+    rows = table.stdout.splitlines()
+    assert rows[0].split()[-1] == "HEALTH"
+    assert rows[1].endswith(" ok")
+    assert rows[2].endswith(" fabric in-progress")
+    assert rows[3].endswith(" row remap failed")
+    data = run_nvplugin("devices", "--simulate", str(path), "--output", "json", timeout=WAIT_S)
+    gpus = json.loads(data.stdout)["gpus"]
+    assert [g.get("health") for g in gpus] == [
+        None,
+        {"fabric": "fabric in-progress"},
+        {"row-remap": "row remap failed"},
+    ]
