@@ -59,7 +59,7 @@ from nvplugin.log import LoopErrors, configure, get_logger
 from nvplugin.nodesession import NodeSession, open_node
 from nvplugin.plugin import healthservice, reload
 from nvplugin.plugin.assembly import Resources, Served, make_dir, serve_socket
-from nvplugin.plugin.cordon import Cordon
+from nvplugin.plugin.cordon import Cordon, entries
 from nvplugin.plugin.cordon import follow as follow_cordon
 from nvplugin.plugin.diraccess import check_device_plugin_access
 from nvplugin.plugin.endpoints import METRICS, PROBES, Endpoints
@@ -134,12 +134,16 @@ class Daemon:
         self.labeller = Labeller(publisher=publisher, tasks=self._tasks)
         self._pod = pod or PodIdentity()
         self._api_timing = timing
-        self.cordon = Cordon(self._set_cordon)  # GPUs cordoned by the Node's annotation
         self._applying = asyncio.Lock()  # one reload at a time: SIGHUP's or the selector's
         self.selector: ConfigSelector | None = None
+        self.cordon = Cordon(self._set_cordon)  # GPUs cordoned by the Node's annotation
         if following is not None:
             self.selector = ConfigSelector(
-                following, self._apply, self.metrics, timing=api_timing or ApiTiming()
+                following,
+                self._apply,
+                self.metrics,
+                timing=api_timing or ApiTiming(),
+                on_annotations=lambda annotations: self.cordon.update(entries(annotations)),
             )
             self._reload = self.selector.load_active
 
@@ -212,15 +216,16 @@ class Daemon:
             if self.selector is not None:
                 self._tasks.spawn(self.selector.run(), "nvplugin-config-selector")
             timing = self._api_timing
-            self._tasks.spawn(
-                follow_cordon(
-                    self._pod,
-                    self.cordon,
-                    backoff=Backoff(timing.backoff_initial_s, timing.backoff_max_s, 0.2),
-                    watch_s=timing.watch_s,
-                ),
-                "nvplugin-node-cordon",
-            )
+            if self.selector is None:  # else the selector's watch of the Node serves the cordon
+                self._tasks.spawn(
+                    follow_cordon(
+                        self._pod,
+                        self.cordon,
+                        backoff=Backoff(timing.backoff_initial_s, timing.backoff_max_s, 0.2),
+                        watch_s=timing.watch_s,
+                    ),
+                    "nvplugin-node-cordon",
+                )
             await self._serve()
         finally:
             await self._shutdown()

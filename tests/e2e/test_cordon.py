@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from nvplugin.fakekubelet.devicemanager import DeviceManager
 from nvplugin.nodefile.reader import load_node
 from nvplugin.plugin.cordon import ANNOTATION, HAMI_ANNOTATION
+from tests.support.configmap import ConfigMapVolume
 from tests.support.kubeapi import KubeApiServer
 from tests.support.serve import Serve, kubelet_with, new_dir
 from tests.support.waiting import WAIT_S
@@ -100,5 +101,28 @@ def test_annotation_withdraws_and_restores_exactly_the_named_gpus() -> None:
                 assert len(said) == 1
                 metrics = await scrape(serve)
                 assert 'nvplugin_gpu_unhealthy{gpu="7",signal="cordon"} 0.0' in metrics
+
+    run(body)
+
+
+def test_with_per_node_configs_one_watch_serves_label_and_cordon() -> None:
+    async def body() -> None:
+        volume = ConfigMapVolume({"default": "version: v1\nflags:\n  migStrategy: mixed\n"})
+        async with KubeApiServer() as api:
+            api.add_node(NODE)
+            env = {
+                "CONFIG_FILE_SRCDIR": volume.path,
+                "NODE_NAME": NODE,
+                "KUBECONFIG": api.kubeconfig(),
+            }
+            args = ("--simulate", "dgx-a100-mig", "--api-backoff-s", "0.05", "0.5")
+            async with kubelet_with(new_dir(), *args, env=env) as (kubelet, _serve):
+                wait = kubelet.observer.wait_for
+                await wait(exactly(frozenset()), WAIT_S, "everything healthy")
+                api.annotate(NODE, ANNOTATION, TOPOLOGY.gpus[2].uuid.lower())
+                await wait(exactly(units(2)), WAIT_S, "GPU 2's MIG devices out")
+                assert api.open_watches == 1
+                api.annotate(NODE, ANNOTATION, "")
+                await wait(exactly(frozenset()), WAIT_S, "everything healthy again")
 
     run(body)
