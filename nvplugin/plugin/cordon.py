@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from nvplugin.backoff import Backoff
 from nvplugin.config.pod import PodIdentity
@@ -138,6 +139,13 @@ async def follow(
         return
     extra = {} if watch_s is None else {"watch_s": watch_s}
     try:
+        if await _forbidden(client, pod.node_name or ""):
+            log.warning(
+                "gpu cordon by node annotation off",
+                reason="no permission to read the Node (the cordon needs get, list and watch "
+                "of nodes, as per-node configs do)",
+            )
+            return
         async for state in follow_labels(
             client, pod.node_name or "", backoff=backoff or API_BACKOFF, **extra
         ):
@@ -145,3 +153,20 @@ async def follow(
     finally:
         with contextlib.suppress(Exception):
             await client.close()
+
+
+async def _forbidden(client: Any, name: str) -> bool:
+    """Whether the API refuses (403) to show us our Node: then there is nothing to follow, and
+    retrying for ever would only load the API server. Any other failure (the API away) is left
+    to the follower's retries."""
+    from lightkube import ApiError
+
+    from nvplugin.kube.node import get_node
+
+    try:
+        await get_node(client, name)
+    except ApiError as exc:
+        return exc.status is not None and exc.status.code == 403
+    except Exception:
+        return False
+    return False

@@ -67,7 +67,15 @@ def test_annotation_withdraws_and_restores_exactly_the_named_gpus() -> None:
                 "KUBECONFIG": api.kubeconfig(),
                 "NVPLUGIN_METRICS_ADDRESS": "127.0.0.1:0",
             }
-            args = ("--simulate", "dgx-a100-mig", "--mig-strategy", "mixed")
+            args = (
+                "--simulate",
+                "dgx-a100-mig",
+                "--mig-strategy",
+                "mixed",
+                "--api-backoff-s",
+                "0.05",
+                "0.5",
+            )
             async with kubelet_with(new_dir(), *args, env=env) as (kubelet, serve):
                 wait = kubelet.observer.wait_for
                 await wait(exactly(frozenset()), WAIT_S, "everything healthy")
@@ -124,5 +132,35 @@ def test_with_per_node_configs_one_watch_serves_label_and_cordon() -> None:
                 assert api.open_watches == 1
                 api.annotate(NODE, ANNOTATION, "")
                 await wait(exactly(frozenset()), WAIT_S, "everything healthy again")
+
+    run(body)
+
+
+def test_without_permission_to_read_the_node_the_cordon_is_off_said_once() -> None:
+    """GFD's NodeFeature mode without per-node configs: NODE_NAME and a token, but no grant on
+    Nodes. The cordon says it is off, once, and does not retry against the API."""
+
+    async def body() -> None:
+        async with KubeApiServer() as api:
+            api.add_node(NODE)
+            api.forbidden = True
+            env = {"NODE_NAME": NODE, "KUBECONFIG": api.kubeconfig()}
+            args = (
+                "--simulate",
+                "dgx-a100-mig",
+                "--mig-strategy",
+                "mixed",
+                "--api-backoff-s",
+                "0.05",
+                "0.5",
+            )
+            async with kubelet_with(new_dir(), *args, env=env) as (kubelet, serve):
+                await kubelet.observer.wait_for(exactly(frozenset()), WAIT_S, "serving")
+                line = await serve.wait_log("gpu cordon by node annotation off")
+                assert "no permission to read the Node" in line["reason"]
+                # One GET, refused; no list, no watch, no retries at the backoff's 0.05 s.
+                assert [r.method for r in api.requests] == ["GET"]
+                assert not api.watches()
+                assert len(serve.events("gpu cordon by node annotation off")) == 1
 
     run(body)
