@@ -172,7 +172,7 @@ class HealthMonitor:
         self._failed_polls: set[int] = set()  # GPUs whose last poll failed (said once)
         self._next_poll = 0.0
         self._published = {i: i not in self._cordon for i in self._indices}
-        self._reasons: dict[int, dict[str, str]] = {}
+        self._reasons: dict[int, dict[str, str]] = self._reasons_now()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 

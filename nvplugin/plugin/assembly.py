@@ -394,6 +394,7 @@ class Resources:
             on_reasons=self._metrics.gpu_reasons,
             cordon=self._cordon,
         )
+        self._metrics.gpu_reasons(monitor.reasons)  # a new monitor: nothing else holds
         monitor.start()
         return Health(monitor, forward)
 
