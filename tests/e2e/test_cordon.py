@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import urllib.request
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 from nvplugin.fakekubelet.devicemanager import DeviceManager
 from nvplugin.nodefile.reader import load_node
@@ -162,5 +163,38 @@ def test_without_permission_to_read_the_node_the_cordon_is_off_said_once() -> No
                 assert [r.method for r in api.requests] == ["GET"]
                 assert not api.watches()
                 assert len(serve.events("gpu cordon by node annotation off")) == 1
+
+    run(body)
+
+
+def test_a_cordoned_gpu_takes_its_time_slicing_replicas_with_it(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
+        "    - {name: nvidia.com/gpu, replicas: 3}\n"
+    )
+    node = load_node("workstation-4gpu").topology()
+
+    async def body() -> None:
+        async with KubeApiServer() as api:
+            api.add_node(NODE)
+            env = {"NODE_NAME": NODE, "KUBECONFIG": api.kubeconfig()}
+            args = ("--simulate", "workstation-4gpu", "--config-file", str(config))
+            async with kubelet_with(new_dir(), *args, env=env) as (kubelet, _serve):
+                wait = kubelet.observer.wait_for
+
+                def replicas_of(*gpus: int) -> Callable[[DeviceManager], bool]:
+                    uuids = {node.gpus[i].uuid for i in gpus}
+                    return lambda m: (
+                        len(m.devices(GPU)) == 12
+                        and {d.split("::")[0] for d in m.unhealthy_devices(GPU)} == uuids
+                        and len(m.unhealthy_devices(GPU)) == 3 * len(uuids)
+                    )
+
+                await wait(replicas_of(), WAIT_S, "12 healthy replicas")
+                api.annotate(NODE, HAMI_ANNOTATION, node.gpus[1].uuid)
+                await wait(replicas_of(1), WAIT_S, "GPU 1's 3 replicas out")
+                api.annotate(NODE, HAMI_ANNOTATION, None)
+                await wait(replicas_of(), WAIT_S, "all back")
 
     run(body)
