@@ -123,6 +123,7 @@ class GpuSignals:
     _ecc: _Window | None = None
     _ecc_tripped_at: int | None = None
     _nvlink: dict[int, _Window] = field(default_factory=dict)
+    _nvlink_key: tuple[tuple[int, ...], tuple[str, ...]] = ((), ())
     _pcie: _Window | None = None
 
     def poll(self, nvml: SignalNvml, now: float) -> dict[str, str]:
@@ -203,6 +204,12 @@ class GpuSignals:
             rise = window.add(now, errors)
             if rise >= self.settings.nvlink_threshold:
                 climbing.append(f"{link} (+{rise})")
+        # The reason is said as first seen while the same links are at fault: counts that keep
+        # climbing are no new reason to log.
+        key = (tuple(down), tuple(c.split(" ")[0] for c in climbing))
+        if key == self._nvlink_key:
+            return
+        self._nvlink_key = key
         reasons = []
         if down:
             reasons.append("nvlink " + ",".join(map(str, down)) + " down")
@@ -217,8 +224,10 @@ class GpuSignals:
         if self._pcie is None:
             self._pcie = _Window(self.settings.window_s)
         rise = self._pcie.add(now, replays)
-        climbing = rise >= self.settings.pcie_threshold
-        self._set("pcie", f"PCIe replays rose by {rise} (now {replays})" if climbing else None)
+        if rise < self.settings.pcie_threshold:
+            self._set("pcie", None)
+        elif "pcie" not in self.faults:  # said as first seen while it lasts
+            self._set("pcie", f"PCIe replays rose by {rise} (now {replays})")
 
 
 def snapshot(nvml: SignalNvml, index: int) -> dict[str, str]:

@@ -333,3 +333,16 @@ def test_devices_says_what_one_read_finds(tmp_path: Path) -> None:
         {"fabric": "fabric in-progress"},
         {"row-remap": "row remap failed"},
     ]
+
+
+def test_counters_that_keep_climbing_are_said_once(tmp_path: Path) -> None:
+    events = [
+        {"after_s": 0.5 + 0.2 * k, "gpu": 1, "nvlink": {"link": 3, "errors": 150}} for k in range(4)
+    ] + [{"after_s": 0.5 + 0.2 * k, "gpu": 2, "pcie_replays": 10} for k in range(4)]
+    with running(tmp_path, events) as run:
+        assert run.next()[1] in (healthy(3, 1), healthy(3, 2), healthy(3, 1, 2))
+        until_sync(lambda: run.monitor.reasons == {})
+        nvlink = [r[1]["nvlink"] for r in run.reasons if 1 in r]
+        pcie = [r[2]["pcie"] for r in run.reasons if 2 in r]
+        assert len(set(nvlink)) == 1 and nvlink[0] == "nvlink errors climbing on 3 (+150)"
+        assert len(set(pcie)) == 1 and pcie[0] == "PCIe replays rose by 10 (now 10)"
