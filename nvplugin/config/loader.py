@@ -65,6 +65,23 @@ def load_config(
         raise InputError(f'{where}: key "{exc.at}": {exc.message}') from None
 
 
+def given(
+    key: str,
+    path: str | None,
+    *,
+    flags: Mapping[str, object] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> bool:
+    """Whether the file at ``path``, ``env`` or ``flags`` (as :func:`load_config` takes them)
+    set setting ``key`` (a key path, ``flags.mpsRoot``), to whatever value. Raises InputError as
+    :func:`load_config` does."""
+    if flags is not None and key in _read_flags(flags):
+        return True
+    if env is not None and key in _read_env(env):
+        return True
+    return path is not None and key in _read_file(path, [])
+
+
 def config_file(flag: str | None, env: Mapping[str, str]) -> str | None:
     """The config file a command reads: ``--config-file``, else ``CONFIG_FILE`` (empty: none)."""
     return flag or env.get(CONFIG_FILE_ENV) or None
