@@ -95,3 +95,32 @@ def test_cordon_by_annotation_through_the_api_server_with_the_charts_rbac(
         for obj in rbac:
             if obj["kind"] != "ServiceAccount":
                 real_api.delete(obj)
+
+
+def test_an_account_without_node_access_turns_the_cordon_off_once(
+    real_api: RealAPI, node: str
+) -> None:
+    """What GFD's NodeFeature mode alone gives the plugin: NODE_NAME and a token, no grant on
+    Nodes. The real authorizer's 403: the cordon is off, said once, the API not asked again."""
+    namespace = real_api.namespace("cordon-none")
+    account = {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": {"name": "nvplugin", "namespace": namespace},
+    }
+    real_api.apply(account)
+    kubeconfig = real_api.service_account_kubeconfig(namespace, "nvplugin")
+    env = real_api.env(kubeconfig, {"NODE_NAME": node})
+    args = ("--simulate", "dgx-a100-mig", "--mig-strategy", "mixed")
+
+    async def body() -> None:
+        async with kubelet_with(new_dir(), *args, env=env) as (kubelet, serve):
+            await kubelet.observer.wait_for(exactly(frozenset()), WAIT_S, "serving")
+            line = await serve.wait_log("gpu cordon by node annotation off")
+            assert "no permission to read the Node" in line["reason"]
+            assert len(serve.events("gpu cordon by node annotation off")) == 1
+            assert not serve.events(
+                "kubernetes api failing (unreachable or refusing); still serving, retrying"
+            )
+
+    asyncio.run(asyncio.wait_for(body(), 120))
