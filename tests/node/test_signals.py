@@ -2,7 +2,9 @@
 through the simulated NVML: scripted node-file events, real pynvml calls, the real monitor.
 
 The simulated node runs on a simulated clock that moves only when the monitor waits (its NVML
-event waits sleep on it): each run is exact in simulated time and quick in real time."""
+event waits sleep on it): each run is exact in simulated time and quick in real time. Simulated
+time runs on while a test looks, so a passing state is read from what was recorded when it
+happened (``Run.reasons``, the changes' queue), never from the monitor afterwards."""
 
 from __future__ import annotations
 
@@ -142,7 +144,7 @@ def test_fabric_in_progress_is_unhealthy_until_completed_and_quiet(tmp_path: Pat
     with running(tmp_path, events, quiet_s=0.5) as run:
         at, health = run.next()
         assert health == healthy(3, 1)
-        assert run.monitor.reasons == {1: {"fabric": "fabric in-progress"}}
+        assert run.reasons[0] == {1: {"fabric": "fabric in-progress"}}
         at, health = run.next()
         assert health == healthy(3)
         assert at >= 2.5  # completed at 2.0, then the quiet period
@@ -209,7 +211,7 @@ def test_counter_signal_trips_and_recovers(tmp_path: Path, signal: str) -> None:
         at, health = run.next()
         assert health == healthy(3, gpu)
         assert at >= 0.5
-        assert run.reasons[-1] == {gpu: {signal: reason}}
+        assert run.reasons[0] == {gpu: {signal: reason}}
         at, health = run.next()
         assert health == healthy(3)
         assert at >= recovered_after
@@ -240,7 +242,7 @@ def test_nvlink_down_then_up_after_the_quiet_period(tmp_path: Path) -> None:
     ]
     with running(tmp_path, events, quiet_s=1.0) as run:
         assert run.next()[1] == healthy(3, 0)
-        assert run.monitor.reasons == {0: {"nvlink": "nvlink 1 down"}}
+        assert run.reasons[0] == {0: {"nvlink": "nvlink 1 down"}}
         at, health = run.next()
         assert health == healthy(3)
         assert at >= 2.0
