@@ -103,6 +103,18 @@ def load_topology(simulate: str | None = None, *, sysfs_root: str | None = None)
         return node.topology
 
 
+def load_topology_health(
+    simulate: str | None = None, *, sysfs_root: str | None = None
+) -> tuple[Topology, dict[int, dict[str, str]]]:
+    """:func:`load_topology`, and what one read of each GPU's health signals finds wrong
+    (GPU -> signal -> reason; GPUs with nothing wrong left out)."""
+    from nvplugin.node.signals import snapshot
+
+    with open_node(simulate, sysfs_root=sysfs_root) as node:
+        health = {g.index: snapshot(node.nvml, g.index) for g in node.topology.gpus}
+        return node.topology, {i: faults for i, faults in health.items() if faults}
+
+
 def capture_node(simulate: str | None = None, *, sysfs_root: str | None = None) -> str:
     """The node file of this machine (or of the simulated node ``simulate``), as text."""
     from nvplugin.nodefile.capture import capture, host_memory_mib

@@ -38,7 +38,8 @@ def devices(
     fallback_strategies: str | None,
 ) -> None:
     """List the node's GPUs: index, UUID, model, memory, PCI bus id, NUMA node (and resource);
-    MIG devices below them on a node with MIG.
+    MIG devices below them on a node with MIG. A HEALTH column (JSON: "health") says what one
+    read of NVML finds wrong (fabric, row remapping, NVLinks down), when anything is.
 
     The resources are those `serve` would serve with the same config: --config, else
     CONFIG_FILE, and the environment variables `serve` reads (MIG_STRATEGY, NVPLUGIN_*, ...),
@@ -48,12 +49,12 @@ def devices(
 
     from nvplugin.config import config_file, env_sets_config
     from nvplugin.node import views
-    from nvplugin.nodesession import load_topology
+    from nvplugin.nodesession import load_topology_health
 
     config_path = node_config(
         config_path, config_file_srcdir, node_label_value, default_config, fallback_strategies
     )
-    topo = load_topology(simulate)
+    topo, health = load_topology_health(simulate)
     labels = mig_labels = plan_dict = None
     env = dict(os.environ)
     path = config_file(config_path, env)
@@ -69,9 +70,9 @@ def devices(
             click.echo(f"warning: {warning}", err=True)
         labels, mig_labels, plan_dict = plan.labels(), plan.mig_labels(), plan.as_dict()
     if output == "json":
-        click.echo(views.devices_json(topo, labels, plan_dict, mig_labels), nl=False)
+        click.echo(views.devices_json(topo, labels, plan_dict, mig_labels, health), nl=False)
     else:
-        click.echo(views.devices_table(topo, labels, mig_labels), nl=False)
+        click.echo(views.devices_table(topo, labels, mig_labels, health), nl=False)
 
 
 @main.command()

@@ -76,6 +76,16 @@ from nvplugin.config.schema import (
 )
 from nvplugin.errors import show
 from nvplugin.node.health import DEFAULT_IGNORED_XIDS, HealthSettings
+from nvplugin.node.signals import (
+    DEFAULT_ECC_THRESHOLD,
+    DEFAULT_NVLINK_THRESHOLD,
+    DEFAULT_PCIE_THRESHOLD,
+    DEFAULT_POLL_S,
+    DEFAULT_WINDOW_S,
+    MAX_THRESHOLD,
+    MIN_POLL_S,
+    SignalSettings,
+)
 from nvplugin.resourcenames import DEFAULT_RESOURCE_NAME, resource_name_error
 
 CONFIG_VERSION = "v1"
@@ -258,7 +268,84 @@ class HealthConfig:
         Duration(),
         0.0,
         help="A GPU turns Healthy again after this long without a critical Xid, once a probe "
-        "succeeds; 0s = never.",
+        "succeeds; 0s = never. Fabric and NVLink-down faults must stay clear this long too.",
+        reload=Reload.IN_PLACE,
+    )
+    poll_s: float = setting(
+        "nvplugin.health.poll.interval",
+        Duration(minimum=MIN_POLL_S),
+        DEFAULT_POLL_S,
+        help="How often the polled signals (fabric, ecc, rowRemap, nvlink, pcie) are read, at "
+        f"least {MIN_POLL_S:g}s.",
+        reload=Reload.IN_PLACE,
+    )
+    window_s: float = setting(
+        "nvplugin.health.poll.window",
+        Duration(minimum=MIN_POLL_S),
+        DEFAULT_WINDOW_S,
+        help="The window a counter's rise is measured over (ecc, nvlink, pcie thresholds).",
+        reload=Reload.IN_PLACE,
+    )
+    fabric: bool = setting(
+        "nvplugin.health.fabric.enabled",
+        Bool(),
+        True,
+        help="NVSwitch systems: a GPU whose fabric registration is not completed, or failed, "
+        "is Unhealthy (nvmlDeviceGetGpuFabricInfoV).",
+        reload=Reload.IN_PLACE,
+    )
+    ecc: bool = setting(
+        "nvplugin.health.ecc.enabled",
+        Bool(),
+        True,
+        help="A rising volatile uncorrectable ECC count makes a GPU Unhealthy until it is reset "
+        "(nvmlDeviceGetTotalEccErrors).",
+        reload=Reload.IN_PLACE,
+    )
+    ecc_threshold: int = setting(
+        "nvplugin.health.ecc.threshold",
+        Int(1, MAX_THRESHOLD),
+        DEFAULT_ECC_THRESHOLD,
+        help="New volatile uncorrectable ECC errors within the window that count.",
+        reload=Reload.IN_PLACE,
+    )
+    row_remap: bool = setting(
+        "nvplugin.health.rowRemap.enabled",
+        Bool(),
+        True,
+        help="A pending or failed row remap makes a GPU Unhealthy until NVML clears it (a GPU "
+        "reset) (nvmlDeviceGetRemappedRows).",
+        reload=Reload.IN_PLACE,
+    )
+    nvlink: bool = setting(
+        "nvplugin.health.nvlink.enabled",
+        Bool(),
+        True,
+        help="An NVLink up at discovery that goes down, or whose CRC/replay/recovery errors "
+        "climb past the threshold, makes its GPU Unhealthy (nvmlDeviceGetNvLinkState, "
+        "nvmlDeviceGetNvLinkErrorCounter).",
+        reload=Reload.IN_PLACE,
+    )
+    nvlink_threshold: int = setting(
+        "nvplugin.health.nvlink.threshold",
+        Int(1, MAX_THRESHOLD),
+        DEFAULT_NVLINK_THRESHOLD,
+        help="New errors on one link within the window that count.",
+        reload=Reload.IN_PLACE,
+    )
+    pcie: bool = setting(
+        "nvplugin.health.pcie.enabled",
+        Bool(),
+        True,
+        help="A climbing PCIe replay counter makes a GPU Unhealthy "
+        "(nvmlDeviceGetPcieReplayCounter).",
+        reload=Reload.IN_PLACE,
+    )
+    pcie_threshold: int = setting(
+        "nvplugin.health.pcie.threshold",
+        Int(1, MAX_THRESHOLD),
+        DEFAULT_PCIE_THRESHOLD,
+        help="New PCIe replays within the window that count.",
         reload=Reload.IN_PLACE,
     )
 
@@ -276,6 +363,18 @@ class HealthConfig:
             ignored_xids=self.ignored_xids,
             recovery_quiet_s=self.recovery_quiet_s,
             only_xids=frozenset(self.only_xids) or None,
+            signals=SignalSettings(
+                poll_s=self.poll_s,
+                window_s=self.window_s,
+                fabric=self.fabric,
+                ecc=self.ecc,
+                ecc_threshold=self.ecc_threshold,
+                row_remap=self.row_remap,
+                nvlink=self.nvlink,
+                nvlink_threshold=self.nvlink_threshold,
+                pcie=self.pcie,
+                pcie_threshold=self.pcie_threshold,
+            ),
         )
 
 

@@ -41,17 +41,23 @@ API_BACKOFF = Backoff(initial_s=0.5, maximum_s=10.0, jitter=API_JITTER)
 
 @dataclass(frozen=True)
 class NodeLabels:
-    """A Node's labels as last seen, or ``exists=False`` when there is no such Node."""
+    """A Node's labels and annotations as last seen, or ``exists=False`` when there is no such
+    Node."""
 
     exists: bool
     labels: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    annotations: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
     @classmethod
     def of(cls, node: Node | None) -> NodeLabels:
         if node is None:
             return cls(False)
-        labels = node.metadata.labels if node.metadata is not None else None
-        return cls(True, MappingProxyType(dict(labels or {})))
+        meta = node.metadata
+        labels = meta.labels if meta is not None else None
+        annotations = meta.annotations if meta is not None else None
+        return cls(
+            True, MappingProxyType(dict(labels or {})), MappingProxyType(dict(annotations or {}))
+        )
 
 
 async def get_node(client: AsyncClient, name: str, *, request_s: float = REQUEST_S) -> NodeLabels:

@@ -17,6 +17,14 @@ The rules, kept here and nowhere else:
   critical Xid (or loss) arrived for it for ``recovery_quiet_s`` and a cheap NVML probe of it
   succeeds. NVIDIA's plugin never recovers a GPU; a node had to be rebooted for one Xid 48.
 - Health checks disabled: every GPU is Healthy for good and no event set is created.
+- Polled signals (:mod:`nvplugin.node.signals`: fabric state, volatile uncorrectable ECC, row
+  remapping, NVLink state and error counters, PCIe replays), every ``signals.poll_s`` on this
+  thread: a GPU is Unhealthy while any of them is at fault, each with its own reason and its own
+  recovery rule; a lost GPU is not polled.
+- Cordon (:meth:`HealthMonitor.set_cordon`, from the Node's annotation): a cordoned GPU is
+  Unhealthy until the cordon is lifted, whatever else is true of it; nothing is asked of NVML.
+- Every reason a GPU is Unhealthy (``xid``, ``lost``, ``nvml``, a signal's name, ``cordon``) is
+  logged once per change and handed to ``on_reasons`` (the metrics' per-GPU, per-signal gauge).
 - MIG: events come from the parent GPU (Xid events are registered on it), so the map stays per
   GPU and a MIG device is exactly as healthy as its parent (:func:`mig_health`): an Xid on the
   parent, or its loss, makes every one of its MIG devices Unhealthy, and its recovery brings them
@@ -42,6 +50,7 @@ import structlog
 from nvplugin.backoff import Backoff, Retry
 from nvplugin.node.model import MigDevice
 from nvplugin.node.nvml import GpuEvent
+from nvplugin.node.signals import SIGNALS, GpuSignals, SignalNvml, SignalSettings
 
 DEFAULT_IGNORED_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
 """Xids caused by applications, not by the GPU (NVIDIA's plugin skips the same ones):
@@ -70,6 +79,8 @@ class HealthSettings:
     recovery_quiet_s: float = 0.0
     only_xids: frozenset[int] | None = None
     """When set, only these Xids make a GPU Unhealthy (a lost GPU still is)."""
+    signals: SignalSettings | None = None
+    """The polled signals (None: none polled)."""
 
     def counts(self, xid: int) -> bool:
         """Whether Xid ``xid`` makes a GPU Unhealthy (loss aside)."""
@@ -86,8 +97,9 @@ class EventSource(Protocol):
     def close(self) -> None: ...
 
 
-class HealthNvml(Protocol):
-    """The part of :class:`nvplugin.node.nvml.Nvml` health needs."""
+class HealthNvml(SignalNvml, Protocol):
+    """The part of :class:`nvplugin.node.nvml.Nvml` health needs (the signals' reads too, when
+    any signal is polled)."""
 
     def watch_events(self, indices: Sequence[int]) -> EventSource: ...
 
@@ -102,6 +114,7 @@ class _GpuState:
     lost: bool = False  # its last probe failed: it cannot be registered in an event set
     last_fault: float | None = None  # monotonic time of the last critical Xid, loss or failed probe
     next_probe: float = 0.0  # recovery: earliest monotonic time of the next probe
+    reason: str = ""  # why it is Unhealthy on its own account (an Xid, lost)
 
 
 class _NoEvents:
@@ -133,9 +146,13 @@ class HealthMonitor:
         backoff_max_s: float = BACKOFF_MAX_S,
         clock: Callable[[], float] = time.monotonic,
         on_xid: Callable[[int, int], None] | None = None,
+        on_reasons: Callable[[dict[int, dict[str, str]]], None] | None = None,
+        cordon: frozenset[int] = frozenset(),
     ) -> None:
         """``on_xid(gpu index, xid)`` is told of every Xid event of our GPUs, ignored ones
-        included, on the monitor's thread (the metrics count them)."""
+        included, on the monitor's thread (the metrics count them); ``on_reasons`` of every
+        change of why GPUs are Unhealthy (GPU -> reason kind -> reason), on whichever thread
+        made it. ``cordon``: the GPUs cordoned from the start."""
         self._nvml = nvml
         self._indices = tuple(sorted(set(indices)))
         self._settings = settings
@@ -148,7 +165,14 @@ class HealthMonitor:
         self._nvml_failed = False  # an event wait failed: every GPU reported Unhealthy
         self._watcher: EventSource | None = None  # health thread only
         self._lock = threading.Lock()
-        self._published = {i: True for i in self._indices}
+        self._on_reasons = on_reasons
+        self._cordon = frozenset(cordon)
+        self._faults: dict[int, dict[str, str]] = {i: {} for i in self._indices}  # signals
+        self._signals: dict[int, GpuSignals] = {}  # health thread only; made at its start
+        self._failed_polls: set[int] = set()  # GPUs whose last poll failed (said once)
+        self._next_poll = 0.0
+        self._published = {i: i not in self._cordon for i in self._indices}
+        self._reasons: dict[int, dict[str, str]] = self._reasons_now()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -157,6 +181,18 @@ class HealthMonitor:
         """The current map GPU index -> healthy, in index order (a copy)."""
         with self._lock:
             return dict(self._published)
+
+    @property
+    def reasons(self) -> dict[int, dict[str, str]]:
+        """Why each Unhealthy GPU is (GPU -> reason kind -> reason), as last published."""
+        with self._lock:
+            return {i: dict(r) for i, r in self._reasons.items()}
+
+    def set_cordon(self, indices: frozenset[int]) -> None:
+        """Cordon exactly ``indices`` (any thread): those GPUs are Unhealthy until lifted."""
+        with self._lock:
+            self._cordon = frozenset(indices)
+        self._publish()
 
     def start(self) -> None:
         """Start watching (no-op when health checks are disabled or already started)."""
@@ -178,7 +214,18 @@ class HealthMonitor:
 
     def _run(self) -> None:
         retry = Retry(self._backoff)
+        signals = self._settings.signals
         try:
+            if signals is not None and signals.any:
+                quiet = self._settings.recovery_quiet_s
+                for i in self._indices:
+                    links = self._nvml.nvlinks(i) if signals.nvlink else ()
+                    self._signals[i] = GpuSignals(i, signals, links, quiet)
+                _log.info(
+                    "health signals polled",
+                    every_s=signals.poll_s,
+                    signals=[name for name in SIGNALS if signals.on(name)],
+                )
             while not self._stopping.is_set():
                 if self._watcher is None:
                     if self._open():
@@ -195,6 +242,7 @@ class HealthMonitor:
                     for event in events:
                         self._apply(event)
                     self._try_recover()
+                    self._poll()
                 except Exception as exc:
                     # A bug or an NVML surprise must not end the thread: health would freeze
                     # at its last value. Treat it as an NVML failure (every GPU Unhealthy) and
@@ -304,6 +352,33 @@ class HealthMonitor:
         if rewatch:
             self._close_watcher()  # the next open registers the recovered GPU's events again
 
+    def _poll(self) -> None:
+        """Poll the signals of every GPU that answers, when due (health thread)."""
+        if not self._signals or self._nvml_failed:
+            return
+        now = self._clock()
+        if now < self._next_poll:
+            return
+        assert self._settings.signals is not None
+        self._next_poll = now + self._settings.signals.poll_s
+        changed = False
+        for index, signals in self._signals.items():
+            if self._gpus[index].lost or self._stopping.is_set():
+                continue
+            try:
+                faults = signals.poll(self._nvml, now)
+            except Exception as exc:  # the GPU keeps its last verdicts until it answers again
+                if index not in self._failed_polls:
+                    self._failed_polls.add(index)
+                    _log.warning("gpu health signals unreadable", gpu=index, error=str(exc))
+                continue
+            self._failed_polls.discard(index)
+            if faults != self._faults[index]:
+                self._faults[index] = faults
+                changed = True
+        if changed:
+            self._publish()
+
     def _apply_probes(self, answers: dict[int, bool]) -> None:
         """A GPU that failed its probe is lost (and Unhealthy); one that answered is not lost."""
         now = self._clock()
@@ -321,6 +396,7 @@ class HealthMonitor:
         if not gpu.healthy:
             return False
         gpu.healthy = False
+        gpu.reason = "lost" if reason.get("lost") else f"xid {reason.get('xid')}"
         _log.info("gpu unhealthy", gpu=index, **reason)
         return True
 
@@ -330,17 +406,63 @@ class HealthMonitor:
         except Exception:
             return False
 
+    def _reasons_now(self) -> dict[int, dict[str, str]]:
+        """GPU -> reason kind -> reason, for every GPU with a reason (under the lock)."""
+        out: dict[int, dict[str, str]] = {}
+        for index, gpu in self._gpus.items():
+            reasons: dict[str, str] = {}
+            if self._nvml_failed:
+                reasons["nvml"] = "nvml events cannot be trusted"
+            if not gpu.healthy:
+                kind = "lost" if gpu.lost or gpu.reason == "lost" else "xid"
+                reasons[kind] = gpu.reason or kind
+            reasons.update(self._faults[index])
+            if index in self._cordon:
+                reasons["cordon"] = "cordoned by node annotation"
+            if reasons:
+                out[index] = reasons
+        return out
+
     def _publish(self) -> None:
-        """Report the effective map if it differs from the last one reported."""
-        current = {i: (not self._nvml_failed) and g.healthy for i, g in self._gpus.items()}
+        """Report the effective map if it differs from the last one reported (any thread: the
+        lock orders the reports), and the reasons when they changed (each change logged)."""
         with self._lock:
+            reasons = self._reasons_now()
+            current = {i: i not in reasons for i in self._indices}
+            if reasons != self._reasons:
+                _log_changes(self._reasons, reasons)
+                self._reasons = reasons
+                if self._on_reasons is not None:
+                    try:
+                        self._on_reasons({i: dict(r) for i, r in reasons.items()})
+                    except Exception as exc:  # a bad callback must not end health monitoring
+                        _log.error("health reasons callback failed", error=repr(exc))
             if current == self._published:
                 return
             self._published = current
-        try:
-            self._on_change(dict(current))
-        except Exception as exc:  # a bad callback must not end health monitoring
-            _log.error("health change callback failed", error=repr(exc))
+            try:
+                self._on_change(dict(current))
+            except Exception as exc:  # a bad callback must not end health monitoring
+                _log.error("health change callback failed", error=repr(exc))
+
+
+_OWN_LOGS = ("xid", "lost", "nvml")
+"""Reason kinds the monitor logs where they happen (with their details)."""
+
+
+def _log_changes(
+    before: Mapping[int, Mapping[str, str]], after: Mapping[int, Mapping[str, str]]
+) -> None:
+    """Say each signal's and cordon's change once: set (or changed) with its reason, cleared."""
+    for index in sorted(set(before) | set(after)):
+        old, new = before.get(index, {}), after.get(index, {})
+        for kind in sorted(set(old) | set(new)):
+            if kind in _OWN_LOGS or old.get(kind) == new.get(kind):
+                continue
+            if kind in new:
+                _log.info("gpu unhealthy", gpu=index, signal=kind, reason=new[kind])
+            else:
+                _log.info("gpu health signal cleared", gpu=index, signal=kind)
 
 
 def mig_health(health: Mapping[int, bool], devices: Iterable[MigDevice]) -> dict[str, bool]:

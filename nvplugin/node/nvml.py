@@ -86,6 +86,12 @@ CALLED = (
     "nvmlEventSetFree",
     "nvmlDeviceGetComputeMode",
     "nvmlDeviceSetComputeMode",
+    "nvmlDeviceGetGpuFabricInfoV",
+    "nvmlDeviceGetGpuFabricInfo",
+    "nvmlDeviceGetTotalEccErrors",
+    "nvmlDeviceGetRemappedRows",
+    "nvmlDeviceGetNvLinkErrorCounter",
+    "nvmlDeviceGetPcieReplayCounter",
 )
 """The pynvml functions this module calls: the simulated NVML models exactly these."""
 
@@ -129,6 +135,28 @@ LIBRARY_DIRS = (
 """Where driver installs put libnvidia-ml.so.1, relative to the driver root (distribution
 packages, the .run installer, the GPU Operator's driver container)."""
 
+NVLINK_ERROR_COUNTERS = (
+    pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT,
+    pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA,
+    pynvml.NVML_NVLINK_ERROR_DL_REPLAY,
+    pynvml.NVML_NVLINK_ERROR_DL_RECOVERY,
+)
+"""The NVLink data-link error counters the nvlink health signal adds up, per link: CRC flit, CRC
+data, replay and recovery (``nvmlDeviceGetNvLinkErrorCounter``)."""
+
+FABRIC_STATES: Mapping[int, str] = MappingProxyType(
+    {
+        pynvml.NVML_GPU_FABRIC_STATE_NOT_SUPPORTED: "not-supported",
+        pynvml.NVML_GPU_FABRIC_STATE_NOT_STARTED: "not-started",
+        pynvml.NVML_GPU_FABRIC_STATE_IN_PROGRESS: "in-progress",
+        pynvml.NVML_GPU_FABRIC_STATE_COMPLETED: "completed",
+    }
+)
+"""NVML's GPU fabric registration states by name (``nvmlGpuFabricState_t``)."""
+FABRIC_STATE_CODES: Mapping[str, int] = MappingProxyType(
+    {name: code for code, name in FABRIC_STATES.items()}
+)
+
 MAX_EVENTS_PER_WAIT = 64
 """How many queued events one :meth:`EventWatcher.wait` drains at most."""
 
@@ -146,6 +174,45 @@ class GpuEvent:
     index: int
     xid: int | None = None
     lost: bool = False
+
+
+@dataclass(frozen=True)
+class Fabric:
+    """A GPU's fabric registration (NVSwitch systems): its state (:data:`FABRIC_STATES`) and
+    the status NVML gives for it (0: success, else an NVML error code)."""
+
+    state: str
+    status: int
+
+    @property
+    def problem(self) -> str | None:
+        """Why the GPU cannot use the fabric; None when registration completed successfully."""
+        if self.status != pynvml.NVML_SUCCESS:
+            return f"fabric {self.state}, status {error_name(self.status)}"
+        if self.state != "completed":
+            return f"fabric {self.state}"
+        return None
+
+
+def fabric_status_known(name: str) -> bool:
+    """Whether ``name`` (``unknown``, ``not_ready``...) is an NVML error's name, without its
+    ``NVML_ERROR_`` prefix, in lower case (how node files script a fabric status)."""
+    return name.islower() and isinstance(getattr(pynvml, f"NVML_ERROR_{name.upper()}", None), int)
+
+
+def fabric_status_code(name: str) -> int:
+    """NVML's code for a fabric status named as :func:`fabric_status_known` takes them."""
+    if name == "success":
+        return int(pynvml.NVML_SUCCESS)
+    return int(getattr(pynvml, f"NVML_ERROR_{name.upper()}"))
+
+
+def error_name(code: int) -> str:
+    """NVML's name of error ``code`` (``NVML_ERROR_UNKNOWN``), or its number."""
+    for name in dir(pynvml):
+        if name.startswith("NVML_ERROR_") and getattr(pynvml, name) == code:
+            return name
+    return str(code)
 
 
 @dataclass(frozen=True)
@@ -252,6 +319,7 @@ class Nvml:
         self.sysfs_root = sysfs_root
         self.driver_root = driver_root
         self._handles: list[Any] = []
+        self._nvlinks: dict[int, tuple[int, ...]] = {}  # GPU -> active NVLinks at discovery
         self.library = load_library(driver_root)
         _call("initialise NVML", pynvml.nvmlInit)
         self._open = True
@@ -474,6 +542,7 @@ class Nvml:
         A link whose index the GPU does not have answers NotSupported or InvalidArgument: skip
         it. A link to an NVSwitch leads to every other fabric GPU (counted as min of the two).
         """
+        active = []
         for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
             try:
                 if pynvml.nvmlDeviceGetNvLinkState(handle, link) != pynvml.NVML_FEATURE_ENABLED:
@@ -483,6 +552,8 @@ class Nvml:
                 continue
             except pynvml.NVMLError as exc:
                 raise _failure(exc, f"read NVLink {link} of GPU {index}") from None
+            active.append(link)
+            self._nvlinks[index] = tuple(active)
             peer = by_pci.get(pci_key(_text(remote.busId)))
             try:
                 kind = pynvml.nvmlDeviceGetNvLinkRemoteDeviceType(handle, link)
@@ -532,6 +603,87 @@ class Nvml:
         except pynvml.NVMLError:
             return False
         return True
+
+    # -- polled health signals (nvplugin.node.signals judges them) -----------------------------
+    def nvlinks(self, index: int) -> tuple[int, ...]:
+        """GPU ``index``'s NVLinks that were up at discovery: the only ones health watches (a
+        link that never came up, or that the GPU does not have, is no fault)."""
+        return self._nvlinks.get(index, ())
+
+    def fabric(self, index: int) -> Fabric | None:
+        """GPU ``index``'s fabric registration; None on a GPU without one (NotSupported, or
+        state NOT_SUPPORTED: every GPU outside an NVSwitch fabric)."""
+        handle = self._handle(index)
+        try:
+            try:
+                info: Any = pynvml.c_nvmlGpuFabricInfoV_t()
+                pynvml.nvmlDeviceGetGpuFabricInfoV(handle, ctypes.byref(info))
+            except pynvml.NVMLError_FunctionNotFound:  # drivers before the versioned call
+                info = pynvml.c_nvmlGpuFabricInfo_t()
+                pynvml.nvmlDeviceGetGpuFabricInfo(handle, ctypes.byref(info))
+        except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound):
+            return None
+        except pynvml.NVMLError as exc:
+            raise _failure(exc, f"read GPU {index}'s fabric state") from None
+        state = int(info.state)
+        if state == pynvml.NVML_GPU_FABRIC_STATE_NOT_SUPPORTED:
+            return None
+        return Fabric(FABRIC_STATES.get(state, f"state-{state}"), int(info.status))
+
+    def ecc_uncorrected(self, index: int) -> int | None:
+        """GPU ``index``'s volatile uncorrectable ECC error count (since the driver loaded or
+        the GPU was reset); None when the GPU has no ECC or it is off."""
+        return self._counter(
+            index,
+            "volatile uncorrectable ECC errors",
+            pynvml.nvmlDeviceGetTotalEccErrors,
+            pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+            pynvml.NVML_VOLATILE_ECC,
+        )
+
+    def row_remap(self, index: int) -> tuple[bool, bool] | None:
+        """GPU ``index``'s row remapper: (a remap pending, a remap failed); None on GPUs without
+        one (before Ampere). A pending remap takes effect, and NVML clears it, at a GPU reset."""
+        try:
+            _corr, _unc, pending, failure = pynvml.nvmlDeviceGetRemappedRows(self._handle(index))
+        except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound):
+            return None
+        except pynvml.NVMLError as exc:
+            raise _failure(exc, f"read GPU {index}'s remapped rows") from None
+        return bool(pending), bool(failure)
+
+    def nvlink(self, index: int, link: int) -> tuple[bool, int] | None:
+        """NVLink ``link`` of GPU ``index``: (up, the sum of its :data:`NVLINK_ERROR_COUNTERS`);
+        None when the GPU does not have that link. A link that is down is not asked its
+        counters (they do not move)."""
+        handle = self._handle(index)
+        what = f"read NVLink {link} of GPU {index}"
+        try:
+            if pynvml.nvmlDeviceGetNvLinkState(handle, link) != pynvml.NVML_FEATURE_ENABLED:
+                return False, 0
+            total = 0
+            for counter in NVLINK_ERROR_COUNTERS:
+                try:
+                    total += int(pynvml.nvmlDeviceGetNvLinkErrorCounter(handle, link, counter))
+                except pynvml.NVMLError_NotSupported:
+                    continue  # a counter this link generation does not keep
+        except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_InvalidArgument):
+            return None
+        except pynvml.NVMLError as exc:
+            raise _failure(exc, what) from None
+        return True, total
+
+    def pcie_replays(self, index: int) -> int | None:
+        """GPU ``index``'s PCIe replay counter; None when NVML cannot tell."""
+        return self._counter(index, "PCIe replay counter", pynvml.nvmlDeviceGetPcieReplayCounter)
+
+    def _counter(self, index: int, what: str, func: Callable[..., Any], *args: Any) -> int | None:
+        try:
+            return int(func(self._handle(index), *args))
+        except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound):
+            return None
+        except pynvml.NVMLError as exc:
+            raise _failure(exc, f"read GPU {index}'s {what}") from None
 
     def watch_events(self, indices: Sequence[int]) -> EventWatcher:
         """An event set with Xid critical errors registered for each of ``indices``.

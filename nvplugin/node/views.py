@@ -88,21 +88,26 @@ def devices_table(
     topo: Topology,
     resources: Mapping[int, str] | None = None,
     mig_resources: Mapping[str, str] | None = None,
+    health: Mapping[int, Mapping[str, str]] | None = None,
 ) -> str:
-    """One row per GPU; with ``resources`` (GPU index -> what it is served as, from
-    ``devices --config``) a RESOURCE column too. On a node with MIG on anywhere, a MIG column
-    and the MIG devices' table follow (with ``mig_resources``, ``<gpu>:<index>`` -> resource,
-    their RESOURCE column)."""
+    """One row per GPU (a HEALTH column when ``health`` names a fault); with ``resources``
+    (GPU index -> what it is served as, from ``devices --config``) a RESOURCE column too. On a
+    node with MIG on anywhere, a MIG column and the MIG devices' table follow (with
+    ``mig_resources``, ``<gpu>:<index>`` -> resource, their RESOURCE column)."""
     mig = any(g.mig_enabled for g in topo.gpus)
     header = ["INDEX", "UUID", "NAME", "MEMORY", "BUS ID", "NUMA"]
     header += ["MIG"] if mig else []
     rows = [header if resources is None else [*header, "RESOURCE"]]
+    if health:
+        rows[0] = [*rows[0], "HEALTH"]
     for g in topo.gpus:
         row = [str(g.index), g.uuid, g.name, f"{g.memory_mib} MiB", g.pci_bus_id, _numa(g)]
         if mig:
             row.append(f"on ({len(g.mig_devices)})" if g.mig_enabled else "off")
         if resources is not None:
             row.append(resources.get(g.index, "-"))
+        if health:
+            row.append("; ".join(health.get(g.index, {}).values()) or "ok")
         rows.append(row)
     return f"{_table(rows)}\n" + (f"\n{mig_table(topo, mig_resources)}" if mig else "")
 
@@ -142,8 +147,10 @@ def devices_json(
     resources: Mapping[int, str] | None = None,
     plan: Mapping[str, object] | None = None,
     mig_resources: Mapping[str, str] | None = None,
+    health: Mapping[int, Mapping[str, str]] | None = None,
 ) -> str:
-    """``{"name", "gpus": [...]}``; with a config, each GPU's and MIG device's ``resource`` and
+    """``{"name", "gpus": [...]}`` (a GPU with a fault: its ``health``, signal -> reason);
+    with a config, each GPU's and MIG device's ``resource`` and
     the whole ``plan`` (served resources, sockets, replicas, warnings) as ``"resources"``."""
     gpus = []
     for g in topo.gpus:
@@ -153,6 +160,8 @@ def devices_json(
         if mig_resources is not None and entry["mig"] is not None:
             for device in entry["mig"]["devices"]:
                 device["resource"] = mig_resources.get(f"{g.index}:{device['index']}")
+        if health and g.index in health:
+            entry["health"] = dict(health[g.index])
         gpus.append(entry)
     data: dict[str, Any] = {"name": topo.name, "gpus": gpus}
     if plan is not None:

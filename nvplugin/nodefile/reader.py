@@ -68,10 +68,18 @@ from nvplugin.node.model import (
     Pcie,
     parse_cpu_list,
 )
+from nvplugin.node.nvml import fabric_status_known
 from nvplugin.nodefile.builtin import builtin_names
 from nvplugin.nodefile.cpus import CpuForm, CpuLists, CpuSpec, layout_of
 from nvplugin.nodefile.linksblock import block_start, links_hint
-from nvplugin.nodefile.spec import DEFAULT_DRIVER, EventSpec, GpuSpec, NodeSpec
+from nvplugin.nodefile.spec import (
+    DEFAULT_DRIVER,
+    EventSpec,
+    FabricSpec,
+    GpuSpec,
+    NodeSpec,
+    nvlink_count,
+)
 from nvplugin.nodefile.topotext import (
     TopoTable,
     TopoTextError,
@@ -117,7 +125,37 @@ _VERSION_PAIR_RE = re.compile(r"^([0-9]{1,3})\.([0-9]{1,2})$")
 _PCI_CLASS_RE = re.compile(r"^0x[0-9a-fA-F]{6}$")
 MAX_MACHINE = 200
 _CPU_KEYS = ("sockets", "cores_per_socket", "threads_per_core", "numa_cpus", "socket_cpus")
-_EVENT_KEYS = ("after_s", "gpu", "xid", "lost", "recover", "wait_error", "for_s")
+_EVENT_KEYS = (
+    "after_s",
+    "gpu",
+    "xid",
+    "lost",
+    "recover",
+    "wait_error",
+    "for_s",
+    "fabric",
+    "ecc",
+    "pcie_replays",
+    "remap",
+    "nvlink",
+    "reset",
+)
+_GPU_EVENTS = (
+    "xid",
+    "lost",
+    "recover",
+    "fabric",
+    "ecc",
+    "pcie_replays",
+    "remap",
+    "nvlink",
+    "reset",
+)
+_FABRIC_KEYS = ("state", "status")
+_FABRIC_STATES = ("not-started", "in-progress", "completed")
+_NVLINK_KEYS = ("link", "errors", "state")
+_REMAPS = ("pending", "failed")
+MAX_COUNTER_STEP = 1 << 32
 _PCI_RE = re.compile(r"^([0-9a-fA-F]{1,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$")
 _UUID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -235,6 +273,7 @@ class _Parser:
         links = self.links(table, gpus)
         cpus, layout = self.cpus(form, len(distances))
         events = self.events(top.get("events"), len(gpus))
+        self.check_signal_events(events, gpus, links)
         memory = None
         if "memory_mib" in top:
             memory = self.integer(top["memory_mib"], "memory_mib", 1, MAX_HOST_MEMORY_MIB)
@@ -583,6 +622,81 @@ class _Parser:
             self.fail(field, f"does not fit {numa_count} NUMA node(s): {exc}", show=False)
         return form, layout
 
+    def signal_event(self, raw: Any, field: str, kind: str, after: float, gpu: int) -> EventSpec:
+        """An event changing what GPU ``gpu``'s health signals read (see :class:`EventSpec`)."""
+        if kind == "fabric":
+            if isinstance(raw, str):
+                raw = {"state": raw}
+            data = self.keys(raw, field, _FABRIC_KEYS)
+            state = data.get("state", "completed")
+            if state not in _FABRIC_STATES:
+                self.fail(f"{field}.state", f"must be one of {', '.join(_FABRIC_STATES)}", state)
+            status = data.get("status", "success")
+            if not isinstance(status, str) or not (
+                status == "success" or fabric_status_known(status)
+            ):
+                self.fail(
+                    f"{field}.status",
+                    "must be success or an NVML error name without NVML_ERROR_ (unknown, "
+                    "not_ready, ...)",
+                    status,
+                )
+            return EventSpec(after, gpu=gpu, fabric=FabricSpec(state, status))
+        if kind in ("ecc", "pcie_replays"):
+            step = self.integer(raw, field, 1, MAX_COUNTER_STEP)
+            if kind == "ecc":
+                return EventSpec(after, gpu=gpu, ecc=step)
+            return EventSpec(after, gpu=gpu, pcie_replays=step)
+        if kind == "remap":
+            if raw not in _REMAPS:
+                self.fail(field, f"must be one of {', '.join(_REMAPS)}", raw)
+            return EventSpec(after, gpu=gpu, remap=raw)
+        if kind == "reset":
+            if not self.flag(raw, field):
+                self.fail(field, "must be true (a GPU reset)", raw)
+            return EventSpec(after, gpu=gpu, reset=True)
+        data = self.keys(raw, field, _NVLINK_KEYS)
+        if "link" not in data:
+            self.fail(f"{field}.link", "missing (required)", show=False)
+        link = self.integer(data["link"], f"{field}.link", 0, MAX_NVLINKS - 1)
+        if ("errors" in data) == ("state" in data):
+            self.fail(field, "needs exactly one of errors, state", show=False)
+        if "errors" in data:
+            errors = self.integer(data["errors"], f"{field}.errors", 1, MAX_COUNTER_STEP)
+            return EventSpec(after, gpu=gpu, nvlink=link, nvlink_errors=errors)
+        if data["state"] not in ("up", "down"):
+            self.fail(f"{field}.state", "must be up or down", data["state"])
+        return EventSpec(after, gpu=gpu, nvlink=link, nvlink_up=data["state"] == "up")
+
+    def check_signal_events(
+        self,
+        events: tuple[EventSpec, ...],
+        gpus: tuple[GpuSpec, ...],
+        links: tuple[tuple[Link | None, ...], ...],
+    ) -> None:
+        """Fabric events only for GPUs in an NVSwitch fabric; NVLink events only for links the
+        GPU has: a scripted fault on something the node does not have is refused, naming it."""
+        for n, event in enumerate(events):
+            field = f"events[{n}]"
+            if event.gpu is None:
+                continue
+            if event.fabric is not None and not gpus[event.gpu].nvswitch_links:
+                self.fail(
+                    f"{field}.fabric",
+                    f"GPU {event.gpu} is not in an NVSwitch fabric (nvswitch_links: 0): NVML "
+                    "reports no fabric state for it",
+                    show=False,
+                )
+            if event.nvlink is not None:
+                count = nvlink_count(gpus, links, event.gpu)
+                if event.nvlink >= count:
+                    self.fail(
+                        f"{field}.nvlink.link",
+                        f"GPU {event.gpu} has {count} NVLink(s)"
+                        + (f" (0..{count - 1})" if count else ""),
+                        event.nvlink,
+                    )
+
     def events(self, raw: Any, gpu_count: int) -> tuple[EventSpec, ...]:
         if raw is None:
             return ()
@@ -595,10 +709,12 @@ class _Parser:
             if "after_s" not in data:
                 self.fail(f"{field}.after_s", "missing (required)", show=False)
             after = self.number(data["after_s"], f"{field}.after_s", 0.0)
-            kinds = [k for k in ("xid", "lost", "recover", "wait_error") if k in data]
+            kinds = [k for k in (*_GPU_EVENTS, "wait_error") if k in data]
             if len(kinds) != 1:
                 self.fail(
-                    field, "needs exactly one of xid, lost, recover, wait_error", ", ".join(kinds)
+                    field,
+                    f"needs exactly one of {', '.join((*_GPU_EVENTS, 'wait_error'))}",
+                    ", ".join(kinds),
                 )
             kind = kinds[0]
             if kind == "wait_error":
@@ -622,6 +738,8 @@ class _Parser:
             if kind == "xid":
                 xid = self.integer(data["xid"], f"{field}.xid", 0, 1 << 32)
                 events.append(EventSpec(after, gpu=gpu, xid=xid))
+            elif kind != "lost" and kind != "recover":
+                events.append(self.signal_event(data[kind], f"{field}.{kind}", kind, after, gpu))
             elif kind == "lost":
                 events.append(
                     EventSpec(after, gpu=gpu, lost=self.flag(data["lost"], f"{field}.lost"))

@@ -45,7 +45,11 @@ class EventSpec:
 
     Exactly one kind: ``xid`` (an Xid critical error of ``gpu``), ``lost`` (``gpu`` falls off the
     bus), ``recover`` (``gpu`` answers again), ``wait_error`` (the event wait fails for
-    ``for_s`` seconds).
+    ``for_s`` seconds); or a change of what the health signals read: ``fabric`` (the GPU's
+    fabric state and status from now on), ``ecc`` / ``pcie_replays`` (that many more volatile
+    uncorrectable ECC errors / PCIe replays), ``remap`` (``pending`` or ``failed``),
+    ``nvlink`` with ``nvlink_errors`` (more errors on that link) or ``nvlink_up`` (the link goes
+    down / up), ``reset`` (a GPU reset: the pending remap applied, volatile ECC count zeroed).
     """
 
     after_s: float
@@ -55,6 +59,24 @@ class EventSpec:
     recover: bool = False
     wait_error: bool = False
     for_s: float = 0.0
+    fabric: FabricSpec | None = None
+    ecc: int = 0
+    pcie_replays: int = 0
+    remap: str | None = None
+    nvlink: int | None = None
+    nvlink_errors: int = 0
+    nvlink_up: bool | None = None
+    reset: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class FabricSpec:
+    """A GPU's fabric registration as NVML reports it: ``state`` (``not-started``,
+    ``in-progress``, ``completed``) and ``status`` (``success`` or an NVML error's name without
+    ``NVML_ERROR_``, lower case: ``unknown``, ``not_ready``...)."""
+
+    state: str = "completed"
+    status: str = "success"
 
 
 @dataclass(frozen=True)
@@ -83,12 +105,11 @@ class NodeSpec:
 
         Between two fabric GPUs the links go to the switches instead, so none are direct.
         """
-        link = self.links[a][b]
-        if link is None:
-            return 0
-        if self.gpus[a].nvswitch_links and self.gpus[b].nvswitch_links:
-            return 0
-        return link.nvlinks
+        return _direct(self.gpus, self.links, a, b)
+
+    def nvlink_count(self, index: int) -> int:
+        """How many NVLinks GPU ``index`` has (direct ones, then those into the fabric)."""
+        return nvlink_count(self.gpus, self.links, index)
 
     def topology(self) -> Topology:
         """The topology discovery is expected to find on this node."""
@@ -110,3 +131,21 @@ class NodeSpec:
             for g in self.gpus
         )
         return Topology(self.name, gpus, self.links, self.numa_distances, self.cpu_layout)
+
+
+def _direct(
+    gpus: tuple[GpuSpec, ...], links: tuple[tuple[Link | None, ...], ...], a: int, b: int
+) -> int:
+    link = links[a][b]
+    if link is None or (gpus[a].nvswitch_links and gpus[b].nvswitch_links):
+        return 0
+    return link.nvlinks
+
+
+def nvlink_count(
+    gpus: tuple[GpuSpec, ...], links: tuple[tuple[Link | None, ...], ...], index: int
+) -> int:
+    """How many NVLinks GPU ``index`` of a node file has: its direct links to each peer, then
+    its links into the NVSwitch fabric (the simulated NVML's link indices, in that order)."""
+    direct = sum(_direct(gpus, links, index, p) for p in range(len(gpus)) if p != index)
+    return direct + gpus[index].nvswitch_links

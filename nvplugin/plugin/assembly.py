@@ -162,6 +162,21 @@ class Resources:
         self.plan: ResourcePlan | None = None  # what is served (the last start's plan)
         self._generation: Generation | None = None  # None: nothing served
         self._mps = MpsDaemons(node.nvml)  # kept across generations
+        self._cordon: frozenset[int] = frozenset()  # GPUs cordoned (plugin/cordon.py)
+
+    def set_cordon(self, indices: frozenset[int]) -> None:
+        """Cordon exactly ``indices``: Unhealthy, with every unit of theirs, until lifted (kept
+        across generations and health monitors)."""
+        self._cordon = frozenset(indices)
+        if self._generation is not None:
+            self._generation.health.monitor.set_cordon(self._cordon)
+
+    @property
+    def health_reasons(self) -> dict[int, dict[str, str]]:
+        """Why each Unhealthy GPU is (GPU -> reason kind -> reason); empty while not serving."""
+        if self._generation is None:
+            return {}
+        return self._generation.health.monitor.reasons
 
     @property
     def served(self) -> list[Served]:
@@ -376,7 +391,10 @@ class Resources:
             config.health.settings(),
             forward,
             on_xid=self._metrics.xid,
+            on_reasons=self._metrics.gpu_reasons,
+            cordon=self._cordon,
         )
+        self._metrics.gpu_reasons(monitor.reasons)  # a new monitor: nothing else holds
         monitor.start()
         return Health(monitor, forward)
 

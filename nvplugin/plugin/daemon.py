@@ -51,6 +51,7 @@ import functools
 import os
 from collections.abc import Callable, Sequence
 
+from nvplugin.backoff import Backoff
 from nvplugin.config import Config
 from nvplugin.config.pod import PodIdentity
 from nvplugin.errors import InputError, NvpluginError
@@ -58,6 +59,8 @@ from nvplugin.log import LoopErrors, configure, get_logger
 from nvplugin.nodesession import NodeSession, open_node
 from nvplugin.plugin import healthservice, reload
 from nvplugin.plugin.assembly import Resources, Served, make_dir, serve_socket
+from nvplugin.plugin.cordon import Cordon, entries
+from nvplugin.plugin.cordon import follow as follow_cordon
 from nvplugin.plugin.diraccess import check_device_plugin_access
 from nvplugin.plugin.endpoints import METRICS, PROBES, Endpoints
 from nvplugin.plugin.executor import RequestExecutor
@@ -132,11 +135,18 @@ class Daemon:
             backoff=(timing.backoff_initial_s, timing.backoff_max_s),
         )
         self.labeller = Labeller(publisher=publisher, tasks=self._tasks)
+        self._pod = pod or PodIdentity()
+        self._api_timing = timing
         self._applying = asyncio.Lock()  # one reload at a time: SIGHUP's or the selector's
         self.selector: ConfigSelector | None = None
+        self.cordon = Cordon(self._set_cordon)  # GPUs cordoned by the Node's annotation
         if following is not None:
             self.selector = ConfigSelector(
-                following, self._apply, self.metrics, timing=api_timing or ApiTiming()
+                following,
+                self._apply,
+                self.metrics,
+                timing=api_timing or ApiTiming(),
+                on_annotations=lambda annotations: self.cordon.update(entries(annotations)),
             )
             self._reload = self.selector.load_active
 
@@ -208,6 +218,17 @@ class Daemon:
             await self._endpoints.start(self.config)
             if self.selector is not None:
                 self._tasks.spawn(self.selector.run(), "nvplugin-config-selector")
+            timing = self._api_timing
+            if self.selector is None:  # else the selector's watch of the Node serves the cordon
+                self._tasks.spawn(
+                    follow_cordon(
+                        self._pod,
+                        self.cordon,
+                        backoff=Backoff(timing.backoff_initial_s, timing.backoff_max_s, 0.2),
+                        watch_s=timing.watch_s,
+                    ),
+                    "nvplugin-node-cordon",
+                )
             await self._serve()
         finally:
             await self._shutdown()
@@ -245,6 +266,10 @@ class Daemon:
             self.stop()
         self._log.info("signal", signal=name, before_serving=before_serving)
 
+    def _set_cordon(self, indices: frozenset[int]) -> None:
+        if self._resources is not None:
+            self._resources.set_cordon(indices)
+
     def _on_fatal(self, error: NvpluginError) -> None:
         self._fatal = error
         self.stop()
@@ -263,6 +288,7 @@ class Daemon:
             executor=self._executor,
             keep_mps=self._keep_mps,
         )
+        self.cordon.node(self._node.topology.gpus)
         async with self._applying:
             await self._resources.start(self.config)
             await self._update_labels()

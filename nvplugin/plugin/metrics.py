@@ -19,6 +19,9 @@ Series (``resource`` is the extended resource name):
   (device plugin and health service), by gRPC method and status code; streams are counted when
   they end, and only unary calls go into the latency histogram (a stream's lifetime is no latency);
 - ``nvplugin_xid_events_total{gpu,xid}``: Xid events NVML delivered, ignored ones included;
+- ``nvplugin_gpu_unhealthy{gpu,signal}``: 1 while that reason makes GPU ``gpu`` Unhealthy, 0
+  once it no longer does (``signal``: ``xid``, ``lost``, ``nvml``, ``fabric``, ``ecc``,
+  ``row-remap``, ``nvlink``, ``pcie``, ``cordon``; a series appears with its first fault);
 - ``nvplugin_health_serving{resource}``: 1 while the gRPC health service reports SERVING;
 - ``nvplugin_config_selected{config,why}``: under per-node selection, 1 for the config running
   and why it was chosen (``label``, ``default``, ``fallback-named``/``-single``/``-empty``,
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
@@ -114,6 +118,14 @@ class Metrics:
             ["gpu", "xid"],
             registry=r,
         )
+        self.gpu_unhealthy = Gauge(
+            "nvplugin_gpu_unhealthy",
+            "1 while this reason makes the GPU Unhealthy.",
+            ["gpu", "signal"],
+            registry=r,
+        )
+        self._reasons_lock = threading.Lock()
+        self._reason_series: set[tuple[str, str]] = set()
         self.serving = Gauge(
             "nvplugin_health_serving",
             "1 while the gRPC health service reports SERVING, else 0.",
@@ -165,6 +177,17 @@ class Metrics:
         unhealthy = sum(count(gpu) for gpu, ok in health.items() if not ok)
         self.devices.labels(resource, HEALTHY).set(healthy)
         self.devices.labels(resource, UNHEALTHY).set(unhealthy)
+
+    def gpu_reasons(self, reasons: Mapping[int, Mapping[str, str]]) -> None:
+        """Each GPU's reasons now (the health monitor's ``on_reasons``): 1 for each, 0 for a
+        series whose reason is gone."""
+        with self._reasons_lock:
+            now = {(str(gpu), kind) for gpu, kinds in reasons.items() for kind in kinds}
+            for labels in self._reason_series - now:
+                self.gpu_unhealthy.labels(*labels).set(0)
+            for labels in now:
+                self.gpu_unhealthy.labels(*labels).set(1)
+            self._reason_series |= now
 
     def registered(self, resource: str) -> None:
         self.registrations.labels(resource).inc()

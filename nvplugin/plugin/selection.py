@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from nvplugin.backoff import Backoff
@@ -92,6 +92,7 @@ class ConfigSelector:
         *,
         timing: ApiTiming = ApiTiming(),
         settle_s: float = SETTLE_S,
+        on_annotations: Callable[[Mapping[str, str]], None] | None = None,
     ) -> None:
         self._selection = following.selection
         self._load = following.load
@@ -100,6 +101,9 @@ class ConfigSelector:
         self._metrics = metrics
         self._timing = timing
         self._settle_s = settle_s
+        # The Node's annotations, as each state of it arrives (the cordon: one watch of the Node
+        # serves both).
+        self._on_annotations = on_annotations
         self.active: Choice = following.start.choice
         self._digest = following.start.digest
         self._refused = following.start.refused
@@ -265,6 +269,8 @@ class ConfigSelector:
         extra = {} if timing.watch_s is None else {"watch_s": timing.watch_s}
         try:
             async for state in follow_labels(client, name, backoff=backoff, **extra):
+                if self._on_annotations is not None:
+                    self._on_annotations(state.annotations)
                 if not state.exists:
                     self._log.warning("node not found; using the default or a fallback")
                 label = state.labels.get(self._selection.node_label) or None

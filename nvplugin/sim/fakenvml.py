@@ -31,7 +31,14 @@ Model of the node file:
 - scripted events (``after_s`` from the first simulated ``nvmlInit``): an Xid event is
   delivered once, by the next ``nvmlEventSetWait`` of a set the GPU is registered in; a lost GPU
   raises GpuIsLost on every query until a ``recover`` event, and the next wait raises GpuIsLost
-  once; a ``wait_error`` makes every wait raise NVMLError_Unknown for ``for_s`` seconds.
+  once; a ``wait_error`` makes every wait raise NVMLError_Unknown for ``for_s`` seconds;
+- health signals, from the due scripted events: a GPU with ``nvswitch_links`` reports its fabric
+  state (completed, success, unless an event says otherwise), every other GPU NotSupported; the
+  volatile uncorrectable ECC count and the PCIe replay counter add up their steps (a ``reset``
+  zeroes the ECC count and clears a pending remap); an NVLink reports DISABLED while scripted
+  down, and its errors (all counted as CRC flit errors). ``dead_nvlinks`` (tests) makes a GPU
+  without NVLinks answer that many link indices as DISABLED, with error counters that climb on
+  every read: what a PCIe GPU with NVLink hardware but no bridge may report.
 """
 
 from __future__ import annotations
@@ -50,7 +57,7 @@ from typing import Any
 from nvplugin.node import mig, nvml
 from nvplugin.node.model import MAX_NVLINKS
 from nvplugin.node.sysfs import pci_key
-from nvplugin.nodefile.spec import NodeSpec
+from nvplugin.nodefile.spec import FabricSpec, NodeSpec
 from nvplugin.sim import fakempscontrol, tree
 
 _HANDLE_BASE = 0x7E5A0000
@@ -89,6 +96,7 @@ class SimulatedNvml:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         sysfs_numa: bool = True,
+        dead_nvlinks: int = 0,
     ) -> None:
         self.spec = spec
         self.calls: Counter[str] = Counter()
@@ -121,6 +129,8 @@ class SimulatedNvml:
         self._delivered: set[int] = set()  # event numbers already delivered / raised
         self._link_table = [self._links_of(i) for i in range(len(spec.gpus))]
         self._compute_modes = [self._pynvml.NVML_COMPUTEMODE_DEFAULT] * len(spec.gpus)
+        self._dead_nvlinks = dead_nvlinks
+        self._dead_reads = 0
 
     # -- install / uninstall ------------------------------------------------------------------
     def install(self) -> SimulatedNvml:
@@ -210,6 +220,12 @@ class SimulatedNvml:
             "nvmlEventSetFree": self.nvmlEventSetFree,
             "nvmlDeviceGetComputeMode": self.nvmlDeviceGetComputeMode,
             "nvmlDeviceSetComputeMode": self.nvmlDeviceSetComputeMode,
+            "nvmlDeviceGetGpuFabricInfoV": self.nvmlDeviceGetGpuFabricInfoV,
+            "nvmlDeviceGetGpuFabricInfo": self.nvmlDeviceGetGpuFabricInfo,
+            "nvmlDeviceGetTotalEccErrors": self.nvmlDeviceGetTotalEccErrors,
+            "nvmlDeviceGetRemappedRows": self.nvmlDeviceGetRemappedRows,
+            "nvmlDeviceGetNvLinkErrorCounter": self.nvmlDeviceGetNvLinkErrorCounter,
+            "nvmlDeviceGetPcieReplayCounter": self.nvmlDeviceGetPcieReplayCounter,
         }
 
     # -- sysfs --------------------------------------------------------------------------------
@@ -338,6 +354,25 @@ class SimulatedNvml:
             raise self._error(self._pynvml.NVML_ERROR_NOT_SUPPORTED)
         return table[link]
 
+    def _dead_link(self, index: int, link: int) -> bool:
+        """Whether ``link`` of GPU ``index`` is one of the ``dead_nvlinks`` (it has no links)."""
+        return not self._link_table[index] and 0 <= link < self._dead_nvlinks
+
+    def _due_signals(self, index: int) -> list[Any]:
+        """GPU ``index``'s signal events due now, in script order."""
+        now = self._now()
+        return [e for e in self.spec.events if e.gpu == index and e.after_s <= now]
+
+    def _link_state(self, index: int, link: int) -> tuple[bool, int]:
+        """(up, errors) of a link of GPU ``index`` now."""
+        up, errors = True, 0
+        for event in self._due_signals(index):
+            if event.nvlink == link:
+                errors += event.nvlink_errors
+                if event.nvlink_up is not None:
+                    up = event.nvlink_up
+        return up, errors
+
     def _pci(self, bus_id: str) -> Any:
         struct = getattr(self._pynvml, "nvmlPciInfo_t", None) or self._pynvml.c_nvmlPciInfo_t
         info = struct()
@@ -421,9 +456,76 @@ class SimulatedNvml:
         return level
 
     def nvmlDeviceGetNvLinkState(self, device: Any, link: int) -> int:
+        index = self._device(device)
+        p = self._pynvml
+        if self._dead_link(index, link):
+            disabled: int = p.NVML_FEATURE_DISABLED
+            return disabled
         self._link(device, link)
-        enabled: int = self._pynvml.NVML_FEATURE_ENABLED
-        return enabled
+        up, _ = self._link_state(index, link)
+        state: int = p.NVML_FEATURE_ENABLED if up else p.NVML_FEATURE_DISABLED
+        return state
+
+    def nvmlDeviceGetNvLinkErrorCounter(self, device: Any, link: int, counter: int) -> int:
+        index = self._device(device)
+        p = self._pynvml
+        if not 0 <= counter <= p.NVML_NVLINK_ERROR_DL_ECC_DATA:
+            raise self._error(p.NVML_ERROR_INVALID_ARGUMENT)
+        if self._dead_link(index, link):
+            with self._lock:
+                self._dead_reads += 1
+                return 1000 * self._dead_reads
+        self._link(device, link)
+        _, errors = self._link_state(index, link)
+        return errors if counter == p.NVML_NVLINK_ERROR_DL_CRC_FLIT else 0
+
+    def _fabric_info(self, device: Any, info: Any) -> None:
+        index = self._device(device)
+        p = self._pynvml
+        if not self.spec.gpus[index].nvswitch_links:
+            raise self._error(p.NVML_ERROR_NOT_SUPPORTED)
+        fabric = FabricSpec()
+        for event in self._due_signals(index):
+            if event.fabric is not None:
+                fabric = event.fabric
+        struct = getattr(info, "_obj", info)  # ctypes.byref(struct), as NVML takes it
+        struct.state = nvml.FABRIC_STATE_CODES[fabric.state]
+        struct.status = nvml.fabric_status_code(fabric.status)
+
+    def nvmlDeviceGetGpuFabricInfoV(self, device: Any, gpuFabricInfo: Any) -> int:
+        self._fabric_info(device, gpuFabricInfo)
+        success: int = self._pynvml.NVML_SUCCESS
+        return success
+
+    def nvmlDeviceGetGpuFabricInfo(self, device: Any, gpuFabricInfo: Any) -> int:
+        return self.nvmlDeviceGetGpuFabricInfoV(device, gpuFabricInfo)
+
+    def _ecc_and_remap(self, index: int) -> tuple[int, bool, bool]:
+        """GPU ``index``'s volatile uncorrectable ECC count, remap pending, remap failed."""
+        ecc, pending, failed = 0, False, False
+        for event in self._due_signals(index):
+            ecc += event.ecc
+            pending = pending or event.remap == "pending"
+            failed = failed or event.remap == "failed"
+            if event.reset:
+                ecc, pending, failed = 0, False, False
+        return ecc, pending, failed
+
+    def nvmlDeviceGetTotalEccErrors(self, handle: Any, errorType: int, counterType: int) -> int:
+        index = self._device(handle)
+        p = self._pynvml
+        uncorrected = errorType == p.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+        if uncorrected and counterType == p.NVML_VOLATILE_ECC:
+            return self._ecc_and_remap(index)[0]
+        return 0
+
+    def nvmlDeviceGetRemappedRows(self, device: Any) -> tuple[int, int, int, int]:
+        _, pending, failed = self._ecc_and_remap(self._device(device))
+        return 0, 0, int(pending), int(failed)
+
+    def nvmlDeviceGetPcieReplayCounter(self, handle: Any) -> int:
+        index = self._device(handle)
+        return sum(event.pcie_replays for event in self._due_signals(index))
 
     def nvmlDeviceGetNvLinkRemotePciInfo(self, device: Any, link: int) -> Any:
         kind, far = self._link(device, link)

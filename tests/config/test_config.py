@@ -12,6 +12,7 @@ from nvplugin.config import SETTINGS, Config, load_config
 from nvplugin.config.schema import Str, parse_duration
 from nvplugin.errors import InputError
 from nvplugin.node.health import DEFAULT_IGNORED_XIDS, HealthSettings
+from nvplugin.node.signals import SignalSettings
 
 Write = Callable[..., str]
 
@@ -61,7 +62,7 @@ def test_defaults() -> None:
     assert config.device_list_strategy == ("envvar",)
     assert config.device_id_strategy == "uuid"
     assert config.dev_root == "/" and config.container_driver_root == "/driver-root"
-    assert config.health.settings() == HealthSettings()
+    assert config.health.settings() == HealthSettings(signals=SignalSettings())
     assert config.notes == ()
 
 

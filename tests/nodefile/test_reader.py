@@ -221,6 +221,37 @@ BAD = [
         ["events[0].for_s", "missing"],
     ),
     (
+        "event-fabric-outside-a-fabric",
+        GOOD + "events:\n  - {after_s: 1, gpu: 1, fabric: in-progress}\n",
+        ["events[0].fabric", "GPU 1 is not in an NVSwitch fabric"],
+    ),
+    (
+        "event-fabric-bad-status",
+        _swap("numa_node: 0}", "numa_node: 0, nvswitch_links: 6}")
+        + "events:\n  - {after_s: 1, gpu: 0, fabric: {status: sad}}\n",
+        ["events[0].fabric.status", "NVML error name", "'sad'"],
+    ),
+    (
+        "event-nvlink-the-gpu-lacks",
+        GOOD + "events:\n  - {after_s: 1, gpu: 0, nvlink: {link: 2, state: down}}\n",
+        ["events[0].nvlink.link", "GPU 0 has 2 NVLink(s) (0..1)", "2"],
+    ),
+    (
+        "event-nvlink-two-changes",
+        GOOD + "events:\n  - {after_s: 1, gpu: 0, nvlink: {link: 0, state: down, errors: 5}}\n",
+        ["events[0].nvlink", "exactly one of errors, state"],
+    ),
+    (
+        "event-remap-unknown",
+        GOOD + "events:\n  - {after_s: 1, gpu: 0, remap: soon}\n",
+        ["events[0].remap", "one of pending, failed", "'soon'"],
+    ),
+    (
+        "event-ecc-step-zero",
+        GOOD + "events:\n  - {after_s: 1, gpu: 0, ecc: 0}\n",
+        ["events[0].ecc", "0"],
+    ),
+    (
         "version-without-v",
         _swap("version: v1", "version: 1"),
         ["version", "must be v1 (as in config files)", "1"],

@@ -289,3 +289,22 @@ def test_metrics_port_in_use_is_a_fatal_start_up_error() -> None:
         f"error: cannot serve metrics on 127.0.0.1:{port}: Address already in use" in serve.text()
     )
     assert "Traceback" not in serve.text()
+
+
+def test_gpu_unhealthy_gauge_per_gpu_and_signal() -> None:
+    metrics = Metrics()
+
+    def series() -> dict[tuple[str, str], float]:
+        return {
+            (s.labels["gpu"], s.labels["signal"]): s.value
+            for family in text_string_to_metric_families(metrics.exposition())
+            if family.name == "nvplugin_gpu_unhealthy"
+            for s in family.samples
+        }
+
+    metrics.gpu_reasons({1: {"fabric": "fabric in-progress", "cordon": "cordoned"}})
+    assert series() == {("1", "fabric"): 1.0, ("1", "cordon"): 1.0}
+    metrics.gpu_reasons({1: {"cordon": "cordoned"}, 3: {"pcie": "PCIe replays rose by 9"}})
+    assert series() == {("1", "fabric"): 0.0, ("1", "cordon"): 1.0, ("3", "pcie"): 1.0}
+    metrics.gpu_reasons({})
+    assert set(series().values()) == {0.0}

@@ -189,6 +189,15 @@ class KubeApiServer:
         """Set (or, with None, remove) one label: a MODIFIED event."""
         self._patch(name, {key: value})
 
+    def annotate(self, name: str, key: str, value: str | None) -> None:
+        """Set (or, with None, remove) one annotation: a MODIFIED event."""
+        current = self.nodes[name]["metadata"].setdefault("annotations", {})
+        if value is None:
+            current.pop(key, None)
+        else:
+            current[key] = value
+        self._patch(name, {})
+
     def touch(self, name: str) -> None:
         """A change that is no label's (a status update): MODIFIED with the same labels."""
         self._patch(name, {})

@@ -10,6 +10,7 @@ deadlines (2 s, 5 s) were what made tests flaky.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 
 WAIT_S = 30.0
@@ -25,3 +26,12 @@ async def until(predicate: Callable[[], bool], what: str = "a condition") -> Non
         if loop.time() > deadline:
             raise AssertionError(f"timed out after {WAIT_S:g} s waiting for {what}")
         await asyncio.sleep(0.01)
+
+
+def until_sync(predicate: Callable[[], bool], what: str = "a condition") -> None:
+    """:func:`until` for a test without an event loop (state another thread moves)."""
+    deadline = time.monotonic() + WAIT_S
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {WAIT_S:g} s waiting for {what}")
+        time.sleep(0.01)
