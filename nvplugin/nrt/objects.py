@@ -111,9 +111,9 @@ def _device_counts(
     numa: dict[str, dict[str, int]] = {}
     for served in plan.resources:
         where = numa.setdefault(served.name, {})
-        for device in served.devices:
-            node = device.numa_node if device.numa_node in zones else home
-            where[device.id] = node
+        for unit in served.devices:
+            numa_node = unit.numa_node
+            where[unit.id] = numa_node if numa_node is not None and numa_node in zones else home
         for node in zones:
             counts[(node, served.name)] = _Count()
         for node in where.values():
@@ -121,17 +121,17 @@ def _device_counts(
     healthy: dict[str, set[str]] = {}
     for entry in allocatable.devices:
         where = numa.get(entry.resource_name, {})
-        for device in entry.device_ids:
-            if device in where:
-                healthy.setdefault(entry.resource_name, set()).add(device)
+        for device_id in entry.device_ids:
+            if device_id in where:
+                healthy.setdefault(entry.resource_name, set()).add(device_id)
     held = _listed_devices(listed)
     free: dict[str, set[str]] = {}
     for resource, ids in healthy.items():
         free[resource] = ids - held.get(resource, set())
-        for device in ids:
-            counts[(numa[resource][device], resource)].allocatable += 1
-        for device in free[resource]:
-            counts[(numa[resource][device], resource)].available += 1
+        for device_id in ids:
+            counts[(numa[resource][device_id], resource)].allocatable += 1
+        for device_id in free[resource]:
+            counts[(numa[resource][device_id], resource)].available += 1
     return counts, free
 
 
@@ -167,10 +167,10 @@ def _memory_counts(
     listed: api_pb2.ListPodResourcesResponse,
     allocatable: api_pb2.AllocatableResourcesResponse,
 ) -> dict[tuple[int, str], _Count]:
-    counts: dict[tuple[int | None, str], _Count] = {}
+    counts: dict[tuple[int, str], _Count] = {}
     for block in allocatable.memory:
         node = _first_node(block)
-        if node in zones:
+        if node is not None and node in zones:
             count = counts.setdefault((node, block.memory_type), _Count())
             count.capacity += block.size
             count.allocatable += block.size
@@ -178,9 +178,10 @@ def _memory_counts(
     for pod in listed.pod_resources:
         for container in pod.containers:
             for block in container.memory:
-                count = counts.get((_first_node(block), block.memory_type))
-                if count is not None:
-                    count.available = max(0, count.available - block.size)
+                where = _first_node(block)
+                held = counts.get((where, block.memory_type)) if where is not None else None
+                if held is not None:
+                    held.available = max(0, held.available - block.size)
     return counts
 
 
@@ -272,3 +273,27 @@ def zone_resources(obj: Mapping[str, Any]) -> dict[tuple[str, str], tuple[int, i
 
 def attributes_of(obj: Mapping[str, Any]) -> dict[str, str]:
     return {a["name"]: a["value"] for a in obj.get("attributes", ())}
+
+
+def idle_answers(
+    topology: Topology, plan: ResourcePlan, cpu_manager_policy: str | None
+) -> tuple[api_pb2.ListPodResourcesResponse, api_pb2.AllocatableResourcesResponse]:
+    """What the kubelet would answer on an empty node where every served device is healthy:
+    no pod; every device with its NUMA node; under the static CPU policy every CPU (the
+    reserved ones are the kubelet's to know)."""
+    devices = [
+        api_pb2.ContainerDevices(
+            resource_name=served.name,
+            device_ids=[unit.id],
+            topology=api_pb2.TopologyInfo(nodes=[api_pb2.NUMANode(ID=unit.numa_node)])
+            if unit.numa_node is not None
+            else None,
+        )
+        for served in plan.resources
+        for unit in served.devices
+    ]
+    cpus = [c.id for c in topology.cpus.cpus] if cpu_manager_policy == "static" else []
+    return (
+        api_pb2.ListPodResourcesResponse(),
+        api_pb2.AllocatableResourcesResponse(devices=devices, cpu_ids=cpus),
+    )

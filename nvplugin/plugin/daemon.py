@@ -66,6 +66,7 @@ from nvplugin.plugin.httpendpoint import Response
 from nvplugin.plugin.labelling import Labeller
 from nvplugin.plugin.metrics import Metrics
 from nvplugin.plugin.nodefeature import NodeFeaturePublisher
+from nvplugin.plugin.nrt import TopologyPublisher
 from nvplugin.plugin.registrar import SERVE_AGAIN_GIVE_UP_S
 from nvplugin.plugin.selection import ApiTiming, ConfigSelector, Following
 from nvplugin.plugin.server import DevicePluginService
@@ -129,6 +130,12 @@ class Daemon:
             backoff=(timing.backoff_initial_s, timing.backoff_max_s),
         )
         self.labeller = Labeller(publisher=publisher, tasks=self._tasks)
+        self.topology = TopologyPublisher(
+            pod or PodIdentity(),
+            self.metrics,
+            tasks=self._tasks,
+            backoff=(timing.backoff_initial_s, timing.backoff_max_s),
+        )
         self._applying = asyncio.Lock()  # one reload at a time: SIGHUP's or the selector's
         self.selector: ConfigSelector | None = None
         if following is not None:
@@ -295,9 +302,10 @@ class Daemon:
     async def _update_labels(self) -> None:
         """Bring the node's labels in line with what is served now."""
         resources = self._resources
-        await self.labeller.update(
-            self.config, self._node, resources.plan if resources is not None else None
-        )
+        plan = resources.plan if resources is not None else None
+        await self.labeller.update(self.config, self._node, plan)
+        node = self._node
+        self.topology.update(self.config, node.topology if node is not None else None, plan)
 
     # --- discovery ---
 

@@ -1,0 +1,254 @@
+"""``serve`` publishing the node's NodeResourceTopology object (``nvplugin.topology.publish``;
+docs/topology.md), through :mod:`nvplugin.kube.nrt`.
+
+:meth:`TopologyPublisher.update` hands over what is served (the node's topology and the plan) and
+returns at once; one background task keeps the object in line. It reads the kubelet's pod
+resources API (``List`` and ``GetAllocatableResources``, each under a deadline) and builds the
+object (:func:`nvplugin.nrt.objects.build_nrt`, off the event loop) whenever something may have
+changed: the plan (a re-serve), the kubelet's device checkpoint (it is rewritten on every
+allocation and every freed pod: the device-plugin directory is watched), and a slow timer
+(``nvplugin.topology.resyncPeriod``), the safety net. The object is written only when it differs
+from the last one written; the API is asked only then.
+
+While the pod resources API or the Kubernetes API fails, it retries with capped exponential
+backoff, says the outage once and its end, and counts each failure
+(``nvplugin_topology_failures_total``); the daemon serves on meanwhile, untouched. The object is
+owned by the Node (its uid read once, ``get`` of the Node) and left in place when the plugin
+stops: a restarted plugin brings it up to date.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from nvplugin.api.podresources.v1 import api_pb2, api_pb2_grpc
+from nvplugin.backoff import Backoff, Retry
+from nvplugin.config.model import Config, TopologyConfig
+from nvplugin.config.pod import PodIdentity
+from nvplugin.errors import NvpluginError
+from nvplugin.log import get_logger
+from nvplugin.node.model import Topology
+from nvplugin.nrt.bestgroups import BestGroups
+from nvplugin.nrt.kubeletconfig import merged, read_policies
+from nvplugin.nrt.objects import KubeletPolicies, build_nrt
+from nvplugin.plugin.metrics import Metrics
+from nvplugin.plugin.registrar import DirWatcher
+from nvplugin.plugin.tasks import Tasks
+from nvplugin.rm.plan import ResourcePlan
+
+PODRESOURCES_S = 5.0
+"""Longest wait for one pod resources call."""
+MAX_MESSAGE = 64 * 1024 * 1024
+"""Largest pod resources answer read (the kubelet's own limit is 16 MiB)."""
+
+
+@dataclass(frozen=True)
+class Served:
+    """What the object is built from, besides the kubelet's answers."""
+
+    settings: TopologyConfig
+    device_plugin_dir: str
+    topology: Topology
+    plan: ResourcePlan
+
+
+async def read_podresources(
+    socket: str, timeout: float = PODRESOURCES_S
+) -> tuple[api_pb2.ListPodResourcesResponse, api_pb2.AllocatableResourcesResponse]:
+    """``List`` and ``GetAllocatableResources`` on the kubelet's socket; NvpluginError naming
+    the socket when either fails."""
+    if not os.path.exists(socket):
+        raise NvpluginError(f"pod resources socket {socket} does not exist (yet)")
+    options = [("grpc.max_receive_message_length", MAX_MESSAGE)]
+    async with grpc.aio.insecure_channel(f"unix:{socket}", options=options) as channel:
+        stub = api_pb2_grpc.PodResourcesListerStub(channel)
+        try:
+            listed = await stub.List(api_pb2.ListPodResourcesRequest(), timeout=timeout)
+            allocatable = await stub.GetAllocatableResources(
+                api_pb2.AllocatableResourcesRequest(), timeout=timeout
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise NvpluginError(
+                f"pod resources on {socket} failed ({exc.code().name}): {exc.details()}"
+            ) from None
+    return listed, allocatable
+
+
+class TopologyPublisher:
+    """Publishes the node's NRT object (see the module docstring). ``tasks``: the owner of its
+    background task (the daemon's whole life); ``backoff``: the first and the longest wait
+    between attempts, in seconds."""
+
+    def __init__(
+        self,
+        pod: PodIdentity,
+        metrics: Metrics,
+        *,
+        tasks: Tasks,
+        backoff: tuple[float, float] = (0.5, 10.0),
+    ) -> None:
+        self._pod = pod
+        self._metrics = metrics
+        self._tasks = tasks
+        self._backoff = backoff
+        self._log = get_logger("nvplugin.topology", node=pod.node_name)
+        self._served: Served | None = None
+        self._dirty = asyncio.Event()  # something may have changed since the last pass
+        self._running = False
+        self._said_off = False
+        self.published: dict[str, Any] | None = None
+        """The object last written (or found already saying it); None: not yet."""
+        self.last_write: float | None = None
+        """``time.monotonic()`` of the last write (bench: allocation to update)."""
+
+    def update(self, config: Config, topology: Topology | None, plan: ResourcePlan | None) -> None:
+        """Publish for what is served now (soon; never blocks). Nothing while the setting is
+        off or no GPU is served yet."""
+        if not config.topology.publish or topology is None or plan is None:
+            return
+        problem = self._problem()
+        if problem is not None:
+            if not self._said_off:
+                self._log.error("cannot publish the NodeResourceTopology object", reason=problem)
+                self._said_off = True
+            return
+        self._served = Served(config.topology, config.device_plugin_dir, topology, plan)
+        self._dirty.set()
+        if not self._running:
+            self._running = True
+            self._tasks.spawn(self._run(), "nvplugin-topology")
+
+    def _problem(self) -> str | None:
+        if not self._pod.node_name:
+            return "NODE_NAME is not set (the downward API's spec.nodeName)"
+        return self._pod.access.problem()
+
+    async def _run(self) -> None:
+        from nvplugin.kube.node import API_JITTER, Outage
+
+        served = self._served
+        assert served is not None
+        tasks = Tasks("topology publisher")
+        watcher = DirWatcher(served.device_plugin_dir, "the kubelet's device-plugin directory")
+        tasks.spawn(watcher.run(), "nvplugin-topology-watch")
+        tasks.spawn(self._forward(watcher), "nvplugin-topology-wake")
+        api_outage = Outage(Backoff(*self._backoff, jitter=API_JITTER), self._log)
+        kubelet_retry = Retry(Backoff(*self._backoff, jitter=API_JITTER))
+        kubelet_failures = 0
+        loop = asyncio.get_running_loop()
+        built_for: Served | None = None
+        groups: BestGroups | None = None
+        policies = KubeletPolicies()
+        client: Any = None
+        owner: str | None = None
+        try:
+            while True:
+                self._dirty.clear()
+                served = self._served
+                assert served is not None
+                if built_for is None or served.topology is not built_for.topology:
+                    groups = await asyncio.to_thread(BestGroups, served.topology)
+                if built_for is None or served.settings != built_for.settings:
+                    policies = await asyncio.to_thread(self._policies, served.settings)
+                built_for = served
+                wait = served.settings.resync_s
+                try:
+                    listed, allocatable = await read_podresources(
+                        served.settings.pod_resources_socket
+                    )
+                except NvpluginError as exc:
+                    self._metrics.topology_failed("podresources")
+                    kubelet_failures += 1
+                    if kubelet_failures == 1:
+                        self._log.warning(
+                            "cannot read the kubelet's pod resources; retrying", error=str(exc)
+                        )
+                    wait = min(wait, kubelet_retry.next())
+                else:
+                    if kubelet_failures:
+                        self._log.info("kubelet's pod resources answering again")
+                    kubelet_failures = 0
+                    kubelet_retry.reset()
+                    obj = await asyncio.to_thread(
+                        build_nrt,
+                        self._pod.node_name or "",
+                        served.topology,
+                        served.plan,
+                        listed,
+                        allocatable,
+                        policies,
+                        groups,
+                    )
+                    try:
+                        if client is None:
+                            from nvplugin.kube.client import open_client
+
+                            client = await asyncio.to_thread(open_client, self._pod.access)
+                        if owner is None:
+                            owner = await self._owner(client)
+                        await self._publish(client, obj, owner)
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception as exc:
+                        self._metrics.topology_failed("api")
+                        wait = min(wait, api_outage.failed(exc, loop.time()))
+                    else:
+                        api_outage.over()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(wait):
+                        await self._dirty.wait()
+        finally:
+            await tasks.close()
+            if client is not None:
+                with contextlib.suppress(Exception):
+                    await client.close()
+
+    async def _forward(self, watcher: DirWatcher) -> None:
+        """Each change in the device-plugin directory (the checkpoint rewritten) marks the
+        state dirty; without inotify, every poll does."""
+        while True:
+            await watcher.wait(3600.0 if watcher.watching else watcher.poll_s)
+            self._dirty.set()
+
+    def _policies(self, settings: TopologyConfig) -> KubeletPolicies:
+        from_file = None
+        if settings.kubelet_config is not None:
+            try:
+                from_file = read_policies(settings.kubelet_config)
+            except NvpluginError as exc:
+                self._log.error("kubelet config not read; its policies left out", error=str(exc))
+        return merged(
+            from_file,
+            {
+                "topologyManagerPolicy": settings.topology_manager_policy,
+                "topologyManagerScope": settings.topology_manager_scope,
+                "cpuManagerPolicy": settings.cpu_manager_policy,
+                "memoryManagerPolicy": settings.memory_manager_policy,
+            },
+        )
+
+    async def _owner(self, client: Any) -> str:
+        from nvplugin.kube.nrt import node_uid
+
+        return await node_uid(client, self._pod.node_name or "")
+
+    async def _publish(self, client: Any, obj: dict[str, Any], owner: str) -> None:
+        from nvplugin.kube.nrt import owned, publish
+
+        node = self._pod.node_name or ""
+        wanted = owned(obj, node, owner)
+        if wanted == self.published:
+            return
+        result = await publish(client, wanted)
+        self.published = wanted
+        if result != "unchanged":
+            self.last_write = time.monotonic()
+            self._metrics.topology_written(result)
+            self._log.info(f"{result} the NodeResourceTopology object", object=node)
