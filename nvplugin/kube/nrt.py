@@ -60,11 +60,25 @@ def _same(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
 
 
 async def publish(
-    client: AsyncClient, wanted: Mapping[str, Any], *, request_s: float = REQUEST_S
-) -> str:
+    client: AsyncClient,
+    wanted: Mapping[str, Any],
+    *,
+    known: Mapping[str, Any] | None = None,
+    request_s: float = REQUEST_S,
+) -> tuple[str, dict[str, Any]]:
     """Make the object named ``wanted``'s name say what ``wanted`` says: ``created``,
-    ``updated`` or ``unchanged``. Raises ApiError (409: written meanwhile; try again; 404 on
-    the kind: no CRD) and the client's errors."""
+    ``updated`` or ``unchanged``, with the object as stored. ``known``: the object as this
+    writer last stored it; a PUT with its resourceVersion then saves the GET (written by another
+    meanwhile, or gone: the GET path). Raises ApiError (409: written meanwhile; try again; 404
+    on the kind: no CRD) and the client's errors."""
+    if known is not None:
+        if _same(known, wanted):
+            return "unchanged", dict(known)
+        try:
+            return "updated", await _replace(client, known, wanted, request_s)
+        except ApiError as exc:
+            if exc.status.code not in (404, 409):
+                raise
     name = wanted["metadata"]["name"]
     try:
         async with asyncio.timeout(request_s):
@@ -73,18 +87,30 @@ async def publish(
         if exc.status.code != 404:
             raise
         async with asyncio.timeout(request_s):
-            await client.create(_resource(dict(wanted)))
-        return "created"
-    current: dict[str, Any] = json.loads(json.dumps(found, default=_plain))
+            created = await client.create(_resource(dict(wanted)))
+        return "created", _plain_dict(created)
+    current = _plain_dict(found)
     if _same(current, wanted):
-        return "unchanged"
+        return "unchanged", current
+    return "updated", await _replace(client, current, wanted, request_s)
+
+
+async def _replace(
+    client: AsyncClient, current: Mapping[str, Any], wanted: Mapping[str, Any], request_s: float
+) -> dict[str, Any]:
+    """PUT ``wanted`` over ``current`` (its resourceVersion, the rest of its metadata kept)."""
     metadata = dict(current.get("metadata") or {})
     if "ownerReferences" in wanted["metadata"]:
         metadata["ownerReferences"] = wanted["metadata"]["ownerReferences"]
     replacement = {**current, **wanted, "metadata": metadata}
     async with asyncio.timeout(request_s):
-        await client.replace(_resource(replacement))
-    return "updated"
+        stored = await client.replace(_resource(replacement))
+    return _plain_dict(stored)
+
+
+def _plain_dict(obj: object) -> dict[str, Any]:
+    out: dict[str, Any] = json.loads(json.dumps(obj, default=_plain))
+    return out
 
 
 def _resource(data: dict[str, Any]) -> Any:

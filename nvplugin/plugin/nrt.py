@@ -59,26 +59,42 @@ class Served:
     plan: ResourcePlan
 
 
-async def read_podresources(
-    socket: str, timeout: float = PODRESOURCES_S
-) -> tuple[api_pb2.ListPodResourcesResponse, api_pb2.AllocatableResourcesResponse]:
-    """``List`` and ``GetAllocatableResources`` on the kubelet's socket; NvpluginError naming
-    the socket when either fails."""
-    if not os.path.exists(socket):
-        raise NvpluginError(f"pod resources socket {socket} does not exist (yet)")
-    options = [("grpc.max_receive_message_length", MAX_MESSAGE)]
-    async with grpc.aio.insecure_channel(f"unix:{socket}", options=options) as channel:
-        stub = api_pb2_grpc.PodResourcesListerStub(channel)
+class PodResourcesReader:
+    """``List`` and ``GetAllocatableResources`` on the kubelet's socket, over one channel kept
+    between reads (a failed read closes it; the next read dials again, so a restarted kubelet's
+    new socket is found)."""
+
+    def __init__(self, socket: str, timeout: float = PODRESOURCES_S) -> None:
+        self.socket = socket
+        self._timeout = timeout
+        self._channel: grpc.aio.Channel | None = None
+
+    async def read(
+        self,
+    ) -> tuple[api_pb2.ListPodResourcesResponse, api_pb2.AllocatableResourcesResponse]:
+        """Both answers; NvpluginError naming the socket when either fails."""
+        if self._channel is None:
+            if not os.path.exists(self.socket):
+                raise NvpluginError(f"pod resources socket {self.socket} does not exist (yet)")
+            options = [("grpc.max_receive_message_length", MAX_MESSAGE)]
+            self._channel = grpc.aio.insecure_channel(f"unix:{self.socket}", options=options)
+        stub = api_pb2_grpc.PodResourcesListerStub(self._channel)
         try:
-            listed = await stub.List(api_pb2.ListPodResourcesRequest(), timeout=timeout)
+            listed = await stub.List(api_pb2.ListPodResourcesRequest(), timeout=self._timeout)
             allocatable = await stub.GetAllocatableResources(
-                api_pb2.AllocatableResourcesRequest(), timeout=timeout
+                api_pb2.AllocatableResourcesRequest(), timeout=self._timeout
             )
         except grpc.aio.AioRpcError as exc:
+            await self.close()
             raise NvpluginError(
-                f"pod resources on {socket} failed ({exc.code().name}): {exc.details()}"
+                f"pod resources on {self.socket} failed ({exc.code().name}): {exc.details()}"
             ) from None
-    return listed, allocatable
+        return listed, allocatable
+
+    async def close(self) -> None:
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            await channel.close()
 
 
 class TopologyPublisher:
@@ -101,6 +117,7 @@ class TopologyPublisher:
         self._log = get_logger("nvplugin.topology", node=pod.node_name)
         self._served: Served | None = None
         self._dirty = asyncio.Event()  # something may have changed since the last pass
+        self._stored: dict[str, Any] | None = None  # the object as the API last returned it
         self._running = False
         self._said_off = False
         self.published: dict[str, Any] | None = None
@@ -148,6 +165,7 @@ class TopologyPublisher:
         policies = KubeletPolicies()
         client: Any = None
         owner: str | None = None
+        reader: PodResourcesReader | None = None
         try:
             while True:
                 self._dirty.clear()
@@ -159,10 +177,13 @@ class TopologyPublisher:
                     policies = await asyncio.to_thread(self._policies, served.settings)
                 built_for = served
                 wait = served.settings.resync_s
+                socket = served.settings.pod_resources_socket
+                if reader is None or reader.socket != socket:
+                    if reader is not None:
+                        await reader.close()
+                    reader = PodResourcesReader(socket)
                 try:
-                    listed, allocatable = await read_podresources(
-                        served.settings.pod_resources_socket
-                    )
+                    listed, allocatable = await reader.read()
                 except NvpluginError as exc:
                     self._metrics.topology_failed("podresources")
                     kubelet_failures += 1
@@ -206,6 +227,9 @@ class TopologyPublisher:
                         await self._dirty.wait()
         finally:
             await tasks.close()
+            if reader is not None:
+                with contextlib.suppress(Exception):
+                    await reader.close()
             if client is not None:
                 with contextlib.suppress(Exception):
                     await client.close()
@@ -246,7 +270,7 @@ class TopologyPublisher:
         wanted = owned(obj, node, owner)
         if wanted == self.published:
             return
-        result = await publish(client, wanted)
+        result, self._stored = await publish(client, wanted, known=self._stored)
         self.published = wanted
         if result != "unchanged":
             self.last_write = time.monotonic()
