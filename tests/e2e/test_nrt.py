@@ -136,3 +136,34 @@ def test_serve_publishes_and_follows_allocations_through_an_outage() -> None:
             assert NODE in api.nrts  # left in place: the Node owns it
 
     run(body())
+
+
+def test_a_kubelet_without_pod_resources_yet_delays_the_object_not_the_serving() -> None:
+    async def body() -> None:
+        async with KubeApiServer() as api:
+            api.add_node(NODE)
+            directory = new_dir()
+            async with FakeKubelet(directory) as kubelet:
+                server = PodResourcesServer(
+                    os.path.join(new_dir(), "pod-resources"), list, kubelet.devices
+                )
+                serve = Serve(
+                    directory,
+                    *("--simulate", "dgx-1", "--publish-topology"),
+                    *("--pod-resources-socket", server.socket_path),
+                    *("--api-backoff-s", "0.05", "0.5"),
+                    env={"KUBECONFIG": api.kubeconfig(), "NODE_NAME": NODE},
+                )
+                try:
+                    await kubelet.wait_registered(GPU, WAIT_S)  # serving, pod resources or not
+                    await serve.wait_log("cannot read the kubelet's pod resources; retrying")
+                    assert NODE not in api.nrts
+                    await server.start()
+                    obj = await _until(api, serve, lambda o: _free(o) == 8, "showed 8 free")
+                    assert obj["metadata"]["name"] == NODE
+                    await serve.wait_log("kubelet's pod resources answering again")
+                finally:
+                    assert serve.stop() == 0, serve.text()
+                    await server.stop()
+
+    run(body())
