@@ -506,6 +506,24 @@ class TopologyConfig:
             "left out).",
         ),
     )
+    volcano: bool = setting(
+        "nvplugin.topology.volcano",
+        Bool(),
+        False,
+        help="With publish: also publish Volcano's Numatopology object "
+        "(nodeinfo.volcano.sh/v1alpha1) named NODE_NAME, owned by the Node.",
+        flags=("publish-numatopology",),
+        env=("NVPLUGIN_TOPOLOGY_VOLCANO",),
+        reload=Reload.RESTART,
+        chart=Chart.true(
+            "topology.volcano",
+            "With `topology.publish`: also publish Volcano's Numatopology object "
+            "(`nodeinfo.volcano.sh/v1alpha1`, named after the node, owned by it; Volcano "
+            "installs the CRD). The chart then grants create/get/update/patch of numatopologies "
+            "too.",
+            only_with="topology.publish",
+        ),
+    )
     resync_s: float = setting(
         "nvplugin.topology.resyncPeriod",
         Duration(minimum=1.0),

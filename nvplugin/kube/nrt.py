@@ -21,9 +21,13 @@ from lightkube.generic_resource import create_global_resource
 from lightkube.resources.core_v1 import Node
 
 from nvplugin.kube.client import REQUEST_S
+from nvplugin.nrt import volcano
 from nvplugin.nrt.objects import GROUP, KIND, PLURAL, VERSION
 
 NodeResourceTopology = create_global_resource(GROUP, VERSION, KIND, PLURAL)
+Numatopology = create_global_resource(volcano.GROUP, volcano.VERSION, volcano.KIND, volcano.PLURAL)
+KINDS = {KIND: NodeResourceTopology, volcano.KIND: Numatopology}
+"""The objects this module writes, by kind."""
 
 
 async def node_uid(client: AsyncClient, name: str, *, request_s: float = REQUEST_S) -> str:
@@ -52,11 +56,13 @@ def _owners(metadata: Mapping[str, Any]) -> list[tuple[str, str]]:
 
 
 def _same(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
-    return (
-        current.get("zones") == wanted.get("zones")
-        and current.get("attributes") == wanted.get("attributes")
-        and _owners(current.get("metadata") or {}) == _owners(wanted["metadata"])
-    )
+    """Whether the object already says what is wanted: every field but the metadata, and the
+    owner."""
+    return all(
+        current.get(key) == value
+        for key, value in wanted.items()
+        if key not in ("apiVersion", "kind", "metadata")
+    ) and _owners(current.get("metadata") or {}) == _owners(wanted["metadata"])
 
 
 async def publish(
@@ -66,11 +72,11 @@ async def publish(
     known: Mapping[str, Any] | None = None,
     request_s: float = REQUEST_S,
 ) -> tuple[str, dict[str, Any]]:
-    """Make the object named ``wanted``'s name say what ``wanted`` says: ``created``,
-    ``updated`` or ``unchanged``, with the object as stored. ``known``: the object as this
-    writer last stored it; a PUT with its resourceVersion then saves the GET (written by another
-    meanwhile, or gone: the GET path). Raises ApiError (409: written meanwhile; try again; 404
-    on the kind: no CRD) and the client's errors."""
+    """Make the object of ``wanted``'s kind (one of :data:`KINDS`) and name say what ``wanted``
+    says: ``created``, ``updated`` or ``unchanged``, with the object as stored. ``known``: the
+    object as this writer last stored it; a PUT with its resourceVersion then saves the GET
+    (written by another meanwhile, or gone: the GET path). Raises ApiError (409: written
+    meanwhile; try again; 404 on the kind: no CRD) and the client's errors."""
     if known is not None:
         if _same(known, wanted):
             return "unchanged", dict(known)
@@ -82,7 +88,7 @@ async def publish(
     name = wanted["metadata"]["name"]
     try:
         async with asyncio.timeout(request_s):
-            found = await client.get(NodeResourceTopology, name=name)
+            found = await client.get(KINDS[wanted["kind"]], name=name)
     except ApiError as exc:
         if exc.status.code != 404:
             raise
@@ -114,7 +120,7 @@ def _plain_dict(obj: object) -> dict[str, Any]:
 
 
 def _resource(data: dict[str, Any]) -> Any:
-    return cast(Any, NodeResourceTopology)(data)
+    return cast(Any, KINDS[data["kind"]])(data)
 
 
 def _plain(value: object) -> object:

@@ -61,3 +61,33 @@ def merged(
         pick("cpuManagerPolicy", base.cpu_manager_policy),
         pick("memoryManagerPolicy", base.memory_manager_policy),
     )
+
+
+def _millicpu(value: object, source: str, key: str) -> int:
+    text = str(value).strip()
+    millis = text.endswith("m")
+    number = text[:-1] if millis else text
+    try:
+        amount = float(number)
+    except ValueError:
+        raise InputError(f"{source}: {key}: {shortened(text, 40)} is not a CPU quantity") from None
+    if amount < 0 or number.lower() in ("nan", "inf", "infinity"):
+        raise InputError(f"{source}: {key}: {shortened(text, 40)} is not a CPU quantity")
+    return round(amount) if millis else round(amount * 1000)
+
+
+def read_reserved_cpu(path: str) -> str:
+    """The CPU the kubelet config file at ``path`` reserves: ``kubeReserved.cpu`` plus
+    ``systemReserved.cpu``, as a quantity (``"1500m"``, ``"2"``; ``"0"`` when neither is set)."""
+    source = f"kubelet config file {path}"
+    doc = yamlinput.load(yamlinput.read_text(path, source, MAX_BYTES), source)
+    if not isinstance(doc, dict):
+        raise InputError(f"{source}: not a KubeletConfiguration")
+    total = 0
+    for key in ("kubeReserved", "systemReserved"):
+        reserved = doc.get(key) or {}
+        if not isinstance(reserved, dict):
+            raise InputError(f"{source}: {key}: expected a mapping")
+        if "cpu" in reserved:
+            total += _millicpu(reserved["cpu"], source, f"{key}.cpu")
+    return str(total // 1000) if total % 1000 == 0 else f"{total}m"

@@ -185,7 +185,24 @@ def _memory_counts(
     return counts
 
 
-def _whole_gpu_free(plan: ResourcePlan, free: Mapping[str, set[str]]) -> dict[str, list[int]]:
+def free_devices(
+    plan: ResourcePlan,
+    listed: api_pb2.ListPodResourcesResponse,
+    allocatable: api_pb2.AllocatableResourcesResponse,
+) -> dict[str, set[str]]:
+    """Each served resource's free device IDs: allocatable (healthy) and held by no container."""
+    ours = {served.name: {d.id for d in served.devices} for served in plan.resources}
+    healthy: dict[str, set[str]] = {}
+    for entry in allocatable.devices:
+        known = ours.get(entry.resource_name, set())
+        healthy.setdefault(entry.resource_name, set()).update(
+            d for d in entry.device_ids if d in known
+        )
+    held = _listed_devices(listed)
+    return {r: ids - held.get(r, set()) for r, ids in healthy.items() if r in ours}
+
+
+def whole_gpu_free(plan: ResourcePlan, free: Mapping[str, set[str]]) -> dict[str, list[int]]:
     """Free GPU indices of each resource of whole, unshared GPUs."""
     out = {}
     for served in plan.resources:
@@ -218,7 +235,7 @@ def build_nrt(
         (pod.namespace, pod.name) for pod in listed.pod_resources
     )
     if best_groups is not None:
-        for resource, gpus in _whole_gpu_free(plan, free).items():
+        for resource, gpus in whole_gpu_free(plan, free).items():
             attributes[attribute_name(resource)] = best_groups.value(gpus)
     distances = topology.numa_distances
     return {

@@ -36,8 +36,9 @@ from nvplugin.errors import NvpluginError
 from nvplugin.log import get_logger
 from nvplugin.node.model import Topology
 from nvplugin.nrt.bestgroups import BestGroups
-from nvplugin.nrt.kubeletconfig import merged, read_policies
+from nvplugin.nrt.kubeletconfig import merged, read_policies, read_reserved_cpu
 from nvplugin.nrt.objects import KubeletPolicies, build_nrt
+from nvplugin.nrt.volcano import build_numatopology
 from nvplugin.plugin.metrics import Metrics
 from nvplugin.plugin.registrar import DirWatcher
 from nvplugin.plugin.tasks import Tasks
@@ -117,11 +118,11 @@ class TopologyPublisher:
         self._log = get_logger("nvplugin.topology", node=pod.node_name)
         self._served: Served | None = None
         self._dirty = asyncio.Event()  # something may have changed since the last pass
-        self._stored: dict[str, Any] | None = None  # the object as the API last returned it
+        self._stored: dict[str, dict[str, Any]] = {}  # by kind: as the API last returned it
         self._running = False
         self._said_off = False
-        self.published: dict[str, Any] | None = None
-        """The object last written (or found already saying it); None: not yet."""
+        self.published: dict[str, dict[str, Any]] = {}
+        """By kind, the object last written (or found already saying it)."""
         self.last_write: float | None = None
         """``time.monotonic()`` of the last write (bench: allocation to update)."""
 
@@ -163,6 +164,7 @@ class TopologyPublisher:
         built_for: Served | None = None
         groups: BestGroups | None = None
         policies = KubeletPolicies()
+        reserved_cpu = "0"
         client: Any = None
         owner: str | None = None
         reader: PodResourcesReader | None = None
@@ -174,7 +176,9 @@ class TopologyPublisher:
                 if built_for is None or served.topology is not built_for.topology:
                     groups = await asyncio.to_thread(BestGroups, served.topology)
                 if built_for is None or served.settings != built_for.settings:
-                    policies = await asyncio.to_thread(self._policies, served.settings)
+                    policies, reserved_cpu = await asyncio.to_thread(
+                        self._policies, served.settings
+                    )
                 built_for = served
                 wait = served.settings.resync_s
                 socket = served.settings.pod_resources_socket
@@ -197,16 +201,31 @@ class TopologyPublisher:
                         self._log.info("kubelet's pod resources answering again")
                     kubelet_failures = 0
                     kubelet_retry.reset()
-                    obj = await asyncio.to_thread(
-                        build_nrt,
-                        self._pod.node_name or "",
-                        served.topology,
-                        served.plan,
-                        listed,
-                        allocatable,
-                        policies,
-                        groups,
-                    )
+                    node = self._pod.node_name or ""
+                    objects = [
+                        await asyncio.to_thread(
+                            build_nrt,
+                            node,
+                            served.topology,
+                            served.plan,
+                            listed,
+                            allocatable,
+                            policies,
+                            groups,
+                        )
+                    ]
+                    if served.settings.volcano:
+                        objects.append(
+                            build_numatopology(
+                                node,
+                                served.topology,
+                                served.plan,
+                                listed,
+                                allocatable,
+                                policies,
+                                reserved_cpu,
+                            )
+                        )
                     try:
                         if client is None:
                             from nvplugin.kube.client import open_client
@@ -214,7 +233,8 @@ class TopologyPublisher:
                             client = await asyncio.to_thread(open_client, self._pod.access)
                         if owner is None:
                             owner = await self._owner(client)
-                        await self._publish(client, obj, owner)
+                        for obj in objects:
+                            await self._publish(client, obj, owner)
                     except asyncio.CancelledError:
                         raise
                     except Exception as exc:
@@ -241,14 +261,17 @@ class TopologyPublisher:
             await watcher.wait(3600.0 if watcher.watching else watcher.poll_s)
             self._dirty.set()
 
-    def _policies(self, settings: TopologyConfig) -> KubeletPolicies:
-        from_file = None
+    def _policies(self, settings: TopologyConfig) -> tuple[KubeletPolicies, str]:
+        """The kubelet's policies and reserved CPU (the kubelet config file's, the settings
+        over them)."""
+        from_file, reserved = None, "0"
         if settings.kubelet_config is not None:
             try:
                 from_file = read_policies(settings.kubelet_config)
+                reserved = read_reserved_cpu(settings.kubelet_config)
             except NvpluginError as exc:
                 self._log.error("kubelet config not read; its policies left out", error=str(exc))
-        return merged(
+        policies = merged(
             from_file,
             {
                 "topologyManagerPolicy": settings.topology_manager_policy,
@@ -257,6 +280,7 @@ class TopologyPublisher:
                 "memoryManagerPolicy": settings.memory_manager_policy,
             },
         )
+        return policies, reserved
 
     async def _owner(self, client: Any) -> str:
         from nvplugin.kube.nrt import node_uid
@@ -267,12 +291,13 @@ class TopologyPublisher:
         from nvplugin.kube.nrt import owned, publish
 
         node = self._pod.node_name or ""
+        kind = obj["kind"]
         wanted = owned(obj, node, owner)
-        if wanted == self.published:
+        if wanted == self.published.get(kind):
             return
-        result, self._stored = await publish(client, wanted, known=self._stored)
-        self.published = wanted
+        result, self._stored[kind] = await publish(client, wanted, known=self._stored.get(kind))
+        self.published[kind] = wanted
         if result != "unchanged":
             self.last_write = time.monotonic()
             self._metrics.topology_written(result)
-            self._log.info(f"{result} the NodeResourceTopology object", object=node)
+            self._log.info(f"{result} the {kind} object", object=node)

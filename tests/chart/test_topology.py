@@ -61,6 +61,22 @@ def test_publishing_gets_its_mounts_and_least_privilege() -> None:
     assert "kubectl get crd noderesourcetopologies.topology.node.k8s.io" in rendered.notes
 
 
+def test_volcano_adds_numatopologies_only_with_publish() -> None:
+    rendered = render({"topology": {"publish": True, "volcano": True}})
+    assert rendered.env["NVPLUGIN_TOPOLOGY_VOLCANO"] == "true"
+    assert rendered.one("ClusterRole")["rules"] == [
+        *NRT_RULES[:1],
+        {
+            "apiGroups": ["nodeinfo.volcano.sh"],
+            "resources": ["numatopologies"],
+            "verbs": ["create", "get", "update", "patch"],
+        },
+        NRT_RULES[1],
+    ]
+    alone = render({"topology": {"volcano": True}})
+    assert alone.kinds() == ["DaemonSet"] and "NVPLUGIN_TOPOLOGY_VOLCANO" not in alone.env
+
+
 def test_another_kubelet_root() -> None:
     socket = "/data/kubelet/pod-resources/kubelet.sock"
     rendered = render({"topology": {"publish": True, "podResourcesSocket": socket}})

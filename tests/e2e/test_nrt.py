@@ -69,6 +69,7 @@ def test_serve_publishes_and_follows_allocations_through_an_outage() -> None:
                     *("--simulate", "dgx-1", "--publish-topology"),
                     *("--pod-resources-socket", server.socket_path),
                     *("--topology-manager-policy", "single-numa-node"),
+                    "--publish-numatopology",
                     *("--api-backoff-s", "0.05", "0.5"),
                     env=env,
                 )
@@ -120,15 +121,34 @@ def test_serve_publishes_and_follows_allocations_through_an_outage() -> None:
                     check(obj)
                     assert attributes_of(obj)["nodeTopologyPodsFingerprint"] != fingerprint
 
+                    # Volcano's object says the same free GPUs, owned by the Node too.
+                    def volcano_free() -> int:
+                        found = api.numatopologies.get(NODE)
+                        if found is None:
+                            return -1
+                        return len(found["spec"]["numares"][GPU]["allocatable"].split(","))
+
+                    await api.wait_for(lambda: volcano_free() == 6)
+                    numatopology = api.numatopologies[NODE]
+                    assert numatopology["metadata"]["ownerReferences"][0]["kind"] == "Node"
+                    assert numatopology["spec"]["policies"]["TopologyManagerPolicy"] == (
+                        "single-numa-node"
+                    )
+
                     delete(second)
                     obj = await _until(api, serve, lambda o: _free(o) == 8, "showed 8 free")
                     check(obj)
                     writes = [e for e in serve.lines() if "NodeResourceTopology" in e["event"]]
+                    await api.wait_for(lambda: volcano_free() == 8)
                     # Written on changes only: created (perhaps before the kubelet had the
                     # devices), then at most one update per state the kubelet went through.
                     assert writes[0]["event"] == "created the NodeResourceTopology object"
                     assert len(writes) <= 6, writes
-                    puts = [r for r in api.requests if r.method == "PUT" and "topology" in r.path]
+                    puts = [
+                        r
+                        for r in api.requests
+                        if r.method == "PUT" and "noderesourcetopologies" in r.path
+                    ]
                     assert len(puts) == len(writes) - 1
                 finally:
                     assert serve.stop() == 0, serve.text()

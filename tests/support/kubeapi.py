@@ -16,8 +16,9 @@ What it serves (``/api/v1/nodes``):
   status; the stream ends cleanly after ``timeoutSeconds``;
 - ``PATCH /api/v1/nodes/NAME`` (merge or strategic merge patch of ``metadata.labels``);
 - ``GET /api/v1/namespaces/NS/pods/NAME``: a Pod the test added (:meth:`KubeApiServer.add_pod`);
-- NodeResourceTopology objects (``/apis/topology.node.k8s.io/v1alpha2/noderesourcetopologies``,
-  cluster-scoped): ``GET .../NAME``, ``POST``, ``PUT .../NAME``, as NodeFeatures below;
+- NodeResourceTopology objects (``/apis/topology.node.k8s.io/v1alpha2/noderesourcetopologies``)
+  and Volcano's Numatopology objects (``/apis/nodeinfo.volcano.sh/v1alpha1/numatopologies``),
+  cluster-scoped: ``GET .../NAME``, ``POST``, ``PUT .../NAME``, as NodeFeatures below;
 - NFD's NodeFeature objects (``/apis/nfd.k8s-sigs.io/v1alpha1/namespaces/NS/nodefeatures``):
   ``GET .../NAME``, ``POST`` (201; 409 AlreadyExists when it exists), ``PUT .../NAME`` (200; 409
   Conflict unless ``metadata.resourceVersion`` is the object's current one, as the API server's
@@ -54,6 +55,12 @@ from tests.support.waiting import WAIT_S
 TOKEN = "nvplugin-test-token"
 NODEFEATURES = "/apis/nfd.k8s-sigs.io/v1alpha1/namespaces/"
 NRTS = "/apis/topology.node.k8s.io/v1alpha2/noderesourcetopologies"
+NUMATOPOLOGIES = "/apis/nodeinfo.volcano.sh/v1alpha1/numatopologies"
+CLUSTER_OBJECTS = {
+    NRTS: ("topology.node.k8s.io/v1alpha2", "NodeResourceTopology", "nrts"),
+    NUMATOPOLOGIES: ("nodeinfo.volcano.sh/v1alpha1", "Numatopology", "numatopologies"),
+}
+"""Cluster-scoped custom objects served: path -> apiVersion, kind, the attribute holding them."""
 HISTORY = 1000
 """Events kept for watches resuming from an older resourceVersion."""
 
@@ -90,6 +97,8 @@ class KubeApiServer:
         """NodeFeature objects by (namespace, name), as stored."""
         self.nrts: dict[str, dict[str, Any]] = {}
         """NodeResourceTopology objects by name, as stored."""
+        self.numatopologies: dict[str, dict[str, Any]] = {}
+        """Volcano's Numatopology objects by name, as stored."""
         self.requests: list[Request] = []
         self.port = 0
         self._rv = 100
@@ -339,9 +348,12 @@ class KubeApiServer:
         if path.startswith(NODEFEATURES):
             await self._nodefeature(method, path, body, writer)
             return True
-        if path == NRTS or path.startswith(NRTS + "/"):
-            await self._nrt(method, path[len(NRTS) + 1 :] or None, body, writer)
-            return True
+        for prefix, kind in CLUSTER_OBJECTS.items():
+            if path == prefix or path.startswith(prefix + "/"):
+                await self._cluster_object(
+                    kind, method, path[len(prefix) + 1 :] or None, body, writer
+                )
+                return True
         prefix = "/api/v1/nodes"
         if path == prefix and method == "GET":
             name = _name_selector(query.get("fieldSelector", ""))
@@ -453,12 +465,19 @@ class KubeApiServer:
         self._changed.set()
         await _send(writer, 201 if method == "POST" else 200, stored)
 
-    async def _nrt(
-        self, method: str, name: str | None, body: bytes, writer: asyncio.StreamWriter
+    async def _cluster_object(
+        self,
+        kind: tuple[str, str, str],
+        method: str,
+        name: str | None,
+        body: bytes,
+        writer: asyncio.StreamWriter,
     ) -> None:
-        what = "noderesourcetopologies.topology.node.k8s.io"
+        api_version, kind_name, attribute = kind
+        store: dict[str, dict[str, Any]] = getattr(self, attribute)
+        what = f"{kind_name.lower()}s.{api_version.split('/')[0]}"
         if method == "GET" and name is not None:
-            found = self.nrts.get(name)
+            found = store.get(name)
             if found is None:
                 await _send(writer, 404, _status(404, "NotFound", f'{what} "{name}" not found'))
                 return
@@ -470,15 +489,15 @@ class KubeApiServer:
         obj = json.loads(body or b"{}")
         meta = obj.get("metadata") or {}
         if (
-            obj.get("apiVersion") != "topology.node.k8s.io/v1alpha2"
-            or obj.get("kind") != "NodeResourceTopology"
+            obj.get("apiVersion") != api_version
+            or obj.get("kind") != kind_name
             or not meta.get("name")
             or (name is not None and meta.get("name") != name)
         ):
             message = "the object's apiVersion, kind or name does not match the request"
             await _send(writer, 400, _status(400, "BadRequest", message))
             return
-        current = self.nrts.get(meta["name"])
+        current = store.get(meta["name"])
         if method == "POST" and current is not None:
             message = f'{what} "{meta["name"]}" already exists'
             await _send(writer, 409, _status(409, "AlreadyExists", message))
@@ -494,8 +513,8 @@ class KubeApiServer:
         self._rv += 1
         stored = json.loads(json.dumps(obj))
         stored["metadata"]["resourceVersion"] = str(self._rv)
-        stored["metadata"].setdefault("uid", f"uid-nrt-{meta['name']}")
-        self.nrts[meta["name"]] = stored
+        stored["metadata"].setdefault("uid", f"uid-{attribute}-{meta['name']}")
+        store[meta["name"]] = stored
         self._changed.set()
         await _send(writer, 201 if method == "POST" else 200, stored)
 

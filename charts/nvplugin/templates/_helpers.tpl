@@ -324,6 +324,11 @@ GFD_USE_NODE_FEATURE_API), instead of the feature file.
 {{- if eq (toJson (.Values.topology | default dict).publish) "true" }}true{{ end }}
 {{- end }}
 
+{{/* Volcano's Numatopology too (topology.volcano, only with topology.publish). */}}
+{{- define "nvplugin.volcano" -}}
+{{- if and (include "nvplugin.topology" .) (eq (toJson (.Values.topology | default dict).volcano) "true") }}true{{ end }}
+{{- end }}
+
 {{/* Whether the pods talk to the API at all: per-node configs, NodeFeature or NRT objects. */}}
 {{- define "nvplugin.usesApi" -}}
 {{- if or (include "nvplugin.perNode" .) (include "nvplugin.nodeFeatureApi" .) (include "nvplugin.topology" .) }}true{{ end }}
