@@ -153,10 +153,7 @@ class TopologyPublisher:
 
         served = self._served
         assert served is not None
-        tasks = Tasks("topology publisher")
-        watcher = DirWatcher(served.device_plugin_dir, "the kubelet's device-plugin directory")
-        tasks.spawn(watcher.run(), "nvplugin-topology-watch")
-        tasks.spawn(self._forward(watcher), "nvplugin-topology-wake")
+        tasks, watcher = self._watch(served.device_plugin_dir)
         api_outage = Outage(Backoff(*self._backoff, jitter=API_JITTER), self._log)
         kubelet_retry = Retry(Backoff(*self._backoff, jitter=API_JITTER))
         kubelet_failures = 0
@@ -173,6 +170,9 @@ class TopologyPublisher:
                 self._dirty.clear()
                 served = self._served
                 assert served is not None
+                if served.device_plugin_dir != watcher.directory:  # a reload moved it
+                    await tasks.close()
+                    tasks, watcher = self._watch(served.device_plugin_dir)
                 if built_for is None or served.topology is not built_for.topology:
                     groups = await asyncio.to_thread(BestGroups, served.topology)
                 if built_for is None or served.settings != built_for.settings:
@@ -201,31 +201,9 @@ class TopologyPublisher:
                         self._log.info("kubelet's pod resources answering again")
                     kubelet_failures = 0
                     kubelet_retry.reset()
-                    node = self._pod.node_name or ""
-                    objects = [
-                        await asyncio.to_thread(
-                            build_nrt,
-                            node,
-                            served.topology,
-                            served.plan,
-                            listed,
-                            allocatable,
-                            policies,
-                            groups,
-                        )
-                    ]
-                    if served.settings.volcano:
-                        objects.append(
-                            build_numatopology(
-                                node,
-                                served.topology,
-                                served.plan,
-                                listed,
-                                allocatable,
-                                policies,
-                                reserved_cpu,
-                            )
-                        )
+                    objects = await asyncio.to_thread(
+                        self._build, served, listed, allocatable, policies, groups, reserved_cpu
+                    )
                     try:
                         if client is None:
                             from nvplugin.kube.client import open_client
@@ -253,6 +231,35 @@ class TopologyPublisher:
             if client is not None:
                 with contextlib.suppress(Exception):
                     await client.close()
+
+    def _build(
+        self,
+        served: Served,
+        listed: api_pb2.ListPodResourcesResponse,
+        allocatable: api_pb2.AllocatableResourcesResponse,
+        policies: KubeletPolicies,
+        groups: BestGroups | None,
+        reserved_cpu: str,
+    ) -> list[dict[str, Any]]:
+        """The objects to publish (off the loop): the NRT object, and Volcano's when asked."""
+        node = self._pod.node_name or ""
+        topology, plan = served.topology, served.plan
+        objects = [build_nrt(node, topology, plan, listed, allocatable, policies, groups)]
+        if served.settings.volcano:
+            objects.append(
+                build_numatopology(
+                    node, topology, plan, listed, allocatable, policies, reserved_cpu
+                )
+            )
+        return objects
+
+    def _watch(self, directory: str) -> tuple[Tasks, DirWatcher]:
+        """The device-plugin directory's watch and its wake-up, in a lifetime of their own."""
+        tasks = Tasks("topology publisher")
+        watcher = DirWatcher(directory, "the kubelet's device-plugin directory")
+        tasks.spawn(watcher.run(), "nvplugin-topology-watch")
+        tasks.spawn(self._forward(watcher), "nvplugin-topology-wake")
+        return tasks, watcher
 
     async def _forward(self, watcher: DirWatcher) -> None:
         """Each change in the device-plugin directory (the checkpoint rewritten) marks the
