@@ -17,6 +17,7 @@ from nvplugin.cli.flags import (
     setting_options,
 )
 from nvplugin.cli.group import NVIDIA_COMMAND, main, user_errors
+from nvplugin.pid1 import serve_below_init
 from nvplugin.plugin.signals import PendingSignals
 
 
@@ -72,12 +73,13 @@ def _serve(
     # First, before any import or file read (and usually since this module's first lines): a
     # signal is never fatal (SIGHUP before serving reloads once serving; SIGTERM/SIGINT before
     # serving stop cleanly).
+    serve_below_init()  # as PID 1: an init stays behind to reap and forward (nvplugin.pid1)
     pending = PendingSignals.current()
 
     import os
 
     from nvplugin.config import SETTINGS, config_file, load_config
-    from nvplugin.config.select import first_choice, read_selection
+    from nvplugin.config.select import RECORD_NAME, first_choice, read_selection
     from nvplugin.errors import InputError
 
     env = dict(os.environ)
@@ -106,7 +108,9 @@ def _serve(
             )
         from nvplugin.plugin.selection import Following
 
-        start = first_choice(selection, load_file)
+        start = first_choice(
+            selection, load_file, os.path.join(load_file(None).device_plugin_dir, RECORD_NAME)
+        )
         following = Following(selection, start, load_file)
         config = start.config
     from nvplugin.config.pod import read_pod

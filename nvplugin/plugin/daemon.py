@@ -257,6 +257,8 @@ class Daemon:
         self._node = await self._discover()
         if self._node is None:
             return  # stopped while waiting for GPUs
+        if self.selector is not None and not await self._until(self.selector.chosen):
+            return  # stopped while waiting for the node's label
         self._resources = Resources(
             self._node,
             self.metrics,
@@ -273,6 +275,16 @@ class Daemon:
             if self._hup.is_set() and not self._stop.is_set():
                 self._hup.clear()
                 await self._reload_config()
+
+    async def _until(self, event: asyncio.Event) -> bool:
+        """Wait for ``event``; False when the daemon is stopped first."""
+        waits = [asyncio.ensure_future(e.wait()) for e in (event, self._stop)]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+        return event.is_set() and not self._stop.is_set()
 
     async def _reload_config(self) -> None:
         if self._reload is None:
@@ -300,7 +312,11 @@ class Daemon:
             return self.config is not previous
 
     async def _update_labels(self) -> None:
-        """Bring the node's labels in line with what is served now."""
+        """Bring the node's labels in line with what is served now. Not while discovery runs
+        (a per-node config applied meanwhile): the labels are written once, whole, when it
+        ends -- or, when it must wait for GPUs, as a node without GPUs (:meth:`_discover`)."""
+        if self._node is None and self._waiting is None:
+            return
         resources = self._resources
         plan = resources.plan if resources is not None else None
         await self.labeller.update(self.config, self._node, plan)

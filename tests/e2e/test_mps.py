@@ -503,6 +503,8 @@ def test_as_its_pid_namespaces_init_the_plugin_stops_its_daemons_at_sigterm() ->
                     # unshare passes no signal on: SIGTERM goes to the plugin, its child.
                     (plugin,) = _children(serve.pid)
                     assert _namespace_pid(plugin) == 1
+                    # As PID 1 it reaps the orphans the daemon's start leaves (nvplugin.pid1).
+                    await until(lambda: _zombies_under(plugin) == [], "no zombie under PID 1")
                     os.kill(plugin, signal.SIGTERM)
                     assert serve.wait(WAIT_S) == 0, serve.text()
                 finally:
@@ -524,6 +526,19 @@ def _children(pid: int) -> list[int]:
     for task in Path(f"/proc/{pid}/task").iterdir():
         children += [int(c) for c in (task / "children").read_text().split()]
     return children
+
+
+def _zombies_under(pid: int) -> list[int]:
+    """The processes below ``pid`` that ended and were not reaped."""
+    zombies, todo = [], [pid]
+    while todo:
+        for child in _children(todo.pop()):
+            with contextlib.suppress(OSError):
+                if Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                    zombies.append(child)
+                    continue
+                todo.append(child)
+    return zombies
 
 
 def _namespace_pid(pid: int) -> int:
