@@ -115,7 +115,7 @@ class _Scratch:
             self.outside.setdefault(path, test)
 
 
-@dataclass
+@dataclass(eq=False)  # a pytest plugin: hashed by identity
 class _RealApiTier:
     """What the real-API tier did this session, for the summary and the report."""
 

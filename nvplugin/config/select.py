@@ -339,7 +339,16 @@ def write_record(path: str, choice: Choice, label: str | None) -> None:
 
 def config_for(label: str | None, selection: Selection) -> Choice:
     """Which config a node labelled ``label`` gets (``nvplugin devices``/``admit``: an admin
-    checks before labelling); InputError when it gets none."""
+    checks before labelling), as :func:`predict` says."""
+    return predict(label, selection)[0]
+
+
+def predict(label: str | None, selection: Selection) -> tuple[Choice, str | None]:
+    """What ``serve`` starting on a node labelled ``label`` runs, and why when it is no config
+    at all: a node without the label whose default and fallbacks find none serves the built-in
+    defaults (Choice ``none``, and the reason), as :func:`first_choice` makes ``serve`` do.
+    InputError when the directory cannot be read, or for a label naming no config (``serve``
+    refuses that choice, logging it, and keeps what it runs)."""
     try:
         names = available(selection.srcdir)
     except OSError as exc:
@@ -347,6 +356,11 @@ def config_for(label: str | None, selection: Selection) -> Choice:
             f"--config-file-srcdir {selection.srcdir}: cannot read it: {exc.strerror or exc}"
         ) from None
     try:
-        return choose(label, names, selection)
+        return choose(label, names, selection), None
     except NoConfig as exc:
-        raise InputError(str(exc)) from None
+        if label:
+            raise InputError(
+                f"{exc}; serve refuses this choice (logged, and counted in "
+                "nvplugin_config_rejected_total) and keeps the config it runs"
+            ) from None
+        return Choice(None, WHY_NONE), str(exc)

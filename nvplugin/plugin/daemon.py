@@ -98,8 +98,11 @@ class Daemon:
         following: Following | None = None,
         api_timing: ApiTiming | None = None,
         pod: PodIdentity | None = None,
+        keep_mps: bool | None = None,
     ) -> None:
+        """``keep_mps``: whether MPS daemons outlive the plugin (None: where they can)."""
         self.config = config
+        self._keep_mps = keep_mps
         self.metrics = Metrics()
         self._endpoints = Endpoints(self.metrics, self._livez, self._readyz)
         self._serve_give_up_s = serve_give_up_s
@@ -265,6 +268,7 @@ class Daemon:
             serve_give_up_s=self._serve_give_up_s,
             on_fatal=self._on_fatal,
             executor=self._executor,
+            keep_mps=self._keep_mps,
         )
         async with self._applying:
             await self._resources.start(self.config)
@@ -432,6 +436,7 @@ def run_daemon(
     following: Following | None = None,
     api_timing: ApiTiming | None = None,
     pod: PodIdentity | None = None,
+    keep_mps: bool | None = None,
 ) -> int:
     """Configure logging, run the daemon on a fresh event loop, return its exit status.
     ``pending``: the signals recorded since the process started (see :mod:`.signals`)."""
@@ -445,5 +450,6 @@ def run_daemon(
         following=following,
         api_timing=api_timing,
         pod=pod,
+        keep_mps=keep_mps,
     )
     return asyncio.run(daemon.run(pending=pending))

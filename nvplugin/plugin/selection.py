@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from nvplugin.backoff import Backoff
 from nvplugin.config import Config
 from nvplugin.config.select import (
+    WHY_NONE,
     WHY_RECORD,
     Choice,
     NoConfig,
@@ -226,7 +227,10 @@ class ConfigSelector:
         self._problem = message
         self._metrics.config_rejected(why)
         self._log.error(
-            "config choice rejected; keeping the running config",
+            # Before any config ran (start), what runs is no config file: say so, not "kept".
+            "config choice rejected; serving the built-in defaults (no config file)"
+            if self.active.why == WHY_NONE
+            else "config choice rejected; keeping the running config",
             reason=why,
             error=message,
             chosen=choice.name if choice is not None else None,

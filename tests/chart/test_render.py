@@ -163,8 +163,7 @@ def test_a_configmap_means_per_node_configs(renders: dict[str, Rendered]) -> Non
         ),
         ({"map": {"a": ""}, "default": "a"}, {"DEFAULT_CONFIG": "a"}),
         ({"name": "theirs", "default": "t4"}, {"DEFAULT_CONFIG": "t4"}),
-        # No default and no fallback that finds one: fine, if every node has the label.
-        ({"map": {"a": "", "b": ""}, "fallbackStrategies": []}, {"FALLBACK_STRATEGIES": ""}),
+        ({"map": {"a": ""}, "fallbackStrategies": ["single"]}, {"FALLBACK_STRATEGIES": "single"}),
     ],
 )
 def test_nvidias_default_and_fallbacks_reach_the_plugin(

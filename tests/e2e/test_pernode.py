@@ -340,3 +340,42 @@ def test_admit_and_devices_answer_for_a_label_before_it_is_set() -> None:
     )
     assert bad.returncode == 2
     assert "names no config" in bad.stderr and "tesla-t4" in bad.stderr
+
+
+def test_an_unlabelled_node_no_config_finds_serves_the_defaults_the_offline_check_predicts() -> (
+    None
+):
+    """The GPU Operator's time-slicing-config-fine shape: a config per GPU model, no default,
+    the default fallbacks (named, single) finding none, and a node without the label. The
+    offline check says what serve then serves, and serve's log claims no running config."""
+    configs = {"a100-40gb": A100, "tesla-t4": t4(4)}
+    volume = ConfigMapVolume(configs)
+    offline = run_nvplugin(
+        "devices", "--simulate", "dgx-a100-mig", "--config-file-srcdir", volume.path, timeout=WAIT_S
+    )
+    assert offline.returncode == 0, offline.stderr
+    assert "config: (no config file) (none)" in offline.stderr
+    assert "found none among the configs" in offline.stderr
+    assert "serve runs no config file on such a node" in offline.stderr
+    predicted = [line for line in offline.stdout.splitlines() if "nvidia.com/" in line]
+    assert any("nvidia.com/gpu" in line for line in predicted), offline.stdout
+
+    async def body() -> None:
+        async with KubeApiServer() as api:
+            api.add_node(NODE, {})
+            async with plugin(api, volume) as (kubelet, serve):
+                # What devices predicted: the built-in defaults (8 whole GPUs, MIG none).
+                await kubelet.observer.wait_for(gpus(8), WAIT_S, "the built-in defaults")
+                await serve.wait_log("config selected", where=selected(None, "none"))
+                line = await serve.wait_log(
+                    "config choice rejected; serving the built-in defaults (no config file)",
+                    where=lambda line: line.get("reason") == "no-fallback",
+                )
+                assert line["running"] is None
+                assert "keeping the running config" not in serve.text()
+                # A label naming a config later: that config runs.
+                api.label(NODE, LABEL, "tesla-t4")
+                await kubelet.observer.wait_for(gpus(32), WAIT_S, "the label's config")
+                assert serve.process.poll() is None
+
+    run(body)

@@ -30,6 +30,7 @@ PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 MPS_ROOT = Path("/run/nvidia/mps")
 HERE = Path(__file__).resolve().parent
 CHART = HERE.parents[2] / "charts" / "nvplugin"
+NFD_CRD = HERE.parents[1] / "fixtures" / "nfd" / "nodefeature-crd.yaml"
 
 PLAIN = "version: v1\n"
 
@@ -95,7 +96,8 @@ class Run:
         ]
         if len(pods) != 1:
             raise Failed(f"expected one plugin pod, found {len(pods)}")
-        return pods[0]
+        pod: dict[str, Any] = pods[0]
+        return pod
 
     def running(self) -> bool:
         pod = self.pod()
@@ -300,7 +302,7 @@ class Run:
         return f"capacity 16 -> 32 in {took:.1f} s, same pod"
 
     def node_feature(self) -> str:
-        self.k.kubectl("apply", "-f", str(HERE / "nodefeature-crd.yaml"))
+        self.k.kubectl("apply", "-f", str(NFD_CRD))
         wait_until(
             "the NodeFeature CRD Established",
             lambda: "Established"
