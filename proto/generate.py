@@ -1,7 +1,9 @@
-"""Generate the Python code for proto/deviceplugin/v1beta1/api.proto.
+"""Generate the Python code for the kubelet APIs restated in proto/: the device-plugin API
+(proto/deviceplugin/v1beta1/api.proto) and the pod resources API (proto/podresources/v1/api.proto).
 
-The proto is compiled as if it lived at nvplugin/api/v1beta1/api.proto so that the
-generated modules import each other by their package path. The wire package stays ``v1beta1``.
+Each proto is compiled as if it lived in its package (nvplugin/api/v1beta1/,
+nvplugin/api/podresources/v1/) so that the generated modules import each other by their package
+path. The wire packages stay ``v1beta1`` and ``v1``.
 Usage: ``python proto/generate.py [OUTPUT_ROOT]`` (default: the repository root); tests call it
 with a temporary root to check that the committed code is not stale.
 """
@@ -17,21 +19,32 @@ from pathlib import Path
 from grpc_tools import protoc
 
 REPO = Path(__file__).resolve().parent.parent
-SOURCE = REPO / "proto" / "deviceplugin" / "v1beta1" / "api.proto"
-PACKAGE_PATH = Path("nvplugin/api/v1beta1")
+PROTOS = (
+    (REPO / "proto" / "deviceplugin" / "v1beta1" / "api.proto", Path("nvplugin/api/v1beta1")),
+    (REPO / "proto" / "podresources" / "v1" / "api.proto", Path("nvplugin/api/podresources/v1")),
+)
+"""Each proto and the package its code goes to."""
 
 
 def generate(out_root: Path) -> list[Path]:
-    """Write api_pb2.py, api_pb2.pyi, api_pb2_grpc.py (+ .pyi) under out_root/PACKAGE_PATH."""
+    """Write api_pb2.py, api_pb2.pyi, api_pb2_grpc.py (+ .pyi) of every proto under out_root."""
+    written: list[Path] = []
+    for source, package_path in PROTOS:
+        written += _generate_one(source, package_path, out_root)
+    return written
+
+
+def _generate_one(source: Path, package_path: Path, out_root: Path) -> list[Path]:
+    """Write api_pb2.py, api_pb2.pyi, api_pb2_grpc.py (+ .pyi) under out_root/package_path."""
     # protoc finds the mypy plugins (protoc-gen-mypy, protoc-gen-mypy_grpc) on PATH; they are
     # installed beside this interpreter.
     bin_dir = str(Path(sys.executable).parent)
     os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
     with tempfile.TemporaryDirectory() as staging:
-        proto_copy = Path(staging) / PACKAGE_PATH / "api.proto"
+        proto_copy = Path(staging) / package_path / "api.proto"
         proto_copy.parent.mkdir(parents=True)
-        shutil.copyfile(SOURCE, proto_copy)
-        target = out_root / PACKAGE_PATH
+        shutil.copyfile(source, proto_copy)
+        target = out_root / package_path
         target.mkdir(parents=True, exist_ok=True)
         include = Path(protoc.__file__).parent / "_proto"
         code = protoc.main(
@@ -43,7 +56,7 @@ def generate(out_root: Path) -> list[Path]:
                 f"--mypy_out={out_root}",
                 f"--grpc_python_out={out_root}",
                 f"--mypy_grpc_out={out_root}",
-                str(PACKAGE_PATH / "api.proto"),
+                str(package_path / "api.proto"),
             ]
         )
         if code != 0:

@@ -68,6 +68,7 @@ from nvplugin.fakekubelet.lifecycle import (
     validate_node_allocatable,
 )
 from nvplugin.fakekubelet.observer import Observer
+from nvplugin.fakekubelet.podresources import PodResourcesServer
 from nvplugin.fakekubelet.pods import CPU, Pod, load_pod_file
 from nvplugin.fakekubelet.quantity import add, parse_quantity
 from nvplugin.fakekubelet.topologymanager import (
@@ -410,6 +411,14 @@ class Admission:
         self.devices.active_pods = self._active_pods
         self.kubelet = FakeKubelet(self.directory, devices=self.devices)
         self.observer = self.kubelet.observer
+        # The pod resources API, as the kubelet serves it beside its device-plugin directory
+        # (here inside it: the run's one private directory).
+        self.pod_resources = PodResourcesServer(
+            os.path.join(self.directory, "pod-resources"),
+            lambda: list(self._admitted.values()),
+            self.devices,
+            self.cpus,
+        )
         self.plugin: PluginProcess | None = None
         self.plugin_failure: str | None = None
         self.notes: list[str] = settings_notes(settings)
@@ -461,6 +470,7 @@ class Admission:
 
     async def start(self) -> None:
         await self.kubelet.start()
+        await self.pod_resources.start()
         self.plugin = plugin = self.start_plugin()
         wait = asyncio.ensure_future(
             self.observer.wait_for(
@@ -498,6 +508,7 @@ class Admission:
             if self.plugin is not None:
                 await asyncio.to_thread(self.plugin.terminate, STOP_TIMEOUT_S)
                 await asyncio.to_thread(self.stop_mps)
+            await self.pod_resources.stop()
             await self.kubelet.stop()
         finally:
             shutil.rmtree(self.directory, ignore_errors=True)
@@ -558,6 +569,16 @@ class Admission:
         if self.settings.kill_plugin_after == pod.name and self.plugin is not None:
             self.plugin.kill()
         return PodResult(pod.name, result.admit, result.reason, result.message, containers)
+
+    def delete(self, pod_uid: str) -> None:
+        """The pod was deleted: the kubelet forgets it and its managers give back what it held
+        (devices, exclusive CPUs, its topology hints). An unknown UID is ignored."""
+        self._active.discard(pod_uid)
+        if self._admitted.pop(pod_uid, None) is None:
+            return
+        self.manager.remove_pod(pod_uid)
+        self.cpus.remove_pod(pod_uid)
+        self.devices.remove_pods([pod_uid])
 
     def node_resources(self) -> NodeResources:
         """The node's allocatable as the kubelet's resource fit sees it now: CPUs and memory

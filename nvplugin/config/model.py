@@ -475,6 +475,166 @@ class HealthServiceConfig:
     )
 
 
+DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+"""Where the kubelet serves its pod resources API, by default."""
+TOPOLOGY_MANAGER_POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
+TOPOLOGY_MANAGER_SCOPES = ("container", "pod")
+CPU_MANAGER_POLICIES = ("none", "static")
+MEMORY_MANAGER_POLICIES = ("None", "Static")
+
+
+@dataclass(frozen=True)
+class TopologyConfig:
+    """The NodeResourceTopology publisher's settings (``nvplugin.topology``; docs/topology.md):
+    whether ``serve`` publishes the node's NRT object, where it reads the kubelet's pod resources
+    API, and the kubelet's policies the object says (from the kubelet's config file, or set
+    here; a setting here wins)."""
+
+    publish: bool = setting(
+        "nvplugin.topology.publish",
+        Bool(),
+        False,
+        help="Publish the node's NodeResourceTopology object (topology.node.k8s.io/v1alpha2), "
+        "named NODE_NAME and owned by the Node, from the kubelet's pod resources API and the "
+        "plan (docs/topology.md).",
+        flags=("publish-topology",),
+        env=("NVPLUGIN_TOPOLOGY_PUBLISH",),
+        reload=Reload.RESTART,
+        chart=Chart.true(
+            "topology.publish",
+            "Publish each node's NodeResourceTopology object (`topology.node.k8s.io/v1alpha2`, "
+            "named after the node, owned by it) for topology-aware schedulers. The CRD is the "
+            "user's (NFD or scheduler-plugins installs it). The chart then mounts the kubelet's "
+            "pod resources directory read-only and grants create/get/update/patch of "
+            "noderesourcetopologies and get of nodes (the owner's uid), nothing more.",
+        ),
+    )
+    pod_resources_socket: str = setting(
+        "nvplugin.topology.podResourcesSocket",
+        Str(rule=_absolute),
+        DEFAULT_POD_RESOURCES_SOCKET,
+        help="The kubelet's pod resources API socket.",
+        flags=("pod-resources-socket",),
+        env=("NVPLUGIN_POD_RESOURCES_SOCKET",),
+        reload=Reload.RESTART,
+        chart=Chart.env(
+            "topology.podResourcesSocket",
+            None,
+            "The kubelet's pod resources socket on the host; with `topology.publish` the chart "
+            "mounts its directory read-only at the same path (a kubelet restart re-creates the "
+            "socket in it). null: the kubelet's default, "
+            "`/var/lib/kubelet/pod-resources/kubelet.sock`.",
+            schema={"type": ["string", "null"], "pattern": "^/"},
+        ),
+    )
+    kubelet_config: str | None = setting(
+        "nvplugin.topology.kubeletConfig",
+        Nullable(Str(rule=_absolute)),
+        None,
+        help="The kubelet's config file (KubeletConfiguration), read for its topology, CPU and "
+        "memory manager policies; null: only the policies set here.",
+        flags=("kubelet-config",),
+        env=("NVPLUGIN_KUBELET_CONFIG",),
+        reload=Reload.RESTART,
+        chart=Chart.env(
+            "topology.kubeletConfig",
+            None,
+            "The kubelet's config file on the host (e.g. `/var/lib/kubelet/config.yaml`), "
+            "mounted read-only: the object says the kubelet's topology, CPU and memory manager "
+            "policies from it. null: only the `topology.*Policy` values.",
+            schema={"type": ["string", "null"], "pattern": "^/"},
+        ),
+    )
+    topology_manager_policy: str | None = setting(
+        "nvplugin.topology.topologyManagerPolicy",
+        Nullable(Str(choices=TOPOLOGY_MANAGER_POLICIES)),
+        None,
+        help="The kubelet's --topology-manager-policy (null: from kubeletConfig, else unsaid).",
+        flags=("topology-manager-policy",),
+        env=("NVPLUGIN_TOPOLOGY_MANAGER_POLICY",),
+        reload=Reload.RESTART,
+        chart=Chart.env(
+            "topology.topologyManagerPolicy",
+            None,
+            "The kubelet's topology manager policy, said in the object (null: from "
+            "`topology.kubeletConfig`, else left out).",
+        ),
+    )
+    topology_manager_scope: str | None = setting(
+        "nvplugin.topology.topologyManagerScope",
+        Nullable(Str(choices=TOPOLOGY_MANAGER_SCOPES)),
+        None,
+        help="The kubelet's --topology-manager-scope (null: from kubeletConfig, else unsaid).",
+        flags=("topology-manager-scope",),
+        env=("NVPLUGIN_TOPOLOGY_MANAGER_SCOPE",),
+        reload=Reload.RESTART,
+        chart=Chart.env(
+            "topology.topologyManagerScope",
+            None,
+            "The kubelet's topology manager scope (null: from `topology.kubeletConfig`, else "
+            "left out).",
+        ),
+    )
+    cpu_manager_policy: str | None = setting(
+        "nvplugin.topology.cpuManagerPolicy",
+        Nullable(Str(choices=CPU_MANAGER_POLICIES)),
+        None,
+        help="The kubelet's --cpu-manager-policy (null: from kubeletConfig, else unsaid).",
+        flags=("cpu-manager-policy",),
+        env=("NVPLUGIN_CPU_MANAGER_POLICY",),
+        reload=Reload.RESTART,
+        chart=Chart.env(
+            "topology.cpuManagerPolicy",
+            None,
+            "The kubelet's CPU manager policy (null: from `topology.kubeletConfig`, else left "
+            "out).",
+        ),
+    )
+    memory_manager_policy: str | None = setting(
+        "nvplugin.topology.memoryManagerPolicy",
+        Nullable(Str(choices=MEMORY_MANAGER_POLICIES)),
+        None,
+        help="The kubelet's --memory-manager-policy (null: from kubeletConfig, else unsaid).",
+        flags=("memory-manager-policy",),
+        env=("NVPLUGIN_MEMORY_MANAGER_POLICY",),
+        reload=Reload.RESTART,
+        chart=Chart.env(
+            "topology.memoryManagerPolicy",
+            None,
+            "The kubelet's memory manager policy (null: from `topology.kubeletConfig`, else "
+            "left out).",
+        ),
+    )
+    volcano: bool = setting(
+        "nvplugin.topology.volcano",
+        Bool(),
+        False,
+        help="With publish: also publish Volcano's Numatopology object "
+        "(nodeinfo.volcano.sh/v1alpha1) named NODE_NAME, owned by the Node.",
+        flags=("publish-numatopology",),
+        env=("NVPLUGIN_TOPOLOGY_VOLCANO",),
+        reload=Reload.RESTART,
+        chart=Chart.true(
+            "topology.volcano",
+            "With `topology.publish`: also publish Volcano's Numatopology object "
+            "(`nodeinfo.volcano.sh/v1alpha1`, named after the node, owned by it; Volcano "
+            "installs the CRD). The chart then grants create/get/update/patch of numatopologies "
+            "too.",
+            only_with="topology.publish",
+        ),
+    )
+    resync_s: float = setting(
+        "nvplugin.topology.resyncPeriod",
+        Duration(minimum=1.0),
+        30.0,
+        help="How often the publisher reads the pod resources API again without a change of "
+        "the kubelet's device checkpoint (a safety net).",
+        flags=("topology-resync-period",),
+        env=("NVPLUGIN_TOPOLOGY_RESYNC_PERIOD",),
+        reload=Reload.RESTART,
+    )
+
+
 @dataclass(frozen=True)
 class Config:
     """The effective configuration: a field per setting (declared here), then what the rules
@@ -924,6 +1084,7 @@ class Config:
     log: LogConfig = field(default_factory=LogConfig, metadata=GROUP)
     health: HealthConfig = field(default_factory=HealthConfig, metadata=GROUP)
     health_service: HealthServiceConfig = field(default_factory=HealthServiceConfig, metadata=GROUP)
+    topology: TopologyConfig = field(default_factory=TopologyConfig, metadata=GROUP)
     metrics_address: str | None = setting(  # host:port of /metrics; None = no metrics endpoint
         "nvplugin.metrics.address",
         Nullable(Str(rule=address_problem)),

@@ -69,6 +69,7 @@ from nvplugin.plugin.httpendpoint import Response
 from nvplugin.plugin.labelling import Labeller
 from nvplugin.plugin.metrics import Metrics
 from nvplugin.plugin.nodefeature import NodeFeaturePublisher
+from nvplugin.plugin.nrt import TopologyPublisher
 from nvplugin.plugin.registrar import SERVE_AGAIN_GIVE_UP_S
 from nvplugin.plugin.selection import ApiTiming, ConfigSelector, Following
 from nvplugin.plugin.server import DevicePluginService
@@ -128,15 +129,21 @@ class Daemon:
         # While no GPU is discovered: the health service alone on the plugin socket.
         self._waiting: Served | None = None
         timing = api_timing or ApiTiming()
+        self._pod = pod or PodIdentity()
+        self._api_timing = timing
         publisher = NodeFeaturePublisher(
-            pod or PodIdentity(),
+            self._pod,
             self.metrics,
             tasks=self._tasks,
             backoff=(timing.backoff_initial_s, timing.backoff_max_s),
         )
         self.labeller = Labeller(publisher=publisher, tasks=self._tasks)
-        self._pod = pod or PodIdentity()
-        self._api_timing = timing
+        self.topology = TopologyPublisher(
+            self._pod,
+            self.metrics,
+            tasks=self._tasks,
+            backoff=(timing.backoff_initial_s, timing.backoff_max_s),
+        )
         self._applying = asyncio.Lock()  # one reload at a time: SIGHUP's or the selector's
         self.selector: ConfigSelector | None = None
         self.cordon = Cordon(self._set_cordon)  # GPUs cordoned by the Node's annotation
@@ -341,9 +348,10 @@ class Daemon:
         if self._node is None and self._waiting is None:
             return
         resources = self._resources
-        await self.labeller.update(
-            self.config, self._node, resources.plan if resources is not None else None
-        )
+        plan = resources.plan if resources is not None else None
+        await self.labeller.update(self.config, self._node, plan)
+        node = self._node
+        self.topology.update(self.config, node.topology if node is not None else None, plan)
 
     # --- discovery ---
 

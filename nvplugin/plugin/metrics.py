@@ -150,6 +150,19 @@ class Metrics:
             "Attempts to publish the node's NodeFeature object that failed (retried with backoff).",
             registry=r,
         )
+        self.topology_writes = Counter(
+            "nvplugin_topology_writes",
+            "The node's NodeResourceTopology object written, by result (created, updated).",
+            ["result"],
+            registry=r,
+        )
+        self.topology_failures = Counter(
+            "nvplugin_topology_failures",
+            "Attempts to read the pod resources API or write the NodeResourceTopology object "
+            "that failed (retried with backoff), by what failed (podresources, api).",
+            ["what"],
+            registry=r,
+        )
         self.config_rejections = Counter(
             "nvplugin_config_rejected",
             "Per-node config choices not applied (the running config kept), by reason.",
@@ -213,6 +226,12 @@ class Metrics:
 
     def node_feature_failed(self) -> None:
         self.node_feature_failures.inc()
+
+    def topology_written(self, result: str) -> None:
+        self.topology_writes.labels(result).inc()
+
+    def topology_failed(self, what: str) -> None:
+        self.topology_failures.labels(what).inc()
 
     def forget(self, resource: str) -> None:
         """Drop the gauges of a resource no longer served (after a reload renamed it); counters

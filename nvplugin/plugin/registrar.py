@@ -92,6 +92,11 @@ class DirWatcher:
         self._log = get_logger("nvplugin.registration")
 
     @property
+    def watching(self) -> bool:
+        """Whether inotify watches the directory now (else waiters poll)."""
+        return self._inotify_ok
+
+    @property
     def poll_s(self) -> float:
         return POLL_WITH_INOTIFY_S if self._inotify_ok else POLL_WITHOUT_INOTIFY_S
 

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from nvplugin.api.podresources.v1 import api_pb2 as podresources_pb2
 from nvplugin.api.v1beta1 import api_pb2
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGE = Path("nvplugin/api/v1beta1")
+PACKAGES = (Path("nvplugin/api/v1beta1"), Path("nvplugin/api/podresources/v1"))
 
 
 @pytest.mark.process
@@ -21,12 +22,64 @@ def test_committed_code_is_not_stale() -> None:
             check=True,
             capture_output=True,
         )
-        generated = sorted(p.name for p in (Path(out) / PACKAGE).glob("api_pb2*"))
-        assert generated == ["api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py", "api_pb2_grpc.pyi"]
-        for name in generated:
-            fresh = (Path(out) / PACKAGE / name).read_text()
-            committed = (REPO / PACKAGE / name).read_text()
-            assert fresh == committed, f"{PACKAGE / name} is stale: run `make proto`"
+        for package in PACKAGES:
+            generated = sorted(p.name for p in (Path(out) / package).glob("api_pb2*"))
+            assert generated == [
+                "api_pb2.py",
+                "api_pb2.pyi",
+                "api_pb2_grpc.py",
+                "api_pb2_grpc.pyi",
+            ]
+            for name in generated:
+                fresh = (Path(out) / package / name).read_text()
+                committed = (REPO / package / name).read_text()
+                assert fresh == committed, f"{package / name} is stale: run `make proto`"
+
+
+def test_podresources_wire_names_and_numbers_match_the_kubelet_api() -> None:
+    fd = podresources_pb2.DESCRIPTOR
+    assert fd.package == "v1"
+    services = {s.name: [m.name for m in s.methods] for s in fd.services_by_name.values()}
+    assert services == {"PodResourcesLister": ["List", "GetAllocatableResources", "Get"]}
+    fields = {
+        (m.name, f.name): (f.number, f.type, f.is_repeated)
+        for m in fd.message_types_by_name.values()
+        for f in m.fields
+    }
+    S, I64, U64, M = (9, 3, 4, 11)  # FieldDescriptor.TYPE_STRING, _INT64, _UINT64, _MESSAGE
+    assert fields == {
+        ("AllocatableResourcesResponse", "devices"): (1, M, True),
+        ("AllocatableResourcesResponse", "cpu_ids"): (2, I64, True),
+        ("AllocatableResourcesResponse", "memory"): (3, M, True),
+        ("ListPodResourcesResponse", "pod_resources"): (1, M, True),
+        ("PodResources", "name"): (1, S, False),
+        ("PodResources", "namespace"): (2, S, False),
+        ("PodResources", "containers"): (3, M, True),
+        ("ContainerResources", "name"): (1, S, False),
+        ("ContainerResources", "devices"): (2, M, True),
+        ("ContainerResources", "cpu_ids"): (3, I64, True),
+        ("ContainerResources", "memory"): (4, M, True),
+        ("ContainerResources", "dynamic_resources"): (5, M, True),
+        ("ContainerMemory", "memory_type"): (1, S, False),
+        ("ContainerMemory", "size"): (2, U64, False),
+        ("ContainerMemory", "topology"): (3, M, False),
+        ("ContainerDevices", "resource_name"): (1, S, False),
+        ("ContainerDevices", "device_ids"): (2, S, True),
+        ("ContainerDevices", "topology"): (3, M, False),
+        ("TopologyInfo", "nodes"): (1, M, True),
+        ("NUMANode", "ID"): (1, I64, False),
+        ("DynamicResource", "claim_name"): (2, S, False),
+        ("DynamicResource", "claim_namespace"): (3, S, False),
+        ("DynamicResource", "claim_resources"): (4, M, True),
+        ("ClaimResource", "cdi_devices"): (1, M, True),
+        ("ClaimResource", "driver_name"): (2, S, False),
+        ("ClaimResource", "pool_name"): (3, S, False),
+        ("ClaimResource", "device_name"): (4, S, False),
+        ("CDIDevice", "name"): (1, S, False),
+        ("GetPodResourcesRequest", "pod_name"): (1, S, False),
+        ("GetPodResourcesRequest", "pod_namespace"): (2, S, False),
+        ("GetPodResourcesResponse", "pod_resources"): (1, M, False),
+    }
 
 
 def test_wire_names_and_numbers_match_the_kubelet_api() -> None:

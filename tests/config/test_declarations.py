@@ -11,7 +11,7 @@ import pytest
 
 from nvplugin.config import SCHEMA, SETTINGS, Config, HealthConfig, LogConfig, load_config
 from nvplugin.config.declare import declared, value_at
-from nvplugin.config.model import ATTRIBUTES, GfdConfig, HealthServiceConfig
+from nvplugin.config.model import ATTRIBUTES, GfdConfig, HealthServiceConfig, TopologyConfig
 from nvplugin.config.schema import (
     AnyMapping,
     Bool,
@@ -31,6 +31,7 @@ GROUPS = {
     "health": HealthConfig,
     "health_service": HealthServiceConfig,
     "gfd": GfdConfig,
+    "topology": TopologyConfig,
 }
 
 

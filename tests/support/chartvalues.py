@@ -87,6 +87,14 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "digest": {"image": {"digest": "sha256:" + "ab" * 32, "pullPolicy": "Always"}},
     "labels": {"gfd": {"enabled": True, "noTimestamp": True, "sleepInterval": "5m"}},
     "nodefeatures": {"gfd": {"enabled": True}, "nfd": {"enableNodeFeatureApi": True}},
+    "topology": {
+        "topology": {
+            "publish": True,
+            "volcano": True,
+            "kubeletConfig": "/var/lib/kubelet/config.yaml",
+            "cpuManagerPolicy": "static",
+        }
+    },
     # NVIDIA's values files as they are, with nvplugin's image (tests/fixtures/nvidia/)
     **{
         f"nvidia-{version}": with_nvplugin_image(nvidia_values(version))

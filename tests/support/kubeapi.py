@@ -16,6 +16,9 @@ What it serves (``/api/v1/nodes``):
   status; the stream ends cleanly after ``timeoutSeconds``;
 - ``PATCH /api/v1/nodes/NAME`` (merge or strategic merge patch of ``metadata.labels``);
 - ``GET /api/v1/namespaces/NS/pods/NAME``: a Pod the test added (:meth:`KubeApiServer.add_pod`);
+- NodeResourceTopology objects (``/apis/topology.node.k8s.io/v1alpha2/noderesourcetopologies``)
+  and Volcano's Numatopology objects (``/apis/nodeinfo.volcano.sh/v1alpha1/numatopologies``),
+  cluster-scoped: ``GET .../NAME``, ``POST``, ``PUT .../NAME``, as NodeFeatures below;
 - NFD's NodeFeature objects (``/apis/nfd.k8s-sigs.io/v1alpha1/namespaces/NS/nodefeatures``):
   ``GET .../NAME``, ``POST`` (201; 409 AlreadyExists when it exists), ``PUT .../NAME`` (200; 409
   Conflict unless ``metadata.resourceVersion`` is the object's current one, as the API server's
@@ -51,6 +54,13 @@ from tests.support.waiting import WAIT_S
 
 TOKEN = "nvplugin-test-token"
 NODEFEATURES = "/apis/nfd.k8s-sigs.io/v1alpha1/namespaces/"
+NRTS = "/apis/topology.node.k8s.io/v1alpha2/noderesourcetopologies"
+NUMATOPOLOGIES = "/apis/nodeinfo.volcano.sh/v1alpha1/numatopologies"
+CLUSTER_OBJECTS = {
+    NRTS: ("topology.node.k8s.io/v1alpha2", "NodeResourceTopology", "nrts"),
+    NUMATOPOLOGIES: ("nodeinfo.volcano.sh/v1alpha1", "Numatopology", "numatopologies"),
+}
+"""Cluster-scoped custom objects served: path -> apiVersion, kind, the attribute holding them."""
 HISTORY = 1000
 """Events kept for watches resuming from an older resourceVersion."""
 
@@ -85,6 +95,10 @@ class KubeApiServer:
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.nodefeatures: dict[tuple[str, str], dict[str, Any]] = {}
         """NodeFeature objects by (namespace, name), as stored."""
+        self.nrts: dict[str, dict[str, Any]] = {}
+        """NodeResourceTopology objects by name, as stored."""
+        self.numatopologies: dict[str, dict[str, Any]] = {}
+        """Volcano's Numatopology objects by name, as stored."""
         self.requests: list[Request] = []
         self.port = 0
         self._rv = 100
@@ -343,6 +357,12 @@ class KubeApiServer:
         if path.startswith(NODEFEATURES):
             await self._nodefeature(method, path, body, writer)
             return True
+        for prefix, kind in CLUSTER_OBJECTS.items():
+            if path == prefix or path.startswith(prefix + "/"):
+                await self._cluster_object(
+                    kind, method, path[len(prefix) + 1 :] or None, body, writer
+                )
+                return True
         prefix = "/api/v1/nodes"
         if path == prefix and method == "GET":
             name = _name_selector(query.get("fieldSelector", ""))
@@ -451,6 +471,59 @@ class KubeApiServer:
         stored["metadata"]["resourceVersion"] = str(self._rv)
         stored["metadata"].setdefault("uid", f"uid-nodefeature-{namespace}-{meta['name']}")
         self.nodefeatures[key] = stored
+        self._changed.set()
+        await _send(writer, 201 if method == "POST" else 200, stored)
+
+    async def _cluster_object(
+        self,
+        kind: tuple[str, str, str],
+        method: str,
+        name: str | None,
+        body: bytes,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        api_version, kind_name, attribute = kind
+        store: dict[str, dict[str, Any]] = getattr(self, attribute)
+        what = f"{kind_name.lower()}s.{api_version.split('/')[0]}"
+        if method == "GET" and name is not None:
+            found = store.get(name)
+            if found is None:
+                await _send(writer, 404, _status(404, "NotFound", f'{what} "{name}" not found'))
+                return
+            await _send(writer, 200, found)
+            return
+        if method not in ("POST", "PUT") or (method == "PUT") != (name is not None):
+            await _send(writer, 405, _status(405, "MethodNotAllowed", f"{method} {name}"))
+            return
+        obj = json.loads(body or b"{}")
+        meta = obj.get("metadata") or {}
+        if (
+            obj.get("apiVersion") != api_version
+            or obj.get("kind") != kind_name
+            or not meta.get("name")
+            or (name is not None and meta.get("name") != name)
+        ):
+            message = "the object's apiVersion, kind or name does not match the request"
+            await _send(writer, 400, _status(400, "BadRequest", message))
+            return
+        current = store.get(meta["name"])
+        if method == "POST" and current is not None:
+            message = f'{what} "{meta["name"]}" already exists'
+            await _send(writer, 409, _status(409, "AlreadyExists", message))
+            return
+        if method == "PUT":
+            if current is None:
+                await _send(writer, 404, _status(404, "NotFound", f'{what} "{name}" not found'))
+                return
+            if meta.get("resourceVersion") != current["metadata"]["resourceVersion"]:
+                message = f'Operation cannot be fulfilled on {what} "{name}": modified'
+                await _send(writer, 409, _status(409, "Conflict", message))
+                return
+        self._rv += 1
+        stored = json.loads(json.dumps(obj))
+        stored["metadata"]["resourceVersion"] = str(self._rv)
+        stored["metadata"].setdefault("uid", f"uid-{attribute}-{meta['name']}")
+        store[meta["name"]] = stored
         self._changed.set()
         await _send(writer, 201 if method == "POST" else 200, stored)
 

@@ -336,9 +336,31 @@ GFD_USE_NODE_FEATURE_API), instead of the feature file.
 {{- if and (include "nvplugin.labelling" .) (eq (toJson (.Values.nfd | default dict).enableNodeFeatureApi) "true") }}true{{ end }}
 {{- end }}
 
-{{/* Whether the pods talk to the API at all: per-node configs, or NodeFeature objects. */}}
+{{/* The NodeResourceTopology publisher (topology.publish; docs/topology.md). */}}
+{{- define "nvplugin.topology" -}}
+{{- if eq (toJson (.Values.topology | default dict).publish) "true" }}true{{ end }}
+{{- end }}
+
+{{/* Volcano's Numatopology too (topology.volcano, only with topology.publish). */}}
+{{- define "nvplugin.volcano" -}}
+{{- if and (include "nvplugin.topology" .) (eq (toJson (.Values.topology | default dict).volcano) "true") }}true{{ end }}
+{{- end }}
+
+{{/* Whether the pods talk to the API at all: per-node configs, NodeFeature or NRT objects. */}}
 {{- define "nvplugin.usesApi" -}}
-{{- if or (include "nvplugin.perNode" .) (include "nvplugin.nodeFeatureApi" .) }}true{{ end }}
+{{- if or (include "nvplugin.perNode" .) (include "nvplugin.nodeFeatureApi" .) (include "nvplugin.topology" .) }}true{{ end }}
+{{- end }}
+
+{{/* The kubelet's pod resources directory (nvplugin.topology.podResourcesSocket's default is
+DEFAULT_POD_RESOURCES_SOCKET in nvplugin/config/model.py; tests/chart/test_topology.py keeps the
+two equal). */}}
+{{- define "nvplugin.podResourcesDir" -}}
+{{- dir ((.Values.topology | default dict).podResourcesSocket | default "/var/lib/kubelet/pod-resources/kubelet.sock") }}
+{{- end }}
+
+{{/* The ClusterRole and its binding for NodeResourceTopology objects (cluster-scoped). */}}
+{{- define "nvplugin.topologyRoleName" -}}
+{{- printf "%s-nrt-writer" (include "nvplugin.fullname" .) | trunc 253 }}
 {{- end }}
 
 {{/* The Role and its binding for NodeFeature objects (namespaced). */}}

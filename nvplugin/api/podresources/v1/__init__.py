@@ -1,0 +1,1 @@
+"""Generated code for the kubelet's pod resources API (``make proto``; do not edit)."""
