@@ -90,7 +90,7 @@ soak: install
 	$(BIN)/python -m tests.support.reliability.soak
 
 # The image and chart on a real one-node cluster (root; not part of make test): see
-# tests/support/realnode/. Binaries from NVPLUGIN_E2E_BIN, else unpacked from ../shared/k8s.
+# tests/support/realnode/. Binaries from NVPLUGIN_E2E_BIN, else unpacked from ../shared/k8s/.
 e2e-node: install
 	$(BIN)/python -m tests.support.realnode
 

@@ -3,7 +3,7 @@
 Not part of ``make test``: it needs root, containerd, runc, buildah, debootstrap (for the image's
 base, once) and the Kubernetes binaries of one version (kube-apiserver, kube-controller-manager,
 kube-scheduler, kubelet, kubectl, etcd) in the directory ``NVPLUGIN_E2E_BIN`` names -- the
-Makefile unpacks them from ../shared/k8s when that is there. Every address is on loopback: the
+harness unpacks them from ../shared/k8s/ when that is there. Every address is on loopback: the
 service CIDR is 127.0.0.0/24 (the ``kubernetes`` Service is 127.0.0.1, no kube-proxy), the node
 is named 127.0.0.1, and pods run on the host network (the only CNI plugin is ``loopback``).
 

@@ -28,7 +28,7 @@ ARCHIVES = ("kube-1.36.2-linux-amd64.tar.xz", "kube-node-1.36.2-linux-amd64.tar.
 
 
 def unpack_shared() -> str | None:
-    """The binaries of ../shared/k8s's two archives, unpacked (once) into .cache/ and checked
+    """The binaries of the two archives in ../shared/k8s/, unpacked (once) into .cache/ and checked
     against their SHA256SUMS; None when the archives are not there."""
     if not all((SHARED / name).is_file() for name in ARCHIVES):
         return None
@@ -63,7 +63,7 @@ def main() -> int:
         print(
             "e2e-node not run: NVPLUGIN_E2E_BIN must name a directory with kube-apiserver, "
             "kube-controller-manager, kube-scheduler, kubelet, kubectl and etcd (make e2e-node "
-            "unpacks them from ../shared/k8s when it is there)",
+            "unpacks them from ../shared/k8s/ when it is there)",
             file=sys.stderr,
         )
         return 2
