@@ -90,10 +90,13 @@ def _serve(
     }
     path = config_file(config_path, env)
 
-    def load_file(file: str | None) -> Any:
-        return load_config(file, flags=flags, env=env)
-
     selection = read_selection(chosen, env)
+    # Per-node configs are read only inside their directory (a link out of it is refused).
+    within = selection.srcdir if selection is not None else None
+
+    def load_file(file: str | None) -> Any:
+        return load_config(file, flags=flags, env=env, within=within)
+
     following = None
     if selection is None:
         config = load_file(path)  # a bad config exits 2 before gRPC is even imported

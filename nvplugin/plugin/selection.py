@@ -142,13 +142,16 @@ class ConfigSelector:
             message = f"cannot read the config directory {srcdir}: {exc.strerror or exc}"
             self._rejected("unreadable", message, None)
             return
+        except InputError as exc:  # more entries than configs may be
+            self._rejected("unreadable", str(exc), None)
+            return
         try:
             choice = choose(self._label, names, self._selection)
         except NoConfig as exc:
             self._rejected(exc.reason, str(exc), None)
             return
         path = choice.path(srcdir)
-        hashed = await asyncio.to_thread(digest, path, MAX_BYTES)
+        hashed = await asyncio.to_thread(digest, path, MAX_BYTES, srcdir)
         if choice.name == self.active.name and hashed == self._digest:
             self._problem = None
             if choice != self.active:  # the same file, for another reason
