@@ -40,7 +40,7 @@ from nvplugin.config.select import (
     choose,
     digest,
 )
-from nvplugin.errors import InputError, reason
+from nvplugin.errors import InputError, reason, shortened
 from nvplugin.log import get_logger
 from nvplugin.plugin.metrics import Metrics
 from nvplugin.plugin.registrar import DirWatcher
@@ -52,6 +52,8 @@ SETTLE_S = 0.1
 POLL_S = 2.0
 """How often the directory is checked besides inotify's events (what it could not report: an
 edit in place of a file a link points to; everything, where inotify is unavailable)."""
+LABEL_LOG_S = 1.0
+"""At most one "node label" line this often: the changes between two are counted in the next."""
 
 Apply = Callable[[Callable[[], Config]], Awaitable[bool]]
 """The daemon's reload with a given loader: True when the new config runs."""
@@ -217,13 +219,23 @@ class ConfigSelector:
         timing = self._timing
         backoff = Backoff(timing.backoff_initial_s, timing.backoff_max_s, API_JITTER)
         extra = {} if timing.watch_s is None else {"watch_s": timing.watch_s}
+        loop = asyncio.get_running_loop()
+        said_at, unsaid = -LABEL_LOG_S, 0  # a flood of flips is one line a second, counted
         try:
             async for state in follow_labels(client, name, backoff=backoff, **extra):
                 if not state.exists:
                     self._log.warning("node not found; using the default or a fallback")
                 label = state.labels.get(self._selection.node_label) or None
                 if label != self._label or not state.exists:
-                    self._log.info("node label", label=self._selection.node_label, value=label)
+                    unsaid += 1
+                    if loop.time() - said_at >= LABEL_LOG_S:
+                        said_at, changes, unsaid = loop.time(), unsaid, 0
+                        self._log.info(
+                            "node label",
+                            label=self._selection.node_label,
+                            value=None if label is None else shortened(label, 100),
+                            changes=changes,
+                        )
                 self._label = label
                 self._changed.set()
         finally:
