@@ -18,13 +18,17 @@ off the event loop.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import AsyncGenerator, AsyncIterator
+from pathlib import Path
 
 import httpx2
 from lightkube import AsyncClient, ConfigError, KubeConfig
+from lightkube.config.client_adapter import BearerTokenFileAuth
 from lightkube.config.models import Cluster, User
 
-from nvplugin.errors import NvpluginError, reason
+from nvplugin import yamlinput
+from nvplugin.errors import InputError, NvpluginError, reason
 from nvplugin.kube.kubeconfig import ApiAccess
 
 REQUEST_S = 10.0
@@ -109,6 +113,43 @@ class ApiUnavailable(NvpluginError):
     """No client can be built from the credentials (a bad kubeconfig, an unreadable token)."""
 
 
+MAX_KUBECONFIG = 1024 * 1024
+"""Largest kubeconfig read (one with embedded certificates is a few KiB)."""
+MAX_TOKEN = 64 * 1024
+"""Largest token file read (a service account's token is about 1 KiB)."""
+
+
+class TokenFileAuth(httpx2.Auth):
+    """A bearer token from a file, read at the first request and again after a 401 (the
+    kubelet rotates a projected token), as lightkube's own does -- but off the event loop,
+    bounded by :data:`MAX_TOKEN`, and only from a regular file: a FIFO or ``/dev/zero`` there
+    fails the request, naming the file."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+        self._bearer: str | None = None
+
+    def _read(self) -> str:
+        try:
+            data = yamlinput.read_bytes(self._path, f"token file {self._path}", MAX_TOKEN)
+            text = yamlinput.decode(data, f"token file {self._path}", MAX_TOKEN)
+        except InputError as exc:
+            raise ApiUnavailable(str(exc)) from None
+        return f"Bearer {text.strip()}"
+
+    async def async_auth_flow(
+        self, request: httpx2.Request
+    ) -> AsyncGenerator[httpx2.Request, httpx2.Response]:
+        if self._bearer is None:
+            self._bearer = await asyncio.to_thread(self._read)
+        request.headers["Authorization"] = self._bearer
+        response = yield request
+        if response.status_code == 401:
+            self._bearer = await asyncio.to_thread(self._read)
+            request.headers["Authorization"] = self._bearer
+            yield request
+
+
 def open_client(
     access: ApiAccess, *, request_s: float = REQUEST_S, read_s: float = READ_S
 ) -> AsyncClient:
@@ -118,7 +159,10 @@ def open_client(
         raise ApiUnavailable(problem)
     try:
         if access.kubeconfig is not None:
-            config = KubeConfig.from_file(access.kubeconfig)
+            where = f"KUBECONFIG {access.kubeconfig}"
+            text = yamlinput.read_text(access.kubeconfig, where, MAX_KUBECONFIG)
+            document = yamlinput.load(text, where)
+            config = KubeConfig.from_dict(document, fname=Path(access.kubeconfig))
         else:
             host = access.service_host or ""
             if ":" in host:
@@ -134,12 +178,18 @@ def open_client(
         timeout = httpx2.Timeout(request_s, read=read_s)
         # trust_env: HTTPS_PROXY / NO_PROXY apply, as they do to client-go.
         client = AsyncClient(config=config, timeout=timeout)
+    except InputError as exc:
+        raise ApiUnavailable(f"cannot use the credentials: {exc}") from None
     except (ConfigError, OSError, ValueError, KeyError, TypeError) as exc:
         where = access.kubeconfig or access.service_account_dir
         raise ApiUnavailable(f"cannot use the credentials in {where}: {reason(exc)}") from None
+    inner = client._client._client  # lightkube's GenericAsyncClient's httpx client
+    # lightkube reads a token file on the event loop, whole, and whatever it is: read here off
+    # the loop, bounded, regular files only.
+    if isinstance(inner.auth, BearerTokenFileAuth):
+        inner.auth = TokenFileAuth(inner.auth._token_file)
     # lightkube builds its httpx client's transport from the config (TLS, proxies); each one is
     # wrapped here, as lightkube offers no hook for it.
-    inner = client._client._client  # lightkube's GenericAsyncClient's httpx client
     inner._transport = BoundedTransport(inner._transport)
     for pattern, mounted in list(inner._mounts.items()):
         if mounted is not None:
