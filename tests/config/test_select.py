@@ -137,7 +137,7 @@ SECRET = "secret-of-the-host: do-not-show-this\n"
 
 
 def test_a_link_out_of_the_directory_is_no_config_and_never_read() -> None:
-    """Issue 39, item 20: a config that is a link to a file outside the directory was loaded
+    """Before: a config that is a link to a file outside the directory was loaded
     and served, and the outside file's first characters appeared in the error."""
     volume = ConfigMapVolume({"default": "version: v1\n"})
     outside = os.path.join(tempfile.mkdtemp(), "shadow")
@@ -158,7 +158,7 @@ def test_a_link_out_of_the_directory_is_no_config_and_never_read() -> None:
 
 
 def test_a_fifo_config_is_refused_without_waiting_for_a_writer() -> None:
-    """Issue 39, item 20: a FIFO swapped in for a config wedged config following (its digest
+    """Before: a FIFO swapped in for a config wedged config following (its digest
     waited for a writer) and with it SIGTERM."""
     volume = ConfigMapVolume({"default": "version: v1\n"})
     fifo = os.path.join(volume.path, "fifo")
@@ -182,7 +182,7 @@ def test_a_fifo_config_is_refused_without_waiting_for_a_writer() -> None:
 
 @pytest.mark.parametrize("count", [1000, 1001])
 def test_a_directory_of_more_than_1000_configs_is_refused_naming_the_count(count: int) -> None:
-    """Issue 39, item 21: only the first 1,001 were read, and an existing config was then
+    """Before: only the first 1,001 were read, and an existing config was then
     refused with a message claiming "1000 in all"."""
     directory = tempfile.mkdtemp()
     for i in range(count):

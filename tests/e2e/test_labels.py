@@ -161,7 +161,7 @@ def test_a_removed_file_comes_back_after_the_sleep_interval() -> None:
 
 
 def test_a_fifo_at_the_output_path_never_wedges_the_daemon() -> None:
-    """The red team's attack (issue 39, item 19): ``GFD_OUTPUT_FILE`` a FIFO at start, and one
+    """An attack: ``GFD_OUTPUT_FILE`` a FIFO at start, and one
     swapped in later. Nothing ever writes to it, so a read of it would wait for ever; the daemon
     must still act on SIGHUP and stop on SIGTERM, and the FIFO is replaced by the labels."""
 

@@ -167,7 +167,7 @@ def test_a_per_node_config_switch_changes_the_object() -> None:
 
 
 def test_a_missing_pod_is_said_as_such_and_a_bad_node_name_is_refused() -> None:
-    """Issue 39, cosmetic: POD_NAME naming no pod stopped publishing with "kubernetes api
+    """Before: POD_NAME naming no pod stopped publishing with "kubernetes api
     failing"; NODE_NAME went into the object's URL unescaped. The first is said as what it is
     (and publishing starts once the pod is there); the second is refused, naming the variable."""
 
@@ -187,13 +187,13 @@ def test_a_missing_pod_is_said_as_such_and_a_bad_node_name_is_refused() -> None:
                     assert len(serve.events("cannot publish the NodeFeature object")) == 1
                 finally:
                     assert serve.stop() == 0, serve.text()
-                bad = Serve(directory, *args, env=_env(api, NODE_NAME="../pods/x?y=1"))
+                bad = Serve(directory, *args, env=_env(api, NODE_NAME="bad/node?name=x"))
                 try:
                     line = await bad.wait_log("cannot publish the NodeFeature object")
-                    assert "NODE_NAME '../pods/x?y=1' is not a Kubernetes object name" in str(
+                    assert "NODE_NAME 'bad/node?name=x' is not a Kubernetes object name" in str(
                         line["reason"]
                     )
-                    assert not [r for r in api.requests if "pods/x" in r.path]
+                    assert not [r for r in api.requests if "bad/node" in r.path]
                 finally:
                     assert bad.stop() == 0, bad.text()
 

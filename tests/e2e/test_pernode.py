@@ -303,7 +303,7 @@ MPS_SHARED = (
 
 
 def test_sigterm_during_a_switch_that_stops_an_mps_daemon_is_a_clean_stop() -> None:
-    """Issue 39, item 23: SIGTERM while a per-node switch stopped an MPS daemon cancelled the
+    """Before: SIGTERM while a per-node switch stopped an MPS daemon cancelled the
     switch halfway (1 run in 10): exit 1, the daemon left running, compute modes not restored.
     Here the window is held open: the daemon is stopped (SIGSTOP), so its ``quit`` waits for
     its timeout, and SIGTERM comes once the switch has begun. The switch ends, then the plugin."""

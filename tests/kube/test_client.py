@@ -32,7 +32,7 @@ def _with_token_file(api: KubeApiServer, token_file: str) -> str:
 
 
 def test_a_token_file_is_read_bounded_and_off_the_loop() -> None:
-    """Issue 39, item 24: the kubeconfig's tokenFile was read on the event loop, whole: a FIFO
+    """Before: the kubeconfig's tokenFile was read on the event loop, whole: a FIFO
     there stopped every RPC, /dev/zero grew the plugin by gigabytes. A FIFO, and a file larger
     than a token, fail the request naming the file; a good token file works."""
 
@@ -87,7 +87,7 @@ def test_a_token_file_is_read_bounded_and_off_the_loop() -> None:
 
 
 def test_a_kubeconfig_larger_than_the_bound_is_refused_unread() -> None:
-    """Issue 39, item 24: a 100 MB kubeconfig kept the plugin alive 15 s after SIGTERM."""
+    """Before: a 100 MB kubeconfig kept the plugin alive 15 s after SIGTERM."""
     path = os.path.join(tempfile.mkdtemp(), "kubeconfig")
     with open(path, "w") as f:
         f.write("# " + "x" * (2 * 1024 * 1024) + "\n")

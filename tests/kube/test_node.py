@@ -264,7 +264,7 @@ def test_in_cluster_credentials_over_tls_and_a_rotated_token() -> None:
 
 @pytest.mark.parametrize("fault", ["empty", "gone"])
 def test_a_server_that_ends_every_watch_at_once_is_backed_off_and_said_once(fault: str) -> None:
-    """Issue 39, item 17: an empty 200 (or 410 Gone) for every watch made the plugin watch again
+    """Before: an empty 200 (or 410 Gone) for every watch made the plugin watch again
     ~1,550 times a second, and log one line per 410. Under the backoff (0.05 s doubling to
     0.2 s) eight watches take at least 0.05 + 0.1 + 5 * 0.2 s, however busy the machine."""
 
@@ -294,7 +294,7 @@ def test_a_server_that_ends_every_watch_at_once_is_backed_off_and_said_once(faul
 
 
 def test_retry_after_is_honoured() -> None:
-    """Issue 39, item 17: a 429 with ``Retry-After: 1`` waits a second, not the backoff's
+    """A 429 with ``Retry-After: 1`` waits a second, not the backoff's
     0.05 s."""
 
     async def body() -> None:
@@ -313,7 +313,7 @@ def test_retry_after_is_honoured() -> None:
 
 
 def test_a_watch_line_that_never_ends_is_cut_at_the_bound() -> None:
-    """Issue 39, item 18: an endless watch line grew the plugin's memory to 646 MiB in 25 s.
+    """Before: an endless watch line grew the plugin's memory to 646 MiB in 25 s.
     Past MAX_BODY (16 MiB) the watch is dropped and tried again under the backoff."""
 
     async def body() -> None:

@@ -343,7 +343,7 @@ LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
     ],
 )
 def test_machine_labels_kubernetes_would_refuse_are_made_valid(dmi: str, label: str) -> None:
-    """Issue 39, cosmetic: DMI strings such as "To Be Filled By O.E.M." gave a value the API
+    """Before: DMI strings such as "To Be Filled By O.E.M." gave a value the API
     server refuses (it ends with a dot), so NFD dropped the label."""
     value = labels_without_gpus(dmi, None)["nvidia.com/gpu.machine"]
     assert value == label

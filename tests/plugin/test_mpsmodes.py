@@ -35,7 +35,7 @@ def _in_thread(work: object) -> list[object]:
 
 
 def test_bad_records_are_ignored_and_every_other_gpu_is_restored(node: NodeSession) -> None:
-    """Issue 39, item 22: a record holding garbage ended serve with a KeyError and restored no
+    """Before: a record holding garbage ended serve with a KeyError and restored no
     GPU; a linked record leaked its target; a FIFO record hung SIGTERM."""
     root = tempfile.mkdtemp()
     records = ModeRecords(root, node.nvml)
@@ -62,7 +62,7 @@ def test_bad_records_are_ignored_and_every_other_gpu_is_restored(node: NodeSessi
 
 
 def test_a_linked_record_is_replaced_never_followed(node: NodeSession) -> None:
-    """Issue 39, item 22: a record linked out of the root made serve create a file there."""
+    """Before: a record linked out of the root made serve create a file there."""
     root = tempfile.mkdtemp()
     directory = os.path.join(root, COMPUTE_MODES_DIR)
     os.makedirs(directory)
@@ -77,7 +77,7 @@ def test_a_linked_record_is_replaced_never_followed(node: NodeSession) -> None:
 
 
 def test_directories_have_their_modes_under_umask_000(node: NodeSession) -> None:
-    """Issue 39, item 22: under umask 000 the directories were 0777."""
+    """Before: under umask 000 the directories were 0777."""
     base = tempfile.mkdtemp()
     root = os.path.join(base, "mps", "root")
     old = os.umask(0)
