@@ -341,3 +341,24 @@ def test_sigterm_during_a_switch_that_stops_an_mps_daemon_is_a_clean_stop() -> N
                     serve.stop()
 
     run(body)
+
+
+def test_a_flood_of_label_flips_is_logged_a_line_a_second_its_value_shortened() -> None:
+    """Before: one log line per label change (about 1,000 a second in a flip flood), each
+    with the whole value."""
+
+    async def body() -> None:
+        volume = ConfigMapVolume(CONFIGS)
+        async with KubeApiServer() as api:
+            api.add_node(NODE, {LABEL: "a100-40gb"})
+            async with plugin(api, volume) as (kubelet, serve):
+                await serve.wait_log("config selected", where=selected("a100-40gb", "label"))
+                for flip in range(100):
+                    api.label(NODE, LABEL, f"flip-{flip}-" + "x" * 300)
+                api.label(NODE, LABEL, "tesla-t4")
+                await kubelet.observer.wait_for(gpus(32), WAIT_S, "4 replicas per GPU")
+                lines = serve.events("node label")
+                assert len(lines) < 50, len(lines)
+                assert all(len(line["value"] or "") < 200 for line in lines)
+
+    run(body)
