@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from nvplugin.config.model import Config
+from nvplugin.config.pod import name_problem
 from nvplugin.errors import InputError, show
 from nvplugin.kube.kubeconfig import ApiAccess
 from nvplugin.yamlinput import MAX_BYTES, inside, read_bytes
@@ -78,7 +79,7 @@ class Selection:
         """Why the node's label cannot be read (None: it can be tried)."""
         if not self.node_name:
             return "NODE_NAME is not set (the downward API's spec.nodeName)"
-        return self.access.problem()
+        return name_problem("NODE_NAME", self.node_name) or self.access.problem()
 
 
 @dataclass(frozen=True)

@@ -113,6 +113,9 @@ def test_settings_from_flags_and_environment() -> None:
         read_selection({"fallback_strategies": "named,latest"}, env)
     off = read_selection({}, {"CONFIG_FILE_SRCDIR": "/c"})
     assert off is not None and "NODE_NAME" in (off.api_problem() or "")
+    bad = read_selection({"node_name": "Node_1/x"}, env)
+    assert bad is not None
+    assert "NODE_NAME 'Node_1/x' is not a Kubernetes object name" in (bad.api_problem() or "")
 
 
 def test_first_choice_serves_the_defaults_when_nothing_can_be_chosen() -> None:
