@@ -42,12 +42,40 @@ MAX_NODES = 1_000_000
 _LOADER: type[Any] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-def read_text(path: str | os.PathLike[str], source: str, max_bytes: int = MAX_BYTES) -> str:
+def read_text(
+    path: str | os.PathLike[str],
+    source: str,
+    max_bytes: int = MAX_BYTES,
+    *,
+    within: str | None = None,
+) -> str:
     """The text of the regular file at ``path``, bounded; :class:`InputError` prefixed with
-    ``source`` (e.g. ``config file /etc/x.yaml``) when it cannot be read."""
+    ``source`` (e.g. ``config file /etc/x.yaml``) when it cannot be read. ``within``: see
+    :func:`read_bytes`."""
+    return decode(read_bytes(path, source, max_bytes, within=within), source, max_bytes)
+
+
+def read_bytes(
+    path: str | os.PathLike[str],
+    source: str,
+    max_bytes: int = MAX_BYTES,
+    *,
+    within: str | None = None,
+) -> bytes:
+    """At most ``max_bytes`` + 1 bytes of the regular file at ``path`` (one more: the caller
+    tells "too big"); :class:`InputError` prefixed with ``source`` otherwise. With ``within`` (a
+    directory) the file must resolve inside it: links among its own entries (a ConfigMap
+    volume's ``..data``) are followed, a link out of it is refused unread, and so is one swapped
+    in after the check (the opened file's own path is checked again)."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
+    if within is not None:
+        path = os.path.realpath(path)
+        if not inside(path, within):
+            raise InputError(f"{source}: resolves outside {within}; refused unread")
+        flags |= os.O_NOFOLLOW  # no link left in a resolved path: one swapped in is refused
     try:
         # O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused just below).
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path, flags)
     except FileNotFoundError:
         raise InputError(f"{source}: no such file") from None
     except IsADirectoryError:
@@ -61,13 +89,28 @@ def read_text(path: str | os.PathLike[str], source: str, max_bytes: int = MAX_BY
             raise InputError(f"{source}: is a directory, not a file")
         if not stat.S_ISREG(mode):
             raise InputError(f"{source}: not a regular file")
+        if within is not None and not inside(_opened(fd, str(path)), within):
+            raise InputError(f"{source}: resolves outside {within}; refused unread")
         with os.fdopen(fd, "rb", closefd=False) as handle:
-            data = handle.read(max_bytes + 1)
+            return handle.read(max_bytes + 1)
     except OSError as exc:
         raise InputError(f"{source}: cannot read it: {exc.strerror or exc}") from None
     finally:
         os.close(fd)
-    return decode(data, source, max_bytes)
+
+
+def inside(path: str, directory: str) -> bool:
+    """Whether ``path`` (resolved) lies in ``directory`` (resolved), at any depth."""
+    real = os.path.realpath(directory)
+    return os.path.commonpath([os.path.realpath(path), real]) == real
+
+
+def _opened(fd: int, path: str) -> str:
+    """The path the kernel says ``fd`` is open on (``path`` where /proc does not say)."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return path
 
 
 def decode(data: bytes, source: str, max_bytes: int = MAX_BYTES) -> str:

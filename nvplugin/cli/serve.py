@@ -101,10 +101,13 @@ def _serve(
         raise InputError(problem)
     path = config_file(config_path, env)
 
-    def load_file(file: str | None) -> Any:
-        return load_config(file, flags=flags, env=env)
-
     selection = read_selection(chosen, env)
+    # Per-node configs are read only inside their directory (a link out of it is refused).
+    within = selection.srcdir if selection is not None else None
+
+    def load_file(file: str | None) -> Any:
+        return load_config(file, flags=flags, env=env, within=within)
+
     scratch = None
     if simulate is not None:  # before any config is loaded for use: each one gets it
         from nvplugin.config.loader import given

@@ -85,15 +85,16 @@ def load_config(
     flags: Mapping[str, object] | None = None,
     env: Mapping[str, str] | None = None,
     text: str | None = None,
+    within: str | None = None,
 ) -> Config:
     """Merge defaults, the file at ``path``, ``env`` and ``flags`` (key path -> value; a string,
     or a list of strings for a repeated flag; None or empty = not given). ``text``: the file's
-    content, given (``path`` then only names it in messages: a ConfigMap entry, say). Raises
-    InputError."""
+    content, given (``path`` then only names it in messages: a ConfigMap entry, say). ``within``:
+    the directory the file must resolve inside (per-node configs). Raises InputError."""
     values: dict[str, object] = {path_: setting.default for path_, setting in SETTINGS.items()}
     notes: list[str] = []
     if path is not None:
-        values.update(_read_file(path, notes, text))
+        values.update(_read_file(path, notes, text, within))
     if env is not None:
         values.update(_read_env(env))
     if flags is not None:
@@ -147,10 +148,12 @@ def flag_names() -> dict[str, str]:
 # --- the file ------------------------------------------------------------------------------------
 
 
-def _read_file(path: str, notes: list[str], text: str | None = None) -> dict[str, object]:
+def _read_file(
+    path: str, notes: list[str], text: str | None = None, within: str | None = None
+) -> dict[str, object]:
     where = f"config file {path}"
     if text is None:
-        text = yamlinput.read_text(path, where)
+        text = yamlinput.read_text(path, where, within=within)
     document = yamlinput.load(text, where)
     if document is None:
         return {}

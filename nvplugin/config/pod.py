@@ -7,10 +7,27 @@ config package reads the environment, and handed to the daemon."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from nvplugin.errors import show
 from nvplugin.kube.kubeconfig import ApiAccess
+
+_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+"""A DNS subdomain (RFC 1123), the form of every Node's, Namespace's and Pod's name."""
+MAX_NAME = 253
+
+
+def name_problem(variable: str, value: str) -> str | None:
+    """Why ``value`` cannot be the name of a Kubernetes object (None: it can): it goes into
+    request paths, so anything but a DNS subdomain is refused rather than escaped."""
+    if len(value) > MAX_NAME or not _SUBDOMAIN.fullmatch(value):
+        return (
+            f"{variable} {show(value)} is not a Kubernetes object name (a DNS subdomain: "
+            f"lower-case letters, digits, '-' and '.', at most {MAX_NAME} characters)"
+        )
+    return None
 
 
 @dataclass(frozen=True)
@@ -29,6 +46,14 @@ class PodIdentity:
             return "NODE_NAME is not set (the downward API's spec.nodeName)"
         if not self.namespace:
             return "NAMESPACE is not set (the downward API's metadata.namespace)"
+        for variable, value in (
+            ("NODE_NAME", self.node_name),
+            ("NAMESPACE", self.namespace),
+            ("POD_NAME", self.pod_name),
+        ):
+            problem = name_problem(variable, value) if value else None
+            if problem is not None:
+                return problem
         return self.access.problem()
 
 

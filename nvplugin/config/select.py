@@ -34,9 +34,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from nvplugin.config.model import Config
+from nvplugin.config.pod import name_problem
 from nvplugin.errors import InputError, show
 from nvplugin.kube.kubeconfig import ApiAccess
-from nvplugin.yamlinput import MAX_BYTES
+from nvplugin.yamlinput import MAX_BYTES, inside, read_bytes
 
 DEFAULT_NODE_LABEL = "nvidia.com/device-plugin.config"
 FALLBACKS = ("named", "single", "empty")
@@ -45,7 +46,10 @@ DEFAULT_FALLBACKS = ("named", "single")
 NAMED_FALLBACK = "default"
 """The config the ``named`` strategy looks for."""
 MAX_CONFIGS = 1000
-"""Most config names read from the directory (a ConfigMap of 1 MiB holds far fewer)."""
+"""Most configs a directory may hold (a ConfigMap of 1 MiB holds far fewer); one with more is
+refused, naming how many it holds."""
+MAX_ENTRIES = 100 * MAX_CONFIGS
+"""Most directory entries counted to say how many there are: the count stays bounded in time."""
 
 WHY_LABEL = "label"
 WHY_DEFAULT = "default"
@@ -86,7 +90,7 @@ class Selection:
         """Why the node's label cannot be read (None: it can be tried)."""
         if not self.node_name:
             return "NODE_NAME is not set (the downward API's spec.nodeName)"
-        return self.access.problem()
+        return name_problem("NODE_NAME", self.node_name) or self.access.problem()
 
 
 @dataclass(frozen=True)
@@ -154,34 +158,45 @@ def _listing(names: tuple[str, ...]) -> str:
 
 
 def available(srcdir: str) -> tuple[str, ...]:
-    """The config names in ``srcdir``, sorted: its regular files (or links to one, as in a
-    ConfigMap volume), without the kubelet's ``..`` entries. Raises OSError when the directory
-    cannot be read."""
+    """The config names in ``srcdir``, sorted: its regular files (or links to one inside it, as
+    in a ConfigMap volume), without the kubelet's ``..`` entries; a link out of the directory
+    is no config. Raises OSError when the directory cannot be read, InputError when it holds
+    more than :data:`MAX_CONFIGS` entries."""
     names = []
     with os.scandir(srcdir) as entries:
         for entry in entries:
             if entry.name.startswith(".."):
                 continue
-            try:
-                if not stat.S_ISREG(os.stat(entry.path).st_mode):
-                    continue
-            except OSError:  # a dangling link mid-swap
-                continue
             names.append(entry.name)
-            if len(names) > MAX_CONFIGS:
+            if len(names) > MAX_ENTRIES:
                 break
-    return tuple(sorted(names)[:MAX_CONFIGS])
+    if len(names) > MAX_CONFIGS:
+        count = f"more than {MAX_ENTRIES}" if len(names) > MAX_ENTRIES else str(len(names))
+        raise InputError(
+            f"CONFIG_FILE_SRCDIR {srcdir}: holds {count} entries, more than the "
+            f"{MAX_CONFIGS} configs it may hold; refused"
+        )
+    return tuple(sorted(name for name in names if _is_config(srcdir, name)))
 
 
-def digest(path: str | None, max_bytes: int) -> str | None:
-    """What a config file holds now, as a hash (None: no file, or it cannot be read), to tell a
-    content edit from an unrelated change in the directory."""
+def _is_config(srcdir: str, name: str) -> bool:
+    """Whether ``srcdir/name`` resolves to a regular file inside ``srcdir``."""
+    path = os.path.join(srcdir, name)
+    try:
+        return inside(path, srcdir) and stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:  # a dangling link mid-swap
+        return False
+
+
+def digest(path: str | None, max_bytes: int, within: str) -> str | None:
+    """What a config file of the directory ``within`` holds now, as a hash (None: no file, or
+    it cannot be read, as :func:`~nvplugin.yamlinput.read_bytes` reads it), to tell a content
+    edit from an unrelated change in the directory."""
     if path is None:
         return None
     try:
-        with open(path, "rb") as f:
-            return hashlib.sha256(f.read(max_bytes + 1)).hexdigest()
-    except OSError:
+        return hashlib.sha256(read_bytes(path, path, max_bytes, within=within)).hexdigest()
+    except InputError:
         return None
 
 
@@ -282,7 +297,7 @@ def _start_with(
         except NoConfig as exc:
             return Start(none, None, load(None), str(exc), exc.reason)
     path = choice.path(selection.srcdir)
-    hashed = digest(path, MAX_BYTES)
+    hashed = digest(path, MAX_BYTES, selection.srcdir)
     try:
         config = load(path)
     except InputError as exc:

@@ -5,7 +5,9 @@
 WATCH from there. When the watch ends -- the server's ``timeoutSeconds``, a dropped connection, an
 API server restart -- it is resumed from the last resourceVersion seen, so no change is missed or
 seen twice; when the server answers that the version is too old (410 Gone, as an HTTP status or
-as an ``ERROR`` event carrying a Status with code 410), it lists again. While the API cannot be
+as an ``ERROR`` event carrying a Status with code 410), it lists again. A watch the server ends
+at once (410 after 410, an empty answer) is resumed after a backoff (:class:`Storm`), and a
+``Retry-After`` is honoured. While the API cannot be
 reached it retries with capped exponential backoff (:data:`API_BACKOFF`), and says so once per
 outage, not once per attempt. Every request has a deadline; nothing is kept but the last
 resourceVersion and the last labels.
@@ -26,7 +28,7 @@ from lightkube.resources.core_v1 import Node
 
 from nvplugin.backoff import Backoff, Retry
 from nvplugin.errors import reason
-from nvplugin.kube.client import REQUEST_S, WATCH_S
+from nvplugin.kube.client import REQUEST_S, WATCH_S, WatchEnded
 from nvplugin.log import get_logger
 
 BOOKMARK = "BOOKMARK"
@@ -88,7 +90,9 @@ async def follow_labels(
     version: str | None = None  # None: list (again) before watching
     last: NodeLabels | None = None
     outage = Outage(backoff, log)
+    storm = Storm(backoff, log)
     while True:
+        started, answered = loop.time(), False
         try:
             if version is None:
                 async with asyncio.timeout(request_s):
@@ -100,12 +104,16 @@ async def follow_labels(
                 if state != last:
                     last = state
                     yield state
+            started = loop.time()
             watch = client.watch(
                 Node, fields=selector, resource_version=version, server_timeout=watch_s
             )
             async with contextlib.aclosing(watch) as events:  # type: ignore[type-var]
                 async for kind, node in events:
                     outage.over()
+                    if not answered:
+                        answered = True
+                        storm.held()
                     if node.metadata is not None and node.metadata.resourceVersion:
                         version = node.metadata.resourceVersion
                     if kind == BOOKMARK:
@@ -117,11 +125,76 @@ async def follow_labels(
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            if _gone(exc):
-                log.info("watch too old (410 Gone); listing the node again")
-                version = None
-                continue
-            await asyncio.sleep(outage.failed(exc, loop.time()))
+            gone = _gone(exc)
+            if gone or isinstance(exc, WatchEnded):
+                outage.over()
+                if gone:
+                    version = None  # too old: list again
+                # A watch that brought something or ran a while resumes at once; one the server
+                # ended at once (410 Gone again, an empty answer) waits, doubling.
+                wait = storm.ended(gone, answered or loop.time() - started >= backoff.maximum_s)
+            else:
+                wait = outage.failed(exc, loop.time())
+            await asyncio.sleep(max(wait, retry_after(exc)))
+
+
+MAX_RETRY_AFTER_S = 60.0
+"""Longest ``Retry-After`` honoured: a server's longer (or absurd) one waits this long."""
+
+
+def retry_after(exc: BaseException) -> float:
+    """The seconds of the answer's ``Retry-After`` header (as seconds; 0 when absent or not a
+    number), at most :data:`MAX_RETRY_AFTER_S`: the API server sends it with 429 and 503."""
+    response = getattr(exc, "response", None)
+    headers = getattr(response, "headers", None)
+    try:
+        value = float(headers.get("retry-after", "")) if headers is not None else 0.0
+    except (TypeError, ValueError):
+        return 0.0
+    return min(max(value, 0.0), MAX_RETRY_AFTER_S) if value == value else 0.0
+
+
+class Storm:
+    """Watches the server ends: one that ran (brought an event, or lasted the backoff's cap) is
+    resumed at once; one ended at once (410 Gone, an empty answer) waits under the backoff, so a
+    server that ends every watch gets a few requests a second at most, not thousands. A storm of
+    them is said once when it starts and once when it ends, with how many there were."""
+
+    SAY_AFTER = 3
+
+    def __init__(self, backoff: Backoff, log: Any) -> None:
+        self._retry = Retry(backoff)
+        self._log = log
+        self._count = 0
+        self._gone = 0
+
+    def ended(self, gone: bool, ran: bool) -> float:
+        """A watch ended (``gone``: with 410 Gone; ``ran``: after a good run); the wait before
+        the next request."""
+        if ran:
+            self.held()
+            if gone:
+                self._log.info("watch too old (410 Gone); listing the node again")
+            return 0.0
+        self._count += 1
+        self._gone += gone
+        if self._count == 1 and gone:
+            self._log.info("watch too old (410 Gone); listing the node again")
+        elif self._count == self.SAY_AFTER:
+            self._log.warning(
+                "kubernetes api ends every watch at once; backing off",
+                ended=self._count,
+                gone=self._gone,
+                retry_max_s=self._retry.backoff.maximum_s,
+            )
+        return self._retry.next()
+
+    def held(self) -> None:
+        """A watch brought an event: the server holds watches (again)."""
+        if self._count >= self.SAY_AFTER:
+            self._log.info("kubernetes api watches hold again", ended=self._count, gone=self._gone)
+        self._count = self._gone = 0
+        self._retry.reset()
 
 
 class Outage:

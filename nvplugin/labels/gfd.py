@@ -112,7 +112,7 @@ def labels_without_gpus(machine: str | None, timestamp: int | None) -> dict[str,
     labels: dict[str, str] = {}
     if timestamp is not None:
         labels[f"{PREFIX}gfd.timestamp"] = str(timestamp)
-    labels[f"{PREFIX}gpu.machine"] = UNKNOWN if machine is None else sanitise(machine)
+    labels[f"{PREFIX}gpu.machine"] = (sanitise(machine) if machine is not None else "") or UNKNOWN
     return labels
 
 
@@ -236,10 +236,24 @@ def architecture(major: int, minor: int) -> str:
 _NOT_IN_PRODUCT = re.compile(r"[^A-Za-z0-9\-_. ]")
 
 
+MAX_VALUE = 63
+"""Longest label value Kubernetes takes."""
+_NOT_AT_ENDS = re.compile(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$")
+
+
 def sanitise(text: str) -> str:
     """GFD's sanitising of a name into a label value: characters other than letters, digits,
-    ``-_.`` and blanks removed, runs of blanks as one ``-``."""
-    return "-".join(_NOT_IN_PRODUCT.sub("", text).split())
+    ``-_.`` and blanks removed, runs of blanks as one ``-``; then made a value Kubernetes takes
+    (:func:`valid_value`)."""
+    return valid_value("-".join(_NOT_IN_PRODUCT.sub("", text).split()))
+
+
+def valid_value(text: str) -> str:
+    """``text`` (letters, digits and ``-_.`` only) as a label value Kubernetes takes: at most
+    :data:`MAX_VALUE` characters, beginning and ending with a letter or digit. GFD labels a DMI
+    name such as ``To Be Filled By O.E.M.`` as it is, and NFD refuses the label
+    (``To-Be-Filled-By-O.E.M.`` ends with a dot)."""
+    return _NOT_AT_ENDS.sub("", _NOT_AT_ENDS.sub("", text)[:MAX_VALUE])
 
 
 def product(parts: Sequence[str], shared: bool) -> str:
@@ -249,7 +263,7 @@ def product(parts: Sequence[str], shared: bool) -> str:
     cleaned = [part for part in cleaned if part]
     if cleaned and shared:
         cleaned.append("SHARED")
-    return "-".join(cleaned)
+    return valid_value("-".join(cleaned))
 
 
 class _Keys:

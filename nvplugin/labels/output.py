@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import tempfile
 from collections.abc import Mapping
 
@@ -30,12 +31,8 @@ def write_atomically(path: str, text: str) -> bool:
     """Replace ``path`` with ``text`` (see the module docstring); False when it already held
     exactly that. NvpluginError naming the file when it cannot be written (a missing directory,
     a read-only mount); nothing is left behind then."""
-    try:
-        with open(path, encoding="utf-8") as current:
-            if current.read(len(text) + 1) == text:
-                return False
-    except (OSError, UnicodeDecodeError):
-        pass
+    if _holds(path, text):
+        return False
     directory, name = os.path.split(path)
     try:
         fd, temporary = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory or ".")
@@ -57,6 +54,29 @@ def write_atomically(path: str, text: str) -> bool:
             f"cannot write the feature file {path}: {exc.strerror or exc}"
         ) from None
     return True
+
+
+def _holds(path: str, text: str) -> bool:
+    """Whether ``path`` is a regular file holding exactly ``text``. Anything else there (a FIFO,
+    a device, a link) is never opened for what it holds -- a FIFO would block the read until a
+    writer came -- and is replaced by the rename like any stale file."""
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return False
+        # O_NONBLOCK and O_NOFOLLOW: something swapped in after the lstat cannot block or
+        # redirect the read either; it fails the check on the descriptor.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        want = text.encode("utf-8")
+        return os.read(fd, len(want) + 1) == want
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def remove(path: str) -> bool:

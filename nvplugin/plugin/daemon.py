@@ -145,6 +145,7 @@ class Daemon:
             backoff=(timing.backoff_initial_s, timing.backoff_max_s),
         )
         self._applying = asyncio.Lock()  # one reload at a time: SIGHUP's or the selector's
+        self._switch: asyncio.Task[bool] | None = None  # the selector's reload, while it runs
         self.selector: ConfigSelector | None = None
         self.cordon = Cordon(self._set_cordon)  # GPUs cordoned by the Node's annotation
         if following is not None:
@@ -328,7 +329,16 @@ class Daemon:
 
     async def _apply(self, load: Callable[[], Config]) -> bool:
         """Apply the config ``load`` gives through the reload path (the selector's way in);
-        True when it runs now, False when the running one was kept."""
+        True when it runs now, False when the running one was kept.
+
+        The reload runs in a task of its own, shielded: the selector is cancelled at shutdown,
+        and a switch cancelled halfway left what it was stopping (an MPS daemon no resource
+        holds any more) neither running nor stopped. Shutdown waits for it instead."""
+        switch = asyncio.ensure_future(self._switch_to(load))
+        self._switch = switch
+        return await asyncio.shield(switch)
+
+    async def _switch_to(self, load: Callable[[], Config]) -> bool:
         async with self._applying:
             previous = self.config
             try:
@@ -429,6 +439,10 @@ class Daemon:
         # First: a request in progress is dropped, not waited for (its client gets UNAVAILABLE).
         self._executor.close()
         await self._tasks.close()  # the selector (no reload starts now), labels' refresh
+        switch, self._switch = self._switch, None
+        if switch is not None:  # a per-node switch under way runs to its end (see _apply)
+            with contextlib.suppress(Exception):
+                await switch
         await self._stop_waiting()
         await self.labeller.close()  # NFD drops the node's labels with the file
         if self._resources is not None:

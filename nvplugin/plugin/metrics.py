@@ -28,7 +28,8 @@ Series (``resource`` is the extended resource name):
   ``none``);
 - ``nvplugin_config_rejected_total{reason}``: per-node choices not applied, the running config
   kept (``unknown``: the label or DEFAULT_CONFIG names no config; ``no-fallback``; ``invalid``:
-  the file does not load; ``not-served``; ``unreadable``: the directory).
+  the file does not load; ``not-served``; ``unreadable``: the directory, or one of more than
+  1000 entries).
 """
 
 from __future__ import annotations

@@ -78,7 +78,7 @@ from nvplugin.plugin.mpscontrol import (
     open_pidfd,
     run_control,
 )
-from nvplugin.plugin.mpsmodes import EXCLUSIVE_PROCESS, ComputeModes, ModeRecords
+from nvplugin.plugin.mpsmodes import EXCLUSIVE_PROCESS, ComputeModes, ModeRecords, make_dirs
 from nvplugin.plugin.tasks import Tasks
 from nvplugin.rm import ServedResource
 from nvplugin.rm.mps import (
@@ -389,7 +389,7 @@ class MpsDaemon:
         spec = self.spec
         try:
             for directory in (spec.pipe_dir, spec.log_dir, shm_dir(spec.root)):
-                os.makedirs(directory, mode=0o755, exist_ok=True)
+                make_dirs(directory)
             for gpu in spec.gpus:
                 self._claimed.setdefault(gpu.index, self._records.claim(gpu))
         except OSError as exc:

@@ -21,8 +21,9 @@ import contextlib
 from collections.abc import Mapping
 from typing import Any
 
-from nvplugin.backoff import Backoff
+from nvplugin.backoff import Backoff, Retry
 from nvplugin.config.pod import PodIdentity
+from nvplugin.errors import NvpluginError
 from nvplugin.log import get_logger
 from nvplugin.plugin.metrics import Metrics
 from nvplugin.plugin.tasks import Tasks
@@ -79,6 +80,7 @@ class NodeFeaturePublisher:
 
         backoff = Backoff(*self._backoff, jitter=API_JITTER)
         outage = Outage(backoff, self._log)
+        missing, said_missing = Retry(backoff), False  # POD_NAME names no pod
         client: Any = None
         owner: Any = None
         loop = asyncio.get_running_loop()
@@ -97,6 +99,13 @@ class NodeFeaturePublisher:
                     await self._publish(client, labels, owner)
                 except asyncio.CancelledError:
                     raise
+                except PodNotFound as exc:  # the API answers: say what it said, once
+                    self._metrics.node_feature_failed()
+                    if not said_missing:
+                        self._log.error("cannot publish the NodeFeature object", reason=str(exc))
+                        said_missing = True
+                    self._wake.set()
+                    await asyncio.sleep(missing.next())
                 except Exception as exc:
                     self._metrics.node_feature_failed()
                     wait = outage.failed(exc, loop.time())
@@ -110,10 +119,20 @@ class NodeFeaturePublisher:
                     await client.close()
 
     async def _owner(self, client: Any) -> Any:
+        from lightkube import ApiError
+
         from nvplugin.kube.nodefeature import Owner, pod_uid
 
         namespace, name = self._pod.namespace or "", self._pod.pod_name or ""
-        return Owner(name, await pod_uid(client, namespace, name))
+        try:
+            return Owner(name, await pod_uid(client, namespace, name))
+        except ApiError as exc:
+            if exc.status is None or exc.status.code != 404:
+                raise
+            raise PodNotFound(
+                f"POD_NAME {name}: no such pod in namespace {namespace} (NAMESPACE); the object's "
+                "owner is the plugin's own pod (the downward API's metadata.name)"
+            ) from None
 
     async def _publish(self, client: Any, labels: dict[str, str], owner: Any) -> None:
         from nvplugin.kube.nodefeature import object_name, publish
@@ -129,3 +148,7 @@ class NodeFeaturePublisher:
                 labels=len(labels),
                 owner=owner.name if owner is not None else None,
             )
+
+
+class PodNotFound(NvpluginError):
+    """POD_NAME names no pod: the API answers, the setting is wrong."""

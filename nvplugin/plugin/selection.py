@@ -43,7 +43,7 @@ from nvplugin.config.select import (
     digest,
     write_record,
 )
-from nvplugin.errors import InputError, reason
+from nvplugin.errors import InputError, reason, shortened
 from nvplugin.log import get_logger
 from nvplugin.plugin.metrics import Metrics
 from nvplugin.plugin.registrar import DirWatcher
@@ -55,6 +55,8 @@ SETTLE_S = 0.1
 POLL_S = 2.0
 """How often the directory is checked besides inotify's events (what it could not report: an
 edit in place of a file a link points to; everything, where inotify is unavailable)."""
+LABEL_LOG_S = 1.0
+"""At most one "node label" line this often: the changes between two are counted in the next."""
 
 _UNKNOWN = object()
 
@@ -169,13 +171,16 @@ class ConfigSelector:
             message = f"cannot read the config directory {srcdir}: {exc.strerror or exc}"
             self._rejected("unreadable", message, None)
             return
+        except InputError as exc:  # more entries than configs may be
+            self._rejected("unreadable", str(exc), None)
+            return
         try:
             choice = choose(self._label, names, self._selection)
         except NoConfig as exc:
             self._rejected(exc.reason, str(exc), None)
             return
         path = choice.path(srcdir)
-        hashed = await asyncio.to_thread(digest, path, MAX_BYTES)
+        hashed = await asyncio.to_thread(digest, path, MAX_BYTES, srcdir)
         if choice.name == self.active.name and hashed == self._digest:
             self._problem = None
             if choice != self.active:  # the same file, for another reason
@@ -267,6 +272,8 @@ class ConfigSelector:
         timing = self._timing
         backoff = Backoff(timing.backoff_initial_s, timing.backoff_max_s, API_JITTER)
         extra = {} if timing.watch_s is None else {"watch_s": timing.watch_s}
+        loop = asyncio.get_running_loop()
+        said_at, unsaid = -LABEL_LOG_S, 0  # a flood of flips is one line a second, counted
         try:
             async for state in follow_labels(client, name, backoff=backoff, **extra):
                 if self._on_annotations is not None:
@@ -275,7 +282,15 @@ class ConfigSelector:
                     self._log.warning("node not found; using the default or a fallback")
                 label = state.labels.get(self._selection.node_label) or None
                 if label != self._label or not state.exists:
-                    self._log.info("node label", label=self._selection.node_label, value=label)
+                    unsaid += 1
+                    if loop.time() - said_at >= LABEL_LOG_S:
+                        said_at, changes, unsaid = loop.time(), unsaid, 0
+                        self._log.info(
+                            "node label",
+                            label=self._selection.node_label,
+                            value=None if label is None else shortened(label, 100),
+                            changes=changes,
+                        )
                 self._label = label
                 self._label_known = True
                 self._changed.set()

@@ -3,22 +3,30 @@ strategies) and settings, and the config names of a ConfigMap volume."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
+import threading
 
 import pytest
 
 from nvplugin.config import load_config
 from nvplugin.config.select import (
+    MAX_CONFIGS,
     Choice,
     NoConfig,
     Selection,
     available,
     choose,
+    config_for,
+    digest,
     first_choice,
     read_selection,
 )
 from nvplugin.errors import InputError
+from nvplugin.yamlinput import MAX_BYTES
 from tests.support.configmap import ConfigMapVolume
+from tests.support.waiting import WAIT_S
 
 TWO = ("a100-40gb", "tesla-t4")
 
@@ -105,6 +113,9 @@ def test_settings_from_flags_and_environment() -> None:
         read_selection({"fallback_strategies": "named,latest"}, env)
     off = read_selection({}, {"CONFIG_FILE_SRCDIR": "/c"})
     assert off is not None and "NODE_NAME" in (off.api_problem() or "")
+    bad = read_selection({"node_name": "Node_1/x"}, env)
+    assert bad is not None
+    assert "NODE_NAME 'Node_1/x' is not a Kubernetes object name" in (bad.api_problem() or "")
 
 
 def test_first_choice_serves_the_defaults_when_nothing_can_be_chosen() -> None:
@@ -123,3 +134,67 @@ def test_first_choice_serves_the_defaults_when_nothing_can_be_chosen() -> None:
     assert start.config.mig_strategy == "mixed"
     with pytest.raises(InputError, match="cannot read it"):
         first_choice(Selection("/no/such/dir"), lambda path: load_config(path))
+
+
+SECRET = "secret-of-the-host: do-not-show-this\n"
+
+
+def test_a_link_out_of_the_directory_is_no_config_and_never_read() -> None:
+    """Before: a config that is a link to a file outside the directory was loaded
+    and served, and the outside file's first characters appeared in the error."""
+    volume = ConfigMapVolume({"default": "version: v1\n"})
+    outside = os.path.join(tempfile.mkdtemp(), "shadow")
+    with open(outside, "w") as f:
+        f.write(SECRET)
+    os.symlink(outside, os.path.join(volume.path, "evil"))
+    assert available(volume.path) == ("default",)  # the ..data links stay inside: listed
+    load = lambda path: load_config(path, within=volume.path)  # noqa: E731 -- serve's loader
+    start = first_choice(Selection(volume.path, default_config="evil"), load)
+    assert start.choice == Choice(None, "none") and start.reason == "unknown"
+    assert "do-not-show" not in (start.problem or "")
+    # Swapped in after the listing: refused unread by the loader and the digest.
+    with pytest.raises(InputError, match="resolves outside") as caught:
+        load(os.path.join(volume.path, "evil"))
+    assert "do-not-show" not in str(caught.value)
+    assert digest(os.path.join(volume.path, "evil"), MAX_BYTES, volume.path) is None
+    assert digest(os.path.join(volume.path, "default"), MAX_BYTES, volume.path) is not None
+
+
+def test_a_fifo_config_is_refused_without_waiting_for_a_writer() -> None:
+    """Before: a FIFO swapped in for a config wedged config following (its digest
+    waited for a writer) and with it SIGTERM."""
+    volume = ConfigMapVolume({"default": "version: v1\n"})
+    fifo = os.path.join(volume.path, "fifo")
+    os.mkfifo(fifo)
+    assert available(volume.path) == ("default",)
+    results: list[object] = []
+
+    def read() -> None:
+        results.append(digest(fifo, MAX_BYTES, volume.path))
+        with pytest.raises(InputError, match="not a regular file"):
+            load_config(fifo, within=volume.path)
+        results.append("refused")
+
+    worker = threading.Thread(target=read, daemon=True)  # a blocked read must not hang the run
+    worker.start()
+    worker.join(WAIT_S)
+    assert results == [None, "refused"]
+    with contextlib.suppress(OSError):  # let a wedged reader go (none after the fix: ENXIO)
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+
+
+@pytest.mark.parametrize("count", [1000, 1001])
+def test_a_directory_of_more_than_1000_configs_is_refused_naming_the_count(count: int) -> None:
+    """Before: only the first 1,001 were read, and an existing config was then
+    refused with a message claiming "1000 in all"."""
+    directory = tempfile.mkdtemp()
+    for i in range(count):
+        with open(os.path.join(directory, f"config-{i:04d}"), "w") as f:
+            f.write("version: v1\n")
+    selection = Selection(directory, default_config=f"config-{count - 1:04d}")
+    if count <= MAX_CONFIGS:
+        assert len(available(directory)) == count
+        assert config_for(None, selection) == Choice(f"config-{count - 1:04d}", "default")
+        return
+    with pytest.raises(InputError, match=f"holds {count} entries, more than the 1000"):
+        config_for(None, selection)

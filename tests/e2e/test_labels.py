@@ -158,3 +158,39 @@ def test_a_removed_file_comes_back_after_the_sleep_interval() -> None:
             assert not output.exists()
 
     run(body)
+
+
+def test_a_fifo_at_the_output_path_never_wedges_the_daemon() -> None:
+    """An attack: ``GFD_OUTPUT_FILE`` a FIFO at start, and one
+    swapped in later. Nothing ever writes to it, so a read of it would wait for ever; the daemon
+    must still act on SIGHUP and stop on SIGTERM, and the FIFO is replaced by the labels."""
+
+    async def body() -> None:
+        directory = new_dir()
+        output = Path(new_dir()) / "gfd"
+        os.mkfifo(output)
+        config = Path(new_dir()) / "config.yaml"
+        config.write_text("version: v1\n")
+        env = {"GFD_OUTPUT_FILE": str(output)}
+        async with FakeKubelet(directory) as kubelet:
+            serve = Serve(directory, "--simulate", "dgx-a100", "--config", str(config), env=env)
+            try:
+                await kubelet.wait_registered(GPU, WAIT_S)
+                await _until_labels(output, read_fixture("dgx-a100"), serve)
+                assert stat.S_ISREG(output.lstat().st_mode)
+
+                output.unlink()
+                os.mkfifo(output)  # swapped in while serving
+                config.write_text(TIME_SLICED)
+                serve.send(signal.SIGHUP)
+                await kubelet.observer.wait_for(
+                    lambda m: len(m.healthy_devices(GPU)) == 32, WAIT_S, "32 replicas"
+                )
+                await _until_labels(output, read_fixture("dgx-a100.time-sliced"), serve)
+
+                output.unlink()
+                os.mkfifo(output)
+            finally:
+                assert serve.stop() == 0, serve.text()
+
+    run(body)

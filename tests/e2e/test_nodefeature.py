@@ -122,3 +122,37 @@ def test_a_per_node_config_switch_changes_the_object() -> None:
                     assert serve.stop() == 0, serve.text()
 
     run(body)
+
+
+def test_a_missing_pod_is_said_as_such_and_a_bad_node_name_is_refused() -> None:
+    """Before: POD_NAME naming no pod stopped publishing with "kubernetes api
+    failing"; NODE_NAME went into the object's URL unescaped. The first is said as what it is
+    (and publishing starts once the pod is there); the second is refused, naming the variable."""
+
+    async def body() -> None:
+        async with KubeApiServer() as api:
+            directory = new_dir()
+            async with FakeKubelet(directory) as kubelet:
+                args = ("--simulate", "dgx-a100", "--api-backoff-s", "0.05", "0.5")
+                serve = Serve(directory, *args, env=_env(api))
+                try:
+                    await kubelet.wait_registered(GPU, WAIT_S)
+                    line = await serve.wait_log("cannot publish the NodeFeature object")
+                    assert f"POD_NAME {POD}: no such pod" in line["reason"]
+                    assert serve.events(FAILING) == []
+                    api.add_pod(NAMESPACE, POD)
+                    await _until(api, serve, lambda now: now == read_fixture("dgx-a100"), "came")
+                    assert len(serve.events("cannot publish the NodeFeature object")) == 1
+                finally:
+                    assert serve.stop() == 0, serve.text()
+                bad = Serve(directory, *args, env=_env(api, NODE_NAME="bad/node?name=x"))
+                try:
+                    line = await bad.wait_log("cannot publish the NodeFeature object")
+                    assert "NODE_NAME 'bad/node?name=x' is not a Kubernetes object name" in str(
+                        line["reason"]
+                    )
+                    assert not [r for r in api.requests if "bad/node" in r.path]
+                finally:
+                    assert bad.stop() == 0, bad.text()
+
+    run(body)

@@ -22,6 +22,7 @@ from typing import Any
 from nvplugin.config.select import RECORD_NAME
 from nvplugin.fakekubelet.devicemanager import DeviceManager
 from nvplugin.fakekubelet.kubelet import FakeKubelet
+from nvplugin.plugin.mps import daemon_pids
 from tests.support.configmap import ConfigMapVolume
 from tests.support.kubeapi import KubeApiServer
 from tests.support.serve import (
@@ -377,5 +378,71 @@ def test_an_unlabelled_node_no_config_finds_serves_the_defaults_the_offline_chec
                 api.label(NODE, LABEL, "tesla-t4")
                 await kubelet.observer.wait_for(gpus(32), WAIT_S, "the label's config")
                 assert serve.process.poll() is None
+
+
+MPS_SHARED = (
+    "version: v1\nflags:\n  migStrategy: none\nsharing:\n  mps:\n    resources:\n"
+    "    - name: nvidia.com/gpu\n      replicas: 2\n"
+)
+
+
+def test_sigterm_during_a_switch_that_stops_an_mps_daemon_is_a_clean_stop() -> None:
+    """Before: SIGTERM while a per-node switch stopped an MPS daemon cancelled the
+    switch halfway (1 run in 10): exit 1, the daemon left running, compute modes not restored.
+    Here the window is held open: the daemon is stopped (SIGSTOP), so its ``quit`` waits for
+    its timeout, and SIGTERM comes once the switch has begun. The switch ends, then the plugin."""
+
+    async def body() -> None:
+        root = new_dir()
+        volume = ConfigMapVolume({"default": DEFAULT, "mps": MPS_SHARED})
+        pipe = os.path.join(root, GPU, "pipe")
+        async with KubeApiServer() as api:
+            api.add_node(NODE, {LABEL: "mps"})
+            env = {"CONFIG_FILE_SRCDIR": volume.path, "NODE_NAME": NODE}
+            env["KUBECONFIG"] = api.kubeconfig()
+            args = ("--simulate", "dgx-1", "--mps-root", root, "--api-backoff-s", "0.05", "0.5")
+            directory = new_dir()
+            async with FakeKubelet(directory) as kubelet:
+                serve = Serve(directory, *args, env=env)
+                try:
+                    await kubelet.observer.wait_for(gpus(16), WAIT_S, "16 MPS shares")
+                    (daemon,) = daemon_pids(pipe)
+                    os.kill(daemon, signal.SIGSTOP)  # its quit now waits for the timeout
+                    api.label(NODE, LABEL, "default")
+                    await serve.wait_log(
+                        "config reloaded",
+                        where=lambda line: line["config"]["source"].endswith("/default"),
+                    )
+                    code = serve.stop()
+                    assert code == 0, serve.text()
+                    assert daemon_pids(pipe) == [], serve.text()
+                    restored = serve.events("compute mode restored")
+                    assert sorted(line["gpu"] for line in restored) == list(range(8))
+                    assert os.listdir(os.path.join(root, "compute-modes")) == []
+                finally:
+                    for pid in daemon_pids(pipe):
+                        os.kill(pid, signal.SIGKILL)
+                    serve.stop()
+
+    run(body)
+
+
+def test_a_flood_of_label_flips_is_logged_a_line_a_second_its_value_shortened() -> None:
+    """Before: one log line per label change (about 1,000 a second in a flip flood), each
+    with the whole value."""
+
+    async def body() -> None:
+        volume = ConfigMapVolume(CONFIGS)
+        async with KubeApiServer() as api:
+            api.add_node(NODE, {LABEL: "a100-40gb"})
+            async with plugin(api, volume) as (kubelet, serve):
+                await serve.wait_log("config selected", where=selected("a100-40gb", "label"))
+                for flip in range(100):
+                    api.label(NODE, LABEL, f"flip-{flip}-" + "x" * 300)
+                api.label(NODE, LABEL, "tesla-t4")
+                await kubelet.observer.wait_for(gpus(32), WAIT_S, "4 replicas per GPU")
+                lines = serve.events("node label")
+                assert len(lines) < 50, len(lines)
+                assert all(len(line["value"] or "") < 200 for line in lines)
 
     run(body)

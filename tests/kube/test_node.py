@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
+import structlog.testing
 from lightkube import AsyncClient
 
 from nvplugin.backoff import Backoff
@@ -221,3 +222,72 @@ def test_in_cluster_credentials_over_tls_and_a_rotated_token() -> None:
                 await client.close()
 
     run(body)
+
+
+@pytest.mark.parametrize("fault", ["empty", "gone"])
+def test_a_server_that_ends_every_watch_at_once_is_backed_off_and_said_once(fault: str) -> None:
+    """Before: an empty 200 (or 410 Gone) for every watch made the plugin watch again
+    ~1,550 times a second, and log one line per 410. Under the backoff (0.05 s doubling to
+    0.2 s) eight watches take at least 0.05 + 0.1 + 5 * 0.2 s, however busy the machine."""
+
+    async def body() -> None:
+        async with cluster() as (api, client):
+            api.watch_fault = fault
+            with structlog.testing.capture_logs() as logs:
+                follower = Follower(client)
+                try:
+                    await api.wait_for(lambda: len(api.watches()) >= 8)
+                    watches = api.watches()
+                    assert watches[7].at - watches[0].at >= 1.1
+                    storms = [e for e in logs if e["event"].startswith("kubernetes api ends")]
+                    gone = [e for e in logs if e["event"].startswith("watch too old")]
+                    assert len(storms) == 1 and len(gone) <= 1
+                    api.watch_fault = None  # the server holds watches again: said, with a count
+                    api.label(NODE, LABEL, "tesla-t4")
+                    await follower.until("tesla-t4")
+                    api.label(NODE, LABEL, "a100-40gb")  # brought by a watch that holds
+                    await follower.until("a100-40gb")
+                finally:
+                    await follower.stop()
+            over = [e for e in logs if e["event"].endswith("hold again")]
+            assert over[0]["ended"] >= 8
+
+    run(body)
+
+
+def test_retry_after_is_honoured() -> None:
+    """A 429 with ``Retry-After: 1`` waits a second, not the backoff's
+    0.05 s."""
+
+    async def body() -> None:
+        async with cluster() as (api, client):
+            api.watch_fault = "throttle"
+            follower = Follower(client)
+            try:
+                await api.wait_for(lambda: len(api.watches()) >= 3)
+                watches = api.watches()
+                assert watches[1].at - watches[0].at >= 1.0
+                assert watches[2].at - watches[1].at >= 1.0
+            finally:
+                await follower.stop()
+
+    run(body)
+
+
+def test_a_watch_line_that_never_ends_is_cut_at_the_bound() -> None:
+    """Before: an endless watch line grew the plugin's memory to 646 MiB in 25 s.
+    Past MAX_BODY (16 MiB) the watch is dropped and tried again under the backoff."""
+
+    async def body() -> None:
+        async with cluster() as (api, client):
+            api.watch_fault = "endless"
+            follower = Follower(client)
+            try:
+                await api.wait_for(lambda: len(api.watches()) >= 2, timeout=WAIT_S * 2)
+                api.watch_fault = None
+                api.label(NODE, LABEL, "tesla-t4")
+                await follower.until("tesla-t4")
+            finally:
+                await follower.stop()
+
+    run(body, timeout=WAIT_S * 3)

@@ -344,3 +344,27 @@ def test_mps_under_none_labels_only_the_gpus_it_shares() -> None:
     every = compute(Scenario(ALL_1G_5GB, MPS))
     assert every["nvidia.com/mps.capable"] == "false"
     assert every["nvidia.com/gpu.replicas"] == "0"  # MIG on everywhere: nothing shared
+
+
+LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
+"""What the API server takes as a label value (at most 63 characters)."""
+
+
+@pytest.mark.parametrize(
+    ("dmi", "label"),
+    [
+        ("To Be Filled By O.E.M.", "To-Be-Filled-By-O.E.M"),
+        ("-- System Product Name --", "System-Product-Name"),
+        ("...", "unknown"),
+        ("A" * 70 + " .x", "A" * 63),
+        ("x" * 62 + " y", "x" * 62),
+    ],
+)
+def test_machine_labels_kubernetes_would_refuse_are_made_valid(dmi: str, label: str) -> None:
+    """Before: DMI strings such as "To Be Filled By O.E.M." gave a value the API
+    server refuses (it ends with a dot), so NFD dropped the label."""
+    value = labels_without_gpus(dmi, None)["nvidia.com/gpu.machine"]
+    assert value == label
+    assert len(value) <= 63 and LABEL_VALUE.fullmatch(value)
+    long = product(["NVIDIA " + "Z" * 60, "MIG", "1g.5gb"], True)
+    assert len(long) <= 63 and LABEL_VALUE.fullmatch(long)

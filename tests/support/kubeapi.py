@@ -42,6 +42,7 @@ import os
 import ssl
 import subprocess
 import tempfile
+import time
 import urllib.parse
 from collections import deque
 from collections.abc import Callable
@@ -71,6 +72,7 @@ class Request:
     path: str
     query: dict[str, str]
     headers: dict[str, str]
+    at: float = field(default_factory=time.monotonic)
 
 
 @dataclass
@@ -91,6 +93,10 @@ class KubeApiServer:
         self.tls = tls
         self.forbidden = False  # True: every request is refused as RBAC refuses it (403)
         self.gone_as = gone_as
+        self.watch_fault: str | None = None
+        """How every watch is answered, when set: ``"gone"`` (410 Gone at once, as an ``ERROR``
+        event, whatever its version), ``"empty"`` (an empty 200 that ends at once), ``"endless"``
+        (one line that never ends), ``"throttle"`` (429 with ``Retry-After: 1``)."""
         self.nodes: dict[str, dict[str, Any]] = {}
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.nodefeatures: dict[tuple[str, str], dict[str, Any]] = {}
@@ -530,6 +536,9 @@ class KubeApiServer:
     async def _watch(
         self, name: str | None, query: dict[str, str], writer: asyncio.StreamWriter
     ) -> None:
+        if self.watch_fault is not None:
+            await _fault(writer, self.watch_fault)
+            return
         version = query.get("resourceVersion", "")
         start = int(version) if version not in ("", "0") else None
         if start is not None and start < self._compacted:
@@ -614,14 +623,35 @@ _REASONS = {
     405: "Method Not Allowed",
     409: "Conflict",
     410: "Gone",
+    429: "Too Many Requests",
 }
 
 
-async def _send(writer: asyncio.StreamWriter, code: int, payload: dict[str, Any]) -> None:
+async def _fault(writer: asyncio.StreamWriter, fault: str) -> None:
+    """One watch answered as :attr:`KubeApiServer.watch_fault` says."""
+    if fault == "throttle":
+        status = _status(429, "TooManyRequests", "too many requests, please try again later")
+        await _send(writer, 429, status, extra="Retry-After: 1\r\n")
+        return
+    await _start_stream(writer)
+    if fault == "gone":
+        status = _status(410, "Expired", "too old resource version")
+        await _chunk(writer, {"type": "ERROR", "object": status})
+    elif fault == "endless":
+        piece = b"x" * 65536
+        while True:  # until the client goes (the connection's end raises)
+            writer.write(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+            await writer.drain()
+    await _end_stream(writer)
+
+
+async def _send(
+    writer: asyncio.StreamWriter, code: int, payload: dict[str, Any], extra: str = ""
+) -> None:
     body = json.dumps(payload).encode()
     head = (
         f"HTTP/1.1 {code} {_REASONS[code]}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n"
+        f"{extra}Content-Length: {len(body)}\r\n\r\n"
     )
     writer.write(head.encode() + body)
     await writer.drain()
