@@ -17,6 +17,11 @@ variable then names the directory."""
 CDI_KIND = "nvidia.com/gpu"
 """The CDI kind of the spec ``nvidia-ctk cdi generate`` writes: a device is
 ``nvidia.com/gpu=<name>``."""
+PLUGIN_CDI_KIND = "k8s.device-plugin.nvidia.com/gpu"
+"""The CDI kind of the spec NVIDIA's device plugin writes for itself (vendor
+``k8s.device-plugin.nvidia.com``, class ``gpu``: ``cmd/nvidia-device-plugin/plugin-manager.go``
+and ``internal/cdi/cdi.go`` of NVIDIA/k8s-device-plugin at v0.17.1), and nvplugin's default."""
+CDI_KINDS = (PLUGIN_CDI_KIND, CDI_KIND)
 
 # MPS (``sharing.mps``): what a client container of an MPS resource is given, as NVIDIA's plugin
 # gives it, and the CUDA variables that bound a client's share (NVIDIA's MPS documentation).

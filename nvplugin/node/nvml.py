@@ -248,11 +248,14 @@ class Nvml:
     in every container).
     """
 
-    def __init__(self, sysfs_root: str = "/sys", driver_root: str | None = None) -> None:
+    def __init__(
+        self, sysfs_root: str = "/sys", driver_root: str | None = None, *, load: bool = True
+    ) -> None:
         self.sysfs_root = sysfs_root
         self.driver_root = driver_root
         self._handles: list[Any] = []
-        self.library = load_library(driver_root)
+        # load=False: a simulated driver root, whose libraries are stand-ins and not loadable.
+        self.library = load_library(driver_root) if load else None
         _call("initialise NVML", pynvml.nvmlInit)
         self._open = True
 
