@@ -62,12 +62,16 @@ def _nodes(device: Device) -> tuple[str, ...]:
     return tuple(nodes)
 
 
-def spec_devices(plan: ResourcePlan, id_strategy: str) -> list[SpecDevice]:
-    """One device per ID Allocate can return under the plan (each GPU or MIG device served,
-    once, however many resources or replicas serve it), in node order."""
+def served_units(plan: ResourcePlan) -> list[Device]:
+    """Each GPU or MIG device the plan serves, once however many resources or replicas serve
+    it, in node order: what Allocate's IDs name."""
     units = {d.uuid: d for served in plan.resources for d in served.bases}
-    ordered = sorted(units.values(), key=lambda device: device.order)
-    return [SpecDevice(device_id(d, id_strategy), _nodes(d)) for d in ordered]
+    return sorted(units.values(), key=lambda device: device.order)
+
+
+def spec_devices(plan: ResourcePlan, id_strategy: str) -> list[SpecDevice]:
+    """One device per ID Allocate can return under the plan, in node order."""
+    return [SpecDevice(device_id(d, id_strategy), _nodes(d)) for d in served_units(plan)]
 
 
 def qualified_names(config: Config, plan: ResourcePlan) -> list[str]:

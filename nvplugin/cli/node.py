@@ -54,7 +54,7 @@ def devices(
         config_path, config_file_srcdir, node_label_value, default_config, fallback_strategies
     )
     topo = load_topology(simulate)
-    labels = mig_labels = plan_dict = None
+    labels = mig_labels = plan_dict = cdi = None
     env = dict(os.environ)
     path = config_file(config_path, env)
     if path is not None or mig_strategy is not None or env_sets_config(env):
@@ -67,10 +67,21 @@ def devices(
         for warning in plan.warnings:
             click.echo(f"warning: {warning}", err=True)
         labels, mig_labels, plan_dict = plan.labels(), plan.mig_labels(), plan.as_dict()
+        cdi = cdi_names(plan, config.cdi_kind, config.device_id_strategy)
     if output == "json":
-        click.echo(views.devices_json(topo, labels, plan_dict, mig_labels), nl=False)
+        click.echo(views.devices_json(topo, labels, plan_dict, mig_labels, cdi), nl=False)
     else:
         click.echo(views.devices_table(topo, labels, mig_labels), nl=False)
+        if cdi:
+            click.echo(f"\n{views.cdi_table(cdi)}", nl=False)
+
+
+def cdi_names(plan: Any, kind: str, id_strategy: str) -> dict[str, str]:
+    """Each served device's CDI name (``<kind>=<id>``) by its index form, in node order."""
+    from nvplugin.cdi.generate import served_units
+    from nvplugin.rm.responses import device_id
+
+    return {d.label: f"{kind}={device_id(d, id_strategy)}" for d in served_units(plan)}
 
 
 @main.command()

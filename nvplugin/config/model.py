@@ -620,13 +620,13 @@ class Config:
         "the driver root as mounted, containerDriverRoot).",
         flags=("nvidia-cdi-hook-path", "nvidia-ctk-path"),
         env=("NVIDIA_CDI_HOOK_PATH", "NVIDIA_CTK_PATH"),
-        chart=Chart.check(
+        chart=Chart.env(
             "cdi.nvidiaHookPath",
-            "NVIDIA's: the nvidia-cdi-hook for generated CDI specs; set it through the config "
-            "file's flags.plugin.nvidiaCTKPath.",
-            schema={"type": "string"},
-            refused="set the hook path ({value}) through the config file's "
-            "flags.plugin.nvidiaCTKPath; leave cdi.nvidiaHookPath null",
+            None,
+            "NVIDIA's: the host's nvidia-cdi-hook (or nvidia-ctk) that the CDI spec's hooks "
+            "run (create-symlinks, update-ldcache), used when it is there under the driver root. "
+            "null: the config file's, else /usr/bin/nvidia-ctk.",
+            schema={"type": "string", "pattern": "^/"},
         ),
     )
     container_driver_root: str = setting(
@@ -838,6 +838,15 @@ class Config:
         "deviceListStrategy): before registering, again whenever what is served changes.",
         flags=("cdi-spec-dir",),
         env=("NVPLUGIN_CDI_SPEC_DIR",),
+        chart=Chart.env(
+            "cdiSpecDir",
+            None,
+            "The host's CDI spec directory the plugin writes its spec into (mounted at the same "
+            "path when deviceListStrategy, or a config, has cdi-annotations or cdi-cri). The "
+            "runtime must read it: containerd >= 1.7 with enable_cdi, CRI-O >= 1.24. null: the "
+            f"config file's, else {DEFAULT_CDI_SPEC_DIR}.",
+            schema={"type": "string", "pattern": "^/"},
+        ),
     )
     log: LogConfig = field(default_factory=LogConfig, metadata=GROUP)
     health: HealthConfig = field(default_factory=HealthConfig, metadata=GROUP)

@@ -142,6 +142,7 @@ def devices_json(
     resources: Mapping[int, str] | None = None,
     plan: Mapping[str, object] | None = None,
     mig_resources: Mapping[str, str] | None = None,
+    cdi: Mapping[str, str] | None = None,
 ) -> str:
     """``{"name", "gpus": [...]}``; with a config, each GPU's and MIG device's ``resource`` and
     the whole ``plan`` (served resources, sockets, replicas, warnings) as ``"resources"``."""
@@ -157,7 +158,15 @@ def devices_json(
     data: dict[str, Any] = {"name": topo.name, "gpus": gpus}
     if plan is not None:
         data["resources"] = dict(plan)
+    if cdi is not None:
+        data["cdi"] = dict(cdi)
     return json.dumps(data, indent=2) + "\n"
+
+
+def cdi_table(cdi: Mapping[str, str]) -> str:
+    """Each served device's fully qualified CDI name, by its index form (``3``, ``3:1``)."""
+    rows = [["DEVICE", "CDI NAME"], *([label, name] for label, name in cdi.items())]
+    return _table(rows) + "\n"
 
 
 def topology_json(topo: Topology) -> str:

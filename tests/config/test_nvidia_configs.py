@@ -172,11 +172,6 @@ def test_resources_gpus_are_honoured(write: Write) -> None:
         ("flags:\n  mofedEnabled: true\n", "flags.mofedEnabled", "MOFED"),
         ("flags:\n  gdrcopyEnabled: true\n", "flags.gdrcopyEnabled", "GDRCopy"),
         ("flags:\n  deviceDiscoveryStrategy: tegra\n", "flags.deviceDiscoveryStrategy", "device"),
-        (
-            "flags:\n  plugin:\n    nvidiaCTKPath: /usr/local/bin/nvidia-ctk\n",
-            "flags.plugin.nvidiaCTKPath",
-            "generating CDI specs",
-        ),
     ],
 )
 def test_unsupported_settings_are_refused_naming_the_key(
@@ -234,3 +229,12 @@ def test_mps_root_is_accepted_as_nvidias_chart_sets_it(write: Write) -> None:
         load_config(None, env={"MPS_ROOT": "run/mps"})
     assert 'environment variable MPS_ROOT (config key "flags.mpsRoot")' in str(caught.value)
     assert "not an absolute path" in str(caught.value)
+
+
+def test_the_cdi_hook_path_is_honoured(write: Write) -> None:
+    """NVIDIA's nvidiaCTKPath names the hook the CDI spec runs: nvplugin writes its spec, so it
+    takes the path (under NVIDIA's flag and variable names too)."""
+    text = "flags:\n  plugin:\n    nvidiaCTKPath: /usr/local/bin/nvidia-cdi-hook\n"
+    assert load_config(write(text)).nvidia_ctk_path == "/usr/local/bin/nvidia-cdi-hook"
+    env = {"NVIDIA_CDI_HOOK_PATH": "/opt/bin/nvidia-cdi-hook"}
+    assert load_config(None, env=env).nvidia_ctk_path == "/opt/bin/nvidia-cdi-hook"
