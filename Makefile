@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 PYTEST_FLAGS ?=
 
-.PHONY: install run test test-fast lint format bench soak proto hooks clean
+.PHONY: install run test test-fast lint format bench soak proto hooks clean gpu-check
 
 install: $(STAMP)
 
@@ -28,8 +28,8 @@ test-fast: install
 	$(BIN)/python -m pytest -m "not process and not slow" --durations=5 $(PYTEST_FLAGS)
 
 lint: install
-	$(BIN)/ruff check nvplugin tests bench proto
-	$(BIN)/ruff format --check nvplugin tests bench proto
+	$(BIN)/ruff check nvplugin tests bench proto scripts
+	$(BIN)/ruff format --check nvplugin tests bench proto scripts
 	$(BIN)/mypy
 
 format: install
@@ -45,6 +45,12 @@ bench: install
 # The reliability scenarios at full scale (tests/reliability/; make test runs them scaled down).
 soak: install
 	$(BIN)/python -m tests.support.reliability.soak
+
+# On a machine with an NVIDIA driver: capture the node, make and check the CDI spec from the real
+# driver root, serve the real NVML to the fake kubelet a few seconds, print a report
+# (scripts/gpu_check.py; GPU_CHECK_ARGS="--simulate dgx-a100" runs it without a GPU).
+gpu-check: install
+	$(BIN)/python scripts/gpu_check.py $(GPU_CHECK_ARGS)
 
 # The commit-msg hook of CONTRIBUTING.md (subject <= 72 characters, a blank line before the body).
 hooks:

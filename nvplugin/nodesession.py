@@ -71,10 +71,8 @@ def open_node(
     """
     from nvplugin.node.nvml import Nvml, Scan
 
-    def discover(
-        root: str, name: str, driver_root: str | None, *, load: bool = True
-    ) -> tuple[Nvml, Scan]:
-        session = Nvml(root, driver_root, load=load)
+    def discover(root: str, name: str, driver_root: str | None) -> tuple[Nvml, Scan]:
+        session = Nvml(root, driver_root)
         try:
             return session, session.scan(name)
         except BaseException:
@@ -92,9 +90,7 @@ def open_node(
     spec = load_node(simulate)
     simulation = SimulatedNvml(spec, sysfs_root=sysfs_root).install()
     try:
-        session, scan = discover(
-            simulation.sysfs_root, spec.name, simulation.driver_root, load=False
-        )
+        session, scan = discover(simulation.sysfs_root, spec.name, simulation.driver_root)
     except BaseException:
         simulation.uninstall()
         raise

@@ -62,7 +62,7 @@ _MIG_SLOTS = 16
 SWITCHES = 6
 """How many NVSwitches the simulated fabric spreads a GPU's switch links over."""
 
-_INSTALLED_MARK = "_nvplugin_simulation"
+_INSTALLED_MARK = nvml.SIMULATION_MARK
 
 
 class UnmodelledNvmlCall(RuntimeError):
