@@ -1,7 +1,8 @@
 """Whether every name the plugin would hand out resolves in a node's specs, and what to change
 when one does not: the cases users meet (no spec of the kind at all; the container toolkit's
-spec naming devices by index only while the plugin returns UUIDs, toolkit issue #1895, or the
-other way round; a stale spec; two specs naming one device).
+spec naming devices by index only while the plugin returns UUIDs, as in
+NVIDIA/nvidia-container-toolkit#1895, or the other way round; a stale spec; two specs naming one
+device).
 """
 
 from __future__ import annotations

@@ -38,7 +38,8 @@ def devices(
     fallback_strategies: str | None,
 ) -> None:
     """List the node's GPUs: index, UUID, model, memory, PCI bus id, NUMA node (and resource);
-    MIG devices below them on a node with MIG.
+    MIG devices below them on a node with MIG; with a cdi-* deviceListStrategy, each served
+    device's CDI name.
 
     The resources are those `serve` would serve with the same config: --config, else
     CONFIG_FILE, and the environment variables `serve` reads (MIG_STRATEGY, NVPLUGIN_*, ...),
@@ -67,7 +68,8 @@ def devices(
         for warning in plan.warnings:
             click.echo(f"warning: {warning}", err=True)
         labels, mig_labels, plan_dict = plan.labels(), plan.mig_labels(), plan.as_dict()
-        cdi = cdi_names(plan, config.cdi_kind, config.device_id_strategy)
+        if any(name.startswith("cdi-") for name in config.device_list_strategy):
+            cdi = cdi_names(plan, config.cdi_kind, config.device_id_strategy)
     if output == "json":
         click.echo(views.devices_json(topo, labels, plan_dict, mig_labels, cdi), nl=False)
     else:

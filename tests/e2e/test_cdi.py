@@ -163,3 +163,22 @@ def test_serve_fails_naming_the_spec_it_cannot_write() -> None:
     assert result.returncode == 1, result.stderr
     assert f"cannot write the CDI spec {blocker}/{OURS}" in result.stderr
     assert not [n for n in os.listdir(directory) if n.endswith(".sock")]
+
+
+def test_devices_shows_each_served_devices_cdi_name() -> None:
+    directory = new_dir()
+    config = os.path.join(directory, "cdi.yaml")
+    Path(config).write_text(
+        "version: v1\nflags:\n  migStrategy: mixed\n  plugin:\n"
+        "    deviceListStrategy: cdi-cri\n    deviceIDStrategy: index\n"
+    )
+    table = run_nvplugin("devices", "--simulate", MIG_NODE, "--config", config, timeout=60)
+    assert table.returncode == 0, table.stderr
+    assert "k8s.device-plugin.nvidia.com/gpu=3:1" in table.stdout.split("CDI NAME")[1]
+    listed = run_nvplugin(
+        "devices", "--simulate", MIG_NODE, "--config", config, "--output", "json", timeout=60
+    )
+    cdi = json.loads(listed.stdout)["cdi"]
+    assert cdi["3:1"] == "k8s.device-plugin.nvidia.com/gpu=3:1"
+    assert cdi["6"] == "k8s.device-plugin.nvidia.com/gpu=6"
+    assert "0" not in cdi  # a MIG-enabled GPU is served as its MIG devices only
