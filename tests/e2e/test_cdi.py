@@ -136,6 +136,15 @@ def test_serve_rewrites_the_spec_before_the_kubelet_sees_the_new_devices() -> No
             await kubelet.observer.wait_for(mig_listed, WAIT_S, "the MIG devices after SIGHUP")
             migs = {m.uuid for g in MIG.gpus for m in g.mig_devices}
             assert migs <= seen[0]
+            # In the plugin's own order: the new spec written, then the MIG resource registered.
+            events = [(line.get("event"), str(line.get("endpoint"))) for line in serve.lines()]
+            written = [n for n, (event, _) in enumerate(events) if event == "CDI spec written"]
+            registered = [
+                n
+                for n, (event, endpoint) in enumerate(events)
+                if event == "registered with kubelet" and "mig-3g.20gb" in endpoint
+            ]
+            assert len(written) == 2 and registered and written[1] < registered[0]
             medium = MIG.gpus[3].mig_devices[1]
             response = await kubelet.devices.allocate("nvidia.com/mig-3g.20gb", [medium.uuid])
             (name,) = [d.name for d in response.cdi_devices]
