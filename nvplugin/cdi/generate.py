@@ -143,6 +143,9 @@ def refresh(
 ) -> tuple[str, bool]:
     """Write the spec ``serve`` keeps into ``directory`` (its path, whether it changed). Raises
     SpecIncomplete when it cannot be whole, NvpluginError when it cannot be written."""
+    if not spec_devices(plan, config.device_id_strategy):
+        # Nothing served, no name handed out: a spec without devices is refused by CDI loaders.
+        return os.path.join(directory, spec_file_name(config.cdi_kind)), False
     made = generate(config, plan, topology, driver_version, driver_root)
     if made.missing:
         raise incomplete(os.path.join(directory, spec_file_name(config.cdi_kind)), made.missing)

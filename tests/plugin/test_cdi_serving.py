@@ -10,11 +10,13 @@ import tempfile
 
 import pytest
 
-from nvplugin.cdi.generate import SpecIncomplete
+from nvplugin.cdi.generate import SpecIncomplete, refresh
 from nvplugin.config import Config, load_config
 from nvplugin.fakekubelet.kubelet import FakeKubelet
 from nvplugin.nodesession import NodeSession, open_node
 from nvplugin.plugin.daemon import Daemon
+from nvplugin.rm import plan_for
+from tests.support.service import write_config
 from tests.support.waiting import WAIT_S
 
 NODE = "workstation-4gpu"
@@ -84,3 +86,17 @@ def test_a_whole_spec_is_written_before_registering() -> None:
         assert os.listdir(specs) == [SPEC]  # the spec stays: containers running keep using it
 
     asyncio.run(asyncio.wait_for(body(), 30))
+
+
+def test_no_spec_without_a_served_device() -> None:
+    """Every GPU excluded: no name is handed out, and a spec without devices is not valid CDI,
+    so none is written."""
+    specs = tempfile.mkdtemp()
+    path = write_config("version: v1\nresources:\n  exclude:\n    models: ['*']\n")
+    cfg = load_config(path, env={"DEVICE_LIST_STRATEGY": "cdi-cri"})
+    with open_node(NODE) as node:
+        plan = plan_for(cfg, node.topology.gpus)
+        assert plan.resources == ()
+        done = refresh(cfg, plan, node.topology, "550.127.05", node.driver_root, specs)
+    assert done == (os.path.join(specs, SPEC), False)
+    assert os.listdir(specs) == []
