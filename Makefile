@@ -28,7 +28,7 @@ REAL_API_ENV  :=
 REAL_API_DEPS :=
 endif
 
-.PHONY: install run test test-fast lint format bench soak proto hooks clean real-api-assets e2e-node
+.PHONY: install run test test-fast lint format bench soak proto hooks clean real-api-assets e2e-node gpu-check
 
 install: $(STAMP)
 
@@ -71,8 +71,8 @@ test-fast: install
 	$(BIN)/python -m pytest -m "not process and not slow and not realapi" --durations=5 $(PYTEST_FLAGS)
 
 lint: install
-	$(BIN)/ruff check nvplugin tests bench proto
-	$(BIN)/ruff format --check nvplugin tests bench proto
+	$(BIN)/ruff check nvplugin tests bench proto scripts
+	$(BIN)/ruff format --check nvplugin tests bench proto scripts
 	$(BIN)/mypy
 
 format: install
@@ -93,6 +93,12 @@ soak: install
 # tests/support/realnode/. Binaries from NVPLUGIN_E2E_BIN, else unpacked from ../shared/k8s/.
 e2e-node: install
 	$(BIN)/python -m tests.support.realnode
+
+# On a machine with an NVIDIA driver: capture the node, make and check the CDI spec from the real
+# driver root, serve the real NVML to the fake kubelet a few seconds, print a report
+# (scripts/gpu_check.py; GPU_CHECK_ARGS="--simulate dgx-a100" runs it without a GPU).
+gpu-check: install
+	$(BIN)/python scripts/gpu_check.py $(GPU_CHECK_ARGS)
 
 # The commit-msg hook of CONTRIBUTING.md (subject <= 72 characters, a blank line before the body).
 hooks:

@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from nvplugin.api.nvidia import (
-    CDI_KIND,
+    CDI_KINDS,
     MPS_MEMORY_LIMIT_ENV,
     MPS_PIPE_ENV,
     MPS_THREADS_ENV,
@@ -76,7 +76,7 @@ def _cdi_names(qualified: Iterable[str]) -> list[str]:
     out = []
     for item in qualified:
         kind, _, name = item.strip().partition("=")
-        if kind == CDI_KIND and name:
+        if kind in CDI_KINDS and name:
             out.append(name)
     return out
 

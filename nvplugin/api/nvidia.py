@@ -17,6 +17,11 @@ variable then names the directory."""
 CDI_KIND = "nvidia.com/gpu"
 """The CDI kind of the spec ``nvidia-ctk cdi generate`` writes: a device is
 ``nvidia.com/gpu=<name>``."""
+PLUGIN_CDI_KIND = "k8s.device-plugin.nvidia.com/gpu"
+"""The CDI kind of the spec NVIDIA's device plugin writes for itself, and nvplugin's default:
+vendor ``k8s.device-plugin.nvidia.com`` fixed in ``cmd/nvidia-device-plugin/plugin-manager.go``
+(NVIDIA/k8s-device-plugin, read at commit 062f090), class ``gpu`` (``internal/cdi/cdi.go``)."""
+CDI_KINDS = (PLUGIN_CDI_KIND, CDI_KIND)
 
 # MPS (``sharing.mps``): what a client container of an MPS resource is given, as NVIDIA's plugin
 # gives it, and the CUDA variables that bound a client's share (NVIDIA's MPS documentation).

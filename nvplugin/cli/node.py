@@ -38,8 +38,9 @@ def devices(
     fallback_strategies: str | None,
 ) -> None:
     """List the node's GPUs: index, UUID, model, memory, PCI bus id, NUMA node (and resource);
-    MIG devices below them on a node with MIG. A HEALTH column (JSON: "health") says what one
-    read of NVML finds wrong (fabric, row remapping, NVLinks down), when anything is.
+    MIG devices below them on a node with MIG; with a cdi-* deviceListStrategy, each served
+    device's CDI name. A HEALTH column (JSON: "health") says what one read of NVML finds wrong
+    (fabric, row remapping, NVLinks down), when anything is.
 
     The resources are those `serve` would serve with the same config: --config, else
     CONFIG_FILE, and the environment variables `serve` reads (MIG_STRATEGY, NVPLUGIN_*, ...),
@@ -55,7 +56,7 @@ def devices(
         config_path, config_file_srcdir, node_label_value, default_config, fallback_strategies
     )
     topo, health = load_topology_health(simulate)
-    labels = mig_labels = plan_dict = None
+    labels = mig_labels = plan_dict = cdi = None
     env = dict(os.environ)
     path = config_file(config_path, env)
     per_node = config_file_srcdir is not None  # what serve serves there, config file or not
@@ -69,10 +70,22 @@ def devices(
         for warning in plan.warnings:
             click.echo(f"warning: {warning}", err=True)
         labels, mig_labels, plan_dict = plan.labels(), plan.mig_labels(), plan.as_dict()
+        if any(name.startswith("cdi-") for name in config.device_list_strategy):
+            cdi = cdi_names(plan, config.cdi_kind, config.device_id_strategy)
     if output == "json":
-        click.echo(views.devices_json(topo, labels, plan_dict, mig_labels, health), nl=False)
+        click.echo(views.devices_json(topo, labels, plan_dict, mig_labels, health, cdi), nl=False)
     else:
         click.echo(views.devices_table(topo, labels, mig_labels, health), nl=False)
+        if cdi:
+            click.echo(f"\n{views.cdi_table(cdi)}", nl=False)
+
+
+def cdi_names(plan: Any, kind: str, id_strategy: str) -> dict[str, str]:
+    """Each served device's CDI name (``<kind>=<id>``) by its index form, in node order."""
+    from nvplugin.cdi.generate import served_units
+    from nvplugin.rm.responses import device_id
+
+    return {d.label: f"{kind}={device_id(d, id_strategy)}" for d in served_units(plan)}
 
 
 @main.command()

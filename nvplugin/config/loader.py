@@ -54,9 +54,9 @@ REFUSED_NAMES = (
     RefusedName(
         "cdi-disable-hooks",
         "CDI_DISABLE_HOOKS",
-        "NVIDIA's plugin (v0.20) leaves the hooks out of the CDI specs it generates; nvplugin "
-        "does not support generating CDI specs yet, so it cannot leave their hooks out: remove "
-        "it, or set it to false",
+        "NVIDIA's plugin (v0.20) leaves the hooks out of the CDI specs it generates; nvplugin's "
+        "CDI spec does not support leaving them out yet (it adds them when the hook program is "
+        "at nvidiaCTKPath): remove it, or set it to false",
     ),
 )
 """NVIDIA's names nvplugin refuses rather than silently ignoring (exit 2, naming them)."""

@@ -51,12 +51,16 @@ from nvplugin.config.layout import (
 )
 from nvplugin.config.rules import (
     DEFAULT_CDI_ANNOTATION_PREFIX,
+    DEFAULT_CDI_KIND,
+    DEFAULT_CDI_SPEC_DIR,
     DEVICE_ID_STRATEGIES,
     DEVICE_LIST_STRATEGIES,
     MIG_STRATEGIES,
+    TOOLKIT_CDI_KIND,
     absolute_path_problem,
     address_problem,
     cdi_annotation_prefix_problem,
+    cdi_kind_problem,
 )
 from nvplugin.config.schema import (
     Bool,
@@ -868,25 +872,20 @@ class Config:
     )
     nvidia_ctk_path: str = setting(
         "flags.plugin.nvidiaCTKPath",
-        Str(),
+        Str(rule=_absolute),
         DEFAULT_NVIDIA_CTK_PATH,
-        help="nvidia-ctk for generated CDI specs (nvplugin generates none: use nvidia-ctk cdi "
-        "generate on the node).",
+        help="The nvidia-cdi-hook (or nvidia-ctk) on the host: the CDI spec nvplugin writes "
+        "runs its create-symlinks and update-ldcache hooks when it is there (looked for under "
+        "the driver root as mounted, containerDriverRoot).",
         flags=("nvidia-cdi-hook-path", "nvidia-ctk-path"),
         env=("NVIDIA_CDI_HOOK_PATH", "NVIDIA_CTK_PATH"),
-        supported=(DEFAULT_NVIDIA_CTK_PATH,),
-        unsupported=_unsupported(
-            "generating CDI specs", "generate the spec on the node with nvidia-ctk cdi generate"
-        ),
-        inert=True,
-        chart=Chart.check(
+        chart=Chart.env(
             "cdi.nvidiaHookPath",
-            "NVIDIA's: the nvidia-cdi-hook for generated CDI specs; nvplugin generates none "
-            "(generate the spec on the node with `nvidia-ctk cdi generate`).",
-            schema={"type": "string"},
-            refused="nvplugin does not generate CDI specs yet, so it has no use for a hook path "
-            "({value}); leave it null and generate the spec on the node with nvidia-ctk cdi "
-            "generate",
+            None,
+            "NVIDIA's: the host's nvidia-cdi-hook (or nvidia-ctk) that the CDI spec's hooks "
+            "run (create-symlinks, update-ldcache), used when it is there under the driver root. "
+            "null: the config file's, else /usr/bin/nvidia-ctk.",
+            schema={"type": "string", "pattern": "^/"},
         ),
     )
     container_driver_root: str = setting(
@@ -920,7 +919,7 @@ class Config:
         "flags.plugin.cdiFeatureFlags",
         List(Str(non_empty=True), comma=True),
         (),
-        help="Feature flags for generated CDI specs (nvplugin generates none).",
+        help="Feature flags for the generated CDI spec (none is supported).",
         flags=("cdi-feature-flags",),
         env=("CDI_FEATURE_FLAGS",),
         supported=((),),
@@ -928,9 +927,8 @@ class Config:
         inert=True,
         chart=Chart.check(
             "cdi.featureFlags",
-            "NVIDIA's: feature flags for generated CDI specs; nvplugin generates none.",
-            refused="nvplugin does not generate CDI specs yet, so it has no use for feature "
-            "flags ({value}); leave it null",
+            "NVIDIA's: feature flags for generated CDI specs; nvplugin supports none.",
+            refused="nvplugin supports no CDI feature flags ({value}); leave it null",
         ),
     )
     gfd: GfdConfig = field(default_factory=GfdConfig, metadata=GROUP)
@@ -1081,6 +1079,34 @@ class Config:
         flags=("pre-start-required",),
         env=("NVPLUGIN_PRE_START_REQUIRED",),
     )
+    cdi_kind: str = setting(
+        "nvplugin.cdi.kind",
+        Str(rule=cdi_kind_problem),
+        DEFAULT_CDI_KIND,
+        help="The CDI kind of the names cdi-annotations and cdi-cri hand the runtime. nvplugin "
+        f"writes their spec (default, NVIDIA's plugin's kind), except for {TOOLKIT_CDI_KIND!r}: "
+        "the container toolkit's spec (nvidia-ctk cdi generate), which nvplugin leaves alone.",
+        flags=("cdi-kind",),
+        env=("NVPLUGIN_CDI_KIND",),
+    )
+    cdi_spec_dir: str = setting(
+        "nvplugin.cdi.specDir",
+        Str(rule=_absolute),
+        DEFAULT_CDI_SPEC_DIR,
+        help="Where serve writes its CDI spec (<vendor>-<class>.json; with a cdi-* "
+        "deviceListStrategy): before registering, again whenever what is served changes.",
+        flags=("cdi-spec-dir",),
+        env=("NVPLUGIN_CDI_SPEC_DIR",),
+        chart=Chart.env(
+            "cdiSpecDir",
+            None,
+            "The host's CDI spec directory the plugin writes its spec into (mounted at the same "
+            "path when deviceListStrategy, or a config, has cdi-annotations or cdi-cri). The "
+            "runtime must read it: containerd >= 1.7 with enable_cdi, CRI-O >= 1.24. null: the "
+            f"config file's, else {DEFAULT_CDI_SPEC_DIR}.",
+            schema={"type": "string", "pattern": "^/"},
+        ),
+    )
     log: LogConfig = field(default_factory=LogConfig, metadata=GROUP)
     health: HealthConfig = field(default_factory=HealthConfig, metadata=GROUP)
     health_service: HealthServiceConfig = field(default_factory=HealthServiceConfig, metadata=GROUP)
@@ -1198,6 +1224,7 @@ SECTION_HELP = {
     "sharing.mps": "One GPU advertised as several MPS shares, each with its part of the GPU's "
     "memory and threads; nvplugin runs the MPS control daemon.",
     "nvplugin": "nvplugin's own settings (NVIDIA's plugin has none of these).",
+    "nvplugin.cdi": "The CDI spec serve writes for the cdi-annotations and cdi-cri strategies.",
     "nvplugin.health": "Also set by NVIDIA's DP_DISABLE_HEALTHCHECKS and DP_ENABLE_HEALTHCHECKS.",
     "nvplugin.healthService": "grpc.health.v1 on the plugin socket (nvplugin probe).",
 }

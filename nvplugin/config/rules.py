@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ipaddress
 
+from nvplugin.api.nvidia import CDI_KIND, PLUGIN_CDI_KIND
 from nvplugin.errors import show
 from nvplugin.resourcenames import resource_name_problem
 
@@ -18,6 +19,15 @@ MIG_STRATEGIES = ("none", "single", "mixed")
 DEFAULT_CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
 CDI_ANNOTATION_NAME = "nvplugin"
 """Annotation keys are ``<prefix>nvplugin_<hash of the device IDs>``."""
+DEFAULT_CDI_KIND = PLUGIN_CDI_KIND
+"""The CDI kind of the spec nvplugin writes, NVIDIA's plugin's (its vendor is fixed there: the
+kind does not follow ``cdiAnnotationPrefix``, which names only the annotation's key)."""
+TOOLKIT_CDI_KIND = CDI_KIND
+"""The kind of the spec the NVIDIA container toolkit writes (``nvidia-ctk cdi generate``,
+``nvidia-cdi-refresh``): with it, nvplugin writes no spec and relies on the toolkit's."""
+DEFAULT_CDI_SPEC_DIR = "/var/run/cdi"
+"""Where nvplugin writes its spec: the CDI directory for generated, short-lived specs (runtimes
+read it after ``/etc/cdi``, and its specs take precedence)."""
 
 
 def absolute_path_problem(value: str) -> str | None:
@@ -65,3 +75,37 @@ def parse_address(text: str) -> tuple[str, int]:
     if not port_text.isdigit() or len(port_text) > 5 or not 0 <= int(port_text) <= 65535:
         raise ValueError(f"{shown}: the port must be a number from 0 to 65535")
     return host, int(port_text)
+
+
+def _segment(text: str, middle: str) -> bool:
+    """A CDI name segment: an ASCII letter first, a letter or digit last, ``middle`` between."""
+    if not text or not (text[0].isascii() and text[0].isalpha()):
+        return False
+    if not (text[-1].isascii() and text[-1].isalnum()):
+        return False
+    return all((c.isascii() and c.isalnum()) or c in middle for c in text)
+
+
+def cdi_kind_problem(kind: str) -> str | None:
+    """Why ``kind`` is not a CDI kind ``<vendor>/<class>``, or None. The vendor is a letter, then
+    letters, digits, ``-``, ``_`` or ``.``, ending in a letter or digit; the class likewise
+    without ``.`` (a dot there needs CDI 0.6.0, which older runtimes reject)."""
+    vendor, sep, klass = kind.partition("/")
+    if not sep or not _segment(vendor, "-_.") or not _segment(klass, "-_"):
+        return (
+            f"{show(kind)} is not a CDI kind <vendor>/<class> (vendor: a letter, then letters, "
+            "digits, '-', '_' or '.', ending in a letter or digit; class: the same without '.')"
+        )
+    return None
+
+
+def cdi_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot name a CDI device, or None: letters, digits, ``-``, ``_``, ``.`` and
+    ``:``, beginning and ending with a letter or digit."""
+    ok = bool(name) and all((c.isascii() and c.isalnum()) or c in "-_.:" for c in name)
+    if ok and name[0].isalnum() and name[-1].isalnum():
+        return None
+    return (
+        f"{show(name)} cannot name a CDI device (letters, digits, '-', '_', '.', ':', "
+        "beginning and ending with a letter or digit)"
+    )

@@ -239,6 +239,10 @@ def _address(pointer: Any) -> int:
     return int(ctypes.cast(pointer, ctypes.c_void_p).value or 0)
 
 
+SIMULATION_MARK = "_nvplugin_simulation"
+"""The attribute a simulated NVML (:mod:`nvplugin.sim.fakenvml`) sets on pynvml while installed."""
+
+
 def driver_library(driver_root: str) -> str | None:
     """``libnvidia-ml.so.1`` under ``driver_root`` (the host's driver root as mounted in the
     plugin's container, NVIDIA's ``containerDriverRoot``), or None when it is not there."""
@@ -254,6 +258,8 @@ def load_library(driver_root: str | None) -> str | None:
     whose pod mounts the host's driver root needs no NVIDIA container runtime to find it.
     Returns the path loaded (None: the library loader's own search will be used, as without a
     driver root). Only the first load counts: pynvml keeps one library per process."""
+    if getattr(pynvml, SIMULATION_MARK, None) is not None:
+        return None  # a simulated NVML: its driver root's libraries are stand-ins
     path = driver_library(driver_root) if driver_root else None
     if path is None or pynvml.nvmlLib is not None:
         return None

@@ -148,6 +148,7 @@ def devices_json(
     plan: Mapping[str, object] | None = None,
     mig_resources: Mapping[str, str] | None = None,
     health: Mapping[int, Mapping[str, str]] | None = None,
+    cdi: Mapping[str, str] | None = None,
 ) -> str:
     """``{"name", "gpus": [...]}`` (a GPU with a fault: its ``health``, signal -> reason);
     with a config, each GPU's and MIG device's ``resource`` and
@@ -166,7 +167,15 @@ def devices_json(
     data: dict[str, Any] = {"name": topo.name, "gpus": gpus}
     if plan is not None:
         data["resources"] = dict(plan)
+    if cdi is not None:
+        data["cdi"] = dict(cdi)
     return json.dumps(data, indent=2) + "\n"
+
+
+def cdi_table(cdi: Mapping[str, str]) -> str:
+    """Each served device's fully qualified CDI name, by its index form (``3``, ``3:1``)."""
+    rows = [["DEVICE", "CDI NAME"], *([label, name] for label, name in cdi.items())]
+    return _table(rows) + "\n"
 
 
 def topology_json(topo: Topology) -> str:

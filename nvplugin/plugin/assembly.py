@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from nvplugin.allocator import Policy
+from nvplugin.cdi.generate import SpecIncomplete, refresh, spec_dir, writes_spec
 from nvplugin.config import Config
 from nvplugin.errors import NvpluginError
 from nvplugin.log import get_logger
@@ -208,6 +209,8 @@ class Resources:
                 resources=[served.name for served in plan.resources],
                 reason=ENVVAR_COLLISION,
             )
+        if writes_spec(config):  # before anything registers: every name handed out resolves
+            await self._write_cdi_spec(config, plan)
         make_dir(config.device_plugin_dir)
         tasks = Tasks("served resources")
         parts: list[Served] = []
@@ -224,6 +227,7 @@ class Resources:
                 pass_device_specs=config.pass_device_specs,
                 dev_root=config.dev_root,
                 cdi_annotation_prefix=config.cdi_annotation_prefix,
+                cdi_kind=config.cdi_kind,
             )
             for served in plan.resources:
                 # Its failure is the build's, logged once there.
@@ -261,6 +265,29 @@ class Resources:
                 ready = asyncio.Event()
                 daemon.follow(functools.partial(_follow_mps, part.service, ready))
             tasks.spawn(self._registrar(config, part, watcher, ready), "nvplugin-registrar")
+
+    async def _write_cdi_spec(self, config: Config, plan: ResourcePlan) -> None:
+        """Write the CDI spec of ``plan`` (off the loop; unchanged: left alone). A spec that
+        cannot be whole fails the start under failOnInitError, else is logged and not written."""
+        node = self._node
+        sim_root = node.sim.driver_root if node.sim is not None else None
+        directory = spec_dir(config, sim_root)
+        try:
+            path, changed = await asyncio.to_thread(
+                refresh,
+                config,
+                plan,
+                node.topology,
+                node.scan.driver.version,
+                node.driver_root,
+                directory,
+            )
+        except SpecIncomplete as exc:
+            if config.fail_on_init_error:
+                raise
+            self._log.error("CDI spec not written (failOnInitError is false)", reason=str(exc))
+            return
+        self._log.info("CDI spec written" if changed else "CDI spec unchanged", path=path)
 
     async def stop(self, *, keep_health: bool) -> Health | None:
         """Stop serving every resource; returns their health monitor if asked to keep it."""

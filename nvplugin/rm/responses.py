@@ -9,7 +9,7 @@ configured :class:`Strategy` in a fixed order, whatever order the config lists t
   GPU, host ``/dev/null`` -> ``/var/run/nvidia-container-devices/<id>``: the runtime reads the
   mount names, which an unprivileged pod cannot forge through its own env (it overrides envvar's
   value, as in NVIDIA's plugin, since the runtime can honour only one);
-- ``cdi-annotations``: annotation ``<prefix>nvplugin_<id hash>`` = ``nvidia.com/gpu=<id>,...``;
+- ``cdi-annotations``: annotation ``<prefix>nvplugin_<id hash>`` = ``<kind>=<id>,...``;
 - ``cdi-cri``: the same CDI names in ``cdi_devices`` (CRI field, containerd >= 1.7 / CRI-O);
 - with ``passDeviceSpecs``: DeviceSpecs for ``/dev/nvidia<minor>`` of each GPU (a MIG device:
   its parent's, and the ``/dev/nvidia-caps/nvidia-cap<N>`` nodes of its GPU instance and compute
@@ -18,10 +18,11 @@ configured :class:`Strategy` in a fixed order, whatever order the config lists t
   shares (:mod:`nvplugin.rm.mps`), which count the replicas the container got of each GPU.
 
 IDs are UUIDs or NVML indices (``device_id_strategy``): a MIG device is its ``MIG-`` UUID, or
-``<gpu index>:<mig index>`` as NVIDIA writes MIG indices. CDI names use the kind ``nvidia.com/gpu``
-of the spec ``nvidia-ctk cdi generate`` writes, which names every GPU and MIG device both by index
-and by UUID (its default device-name strategies), so ``index`` IDs work with CDI too; a spec
-generated with ``--device-name-strategy=uuid`` only needs ``device_id_strategy: uuid``.
+``<gpu index>:<mig index>`` as NVIDIA writes MIG indices. CDI names are ``<kind>=<id>``: by
+default NVIDIA's plugin's kind ``k8s.device-plugin.nvidia.com/gpu``, of the spec ``serve``
+writes (:mod:`nvplugin.cdi`) with a device for each ID; ``nvplugin.cdi.kind: nvidia.com/gpu``
+uses the container toolkit's spec instead (``nvidia-ctk cdi generate`` names every device by
+index and UUID by default).
 """
 
 from __future__ import annotations
@@ -33,12 +34,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from nvplugin.api.nvidia import CDI_KIND, NO_DEVICES, VISIBLE_DEVICES_ENV, VOLUME_MOUNTS_ROOT
+from nvplugin.api.nvidia import NO_DEVICES, VISIBLE_DEVICES_ENV, VOLUME_MOUNTS_ROOT
 from nvplugin.api.v1beta1 import api_pb2
 from nvplugin.config.model import DEFAULT_DEVICE_LIST_STRATEGY, DEFAULT_DRIVER_ROOT
 from nvplugin.config.rules import (
     CDI_ANNOTATION_NAME,
     DEFAULT_CDI_ANNOTATION_PREFIX,
+    DEFAULT_CDI_KIND,
     DEVICE_ID_STRATEGIES,
     DEVICE_LIST_STRATEGIES,
 )
@@ -101,9 +103,9 @@ class VolumeMountsStrategy:
             )
 
 
-def cdi_names(ids: Sequence[str]) -> list[str]:
-    """Fully qualified CDI device names: ``nvidia.com/gpu=<id>``."""
-    return [f"{CDI_KIND}={device_id}" for device_id in ids]
+def cdi_names(ids: Sequence[str], kind: str = DEFAULT_CDI_KIND) -> list[str]:
+    """Fully qualified CDI device names: ``<kind>=<id>``."""
+    return [f"{kind}={device_id}" for device_id in ids]
 
 
 def cdi_annotation_key(prefix: str, ids: Sequence[str]) -> str:
@@ -115,9 +117,10 @@ def cdi_annotation_key(prefix: str, ids: Sequence[str]) -> str:
 
 @dataclass(frozen=True)
 class CdiAnnotationsStrategy:
-    """``<prefix>nvplugin_<hash>: nvidia.com/gpu=<id>,...`` (read by CDI-aware runtimes)."""
+    """``<prefix>nvplugin_<hash>: <kind>=<id>,...`` (read by CDI-aware runtimes)."""
 
     prefix: str = DEFAULT_CDI_ANNOTATION_PREFIX
+    kind: str = DEFAULT_CDI_KIND
 
     def apply(
         self,
@@ -126,12 +129,16 @@ class CdiAnnotationsStrategy:
         response: api_pb2.ContainerAllocateResponse,
     ) -> None:
         if ids:
-            response.annotations[cdi_annotation_key(self.prefix, ids)] = ",".join(cdi_names(ids))
+            response.annotations[cdi_annotation_key(self.prefix, ids)] = ",".join(
+                cdi_names(ids, self.kind)
+            )
 
 
 @dataclass(frozen=True)
 class CdiCriStrategy:
     """The CDI names in ``ContainerAllocateResponse.cdi_devices``."""
+
+    kind: str = DEFAULT_CDI_KIND
 
     def apply(
         self,
@@ -139,7 +146,7 @@ class CdiCriStrategy:
         devices: Sequence[Device],
         response: api_pb2.ContainerAllocateResponse,
     ) -> None:
-        for name in cdi_names(ids):
+        for name in cdi_names(ids, self.kind):
             response.cdi_devices.add(name=name)
 
 
@@ -186,7 +193,6 @@ class DeviceSpecsStrategy:
 _BY_NAME: dict[str, Strategy] = {
     "envvar": EnvvarStrategy(),
     "volume-mounts": VolumeMountsStrategy(),
-    "cdi-cri": CdiCriStrategy(),
 }
 
 
@@ -250,6 +256,7 @@ def make_responder(
     pass_device_specs: bool = False,
     dev_root: str = DEFAULT_DEV_ROOT,
     cdi_annotation_prefix: str = DEFAULT_CDI_ANNOTATION_PREFIX,
+    cdi_kind: str = DEFAULT_CDI_KIND,
 ) -> Responder:
     """The responder for these settings (validated by the config loader)."""
     strategies: list[Strategy] = []
@@ -257,7 +264,9 @@ def make_responder(
         if name not in device_list_strategy:
             continue
         if name == "cdi-annotations":
-            strategies.append(CdiAnnotationsStrategy(cdi_annotation_prefix))
+            strategies.append(CdiAnnotationsStrategy(cdi_annotation_prefix, cdi_kind))
+        elif name == "cdi-cri":
+            strategies.append(CdiCriStrategy(cdi_kind))
         else:
             strategies.append(_BY_NAME[name])
     if pass_device_specs:

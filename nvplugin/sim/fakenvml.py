@@ -58,7 +58,7 @@ from nvplugin.node import mig, nvml
 from nvplugin.node.model import MAX_NVLINKS
 from nvplugin.node.sysfs import pci_key
 from nvplugin.nodefile.spec import FabricSpec, NodeSpec
-from nvplugin.sim import fakempscontrol, tree
+from nvplugin.sim import driverroot, fakempscontrol, tree
 
 _HANDLE_BASE = 0x7E5A0000
 _SET_BASE = 0x7E5B0000
@@ -69,7 +69,7 @@ _MIG_SLOTS = 16
 SWITCHES = 6
 """How many NVSwitches the simulated fabric spreads a GPU's switch links over."""
 
-_INSTALLED_MARK = "_nvplugin_simulation"
+_INSTALLED_MARK = nvml.SIMULATION_MARK
 
 
 class UnmodelledNvmlCall(RuntimeError):
@@ -239,12 +239,14 @@ class SimulatedNvml:
         self.sysfs_root = str(root)
         tree.write_tree(self.spec, root, numa=self._sysfs_numa)
         fakempscontrol.write_program(str(root))
+        driverroot.write_driver_root(self.spec, root)
 
     @property
     def driver_root(self) -> str:
-        """The simulated driver root (``proc/driver/nvidia-caps/mig-minors`` and
-        ``usr/bin/nvidia-cuda-mps-control`` live under it): the same generated tree as the
-        simulated sysfs, which has no ``proc`` or ``usr`` of its own."""
+        """The simulated driver root (``proc/driver/nvidia-caps/mig-minors``,
+        ``usr/bin/nvidia-cuda-mps-control`` and the driver's files and device nodes of
+        :mod:`.driverroot` live under it): the same generated tree as the simulated sysfs, which
+        has no ``proc``, ``dev`` or ``usr`` of its own."""
         return self.sysfs_root
 
     @property

@@ -92,7 +92,6 @@ def _everything_nvplugin_cannot_do(version: str) -> tuple[dict[str, Any], list[s
     data["mps"]["enableHostNetwork"] = True
     data["gdsEnabled"] = True
     data["deviceDiscoveryStrategy"] = "tegra"
-    data["cdi"]["nvidiaHookPath"] = "/usr/local/bin/nvidia-cdi-hook"
     expected = [
         "image.repository",
         "gfd.nameOverride",
@@ -100,7 +99,6 @@ def _everything_nvplugin_cannot_do(version: str) -> tuple[dict[str, Any], list[s
         "mps.enableHostNetwork",
         "deviceDiscoveryStrategy",
         "gdsEnabled",
-        "cdi.nvidiaHookPath",
     ]
     return data, expected
 

@@ -669,3 +669,41 @@ def test_gfd_values_nvplugin_cannot_take_fail_rendering(
     values: dict[str, Any], message: str
 ) -> None:
     assert message in render_error(values)
+
+
+# --- CDI ------------------------------------------------------------------------------------------
+
+
+def _cdi_mounts(rendered: Rendered) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    volumes = {v["name"]: v for v in rendered.pod["volumes"]}
+    mounts = {m["name"]: m for m in rendered.container["volumeMounts"]}
+    return volumes.get("cdi-specs"), mounts.get("cdi-specs")
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"deviceListStrategy": "cdi-cri"},
+        {"deviceListStrategy": ["envvar", "cdi-annotations"]},
+        {"config": {"map": {"default": {"flags": {"plugin": {"deviceListStrategy": "cdi-cri"}}}}}},
+    ],
+)
+def test_a_cdi_strategy_mounts_the_spec_directory(values: dict[str, Any]) -> None:
+    """The plugin writes its CDI spec into the host's spec directory, so the chart mounts it
+    (at the same path, created if missing) whenever a cdi-* strategy is on."""
+    rendered = render(values)
+    volume, mount = _cdi_mounts(rendered)
+    assert volume is not None and volume["hostPath"] == {
+        "path": "/var/run/cdi",
+        "type": "DirectoryOrCreate",
+    }
+    assert mount == {"name": "cdi-specs", "mountPath": "/var/run/cdi"}
+
+
+def test_the_spec_directory_is_a_value_and_unmounted_without_cdi() -> None:
+    rendered = render({"deviceListStrategy": "cdi-cri", "cdiSpecDir": "/etc/cdi"})
+    volume, mount = _cdi_mounts(rendered)
+    assert volume is not None and volume["hostPath"]["path"] == "/etc/cdi"
+    assert mount is not None and mount["mountPath"] == "/etc/cdi"
+    assert rendered.env["NVPLUGIN_CDI_SPEC_DIR"] == "/etc/cdi"  # where the plugin writes
+    assert _cdi_mounts(render({"deviceListStrategy": "envvar"})) == (None, None)

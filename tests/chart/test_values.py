@@ -148,10 +148,6 @@ def test_wrong_types_fail_at_install_time(values: dict[str, Any], message: str) 
             {"mps": {"enableHostPID": "yes"}},
             'values.mps.enableHostPID: "yes": nvplugin runs each MPS control daemon in its own pod',
         ),
-        (
-            {"cdi": {"nvidiaHookPath": "/usr/local/bin/nvidia-cdi-hook"}},
-            "values.cdi.nvidiaHookPath: nvplugin does not generate CDI specs yet",
-        ),
     ],
 )
 def test_values_that_cannot_work_fail_with_a_clear_message(

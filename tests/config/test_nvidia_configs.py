@@ -172,11 +172,6 @@ def test_resources_gpus_are_honoured(write: Write) -> None:
         ("flags:\n  mofedEnabled: true\n", "flags.mofedEnabled", "MOFED"),
         ("flags:\n  gdrcopyEnabled: true\n", "flags.gdrcopyEnabled", "GDRCopy"),
         ("flags:\n  deviceDiscoveryStrategy: tegra\n", "flags.deviceDiscoveryStrategy", "device"),
-        (
-            "flags:\n  plugin:\n    nvidiaCTKPath: /usr/local/bin/nvidia-ctk\n",
-            "flags.plugin.nvidiaCTKPath",
-            "generating CDI specs",
-        ),
     ],
 )
 def test_unsupported_settings_are_refused_naming_the_key(
@@ -238,15 +233,24 @@ def test_mps_root_is_accepted_as_nvidias_chart_sets_it(write: Write) -> None:
 
 @pytest.mark.parametrize("value", ["true", "1", "T", "yes"])
 def test_cdi_disable_hooks_is_refused_by_name(value: str) -> None:
-    """NVIDIA v0.20's CDI_DISABLE_HOOKS: nvplugin generates no CDI spec, so it cannot honour
-    it; refused naming it, never silently ignored."""
+    """NVIDIA v0.20's CDI_DISABLE_HOOKS: nvplugin's CDI spec cannot leave its hooks out yet, so
+    it cannot honour it; refused naming it, never silently ignored."""
     with pytest.raises(InputError) as caught:
         load_config(None, env={"CDI_DISABLE_HOOKS": value})
     message = str(caught.value)
     assert message.startswith(f"environment variable CDI_DISABLE_HOOKS='{value}': ")
-    assert "does not support generating CDI specs yet" in message
+    assert "does not support leaving them out yet" in message
 
 
 @pytest.mark.parametrize("value", ["", "false", "0", "F"])
 def test_cdi_disable_hooks_at_nvidias_default_is_fine(value: str) -> None:
     assert load_config(None, env={"CDI_DISABLE_HOOKS": value}) == Config()
+
+
+def test_the_cdi_hook_path_is_honoured(write: Write) -> None:
+    """NVIDIA's nvidiaCTKPath names the hook the CDI spec runs: nvplugin writes its spec, so it
+    takes the path (under NVIDIA's flag and variable names too)."""
+    text = "flags:\n  plugin:\n    nvidiaCTKPath: /usr/local/bin/nvidia-cdi-hook\n"
+    assert load_config(write(text)).nvidia_ctk_path == "/usr/local/bin/nvidia-cdi-hook"
+    env = {"NVIDIA_CDI_HOOK_PATH": "/opt/bin/nvidia-cdi-hook"}
+    assert load_config(None, env=env).nvidia_ctk_path == "/opt/bin/nvidia-cdi-hook"

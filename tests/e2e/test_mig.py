@@ -85,7 +85,9 @@ def test_mixed_registers_each_profile_allocates_prefers_and_follows_the_parents_
                 medium = TOPOLOGY.gpus[3].mig_devices[1]  # 3:1, a 3g.20gb
                 response = await devices.allocate("nvidia.com/mig-3g.20gb", [medium.uuid])
                 assert dict(response.envs) == {"NVIDIA_VISIBLE_DEVICES": medium.uuid}
-                assert [d.name for d in response.cdi_devices] == [f"nvidia.com/gpu={medium.uuid}"]
+                assert [d.name for d in response.cdi_devices] == [
+                    f"k8s.device-plugin.nvidia.com/gpu={medium.uuid}"
+                ]
                 assert medium.caps is not None
                 assert [d.container_path for d in response.devices] == [
                     "/dev/nvidia3",

@@ -174,7 +174,7 @@ def test_cdi_disable_hooks_flag_is_refused_by_name(flag: str) -> None:
     )
     assert done.returncode == 2, done.stderr
     assert "error: flag --cdi-disable-hooks='true': " in done.stderr
-    assert "does not support generating CDI specs yet" in done.stderr
+    assert "does not support leaving them out yet" in done.stderr
     assert "No such option" not in done.stderr
 
 

@@ -114,8 +114,10 @@ def test_nvidia_flag_forms() -> None:
                 await kubelet.wait_registered(GPU, WAIT_S)
                 response = await kubelet.devices.allocate(GPU, [TOPOLOGY.gpus[1].uuid])
                 assert dict(response.envs) == {"NVIDIA_VISIBLE_DEVICES": "1"}
-                assert [d.name for d in response.cdi_devices] == ["nvidia.com/gpu=1"]
-                assert list(response.annotations.values()) == ["nvidia.com/gpu=1"]
+                assert [d.name for d in response.cdi_devices] == [
+                    "k8s.device-plugin.nvidia.com/gpu=1"
+                ]
+                assert list(response.annotations.values()) == ["k8s.device-plugin.nvidia.com/gpu=1"]
                 assert list(response.devices) == []  # --pass-device-specs=false won
                 (effective,) = serve.events("effective config")
                 flags = effective["config"]["flags"]

@@ -115,8 +115,8 @@ def test_two_models_two_resources_two_sockets_two_registrations() -> None:
                 response = await devices.allocate("nvidia.com/t4", [T4[3], T4[0]])
                 assert dict(response.envs) == {"NVIDIA_VISIBLE_DEVICES": "2,7"}
                 assert [d.name for d in response.cdi_devices] == [
-                    "nvidia.com/gpu=2",
-                    "nvidia.com/gpu=7",
+                    "k8s.device-plugin.nvidia.com/gpu=2",
+                    "k8s.device-plugin.nvidia.com/gpu=7",
                 ]
                 # The effective config shows the strategies; the unused pattern warned once.
                 (effective,) = serve.events("effective config")

@@ -358,7 +358,7 @@ def test_cdi_disable_hooks_is_refused_by_name_not_kept_as_unknown() -> None:
     assert set(refused) == {"CDI_DISABLE_HOOKS", "args"}
     assert "environment variable CDI_DISABLE_HOOKS='true'" in refused["CDI_DISABLE_HOOKS"].message
     assert refused["args"].value == "--cdi-disable-hooks"
-    assert "does not support generating CDI specs yet" in refused["args"].message
+    assert "does not support leaving them out yet" in refused["args"].message
     assert not [f for f in migration.findings if f.status is Status.UNKNOWN]
 
 

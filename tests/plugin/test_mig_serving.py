@@ -127,8 +127,8 @@ def test_allocate_per_device_list_strategy_with_the_caps_device_nodes() -> None:
         response = await allocate(["envvar", "cdi-cri"], "uuid", c.mig.uuid, a.mig.uuid)
         assert dict(response.envs) == {"NVIDIA_VISIBLE_DEVICES": f"{a.mig.uuid},{c.mig.uuid}"}
         assert [d.name for d in response.cdi_devices] == [
-            f"nvidia.com/gpu={a.mig.uuid}",
-            f"nvidia.com/gpu={c.mig.uuid}",
+            f"k8s.device-plugin.nvidia.com/gpu={a.mig.uuid}",
+            f"k8s.device-plugin.nvidia.com/gpu={c.mig.uuid}",
         ]
         caps = [
             caps_minor(2, a.mig.gpu_instance),
@@ -178,7 +178,9 @@ def test_allocate_per_device_list_strategy_with_the_caps_device_nodes() -> None:
             ("/var/run/nvidia-container-devices/3:0", "/dev/null"),
             ("/var/run/nvidia-container-devices/3:1", "/dev/null"),
         ]
-        assert list(response.annotations.values()) == ["nvidia.com/gpu=3:0,nvidia.com/gpu=3:1"]
+        assert list(response.annotations.values()) == [
+            "k8s.device-plugin.nvidia.com/gpu=3:0,k8s.device-plugin.nvidia.com/gpu=3:1"
+        ]
 
     try:
         run(body)

@@ -75,7 +75,7 @@ def test_allocate_response_fields(strategies: tuple[str, ...], id_strategy: str)
                 else:
                     assert mounts == []
 
-                names = [f"nvidia.com/gpu={i}" for i in ids]
+                names = [f"k8s.device-plugin.nvidia.com/gpu={i}" for i in ids]
                 annotations = dict(response.annotations)
                 if "cdi-annotations" in strategies:
                     assert len(annotations) == 1
@@ -172,7 +172,9 @@ def test_device_specs_for_gpus_and_present_control_nodes(id_strategy: str) -> No
             assert specs == expected
             ids = ["1", "3"] if id_strategy == "index" else [g.uuid for g in gpus]
             assert response.envs[ENV] == ",".join(ids)
-            assert [d.name for d in response.cdi_devices] == [f"nvidia.com/gpu={i}" for i in ids]
+            assert [d.name for d in response.cdi_devices] == [
+                f"k8s.device-plugin.nvidia.com/gpu={i}" for i in ids
+            ]
             # A control node appearing later (nvidia-uvm-tools loaded) is picked up.
             Path(root, "dev", "nvidia-uvm-tools").write_text("")
             reply = await s.stub.Allocate(allocate_request([s.uuid(0)]))

@@ -555,6 +555,33 @@ host, the compute capability from the NVIDIA runtime, and a privileged container
 compute mode). Every entry of config.map counts, as a node may be given any of them; with
 config.name the chart sees the ConfigMap's entries only in a cluster (lookup).
 */}}
+{{/*
+"true" when a CDI device-list strategy (cdi-annotations, cdi-cri) is on, in deviceListStrategy
+or in a config of the ConfigMap: the plugin then writes its CDI spec into cdiSpecDir.
+*/}}
+{{- define "nvplugin.cdi" -}}
+{{- $on := false }}
+{{- $given := .Values.deviceListStrategy | default "" }}
+{{- if contains "cdi-" (kindIs "string" $given | ternary $given (join "," $given)) }}{{ $on = true }}{{ end }}
+{{- $entries := .Values.config.map | default dict }}
+{{- if .Values.config.name }}
+{{- $cm := lookup "v1" "ConfigMap" (include "nvplugin.namespace" .) .Values.config.name }}
+{{- $entries = get ($cm | default dict) "data" | default dict }}
+{{- end }}
+{{- range $name, $value := $entries }}
+{{- $cfg := include "nvplugin.parseConfig" (dict "name" $name "value" $value) | fromJson }}
+{{- $flags := get $cfg "flags" }}
+{{- if kindIs "map" $flags }}
+{{- $plugin := get $flags "plugin" }}
+{{- if kindIs "map" $plugin }}
+{{- $strategy := get $plugin "deviceListStrategy" | default "" }}
+{{- if contains "cdi-" (kindIs "string" $strategy | ternary $strategy (join "," $strategy)) }}{{ $on = true }}{{ end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if $on }}true{{ end }}
+{{- end }}
+
 {{- define "nvplugin.mps" -}}
 {{- $entries := .Values.config.map | default dict }}
 {{- if .Values.config.name }}
