@@ -124,7 +124,11 @@ def test_nvidias_daemonset_serves_with_nvplugins_image(name: str) -> None:
                     response = await kubelet.devices.allocate(GPU, [topology.gpus[1].uuid])
                 # NVIDIA's environment, with NVIDIA's meaning
                 assert flags["failOnInitError"] is (env.get("FAIL_ON_INIT_ERROR") != "false")
-                assert flags["mpsRoot"] == env.get("MPS_ROOT", DEFAULT_MPS_ROOT)
+                if "MPS_ROOT" in env:
+                    assert flags["mpsRoot"] == env["MPS_ROOT"]
+                else:  # under --simulate, a scratch root in place of the host's default one
+                    assert flags["mpsRoot"] != DEFAULT_MPS_ROOT
+                    assert os.path.basename(flags["mpsRoot"]).startswith("nvplugin-mps-")
                 specs = [d.host_path for d in response.devices]
                 if env.get("PASS_DEVICE_SPECS") == "true":
                     root = env.get("NVIDIA_DRIVER_ROOT", "/").rstrip("/")
