@@ -100,6 +100,8 @@ class _Scratch:
     outside: dict[str, str] = field(default_factory=dict)  # path -> test that made it
     started: dict[str, list[str]] = field(default_factory=dict)  # test id -> commands
     real_api: _RealApiTier = field(default_factory=lambda: _RealApiTier())
+    require_real_api: bool = False  # $NVPLUGIN_REQUIRE_REAL_API=1 at the start
+    real_api_report: str | None = None  # $NVPLUGIN_REAL_API_REPORT at the start
 
     def audit(self, event: str, args: tuple[object, ...]) -> None:
         if event == "subprocess.Popen" and len(args) >= 2:
@@ -153,6 +155,10 @@ def pytest_configure(config: pytest.Config) -> None:
     for name, meaning in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {meaning}")
     scratch = _Scratch(RunDirectory.enter(RUN_PREFIX))
+    # Read, then taken out of the environment: nvplugin refuses NVPLUGIN_* variables that are
+    # not its settings, and the tests' child processes inherit this one.
+    scratch.require_real_api = os.environ.pop(REQUIRE_REAL_API, None) == "1"
+    scratch.real_api_report = os.environ.pop(REAL_API_REPORT, None)
     config.stash[_STASH] = scratch
     config.pluginmanager.register(scratch.real_api, "nvplugin-real-api-tier")
     if config.option.basetemp is None:
@@ -189,12 +195,13 @@ def real_api(request: pytest.FixtureRequest) -> Iterator[RealAPI]:
     ``NVPLUGIN_REQUIRE_REAL_API=1``."""
     from tests.support.realapi import AssetsMissing, RealAPI, assets_dir
 
-    tier = request.config.stash[_STASH].real_api
+    scratch = request.config.stash[_STASH]
+    tier = scratch.real_api
     try:
         assets_dir()
     except AssetsMissing as exc:
         tier.not_run = f"{exc}. {HOW_TO_GET_ASSETS}"
-        if os.environ.get(REQUIRE_REAL_API) == "1":
+        if scratch.require_real_api:
             pytest.fail(f"{REQUIRE_REAL_API}=1 but the {tier.summary()}", pytrace=False)
         pytest.skip(str(tier.summary()))
     try:
@@ -268,10 +275,9 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_line(line, yellow=scratch.real_api.started_s is None)
 
 
-def _write_real_api_report(tier: _RealApiTier) -> None:
+def _write_real_api_report(tier: _RealApiTier, where: str | None) -> None:
     """The tier's outcome, one line, to ``$NVPLUGIN_REAL_API_REPORT`` when set and the session
     selected any of its tests: ``ran ...`` or ``not run: ...``."""
-    where = os.environ.get(REAL_API_REPORT)
     line = tier.summary()
     if not where or not tier.selected or line is None:
         return
@@ -283,7 +289,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     scratch = session.config.stash.get(_STASH, None)
     if scratch is None:
         return
-    _write_real_api_report(scratch.real_api)
+    _write_real_api_report(scratch.real_api, scratch.real_api_report)
     problems = [
         f"{path} (made by {test})"
         for path, test in sorted(scratch.outside.items())
