@@ -79,7 +79,7 @@ class LocalPlugin(Endpoint):
     """A device plugin that lives in this process: it lists the devices it was given, offers
     no preferred allocation and answers every Allocate with an empty response."""
 
-    def __init__(self, resource: str, devices: Sequence[DeviceInfo]) -> None:  # noqa: D107
+    def __init__(self, resource: str, devices: Sequence[DeviceInfo]) -> None:
         # No channel: nothing is dialled (Endpoint's own __init__ wants one).
         self.resource = resource
         self.socket_path = f"local:{resource}"
