@@ -17,11 +17,12 @@ if sys.argv[1:2] in (["serve"], ["nvidia-device-plugin"]):
     PendingSignals.install()
 
 # The commands, registered on main as they are imported.
-from nvplugin.cli import kubelet, migrate, mps, node, preferred, probe, serve
+from nvplugin.cli import extender, kubelet, migrate, mps, node, preferred, probe, serve
 from nvplugin.cli.group import NVIDIA_COMMAND, main, user_errors
 
 __all__ = [
     "NVIDIA_COMMAND",
+    "extender",
     "kubelet",
     "main",
     "migrate",

@@ -226,7 +226,7 @@ class View:
     def _say_once(self, node: str, what: str, **details: object) -> None:
         if (node, what) not in self._said and len(self._said) < 100_000:
             self._said.add((node, what))
-            _log.info(what, node=node, **details)
+            _log.warning(what, node=node, **details)
 
     # --- verdicts --------------------------------------------------------------------------
 
