@@ -98,6 +98,8 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "digest": {"image": {"digest": "sha256:" + "ab" * 32, "pullPolicy": "Always"}},
     "labels": {"gfd": {"enabled": True, "noTimestamp": True, "sleepInterval": "5m"}},
     "nodefeatures": {"gfd": {"enabled": True}, "nfd": {"enableNodeFeatureApi": True}},
+    "scheduler-extender": {"schedulerExtender": {"enabled": True}},
+    "extender-only": {"schedulerExtender": {"enabled": True, "scheduler": {"enabled": False}}},
     # NVIDIA's values files as they are, with nvplugin's image (tests/fixtures/nvidia/)
     **{
         f"nvidia-{version}": with_nvplugin_image(nvidia_values(version))
