@@ -10,6 +10,8 @@ import yaml
 
 from tests.support.helm import NAMESPACE, Rendered, render
 
+READ = (("topology.node.k8s.io", "noderesourcetopologies"), ("", "nodes"), ("", "pods"))
+
 
 def objects(rendered: Rendered, kind: str) -> list[dict[str, Any]]:
     return [o for o in rendered.objects if o["kind"] == kind]
@@ -39,7 +41,7 @@ def test_the_extender_reads_nrts_nodes_and_pods_and_nothing_else() -> None:
             ("topology.node.k8s.io", "noderesourcetopologies"),
             ("", "nodes"),
             ("", "pods"),
-        )  # fmt: skip
+        )
         for v in ("get", "list", "watch")
     }
     deployments = {d["metadata"]["name"]: d for d in objects(rendered, "Deployment")}
@@ -56,7 +58,7 @@ def test_the_second_scheduler_calls_the_extender_for_gpu_pods() -> None:
         {"schedulerExtender": {"enabled": True, "managedResources": ["nvidia.com/gpu",
                                                                      "nvidia.com/mig-1g.5gb"]}}
     )  # fmt: skip
-    config_map = [c for c in objects(rendered, "ConfigMap") if "config.yaml" in c["data"]][0]
+    config_map = next(c for c in objects(rendered, "ConfigMap") if "config.yaml" in c["data"])
     config = yaml.safe_load(config_map["data"]["config.yaml"])
     assert config["kind"] == "KubeSchedulerConfiguration"
     assert config["profiles"] == [{"schedulerName": "nvplugin-scheduler"}]
