@@ -231,7 +231,12 @@ class View:
     # --- verdicts --------------------------------------------------------------------------
 
     def key(
-        self, entry: NodeEntry, resources: Sequence[str], exclusive_cpu: bool, clamp: Clamp
+        self,
+        entry: NodeEntry,
+        resources: Sequence[str],
+        exclusive_cpu: bool,
+        clamp: Clamp,
+        single_container: bool = False,
     ) -> tuple[StateKey, dict[str, int]]:
         """The verdict's key, and per resource how many free items the clamp hid (see
         :func:`pod_clamp`)."""
@@ -258,7 +263,12 @@ class View:
             wanted.append((r, memo[0]))
             if memo[1]:
                 hidden[r] = memo[1]
-        key = StateKey(nrt.policy, nrt.scope, cpu_policy, nrt.zones, tuple(wanted))
+        if CPU not in names:
+            cpu_policy = "none"  # no exclusive CPUs in play: both policies judge alike
+        scope = nrt.scope
+        if single_container:
+            scope = "container"  # one container's merge is the pod's merge
+        key = StateKey(nrt.policy, scope, cpu_policy, nrt.zones, tuple(wanted))
         return key, hidden
 
     def verdict(self, node: str, pod: Pod, *, naive: bool = False) -> Verdict | None:
@@ -280,7 +290,8 @@ class View:
                 return Judge(key).judge(pod)
             except StartupError as exc:
                 return self._startup(node, str(exc))
-        key, hidden = self.key(entry, resources, exclusive, pod_clamp(pod))
+        single = len(pod.all_containers) == 1
+        key, hidden = self.key(entry, resources, exclusive, pod_clamp(pod), single)
         verdict = self.cache.verdict(
             key, pod, pod_signature(pod), lambda text: self._startup(node, text)
         )
