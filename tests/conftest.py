@@ -20,19 +20,32 @@ kubelet, the CLI, ``admit``) and ``slow`` (long in-process checks: reference sea
 generated examples). Every test under ``tests/e2e/`` and ``tests/reliability/`` is marked
 ``process`` here; elsewhere a test says so itself. The same audit hook keeps the marks honest: a
 test that starts such a child without the ``process`` mark fails, naming what it started.
+
+The real-API tier (``realapi``: tests/realapi/ and every test using ``real_api`` or
+``real_scheduler``, all also ``process``): etcd, kube-apiserver and kube-scheduler from
+``$KUBEBUILDER_ASSETS`` (tests/support/realapi.py), started at most once per session and only when
+a selected test asks for it. Without the assets those tests are skipped and the summary says the
+tier was not run and how to get it; with ``NVPLUGIN_REQUIRE_REAL_API=1`` (``make test`` sets it
+when it has the assets) they fail instead. ``NVPLUGIN_REAL_API_REPORT`` names a file the
+session writes the tier's outcome to (.ci/run checks it).
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tests.support.rundir import RunDirectory
+
+if TYPE_CHECKING:
+    from tests.support.realapi import RealAPI, RealScheduler
 
 RUN_PREFIX = "nvpt-"
 
@@ -40,9 +53,20 @@ MARKERS = {
     "process": "starts nvplugin or another Python program as a child process (not in make "
     "test-fast)",
     "slow": "a long in-process check, e.g. against a reference search (not in make test-fast)",
+    "realapi": "runs against a real kube-apiserver (and kube-scheduler) from KUBEBUILDER_ASSETS "
+    "(not in make test-fast)",
 }
-PROCESS_DIRECTORIES = ("e2e", "reliability")
+PROCESS_DIRECTORIES = ("e2e", "reliability", "realapi")
 """Directories of process-level tests (real ``nvplugin serve``, real signals): all ``process``."""
+REAL_API_DIRECTORY = "realapi"
+REAL_API_FIXTURES = ("real_api", "real_scheduler")
+REQUIRE_REAL_API = "NVPLUGIN_REQUIRE_REAL_API"
+REAL_API_REPORT = "NVPLUGIN_REAL_API_REPORT"
+HOW_TO_GET_ASSETS = (
+    "`make test` unpacks ../shared/k8s/kube-1.36.2-linux-amd64.tar.xz and sets it when that "
+    "archive is there; or point KUBEBUILDER_ASSETS at envtest assets holding etcd, "
+    "kube-apiserver and kube-scheduler (e.g. `setup-envtest use 1.36.x -p path`)"
+)
 
 
 SHELLS = ("sh", "bash")
@@ -74,6 +98,7 @@ class _Scratch:
     run: RunDirectory
     outside: dict[str, str] = field(default_factory=dict)  # path -> test that made it
     started: dict[str, list[str]] = field(default_factory=dict)  # test id -> commands
+    real_api: _RealApiTier = field(default_factory=lambda: _RealApiTier())
 
     def audit(self, event: str, args: tuple[object, ...]) -> None:
         if event == "subprocess.Popen" and len(args) >= 2:
@@ -90,6 +115,35 @@ class _Scratch:
             self.outside.setdefault(path, test)
 
 
+@dataclass(eq=False)  # a pytest plugin: hashed by identity
+class _RealApiTier:
+    """What the real-API tier did this session, for the summary and the report."""
+
+    selected: int = 0
+    started_s: float | None = None  # server start, when it started
+    not_run: str | None = None  # why not, when it could not
+    outcomes: dict[str, int] = field(default_factory=dict)  # "passed"/"failed"/"skipped" -> n
+    seconds: float = 0.0  # setup, call and teardown of the tier's tests
+
+    def summary(self) -> str | None:
+        if self.started_s is not None:
+            counts = ", ".join(f"{n} {what}" for what, n in sorted(self.outcomes.items()))
+            return (
+                f"real-API tier ran: {counts} in {self.seconds:.1f} s "
+                f"(etcd + kube-apiserver up in {self.started_s:.1f} s)"
+            )
+        if self.not_run is not None:
+            return f"real-API tier not run: {self.not_run}"
+        return None
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if "realapi" not in report.keywords:
+            return
+        self.seconds += report.duration
+        if report.when == "call" or (report.when == "setup" and not report.passed):
+            self.outcomes[report.outcome] = self.outcomes.get(report.outcome, 0) + 1
+
+
 _STASH = pytest.StashKey[_Scratch]()
 
 
@@ -99,6 +153,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"{name}: {meaning}")
     scratch = _Scratch(RunDirectory.enter(RUN_PREFIX))
     config.stash[_STASH] = scratch
+    config.pluginmanager.register(scratch.real_api, "nvplugin-real-api-tier")
     if config.option.basetemp is None:
         config.option.basetemp = os.path.join(scratch.run.root, "pytest")
     sys.addaudithook(scratch.audit)  # hooks cannot be removed: it stays, harmless, after the run
@@ -110,6 +165,65 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         parts = item.path.relative_to(here).parts if item.path.is_relative_to(here) else ()
         if parts and parts[0] in PROCESS_DIRECTORIES:
             item.add_marker(pytest.mark.process)
+        fixtures = getattr(item, "fixturenames", ())
+        if (parts and parts[0] == REAL_API_DIRECTORY) or any(
+            f in fixtures for f in REAL_API_FIXTURES
+        ):
+            item.add_marker(pytest.mark.realapi)
+            item.add_marker(pytest.mark.process)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    scratch = session.config.stash.get(_STASH, None)
+    if scratch is not None:
+        scratch.real_api.selected = sum(
+            1 for item in session.items if item.get_closest_marker("realapi") is not None
+        )
+
+
+@pytest.fixture(scope="session")
+def real_api(request: pytest.FixtureRequest) -> Iterator[RealAPI]:
+    """The session's real kube-apiserver (tests/support/realapi.py), started on first use.
+    Skipped without ``$KUBEBUILDER_ASSETS`` -- failed instead under
+    ``NVPLUGIN_REQUIRE_REAL_API=1``."""
+    from tests.support.realapi import AssetsMissing, RealAPI, assets_dir
+
+    tier = request.config.stash[_STASH].real_api
+    try:
+        assets_dir()
+    except AssetsMissing as exc:
+        tier.not_run = f"{exc}. {HOW_TO_GET_ASSETS}"
+        if os.environ.get(REQUIRE_REAL_API) == "1":
+            pytest.fail(f"{REQUIRE_REAL_API}=1 but the {tier.summary()}", pytrace=False)
+        pytest.skip(str(tier.summary()))
+    try:
+        api = RealAPI.start_from_env()
+    except Exception as exc:
+        tier.not_run = f"it did not start: {exc}"
+        raise
+    tier.started_s = api.started_s
+    try:
+        yield api
+    finally:
+        api.stop()
+
+
+@pytest.fixture
+def real_scheduler(real_api: RealAPI) -> Iterator[Callable[[str], RealScheduler]]:
+    """``real_scheduler(config_yaml)``: kube-scheduler against :func:`real_api` with that
+    KubeSchedulerConfiguration, started and healthy; stopped at the end of the test."""
+    started: list[RealScheduler] = []
+
+    def start(config_yaml: str) -> RealScheduler:
+        scheduler = real_api.scheduler(config_yaml)
+        started.append(scheduler)
+        return scheduler
+
+    try:
+        yield start
+    finally:
+        for scheduler in started:
+            scheduler.stop()
 
 
 @pytest.fixture(autouse=True)
@@ -127,10 +241,30 @@ def _starts_programs_only_when_marked(request: pytest.FixtureRequest) -> Iterato
         )
 
 
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    scratch = terminalreporter.config.stash.get(_STASH, None)
+    line = scratch.real_api.summary() if scratch is not None else None
+    if scratch is not None and line is not None:
+        terminalreporter.write_sep("-", "real-API tier")
+        terminalreporter.write_line(line, yellow=scratch.real_api.started_s is None)
+
+
+def _write_real_api_report(tier: _RealApiTier) -> None:
+    """The tier's outcome, one line, to ``$NVPLUGIN_REAL_API_REPORT`` when set and the session
+    selected any of its tests: ``ran ...`` or ``not run: ...``."""
+    where = os.environ.get(REAL_API_REPORT)
+    line = tier.summary()
+    if not where or not tier.selected or line is None:
+        return
+    with open(where, "a") as report:
+        report.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {line}\n")
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
     scratch = session.config.stash.get(_STASH, None)
     if scratch is None:
         return
+    _write_real_api_report(scratch.real_api)
     problems = [
         f"{path} (made by {test})"
         for path, test in sorted(scratch.outside.items())

@@ -68,3 +68,55 @@ def test_a_leaking_test_fails_the_run_and_the_run_directory_goes() -> None:
         assert "still running: " in done.stdout and "time.sleep(3)" in done.stdout
     finally:
         shutil.rmtree(outside, ignore_errors=True)
+
+
+NEEDS_REAL_API = """
+def test_uses_it(real_api):
+    assert real_api.server.startswith("https://127.0.0.1:")
+"""
+
+
+@pytest.mark.process
+def test_the_real_api_tier_is_skipped_and_said_so_without_assets_and_fails_when_required() -> None:
+    work = Path(tempfile.mkdtemp())
+    shutil.copy(Path(__file__).with_name("conftest.py"), work / "conftest.py")
+    (work / "realapi").mkdir()
+    (work / "realapi" / "test_needs.py").write_text(NEEDS_REAL_API)
+    report = work / "report"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+        "NVPLUGIN_REAL_API_REPORT": str(report),
+    }
+    for name in ("KUBEBUILDER_ASSETS", "NVPLUGIN_REQUIRE_REAL_API"):
+        env.pop(name, None)
+
+    def pytest_run(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args, str(work)],
+            capture_output=True,
+            text=True,
+            timeout=4 * WAIT_S,
+            cwd=work,
+            env={**env, **extra},
+        )
+
+    # Marked realapi and process wherever it lives: make test-fast leaves it out.
+    done = pytest_run("-m", "not realapi")
+    assert done.returncode == 5, done.stdout + done.stderr
+    done = pytest_run("-m", "not process")
+    assert done.returncode == 5, done.stdout + done.stderr
+
+    # No assets: skipped, and the summary and the report say why and how to get them.
+    done = pytest_run()
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 skipped" in done.stdout
+    assert "real-API tier not run: KUBEBUILDER_ASSETS is not set" in done.stdout
+    assert "../shared/k8s/kube-1.36.2-linux-amd64.tar.xz" in done.stdout
+    assert "real-API tier not run: KUBEBUILDER_ASSETS is not set" in report.read_text()
+
+    # Required (make test with the assets unpacked; CI): a tier that cannot start fails.
+    done = pytest_run(KUBEBUILDER_ASSETS=str(work), NVPLUGIN_REQUIRE_REAL_API="1")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "1 error" in done.stdout
+    assert f"KUBEBUILDER_ASSETS={work} has no executable etcd, kube-apiserver" in done.stdout

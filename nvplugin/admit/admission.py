@@ -52,7 +52,12 @@ from nvplugin.admit.visible import MpsShares, mps_shares, visible_devices
 from nvplugin.api import KUBELET_SOCKET
 from nvplugin.errors import InputError, NvpluginError, shortened
 from nvplugin.fakekubelet.cpumanager import POLICIES as CPU_POLICIES
-from nvplugin.fakekubelet.cpumanager import CpuManager, parse_cpu_list, reserved_cpus
+from nvplugin.fakekubelet.cpumanager import (
+    CpuManager,
+    parse_cpu_list,
+    reserved_cpu_count,
+    reserved_cpus,
+)
 from nvplugin.fakekubelet.devicemanager.manager import DeviceManager
 from nvplugin.fakekubelet.kubelet import FakeKubelet
 from nvplugin.fakekubelet.lifecycle import (
@@ -60,9 +65,10 @@ from nvplugin.fakekubelet.lifecycle import (
     NodeResources,
     node_allocatable,
     resource_fit,
+    validate_node_allocatable,
 )
 from nvplugin.fakekubelet.observer import Observer
-from nvplugin.fakekubelet.pods import Pod, load_pod_file
+from nvplugin.fakekubelet.pods import CPU, Pod, load_pod_file
 from nvplugin.fakekubelet.quantity import add, parse_quantity
 from nvplugin.fakekubelet.topologymanager import (
     Manager,
@@ -221,6 +227,16 @@ def reservations(settings: AdmitSettings) -> dict[str, Decimal]:
     for a pair that is not ``<resource>=<quantity>``, a resource the kubelet does not reserve,
     or a negative quantity."""
     total: dict[str, Decimal] = {}
+    for name, texts in reservation_texts(settings).items():
+        for text in texts:
+            total[name] = add(total.get(name, Decimal(0)), parse_quantity(text).value)
+    return total
+
+
+def reservation_texts(settings: AdmitSettings) -> dict[str, list[str]]:
+    """The quantities ``--system-reserved`` and then ``--kube-reserved`` give each resource, as
+    written (checked as :func:`reservations` says)."""
+    texts: dict[str, list[str]] = {}
     for flag, text in (
         ("--system-reserved", settings.system_reserved),
         ("--kube-reserved", settings.kube_reserved),
@@ -243,8 +259,18 @@ def reservations(settings: AdmitSettings) -> dict[str, Decimal]:
                 raise InputError(f"{flag}: {name}: {exc}") from None
             if quantity.value < 0:
                 raise InputError(f'{flag}: resource quantity for "{name}" cannot be negative')
-            total[name] = add(total.get(name, Decimal(0)), quantity.value)
-    return total
+            texts.setdefault(name, []).append(value.strip())
+    return texts
+
+
+def check_allocatable(settings: AdmitSettings, topology: Topology, memory: int | None) -> None:
+    """The kubelet's start-up check that no reservation exceeds the node's capacity
+    (:func:`~nvplugin.fakekubelet.lifecycle.validate_node_allocatable`); ``--reserved-cpus``
+    replaces the CPU reservations by its count, as in the kubelet."""
+    texts = reservation_texts(settings)
+    if settings.reserved_cpus is not None:
+        texts[CPU] = [str(len(parse_cpu_list(settings.reserved_cpus, "--reserved-cpus")))]
+    validate_node_allocatable(texts, len(topology.cpus.cpus), memory)
 
 
 MEMINFO = "/proc/meminfo"
@@ -302,7 +328,13 @@ def build_managers(
         numa_nodes=topology.numa_nodes, store=manager, checkpoint_dir=checkpoint_dir
     )
     try:
-        cpus = CpuManager.from_topology(settings.cpu_manager_policy, topology, manager, reserved)
+        cpus = CpuManager.from_topology(
+            settings.cpu_manager_policy,
+            topology,
+            manager,
+            reserved,
+            reserved_cpu_count(reservations(settings).get(CPU, Decimal(0))),
+        )
     except StartupError as exc:
         raise StartupError(f"cpu manager: {exc}") from None
     manager.add_hint_provider(devices.hint_provider)
@@ -330,6 +362,21 @@ def serving_everything(directory: str, devices: DeviceManager, seen: Observer) -
     return bool(sockets) and all(s in registered and s in listed for s in sockets)
 
 
+def device_allocatable(devices: DeviceManager) -> dict[str, int]:
+    """Each device resource's allocatable as the kubelet's fit sees it: its healthy devices,
+    raised to the devices allocated -- to every pod, the one being admitted included, whose
+    devices the container manager allocated before the fit runs (the device manager's
+    ``sanitizeNodeAllocatable``). So a pod holding devices that turned unhealthy does not leave
+    the next pod short (docs/kubelet-behaviour.md#resource-fit)."""
+    extended = {r: c.allocatable for r, c in devices.capacity().items()}
+    allocated: dict[str, int] = {}
+    for entry in devices.allocations():
+        allocated[entry.resource] = allocated.get(entry.resource, 0) + len(entry.device_ids)
+    for resource, count in allocated.items():
+        extended[resource] = max(extended.get(resource, 0), count)
+    return extended
+
+
 # --- the admission run -------------------------------------------------------------------------
 
 
@@ -352,6 +399,8 @@ class Admission:
             self.manager, self.devices, self.cpus = build_managers(
                 settings, topology, self.directory
             )
+            # After the managers, as the kubelet: its container manager checks this at Start.
+            check_allocatable(settings, topology, memory)
         except BaseException:
             shutil.rmtree(self.directory, ignore_errors=True)
             raise
@@ -514,12 +563,7 @@ class Admission:
         """The node's allocatable as the kubelet's resource fit sees it now: CPUs and memory
         less the reservations, ``--max-pods``, and each device resource's healthy devices --
         at least as many as are allocated (the kubelet's device manager raises it to that)."""
-        extended = {r: c.allocatable for r, c in self.devices.capacity().items()}
-        allocated: dict[str, int] = {}
-        for entry in self.devices.allocations():
-            allocated[entry.resource] = allocated.get(entry.resource, 0) + len(entry.device_ids)
-        for resource, count in allocated.items():
-            extended[resource] = max(extended.get(resource, 0), count)
+        extended = device_allocatable(self.devices)
         reserved = self.settings.reserved_cpus
         return node_allocatable(
             len(self.topology.cpus.cpus),

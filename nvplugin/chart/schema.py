@@ -10,7 +10,17 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from nvplugin.chart.values import BY_PATH, NVIDIA_IMAGE, NVIDIA_VALUES, NvidiaValue, Use
+from nvplugin.chart.values import (
+    BY_PATH,
+    GFD_ONLY,
+    NO_DEFAULT,
+    NVIDIA_IMAGE,
+    NVIDIA_TAG,
+    NVIDIA_TAG_WHY,
+    NVIDIA_VALUES,
+    NvidiaValue,
+    Use,
+)
 from nvplugin.config import SCHEMA, SETTINGS
 from nvplugin.config.schema import (
     Chart,
@@ -185,7 +195,14 @@ def settings_data() -> dict[str, Any]:
             for n in NVIDIA_VALUES
             if n.use is Use.DEFAULTS
         ],
-        "image": {"pattern": NVIDIA_IMAGE.pattern, "message": image.why},
+        "image": {
+            "pattern": NVIDIA_IMAGE.pattern,
+            "message": image.why,
+            "tagPattern": NVIDIA_TAG.pattern,
+            "tagMessage": NVIDIA_TAG_WHY,
+        },
+        "noDefault": NO_DEFAULT,
+        "gfdOnly": GFD_ONLY,
     }
 
 
@@ -200,22 +217,36 @@ def config_schema() -> dict[str, Any]:
     }
 
 
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+"""A Kubernetes object name (a ConfigMap's), as the API server checks it."""
+CONFIGMAP_KEY = r"^[-._a-zA-Z0-9]+$"
+"""A ConfigMap's key, as the API server checks it (a config's name in ``config.map``)."""
+
+
 def config_value() -> dict[str, Any]:
     return {
         "type": "object",
         "additionalProperties": False,
         "description": "The plugin's config files, as in NVIDIA's chart.",
         "properties": {
-            "name": {"type": "string", "description": "An existing ConfigMap of config files."},
+            "name": {
+                "type": "string",
+                "maxLength": 253,
+                "pattern": f"^$|{DNS_SUBDOMAIN}",
+                "description": "An existing ConfigMap of config files.",
+            },
             "map": {
                 "type": "object",
                 "description": "Config files by name: YAML strings or mappings.",
+                "propertyNames": {"maxLength": 253, "pattern": CONFIGMAP_KEY},
                 "additionalProperties": {
                     "anyOf": [{"type": "string"}, {"$ref": "#/$defs/nvpluginConfig"}]
                 },
             },
             "default": {
                 "type": "string",
+                "maxLength": 253,
+                "pattern": f"^$|{CONFIGMAP_KEY}",
                 "description": "The config file of a node without the config label.",
             },
             "fallbackStrategies": {

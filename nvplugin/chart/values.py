@@ -112,6 +112,76 @@ NVIDIA_IMAGE = re.compile(r"(?:^|/)nvidia/k8s-device-plugin$|^k8s-device-plugin$
 mirror of it): refused, since the chart runs ``nvplugin serve`` in it."""
 
 
+NVIDIA_TAG = re.compile(r"^v0\.[0-9]+\.[0-9]+")
+"""``image.tag`` naming one of NVIDIA's plugin releases (``v0.17.4``, ``v0.20.0-ubi9``): NVIDIA's
+tags, which nvplugin's image never has (nvplugin's versions carry no ``v``). Left in a values
+file whose ``image.repository`` was changed, it names an image that does not exist."""
+NVIDIA_TAG_WHY = (
+    "is a version of NVIDIA's plugin, not of nvplugin: nvplugin's image has no such tag; set "
+    "image.tag to \"\" (nvplugin's version, the chart's appVersion) or to the tag you pushed "
+    "nvplugin's image with"
+)
+
+
+NO_DEFAULT = (
+    "A default config must be provided when more than one configuration is set in "
+    "'config.map'. Either set the default using 'config.default' or provide a list of "
+    "fallback strategies to try in 'config.fallbackStrategies'"
+)
+"""NVIDIA's chart's render error (templates/validation.yml) for a ``config.map`` that leaves a
+node without the label with no config; its first sentence is NVIDIA's, word for word."""
+
+
+def no_default_problem(
+    names: list[str], default: str | None, fallbacks: list[str] | tuple[str, ...]
+) -> str | None:
+    """NVIDIA's chart's rule for ``config.map`` (entries ``names``): without ``config.default``,
+    one of ``config.fallbackStrategies`` must find a config -- ``named`` an entry called
+    ``default``, ``single`` exactly one entry, ``empty`` always -- else :data:`NO_DEFAULT`
+    (the chart's templates apply the same rule: "nvplugin.noDefaultProblem")."""
+    if not names or default:
+        return None
+    if (
+        ("named" in fallbacks and "default" in names)
+        or ("single" in fallbacks and len(names) == 1)
+        or "empty" in fallbacks
+    ):
+        return None
+    return (
+        f"{NO_DEFAULT} (config.fallbackStrategies: [{', '.join(fallbacks)}]; config.map's "
+        f"entries: {', '.join(sorted(names))})"
+    )
+
+
+GFD_ONLY = (
+    "with gfd.enabled, NVIDIA's chart deploys GPU Feature Discovery alone (beside another "
+    "device plugin); nvplugin's labels come from its plugin pods, which devicePlugin.enabled="
+    "false leaves out, and nvplugin has no labels-only pod (its pods would register "
+    "nvidia.com/gpu beside the other plugin): keep NVIDIA's GPU Feature Discovery for such a "
+    "node, or set devicePlugin.enabled=true and remove the other plugin"
+)
+"""Why a GPU-Feature-Discovery-only release (``devicePlugin.enabled=false``,
+``gfd.enabled=true``) is refused rather than rendered to nothing."""
+NFD_NOT_DEPLOYED = (
+    "NVIDIA's chart with gfd.enabled also deploys Node Feature Discovery (its nfd subchart, "
+    "Chart.yaml's condition nfd.enabled,gfd.enabled), which turns the feature file or the "
+    "NodeFeature objects into node labels; nvplugin's chart does not: deploy NFD with its own "
+    "chart (keep NVIDIA's release's NFD, or install node-feature-discovery) before the swap, "
+    "or no label arrives"
+)
+"""What ``migrate`` says of ``gfd.enabled``: the one thing that stops working after the swap."""
+
+
+def gfd_only(values: Mapping[str, Any]) -> bool:
+    """Whether chart ``values`` ask for GPU Feature Discovery without the plugin (the chart's
+    templates apply the same rule: "nvplugin.gfdOnly")."""
+    plugin = values.get("devicePlugin")
+    gfd = values.get("gfd")
+    enabled = plugin.get("enabled") if isinstance(plugin, Mapping) else None
+    labels = gfd.get("enabled") if isinstance(gfd, Mapping) else None
+    return enabled is False and labels is True
+
+
 def _present(label: str, value: str) -> dict[str, Any]:
     return {"matchExpressions": [{"key": label, "operator": "In", "values": [value]}]}
 
@@ -162,7 +232,13 @@ NVIDIA_VALUES: tuple[NvidiaValue, ...] = (
         "pushed nvplugin's image (built from nvplugin's Dockerfile)",
     ),
     _v("image.pullPolicy", Use.SAME, "IfNotPresent"),
-    _v("image.tag", Use.SAME, "", why="\"\" is nvplugin's version (the chart's appVersion)"),
+    _v(
+        "image.tag",
+        Use.SAME,
+        "",
+        why="\"\" is nvplugin's version (the chart's appVersion); one of NVIDIA's versions "
+        "(v0.x.y) is refused",
+    ),
     _v("updateStrategy", Use.SAME, {"type": "RollingUpdate"}),
     _v("podAnnotations", Use.SAME, {}),
     _v("podSecurityContext", Use.SAME, {}),
@@ -255,7 +331,7 @@ NVIDIA_VALUES: tuple[NvidiaValue, ...] = (
     _v(
         "devicePlugin.containers.main.env",
         Use.HONOURED,
-        [
+        [  # main after v0.20.0 (no tag up to v0.20.0 has the key: its template set these)
             {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
             {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "compute,utility"},
         ],
@@ -303,7 +379,8 @@ NVIDIA_VALUES: tuple[NvidiaValue, ...] = (
     _v(
         "mps.enableHostPID",
         Use.DEFAULTS,
-        True,
+        True,  # v0.20.0 and after
+        False,  # v0.18.2
         why="nvplugin runs each MPS control daemon in its own pod, which needs neither the host's "
         "PID namespace nor its network (NVIDIA's MPS DaemonSet does); leave mps.enableHostPID "
         "and mps.enableHostNetwork at NVIDIA's defaults or remove them",

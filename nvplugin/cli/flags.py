@@ -92,7 +92,7 @@ def node_config(
         return config_path
     if config_path is not None:
         raise InputError("--config and --config-file-srcdir: give one")
-    from nvplugin.config.select import config_for, read_selection
+    from nvplugin.config.select import predict, read_selection
 
     flags = {
         "config_file_srcdir": srcdir,
@@ -101,8 +101,14 @@ def node_config(
     }
     selection = read_selection(flags, {})
     assert selection is not None
-    choice = config_for(label, selection)
+    choice, why_none = predict(label, selection)
     click.echo(f"config: {choice.describe()}", err=True)
+    if why_none is not None:
+        click.echo(
+            f"warning: {why_none}: serve runs no config file on such a node (the built-in "
+            "defaults, with its flags and environment) and logs why",
+            err=True,
+        )
     return choice.path(selection.srcdir)
 
 
@@ -153,6 +159,19 @@ def setting_options(nvidia_only: bool = False) -> Callable[[F], F]:
                 default=None,
                 help=text,
                 **extra,
+            )(func)
+        from nvplugin.config.loader import REFUSED_NAMES
+
+        for number, refused in enumerate(REFUSED_NAMES):
+            func = click.option(
+                f"--{refused.flag}",
+                f"refused_{number}",
+                default=None,
+                is_flag=False,
+                flag_value="true",
+                metavar="true|false",
+                hidden=True,
+                help=f"NVIDIA's; refused: {refused.why} [${refused.env}]",
             )(func)
         return func
 

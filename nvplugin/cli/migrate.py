@@ -14,14 +14,15 @@ from nvplugin.cli.group import main, user_errors
     "--values",
     "values_file",
     metavar="FILE",
-    help="A values file of NVIDIA's chart (helm show values, or helm get values RELEASE).",
+    help="A values file of NVIDIA's chart (helm show values, or helm get values RELEASE); - reads "
+    "standard input.",
 )
 @click.option(
     "--daemonset",
     "daemonset_file",
     metavar="FILE",
     help="A manifest with a DaemonSet written for NVIDIA's image (static, or rendered by "
-    "NVIDIA's chart).",
+    "NVIDIA's chart: its GFD and MPS DaemonSets too); - reads standard input.",
 )
 @click.option(
     "--image-repository",
@@ -51,13 +52,23 @@ def migrate(
 
     if values_file is None and daemonset_file is None:
         raise InputError("migrate: give --values FILE, --daemonset FILE, or both")
+    if values_file == daemonset_file == "-":
+        raise InputError("migrate: only one of --values and --daemonset can read standard input")
+
+    def read(path: str, what: str) -> tuple[str, str]:
+        """The text of ``path`` (- : standard input, bounded as a file is) and its name."""
+        if path == "-":
+            data = sys.stdin.buffer.read(yamlinput.MAX_BYTES + 1)
+            return yamlinput.decode(data, f"{what} on standard input"), "standard input"
+        return yamlinput.read_text(path, f"{what} {path}"), path
+
     migrations = []
     if values_file is not None:
-        text = yamlinput.read_text(values_file, f"values file {values_file}")
-        migrations.append(migrate_values(text, values_file, image_repository))
+        text, name = read(values_file, "values file")
+        migrations.append(migrate_values(text, name, image_repository))
     if daemonset_file is not None:
-        text = yamlinput.read_text(daemonset_file, f"manifest {daemonset_file}")
-        migrations.append(migrate_daemonset(text, daemonset_file, image_repository))
+        text, name = read(daemonset_file, "manifest")
+        migrations.append(migrate_daemonset(text, name, image_repository))
     if output == "json":
         click.echo(findings.to_json(migrations), nl=False)
     else:

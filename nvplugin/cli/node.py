@@ -57,7 +57,8 @@ def devices(
     labels = mig_labels = plan_dict = None
     env = dict(os.environ)
     path = config_file(config_path, env)
-    if path is not None or mig_strategy is not None or env_sets_config(env):
+    per_node = config_file_srcdir is not None  # what serve serves there, config file or not
+    if path is not None or mig_strategy is not None or per_node or env_sets_config(env):
         from nvplugin.config import load_config
         from nvplugin.rm.plan import plan_for
 

@@ -17,6 +17,7 @@ from nvplugin.cli.flags import (
     setting_options,
 )
 from nvplugin.cli.group import NVIDIA_COMMAND, main, user_errors
+from nvplugin.pid1 import serve_below_init
 from nvplugin.plugin.signals import PendingSignals
 
 
@@ -72,12 +73,13 @@ def _serve(
     # First, before any import or file read (and usually since this module's first lines): a
     # signal is never fatal (SIGHUP before serving reloads once serving; SIGTERM/SIGINT before
     # serving stop cleanly).
+    serve_below_init()  # as PID 1: an init stays behind to reap and forward (nvplugin.pid1)
     pending = PendingSignals.current()
 
     import os
 
     from nvplugin.config import SETTINGS, config_file, load_config
-    from nvplugin.config.select import first_choice, read_selection
+    from nvplugin.config.select import RECORD_NAME, first_choice, read_selection
     from nvplugin.errors import InputError
 
     env = dict(os.environ)
@@ -88,48 +90,93 @@ def _serve(
         for name, value in options.items()
         if name.startswith("setting_")
     }
+    from nvplugin.config.loader import REFUSED_NAMES, refused_names
+
+    given = {
+        REFUSED_NAMES[int(name.split("_")[1])].flag: value
+        for name, value in options.items()
+        if name.startswith("refused_")
+    }
+    for problem in refused_names({}, given):
+        raise InputError(problem)
     path = config_file(config_path, env)
 
     def load_file(file: str | None) -> Any:
         return load_config(file, flags=flags, env=env)
 
     selection = read_selection(chosen, env)
-    following = None
-    if selection is None:
-        config = load_file(path)  # a bad config exits 2 before gRPC is even imported
-    else:
-        if path is not None:
-            raise InputError(
-                f"--config-file (CONFIG_FILE) {path} and --config-file-srcdir "
-                f"(CONFIG_FILE_SRCDIR) {selection.srcdir}: give one; the directory's configs are "
-                "chosen per node by its label"
-            )
-        from nvplugin.plugin.selection import Following
+    scratch = None
+    if simulate is not None:  # before any config is loaded for use: each one gets it
+        from nvplugin.config.loader import given
 
-        start = first_choice(selection, load_file)
-        following = Following(selection, start, load_file)
-        config = start.config
-    from nvplugin.config.pod import read_pod
-    from nvplugin.plugin.daemon import run_daemon
-    from nvplugin.plugin.selection import ApiTiming
+        mine = given(MPS_ROOT_KEY, path if selection is None else None, flags=flags, env=env)
+        scratch = None if mine else _simulated_mps_root(flags)
+    try:
+        following = None
+        if selection is None:
+            config = load_file(path)  # a bad config exits 2 before gRPC is even imported
+        else:
+            if path is not None:
+                raise InputError(
+                    f"--config-file (CONFIG_FILE) {path} and --config-file-srcdir "
+                    f"(CONFIG_FILE_SRCDIR) {selection.srcdir}: give one; the directory's configs "
+                    "are chosen per node by its label"
+                )
+            from nvplugin.plugin.selection import Following
 
-    timing: dict[str, Any] = {"discovery_retry_s": discovery_retry_s}
-    timing["serve_give_up_s"] = socket_give_up_s
-    if api_backoff_s is not None or api_watch_s is not None:
-        backoff = api_backoff_s or (ApiTiming.backoff_initial_s, ApiTiming.backoff_max_s)
-        timing["api_timing"] = ApiTiming(*backoff, watch_s=api_watch_s)
-    # The daemon's own defaults apply unless a test shortens them.
-    sys.exit(
-        run_daemon(
+            record = os.path.join(load_file(None).device_plugin_dir, RECORD_NAME)
+            start = first_choice(selection, load_file, record)
+            following = Following(selection, start, load_file)
+            config = start.config
+        from nvplugin.config.pod import read_pod
+        from nvplugin.plugin.daemon import run_daemon
+        from nvplugin.plugin.selection import ApiTiming
+
+        timing: dict[str, Any] = {"discovery_retry_s": discovery_retry_s}
+        timing["serve_give_up_s"] = socket_give_up_s
+        if api_backoff_s is not None or api_watch_s is not None:
+            backoff = api_backoff_s or (ApiTiming.backoff_initial_s, ApiTiming.backoff_max_s)
+            timing["api_timing"] = ApiTiming(*backoff, watch_s=api_watch_s)
+        # The daemon's own defaults apply unless a test shortens them.
+        status = run_daemon(
             config,
             reload=lambda: load_file(path),
             simulate=simulate,
             pending=pending,
             following=following,
             pod=read_pod(chosen, env),
+            keep_mps=False if scratch is not None else None,
             **{name: value for name, value in timing.items() if value is not None},
         )
-    )
+    finally:
+        if scratch is not None:
+            import shutil
+
+            shutil.rmtree(scratch, ignore_errors=True)
+    sys.exit(status)
+
+
+MPS_ROOT_KEY = "flags.mpsRoot"
+
+
+def _simulated_mps_root(flags: dict[str, object]) -> str | None:
+    """Under ``--simulate`` with no MPS root given (flag, environment, config file): a scratch
+    MPS root in place of the host's default one (which a simulated node must not create or
+    leave behind: ``/run/nvidia/mps``), as ``nvplugin admit`` does. Put into ``flags`` for every
+    config loaded, its path returned (the caller removes it at exit, and its daemons stop with
+    the plugin). None when a container mounts the host's root at NVIDIA's container root
+    ``/mps`` (nvplugin's chart with ``simulate``, whose MPS clients get the host's root)."""
+    import os
+    import tempfile
+
+    from nvplugin.api.nvidia import MPS_CONTAINER_ROOT
+
+    if os.path.isdir(MPS_CONTAINER_ROOT):
+        return None
+    # Under /tmp, not $TMPDIR: the pipe directory's socket paths must stay short.
+    scratch = tempfile.mkdtemp(dir="/tmp", prefix="nvplugin-mps-")
+    flags[MPS_ROOT_KEY] = scratch
+    return scratch
 
 
 @main.command(

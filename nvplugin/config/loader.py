@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from nvplugin import yamlinput
 from nvplugin.config.model import SCHEMA, SETTINGS, Config, build
@@ -37,6 +38,45 @@ _SERVICE_LINK = re.compile(
 """What Kubernetes sets for a Service named ``nvplugin`` (or ``nvplugin-<x>``) in the same
 namespace: ``NVPLUGIN_SERVICE_HOST``, ``NVPLUGIN_SERVICE_PORT[_<NAME>]``, ``NVPLUGIN_PORT``,
 ``NVPLUGIN_PORT_<n>_<PROTO>[_PROTO|_PORT|_ADDR]``. No setting's variable has these shapes."""
+
+
+@dataclass(frozen=True)
+class RefusedName:
+    """A flag and environment variable of NVIDIA's plugin that nvplugin has no setting for and
+    refuses by name (at NVIDIA's default, false, it is accepted: it changes nothing)."""
+
+    flag: str
+    env: str
+    why: str
+
+
+REFUSED_NAMES = (
+    RefusedName(
+        "cdi-disable-hooks",
+        "CDI_DISABLE_HOOKS",
+        "NVIDIA's plugin (v0.20) leaves the hooks out of the CDI specs it generates; nvplugin "
+        "does not support generating CDI specs yet, so it cannot leave their hooks out: remove "
+        "it, or set it to false",
+    ),
+)
+"""NVIDIA's names nvplugin refuses rather than silently ignoring (exit 2, naming them)."""
+_GO_FALSE = ("0", "f", "F", "false", "FALSE", "False")
+"""What Go's strconv.ParseBool reads as false (NVIDIA's flags and variables are parsed so)."""
+
+
+def refused_names(env: Mapping[str, str], flags: Mapping[str, object] | None = None) -> list[str]:
+    """The problems of :data:`REFUSED_NAMES` in ``env`` and ``flags`` (flag name without
+    ``--`` -> the value given; None: not given): one message each, naming the flag or
+    variable."""
+    problems = []
+    for refused in REFUSED_NAMES:
+        given = (flags or {}).get(refused.flag)
+        if given is not None and str(given) not in _GO_FALSE:
+            problems.append(f"flag --{refused.flag}={show(str(given))}: {refused.why}")
+        value = env.get(refused.env, "")
+        if value != "" and value not in _GO_FALSE:
+            problems.append(f"environment variable {refused.env}={show(value)}: {refused.why}")
+    return problems
 
 
 def load_config(
@@ -63,6 +103,23 @@ def load_config(
     except Invalid as exc:
         where = f"config file {path}" if path is not None else "config"
         raise InputError(f'{where}: key "{exc.at}": {exc.message}') from None
+
+
+def given(
+    key: str,
+    path: str | None,
+    *,
+    flags: Mapping[str, object] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> bool:
+    """Whether the file at ``path``, ``env`` or ``flags`` (as :func:`load_config` takes them)
+    set setting ``key`` (a key path, ``flags.mpsRoot``), to whatever value. Raises InputError as
+    :func:`load_config` does."""
+    if flags is not None and key in _read_flags(flags):
+        return True
+    if env is not None and key in _read_env(env):
+        return True
+    return path is not None and key in _read_file(path, [])
 
 
 def config_file(flag: str | None, env: Mapping[str, str]) -> str | None:
@@ -124,6 +181,8 @@ def _read_env(env: Mapping[str, str]) -> dict[str, object]:
             error = unknown_key(name, ours)
             hint = error.message.split("; ", 1)[1]
             raise InputError(f"environment variable {shortened(name, 100)}: not a setting; {hint}")
+    for problem in refused_names(env):
+        raise InputError(problem)
     values: dict[str, object] = _health_env(env)
     for path, setting in SETTINGS.items():
         for name in setting.env:

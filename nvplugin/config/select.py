@@ -24,11 +24,14 @@ only the config package reads the environment.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import os
 import stat
+import tempfile
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from nvplugin.config.model import Config
 from nvplugin.errors import InputError, show
@@ -48,6 +51,14 @@ WHY_LABEL = "label"
 WHY_DEFAULT = "default"
 WHY_NONE = "none"
 """No config could be chosen: the built-in defaults (and flags, environment) are served."""
+WHY_RECORD = "last-chosen"
+"""Started with the config the node's label chose when the API last answered (the record)."""
+
+RECORD_NAME = "nvplugin-config-choice.json"
+"""The record of the last choice made with the node's label known, in the device-plugin
+directory: the one host directory the plugin always has, writable, and that outlives its
+container."""
+RECORD_MAX_BYTES = 4096
 
 FLAGS = {
     "config_file_srcdir": ("config-file-srcdir", "CONFIG_FILE_SRCDIR"),
@@ -215,9 +226,15 @@ def read_selection(flags: Mapping[str, object], env: Mapping[str, str]) -> Selec
 @dataclass(frozen=True)
 class Start:
     """What ``serve`` starts with under per-node selection: the choice made before the API is
-    asked (the default or a fallback), its file's digest and its config; when that choice cannot
-    be served, the built-in defaults, ``problem`` saying why (``reason``: the metric's word) and
-    ``refused`` the choice that was tried (with its digest)."""
+    asked, its file's digest and its config; when that choice cannot be served, the built-in
+    defaults, ``problem`` saying why (``reason``: the metric's word) and ``refused`` the choice
+    that was tried (with its digest).
+
+    The choice is the one the node's label made when the API last answered (the record, see
+    :func:`read_record`) when there is one; else the default or a fallback, and ``wait`` is True
+    when the label can be asked for: nothing is served until it answers, as NVIDIA's config
+    manager (its init container) holds the plugin back -- a node labelled for sharing must not
+    serve whole GPUs for as long as the API is away. ``record``: where the record is kept."""
 
     choice: Choice
     digest: str | None
@@ -225,23 +242,45 @@ class Start:
     problem: str | None = None
     reason: str | None = None
     refused: tuple[Choice, str | None] | None = None
+    wait: bool = False
+    record: str | None = None
 
 
-def first_choice(selection: Selection, load: Callable[[str | None], Config]) -> Start:
-    """The config to start with, before the node's label is known (see :class:`Start`).
-    InputError when the directory cannot be read, or the flags and environment alone are
-    bad: nothing to serve then."""
+def first_choice(
+    selection: Selection, load: Callable[[str | None], Config], record: str | None = None
+) -> Start:
+    """The config to start with, before the node's label is known (see :class:`Start`);
+    ``record``: the record's path (None: none kept). InputError when the directory cannot be
+    read, or the flags and environment alone are bad: nothing to serve then."""
     try:
         names = available(selection.srcdir)
     except OSError as exc:
         raise InputError(
             f"CONFIG_FILE_SRCDIR {selection.srcdir}: cannot read it: {exc.strerror or exc}"
         ) from None
+    asks = selection.api_problem() is None
+    recorded = read_record(record) if record is not None and asks else None
+    if recorded is not None and (recorded.name is None or recorded.name in names):
+        start = _start_with(recorded, names, selection, load)
+        if start.problem is None:
+            return replace(start, record=record)
+    start = _start_with(None, names, selection, load)
+    return replace(start, wait=asks, record=record)
+
+
+def _start_with(
+    choice: Choice | None,
+    names: tuple[str, ...],
+    selection: Selection,
+    load: Callable[[str | None], Config],
+) -> Start:
+    """``choice``'s Start (None: the default's, or a fallback's)."""
     none = Choice(None, WHY_NONE)
-    try:
-        choice = choose(None, names, selection)
-    except NoConfig as exc:
-        return Start(none, None, load(None), str(exc), exc.reason)
+    if choice is None:
+        try:
+            choice = choose(None, names, selection)
+        except NoConfig as exc:
+            return Start(none, None, load(None), str(exc), exc.reason)
     path = choice.path(selection.srcdir)
     hashed = digest(path, MAX_BYTES)
     try:
@@ -251,9 +290,65 @@ def first_choice(selection: Selection, load: Callable[[str | None], Config]) -> 
     return Start(choice, hashed, config)
 
 
+def read_record(path: str) -> Choice | None:
+    """The choice recorded at ``path`` (:func:`write_record`), as :data:`WHY_RECORD`; None when
+    there is none or it is not one (a regular file of a few bytes holding ``{"config": ...}``:
+    anything else is ignored, never followed or waited on)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        data = os.read(fd, RECORD_MAX_BYTES + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if len(data) > RECORD_MAX_BYTES:
+        return None
+    try:
+        value = json.loads(data)
+    except ValueError:
+        return None
+    name = value.get("config") if isinstance(value, dict) else None
+    if name is not None and (not isinstance(name, str) or not name or "/" in name):
+        return None
+    if isinstance(value, dict) and "config" in value:
+        return Choice(name, WHY_RECORD)
+    return None
+
+
+def write_record(path: str, choice: Choice, label: str | None) -> None:
+    """Record ``choice``, made with the node's label ``label`` known, at ``path`` (written aside
+    and renamed: a reader sees the old record or the new). OSError when it cannot be written."""
+    text = json.dumps({"config": choice.name, "why": choice.why, "label": label}) + "\n"
+    directory, name = os.path.split(path)
+    fd, temporary = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory or ".")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(text)
+            os.fchmod(out.fileno(), 0o644)
+        os.replace(temporary, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
 def config_for(label: str | None, selection: Selection) -> Choice:
     """Which config a node labelled ``label`` gets (``nvplugin devices``/``admit``: an admin
-    checks before labelling); InputError when it gets none."""
+    checks before labelling), as :func:`predict` says."""
+    return predict(label, selection)[0]
+
+
+def predict(label: str | None, selection: Selection) -> tuple[Choice, str | None]:
+    """What ``serve`` starting on a node labelled ``label`` runs, and why when it is no config
+    at all: a node without the label whose default and fallbacks find none serves the built-in
+    defaults (Choice ``none``, and the reason), as :func:`first_choice` makes ``serve`` do.
+    InputError when the directory cannot be read, or for a label naming no config (``serve``
+    refuses that choice, logging it, and keeps what it runs)."""
     try:
         names = available(selection.srcdir)
     except OSError as exc:
@@ -261,6 +356,11 @@ def config_for(label: str | None, selection: Selection) -> Choice:
             f"--config-file-srcdir {selection.srcdir}: cannot read it: {exc.strerror or exc}"
         ) from None
     try:
-        return choose(label, names, selection)
+        return choose(label, names, selection), None
     except NoConfig as exc:
-        raise InputError(str(exc)) from None
+        if label:
+            raise InputError(
+                f"{exc}; serve refuses this choice (logged, and counted in "
+                "nvplugin_config_rejected_total) and keeps the config it runs"
+            ) from None
+        return Choice(None, WHY_NONE), str(exc)

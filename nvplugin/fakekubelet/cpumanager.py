@@ -5,7 +5,9 @@
 number; everything else runs in the shared pool. Hints come from the node's CPU layout through
 the same generator as device hints
 (:func:`~nvplugin.fakekubelet.topologymanager.hints.generate_hints`), over the CPUs that are
-free for exclusive use: the shared pool minus the reserved CPUs (``--reserved-cpus``).
+free for exclusive use: the shared pool minus the reserved CPUs (``--reserved-cpus``; without it,
+as many CPUs as the CPU reservation of ``--system-reserved`` and ``--kube-reserved`` rounded up,
+chosen as exclusive CPUs are: ``cpu=2`` on dgx-1 reserves CPUs 0 and 40).
 Allocation follows the kubelet's static policy: CPUs inside the stored NUMA affinity first, then
 the rest; each of those takes whole units before pieces, the way the kubelet's "NUMA packed"
 accumulator does:
@@ -26,9 +28,11 @@ distribute-cpus-across-numa, align-by-socket, ...) are not modelled.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from decimal import Decimal
 
 from nvplugin.errors import InputError, shortened
 from nvplugin.fakekubelet.pods import CPU, QOS_GUARANTEED, Container, Pod
+from nvplugin.fakekubelet.quantity import int64_value
 from nvplugin.fakekubelet.topologymanager.bitmask import BitMask
 from nvplugin.fakekubelet.topologymanager.hints import generate_hints
 from nvplugin.fakekubelet.topologymanager.options import StartupError
@@ -67,6 +71,12 @@ def _require_online(cpus: Iterable[int], layout: CpuLayout, shown: str) -> None:
         )
 
 
+def reserved_cpu_count(reserved_cpu: Decimal) -> int:
+    """How many CPUs the kubelet's static policy reserves for a CPU reservation (the sum of
+    ``--system-reserved`` and ``--kube-reserved``): its milli-value, rounded up to whole CPUs."""
+    return -(-int64_value(reserved_cpu, -3) // 1000)
+
+
 class CpuManager:
     """The CPU manager: a :class:`~nvplugin.fakekubelet.topologymanager.scope.HintProvider`.
 
@@ -80,7 +90,11 @@ class CpuManager:
         store: Store,
         reserved: Iterable[int] = (),
         numa_nodes: Sequence[int] | None = None,
+        reserved_count: int = 0,
     ) -> None:
+        """``reserved``: ``--reserved-cpus``; without it the static policy reserves
+        ``reserved_count`` CPUs, the CPU reservation of ``--system-reserved`` and
+        ``--kube-reserved`` rounded up (:func:`reserved_cpu_count`)."""
         if policy not in POLICIES:
             raise StartupError(f'unknown policy: "{policy}"')
         self.policy = policy
@@ -93,9 +107,19 @@ class CpuManager:
         self.reserved = frozenset(reserved)
         _require_online(self.reserved, layout, format_cpu_list(self.reserved))
         if policy == POLICY_STATIC and not self.reserved:
-            raise StartupError(
-                "[cpumanager] unable to determine reserved CPU resources for static policy"
-            )
+            if reserved_count <= 0:
+                raise StartupError(
+                    "[cpumanager] unable to determine reserved CPU resources for static policy"
+                )
+            # The kubelet's static policy without --reserved-cpus: the reserved count taken
+            # from all CPUs the way exclusive CPUs are (so 2 is the first core's two threads).
+            try:
+                self.reserved = self.take_by_topology(self._by_id, reserved_count)
+            except AllocationError:
+                raise StartupError(
+                    "new static policy error: [cpumanager] unable to reserve the required "
+                    f"amount of CPUs (size of  did not equal {reserved_count})"
+                ) from None
         self._numa_of = {c.id: (c.numa_node,) for c in layout.cpus}
         self._shared: set[int] = set(self._by_id)
         self._assigned: dict[str, dict[str, frozenset[int]]] = {}
@@ -103,9 +127,14 @@ class CpuManager:
 
     @classmethod
     def from_topology(
-        cls, policy: str, topology: Topology, store: Store, reserved: Iterable[int] = ()
+        cls,
+        policy: str,
+        topology: Topology,
+        store: Store,
+        reserved: Iterable[int] = (),
+        reserved_count: int = 0,
     ) -> CpuManager:
-        return cls(policy, topology.cpus, store, reserved, topology.numa_nodes)
+        return cls(policy, topology.cpus, store, reserved, topology.numa_nodes, reserved_count)
 
     # --- state ---
     def shared_pool(self) -> tuple[int, ...]:

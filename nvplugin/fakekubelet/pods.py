@@ -2,11 +2,13 @@
 (restartable sidecars included), resource requests and limits, QoS class, effective requests.
 
 Only what admission uses is read and checked; the rest of a manifest (images, commands, ...) is
-the API server's business and is passed over. Defaulting follows the API server: a resource with
-a limit and no request gets the limit as its request. Validation follows it where admission
-depends on it: quantities must parse and not be negative; extended resources (``vendor/name``,
-e.g. ``nvidia.com/gpu``) must be whole numbers with requests equal to limits; cpu and memory
-requests may not exceed their limits; container names are unique in the pod.
+the API server's business and is passed over. Defaulting follows the API server: every quantity
+is rounded up to ``1m`` (``1999999999n`` is ``2``: the QoS class and the fit see that), and a
+resource with a limit and no request gets the limit as its request. Validation follows it where
+admission depends on it: quantities must parse and not be negative; extended resources
+(``vendor/name``, e.g. ``nvidia.com/gpu``) must be whole numbers with requests equal to limits;
+cpu and memory requests may not exceed their limits; container names are unique in the pod.
+``spec.overhead`` is read too: the resource fit counts it.
 
 Every problem is an :class:`~nvplugin.errors.InputError` naming the source, the document (1-based
 index and pod name when known) and the field path, e.g.
@@ -29,7 +31,14 @@ from typing import Any
 
 from nvplugin import yamlinput
 from nvplugin.errors import InputError, describe
-from nvplugin.fakekubelet.quantity import INT64_MAX, Quantity, add, int64_value, parse_quantity
+from nvplugin.fakekubelet.quantity import (
+    INT64_MAX,
+    Quantity,
+    add,
+    int64_value,
+    parse_quantity,
+    round_up_to_milli,
+)
 
 QOS_GUARANTEED = "Guaranteed"
 QOS_BURSTABLE = "Burstable"
@@ -78,8 +87,8 @@ class Container:
         restart_policy: str | None = None,
     ) -> Container:
         """Build from plain values (for tests and callers); defaults requests from limits."""
-        lim = {k: parse_quantity(str(v)) for k, v in (limits or {}).items()}
-        req = {k: parse_quantity(str(v)) for k, v in (requests or {}).items()}
+        lim = {k: round_up_to_milli(parse_quantity(str(v))) for k, v in (limits or {}).items()}
+        req = {k: round_up_to_milli(parse_quantity(str(v))) for k, v in (requests or {}).items()}
         for k, q in lim.items():
             req.setdefault(k, q)
         return cls(name, req, lim, init, restart_policy)
@@ -108,6 +117,8 @@ class Pod:
     containers: tuple[Container, ...]
     init_containers: tuple[Container, ...] = ()
     namespace: str = "default"
+    overhead: Mapping[str, Quantity] = field(default_factory=dict)
+    """``spec.overhead`` (the RuntimeClass's): the fit counts it, nothing else does."""
     qos_class: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -182,12 +193,13 @@ def qos_class(containers: Iterable[Container]) -> str:
     return QOS_BURSTABLE
 
 
-def pod_requests(pod: Pod) -> dict[str, Decimal]:
+def pod_requests(pod: Pod, *, overhead: bool = False) -> dict[str, Decimal]:
     """Effective pod requests per resource (docs/kubelet-behaviour.md#topology-hints, the kubelet's
     PodRequests).
 
     ``max(sum(app) + sum(restartable init), max over regular init i of (request_i + sum of
-    restartable init containers declared before i))``, per resource.
+    restartable init containers declared before i))``, per resource; with ``overhead``, plus the
+    pod's ``spec.overhead`` (the resource fit counts it; device and CPU managers do not).
     """
     total: dict[str, Decimal] = {}
     for c in pod.containers:
@@ -208,6 +220,8 @@ def pod_requests(pod: Pod) -> dict[str, Decimal]:
     for name, value in init_peak.items():
         if value > total.get(name, Decimal(0)):
             total[name] = value
+    if overhead:
+        _add(total, pod.overhead)
     return total
 
 
@@ -309,7 +323,8 @@ def parse_pod(document: Any, doc: _Doc | None = None) -> Pod:
             if c.name in names:
                 raise doc.error(f"spec.{kind_key}[{i}].name", f'duplicate name "{c.name}"')
             names.add(c.name)
-    return Pod(name, uid, tuple(containers), tuple(init_containers), namespace)
+    overhead = _resource_list(spec.get("overhead"), "spec.overhead", doc)
+    return Pod(name, uid, tuple(containers), tuple(init_containers), namespace, overhead)
 
 
 def _kind_of(value: Any) -> str:
@@ -355,19 +370,8 @@ def _resources(raw: Any, path: str, doc: _Doc) -> tuple[dict[str, Quantity], dic
         return {}, {}
     if not isinstance(raw, dict):
         raise doc.error(path, f"must be a mapping, got a {_kind_of(raw)}")
-    lists: dict[str, dict[str, Quantity]] = {}
-    for key in ("requests", "limits"):
-        values = raw.get(key)
-        parsed: dict[str, Quantity] = {}
-        if values is not None:
-            if not isinstance(values, dict):
-                raise doc.error(f"{path}.{key}", f"must be a mapping, got a {_kind_of(values)}")
-            for resource, value in values.items():
-                parsed[str(resource)] = _quantity(
-                    value, str(resource), f"{path}.{key}[{resource}]", doc
-                )
-        lists[key] = parsed
-    requests, limits = lists["requests"], lists["limits"]
+    requests = _resource_list(raw.get("requests"), f"{path}.requests", doc)
+    limits = _resource_list(raw.get("limits"), f"{path}.limits", doc)
     for resource, default in limits.items():
         requests.setdefault(resource, default)
     for resource, request in requests.items():
@@ -387,6 +391,17 @@ def _resources(raw: Any, path: str, doc: _Doc) -> tuple[dict[str, Quantity], dic
     return requests, limits
 
 
+def _resource_list(values: Any, path: str, doc: _Doc) -> dict[str, Quantity]:
+    """A resource list (requests, limits, overhead): resource name -> quantity."""
+    parsed: dict[str, Quantity] = {}
+    if values is not None:
+        if not isinstance(values, dict):
+            raise doc.error(path, f"must be a mapping, got a {_kind_of(values)}")
+        for resource, value in values.items():
+            parsed[str(resource)] = _quantity(value, str(resource), f"{path}[{resource}]", doc)
+    return parsed
+
+
 def _quantity(value: Any, resource: str, path: str, doc: _Doc) -> Quantity:
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         raise doc.error(path, f"{describe(value)} is not a quantity")
@@ -397,6 +412,8 @@ def _quantity(value: Any, resource: str, path: str, doc: _Doc) -> Quantity:
         raise doc.error(path, str(exc)) from None
     if quantity.value < 0:
         raise doc.error(path, f'"{quantity}" must be greater than or equal to 0')
+    # What everyone after the API server sees: its defaulting rounds up to 1m.
+    quantity = round_up_to_milli(quantity)
     if is_extended_resource(resource) and quantity.whole_number is None:
         # The API server's test: the milli-value (rounded up, at most 2^63-1) is a multiple of
         # 1000. So 0.9999 counts as 1, and past 2^63-1 thousandths nothing is a whole number.

@@ -28,8 +28,11 @@ Sums (pod requests, QoS totals) are exact up to :data:`SUM_DIGITS` significant d
 rounded away from zero beyond: an exact ``1e999999999 + 1n`` has a billion digits (the real
 kubelet would stall on it), and no int64 view of such a sum changes.
 
-Public API: :class:`Quantity`, :func:`parse_quantity`, :func:`add`, :func:`int64_value`,
-:data:`INT64_MAX`, :data:`INT64_MIN`.
+The API server's defaulting then rounds every quantity of a pod's resource lists up to ``1m``
+(10^-3) before anyone else sees the pod (:func:`round_up_to_milli`): ``1999999999n`` is ``2``.
+
+Public API: :class:`Quantity`, :func:`parse_quantity`, :func:`round_up_to_milli`, :func:`add`,
+:func:`int64_value`, :data:`INT64_MAX`, :data:`INT64_MIN`.
 """
 
 from __future__ import annotations
@@ -49,6 +52,8 @@ _SCALE_MIN, _SCALE_MAX = -(2**31), 2**31 - 1
 """The decimal exponents the parser's 32-bit scale holds."""
 _NANO = -9
 """Kubernetes keeps no digit finer than 10^-9."""
+_MILLI = -3
+"""Nor, in a pod's resource lists, finer than 10^-3 (the API server's defaulting)."""
 _DECIMAL_SUFFIXES = {
     "n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18
 }  # fmt: skip
@@ -126,6 +131,18 @@ def parse_quantity(text: str) -> Quantity:
     if base == 2 and value.copy_abs() > INT64_MAX:
         value = Decimal(-INT64_MAX if negative else INT64_MAX)
     return Quantity(value, text)
+
+
+def round_up_to_milli(quantity: Quantity) -> Quantity:
+    """The quantity as the API server stores it in a pod's requests, limits or overhead: its
+    defaulting (``SetDefaults_ResourceList``) rounds each value away from zero to a multiple of
+    ``1m``. The text is kept, for messages."""
+    value = quantity.value
+    exponent = value.as_tuple().exponent
+    if value.is_zero() or not isinstance(exponent, int) or exponent >= _MILLI:
+        return quantity
+    # The value is a multiple of 1n (parse_quantity), so at most 6 digits go.
+    return Quantity(value.quantize(Decimal(f"1E{_MILLI}"), context=_context()), quantity.text)
 
 
 def add(a: Decimal, b: Decimal) -> Decimal:

@@ -13,6 +13,9 @@ serves (:class:`~nvplugin.rm.plan.ResourcePlan`). GFD's rules, restated:
 - ``cuda.driver.{major,minor,rev}`` and ``cuda.driver-version.{major,minor,revision,full}``: the
   driver version ``X.Y[.Z]`` (the revision empty without ``.Z``); ``cuda.runtime.{major,minor}``
   and ``cuda.runtime-version.{major,minor,full}``: the newest CUDA version the driver supports.
+- ``vgpu.present``: ``false``. GFD writes ``true`` (and ``vgpu.host-driver-{version,branch}``)
+  in a guest whose GPUs are NVIDIA vGPU devices, ``false`` on every other node with GPUs (bare
+  metal, PCI passthrough). nvplugin does not detect vGPU guests, so it always writes ``false``.
 - ``mig.capable``: whether any GPU supports MIG; ``mps.capable``: ``true`` when GPUs are shared
   through MPS (``sharing.mps`` with replicas > 1), else ``false``; ``gpu.mode``: ``compute``
   when every GPU is a PCI 3D controller, ``graphics`` when every one is a VGA controller, else
@@ -42,8 +45,9 @@ models GFD labels one chosen by chance; here it is the model of the lowest-index
 off (else with MIG on), and :func:`other_models` names the rest for a warning. GFD takes one
 sharing block for the whole node (MPS when ``sharing.mps`` replicates anything); nvplugin may
 share two resources two ways, and each resource's labels say its own. GFD fails to label a node
-that has MPS sharing and a GPU with MIG on; nvplugin serves MPS on whole GPUs only, so such a
-node's labels say ``mps.capable=true`` for its MPS-shared GPUs.
+that has MPS sharing and a GPU with MIG on; nvplugin serves MPS on whole GPUs with MIG off only
+(under migStrategy none it leaves the GPUs with MIG on out of MPS), so such a node's labels say
+``mps.capable=true`` when some GPU is MPS-shared, ``false`` when none is.
 """
 
 from __future__ import annotations
@@ -98,6 +102,7 @@ def gfd_labels(node: NodeFacts, plan: ResourcePlan | None, timestamp: int | None
         labels[f"{PREFIX}mig.strategy"] = plan.mig_strategy
         labels.update(mig_labels(plan))
     labels[f"{PREFIX}gpu.mode"] = gpu_mode(gpus)
+    labels[f"{PREFIX}vgpu.present"] = _bool(False)
     return labels
 
 
@@ -112,10 +117,15 @@ def labels_without_gpus(machine: str | None, timestamp: int | None) -> dict[str,
 
 
 def labelled_gpus(gpus: Sequence[Gpu], plan: ResourcePlan | None) -> list[Gpu]:
-    """The node's GPUs but those ``resources.exclude`` hides, in index order."""
+    """The node's GPUs but those ``resources.exclude`` hides, in index order (GPUs with MIG on
+    that MPS leaves out under migStrategy none are labelled, as under none without MPS)."""
     if plan is None:
         return list(gpus)
-    return [gpu for gpu in gpus if plan.served_as.get(str(gpu.index), "") is not None]
+    return [
+        gpu
+        for gpu in gpus
+        if plan.served_as.get(str(gpu.index), "") is not None or gpu.index in plan.mps_mig_on
+    ]
 
 
 def version_labels(driver: Driver) -> dict[str, str]:

@@ -7,7 +7,9 @@ named by its key path -- before anything is installed.
   against the plugin's own loader.
 - :mod:`.daemonset`: a DaemonSet manifest written for NVIDIA's image -> the same with nvplugin's
   image, its command, flags and environment read by the plugin's own loader.
-- :mod:`.report`: the findings and the output (commented YAML, or JSON).
+- :mod:`.companions`: what NVIDIA's chart runs beside its plugin (the config manager, GPU
+  Feature Discovery, the MPS control daemon), dropped and given to the plugin's pod.
+- :mod:`.findings`: the findings and the output (commented YAML, or JSON).
 """
 
 from nvplugin.migrate.findings import Finding, Migration, Status

@@ -3,9 +3,10 @@
 nvplugin's image runs such a DaemonSet as it is: its entrypoint serves, and it has NVIDIA's
 ``nvidia-device-plugin`` command. What can still stop it is read here the way the plugin reads it:
 each flag and environment variable of the plugin container by the plugin's own loader (a value
-nvplugin refuses is named, with the variable), the user it runs as (root only: the kubelet's
-directory is root's), and the containers of NVIDIA's image that are not the plugin (the config
-manager, GPU Feature Discovery).
+nvplugin refuses is named, with the variable), and the user it runs as (root only: the kubelet's
+directory is root's). What NVIDIA's chart runs beside the plugin (the config manager, GPU
+Feature Discovery, the MPS control daemon) the plugin does itself: :mod:`.companions` drops them
+and gives the plugin's pod what they brought.
 """
 
 from __future__ import annotations
@@ -14,27 +15,41 @@ from collections.abc import Iterator
 from typing import Any
 
 from nvplugin import __version__, yamlinput
-from nvplugin.chart.values import NVIDIA_IMAGE
 from nvplugin.config import flag_names, load_config
-from nvplugin.config.loader import DISABLE_HEALTHCHECKS, ENABLE_HEALTHCHECKS, env_names
+from nvplugin.config.loader import (
+    DISABLE_HEALTHCHECKS,
+    ENABLE_HEALTHCHECKS,
+    REFUSED_NAMES,
+    env_names,
+    refused_names,
+)
+from nvplugin.config.select import FLAGS
 from nvplugin.errors import InputError
+from nvplugin.migrate import companions
 from nvplugin.migrate.findings import Migration, Status
 
 RUNTIME_ENV = ("NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "NVIDIA_MIG_MONITOR_DEVICES")
 """Read by the NVIDIA container runtime, not by the plugin."""
+SELECTION_ENV = frozenset(env for _, env in FLAGS.values())
+"""Per-node selection's variables (NVIDIA's config manager's names), which serve reads."""
+REFUSED_ENV = frozenset(r.env for r in REFUSED_NAMES)
+"""NVIDIA's variables nvplugin refuses by name: read by the loader, which names them."""
 PLUGIN_COMMANDS = ((), ("nvidia-device-plugin",))
 """The plugin container's command: none (the image's entrypoint) or NVIDIA's command."""
 OTHER_COMMANDS = {
-    "config-manager": "NVIDIA's config manager (a config per node, chosen by node label) is not "
-    "in nvplugin's image yet: every node uses the one config file",
-    "gpu-feature-discovery": "GPU Feature Discovery is not in nvplugin's image yet",
-    "mps-control-daemon": "nvplugin does not run MPS yet",
+    "config-manager": "NVIDIA's config manager, in a pod without NVIDIA's plugin: nvplugin's "
+    "plugin follows the node's label itself (per-node configs); remove this container",
+    "gpu-feature-discovery": "GPU Feature Discovery beside the plugin in one pod: nvplugin's "
+    "plugin writes GFD's labels itself (GFD_OUTPUT_FILE); remove this container",
+    "mps-control-daemon": "NVIDIA's MPS control daemon beside the plugin in one pod: nvplugin's "
+    "plugin runs the MPS control daemons itself; remove this container",
 }
 
 
 def migrate_daemonset(text: str, source: str, repository: str) -> Migration:
     """The migration of the manifests in ``text`` (named ``source``): every DaemonSet's
-    containers of NVIDIA's image; other objects pass unchanged."""
+    containers of NVIDIA's image; NVIDIA's GPU Feature Discovery and MPS control daemon
+    DaemonSets dropped, their work given to the plugin's; other objects pass unchanged."""
     documents = [doc for doc in yamlinput.load_all(text, source) if doc is not None]
     if not any(isinstance(doc, dict) and doc.get("kind") == "DaemonSet" for doc in documents):
         raise InputError(f"{source}: no DaemonSet in it")
@@ -45,9 +60,26 @@ def migrate_daemonset(text: str, source: str, repository: str) -> Migration:
         documents,
     )
     image = f"{repository}:{__version__}"
-    for doc in documents:
+    kept, found = companions.collect(documents, migration)
+    migration.output = kept
+    configmaps = {
+        str((doc.get("metadata") or {}).get("name")): doc.get("data") or {}
+        for doc in kept
+        if isinstance(doc, dict) and doc.get("kind") == "ConfigMap"
+    }
+    for doc in kept:
         if isinstance(doc, dict) and doc.get("kind") == "DaemonSet":
-            _daemonset(doc, migration, image)
+            plugin = _daemonset(doc, migration, image)
+            if plugin is not None:
+                companions.translate(doc, plugin, configmaps, found, migration, image)
+    if found.gfd is not None:
+        migration.add(
+            found.gfd_name,
+            Status.DIFFERS,
+            "NVIDIA's chart with gfd.enabled also deploys Node Feature Discovery, which turns "
+            "the feature file into node labels; nvplugin does not: keep NFD running (deploy it "
+            "with its own chart if it came with NVIDIA's release) or no label arrives",
+        )
     return migration
 
 
@@ -58,17 +90,27 @@ def _containers(pod: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
                 yield f"{field}[{container.get('name', '?')}]", container
 
 
-def _daemonset(doc: dict[str, Any], migration: Migration, image: str) -> None:
-    meta = doc.get("metadata") or {}
-    name = f"DaemonSet {meta.get('namespace', 'default')}/{meta.get('name', '?')}"
-    pod = ((doc.get("spec") or {}).get("template") or {}).get("spec") or {}
+def _daemonset(doc: dict[str, Any], migration: Migration, image: str) -> dict[str, Any] | None:
+    """The DaemonSet's containers of NVIDIA's image migrated; its plugin container (None: it
+    has none)."""
+    name = companions.name_of(doc)
+    pod = companions.pod_of(doc)
+    plugins = [
+        c
+        for _, _, c in companions.containers(pod)
+        if companions.nvidias(c) and tuple(c.get("command") or ()) in PLUGIN_COMMANDS
+    ]
+    plugin = plugins[0] if len(plugins) == 1 else None
     for where, container in _containers(pod):
         key = f"{name}: {where}"
-        if not NVIDIA_IMAGE.search(str(container.get("image", "")).rsplit(":", 1)[0]):
+        if not companions.nvidias(container):
             continue
         command = tuple(container.get("command") or ())
         if command not in PLUGIN_COMMANDS:
-            why = OTHER_COMMANDS.get(command[0].rpartition("/")[2], "not NVIDIA's plugin command")
+            program = companions.command_of(container)
+            if plugin is not None and program == companions.CONFIG_MANAGER:
+                continue  # dropped with what it did given to the plugin (companions)
+            why = OTHER_COMMANDS.get(program, "not NVIDIA's plugin command")
             migration.add(f"{key}.command", Status.REFUSED, why, list(command))
             continue
         migration.add(
@@ -91,6 +133,7 @@ def _daemonset(doc: dict[str, Any], migration: Migration, image: str) -> None:
             container["command"] = ["nvidia-device-plugin"]
         _user(key, container, pod, migration)
         _settings(key, container, migration)
+    return plugin
 
 
 def _user(key: str, container: dict[str, Any], pod: dict[str, Any], migration: Migration) -> None:
@@ -135,7 +178,9 @@ def _settings(key: str, container: dict[str, Any], migration: Migration) -> None
             continue  # read with DP_DISABLE_HEALTHCHECKS: the pair means one thing
         if name in (DISABLE_HEALTHCHECKS, ENABLE_HEALTHCHECKS):
             one = {n: env[n] for n in (DISABLE_HEALTHCHECKS, ENABLE_HEALTHCHECKS) if n in env}
-        elif name in known or name.startswith("NVPLUGIN_"):
+        elif name in SELECTION_ENV:
+            continue  # per-node selection's: read by serve, checked with the configs
+        elif name in known or name.startswith("NVPLUGIN_") or name in REFUSED_ENV:
             one = {name: value}
         else:
             migration.add(f"{key}.env.{name}", Status.UNKNOWN, "not read by nvplugin; kept", value)
@@ -188,6 +233,16 @@ def _parse_args(args: list[str]) -> tuple[dict[str, tuple[str, object]], list[tu
             position += 0 if equals else 1
             continue
         path = names.get(name)
+        refused = {r.flag: r for r in REFUSED_NAMES}.get(name)
+        if path is None and refused is not None:
+            if not equals:
+                following = args[position] if position < len(args) else None
+                if following is not None and not following.startswith("-"):
+                    value, position = following, position + 1
+                else:
+                    value = "true"
+            problems.extend((arg, p) for p in refused_names({}, {name: value}))
+            continue
         if path is None:
             problems.append((arg, "not a flag of nvidia-device-plugin"))
             continue

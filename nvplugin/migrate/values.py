@@ -16,10 +16,14 @@ from typing import Any
 from nvplugin import yamlinput
 from nvplugin.chart.values import (
     BY_PATH,
+    GFD_ONLY,
+    NFD_NOT_DEPLOYED,
     NVIDIA_IMAGE,
     NvidiaValue,
     Use,
     covering,
+    gfd_only,
+    no_default_problem,
     off_defaults,
 )
 from nvplugin.config import SETTINGS, load_config
@@ -55,33 +59,65 @@ def migrate_values(text: str, source: str, repository: str = DEFAULT_REPOSITORY)
         "(helm install nvplugin charts/nvplugin -n kube-system -f THIS_FILE)",
         {},
     )
-    _walk(document, "", migration, _setting_values(), repository)
+    _walk(document, (), migration, _setting_values(), repository)
     if "image" not in document or "repository" not in (document.get("image") or {}):
         _put(migration.output, "image.repository", repository)
+    _gfd(document, migration)
+    _default_config(document, migration)
     return migration
+
+
+def _default_config(document: Mapping[str, Any], migration: Migration) -> None:
+    """NVIDIA's chart's rule: a config.map must give an unlabelled node a config (both charts
+    refuse it at render, with NVIDIA's message)."""
+    config = document.get("config")
+    if not isinstance(config, dict) or not isinstance(config.get("map"), dict):
+        return
+    fallbacks = config.get("fallbackStrategies")
+    if not isinstance(fallbacks, list):
+        fallbacks = list(BY_PATH["config.fallbackStrategies"].defaults()[0])
+    default = config.get("default")
+    problem = no_default_problem(
+        [str(name) for name in config["map"]],
+        default if isinstance(default, str) else None,
+        [str(item) for item in fallbacks],
+    )
+    if problem is not None:
+        migration.add("values.config.map", Status.REFUSED, problem)
+
+
+def _gfd(document: Mapping[str, Any], migration: Migration) -> None:
+    """``gfd.enabled``: NVIDIA's chart also deployed NFD, nvplugin's does not; without the
+    plugin (a GPU-Feature-Discovery-only release) nothing would label the nodes."""
+    if gfd_only(document):
+        migration.add("values.devicePlugin.enabled", Status.REFUSED, GFD_ONLY, False)
+    elif isinstance(gfd := document.get("gfd"), dict) and gfd.get("enabled") is True:
+        migration.add("values.gfd.enabled", Status.DIFFERS, NFD_NOT_DEPLOYED, True)
 
 
 def _walk(
     node: Mapping[str, Any],
-    prefix: str,
+    prefix: tuple[str, ...],
     migration: Migration,
     settings: dict[str, tuple[str, Setting]],
     repository: str,
 ) -> None:
     for key, value in node.items():
-        path = f"{prefix}.{key}" if prefix else str(key)
+        parts = (*prefix, str(key))
+        path = ".".join(parts)
         if value is None:
             continue  # null: not set, as Helm takes it
-        if path in settings:
+        declared = None if "." in str(key) else covering(path)  # a dotted key is no value's
+        if path in settings and "." not in str(key):
             _setting_value(path, value, migration, *settings[path])
-        elif (declared := covering(path)) is not None:
+        elif declared is not None:
             if declared.path == path and declared.settings and isinstance(value, dict):
                 value = _block_settings(value, path, declared, migration, settings)
                 if not value:
                     continue
             _nvidia_value(path, value, declared.path, migration, repository)
         elif isinstance(value, dict) and value:
-            _walk(value, path, migration, settings, repository)
+            _walk(value, parts, migration, settings, repository)
         else:
             migration.add(
                 f"values.{path}",
@@ -90,7 +126,7 @@ def _walk(
                 "(nvplugin's chart checks it against its schema)",
                 value,
             )
-            _put(migration.output, path, value)
+            _put_parts(migration.output, parts, value)
 
 
 def _block_settings(
@@ -204,7 +240,12 @@ def _get(value: object, leaf: str, prefix: str) -> object:
 
 
 def _put(out: dict[str, Any], path: str, value: object) -> None:
-    *parents, leaf = path.split(".")
+    _put_parts(out, tuple(path.split(".")), value)
+
+
+def _put_parts(out: dict[str, Any], parts: tuple[str, ...], value: object) -> None:
+    """``value`` at the keys ``parts`` (a key may hold dots: a label's name)."""
+    *parents, leaf = parts
     node = out
     for parent in parents:
         node = node.setdefault(parent, {})

@@ -97,8 +97,11 @@ class Daemon:
         following: Following | None = None,
         api_timing: ApiTiming | None = None,
         pod: PodIdentity | None = None,
+        keep_mps: bool | None = None,
     ) -> None:
+        """``keep_mps``: whether MPS daemons outlive the plugin (None: where they can)."""
         self.config = config
+        self._keep_mps = keep_mps
         self.metrics = Metrics()
         self._endpoints = Endpoints(self.metrics, self._livez, self._readyz)
         self._serve_give_up_s = serve_give_up_s
@@ -250,12 +253,15 @@ class Daemon:
         self._node = await self._discover()
         if self._node is None:
             return  # stopped while waiting for GPUs
+        if self.selector is not None and not await self._until(self.selector.chosen):
+            return  # stopped while waiting for the node's label
         self._resources = Resources(
             self._node,
             self.metrics,
             serve_give_up_s=self._serve_give_up_s,
             on_fatal=self._on_fatal,
             executor=self._executor,
+            keep_mps=self._keep_mps,
         )
         async with self._applying:
             await self._resources.start(self.config)
@@ -266,6 +272,16 @@ class Daemon:
             if self._hup.is_set() and not self._stop.is_set():
                 self._hup.clear()
                 await self._reload_config()
+
+    async def _until(self, event: asyncio.Event) -> bool:
+        """Wait for ``event``; False when the daemon is stopped first."""
+        waits = [asyncio.ensure_future(e.wait()) for e in (event, self._stop)]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+        return event.is_set() and not self._stop.is_set()
 
     async def _reload_config(self) -> None:
         if self._reload is None:
@@ -293,7 +309,11 @@ class Daemon:
             return self.config is not previous
 
     async def _update_labels(self) -> None:
-        """Bring the node's labels in line with what is served now."""
+        """Bring the node's labels in line with what is served now. Not while discovery runs
+        (a per-node config applied meanwhile): the labels are written once, whole, when it
+        ends -- or, when it must wait for GPUs, as a node without GPUs (:meth:`_discover`)."""
+        if self._node is None and self._waiting is None:
+            return
         resources = self._resources
         await self.labeller.update(
             self.config, self._node, resources.plan if resources is not None else None
@@ -408,6 +428,7 @@ def run_daemon(
     following: Following | None = None,
     api_timing: ApiTiming | None = None,
     pod: PodIdentity | None = None,
+    keep_mps: bool | None = None,
 ) -> int:
     """Configure logging, run the daemon on a fresh event loop, return its exit status.
     ``pending``: the signals recorded since the process started (see :mod:`.signals`)."""
@@ -421,5 +442,6 @@ def run_daemon(
         following=following,
         api_timing=api_timing,
         pod=pod,
+        keep_mps=keep_mps,
     )
     return asyncio.run(daemon.run(pending=pending))

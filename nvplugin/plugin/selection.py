@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from nvplugin.backoff import Backoff
 from nvplugin.config import Config
 from nvplugin.config.select import (
+    WHY_NONE,
+    WHY_RECORD,
     Choice,
     NoConfig,
     Selection,
@@ -39,6 +41,7 @@ from nvplugin.config.select import (
     available,
     choose,
     digest,
+    write_record,
 )
 from nvplugin.errors import InputError, reason
 from nvplugin.log import get_logger
@@ -52,6 +55,8 @@ SETTLE_S = 0.1
 POLL_S = 2.0
 """How often the directory is checked besides inotify's events (what it could not report: an
 edit in place of a file a link points to; everything, where inotify is unavailable)."""
+
+_UNKNOWN = object()
 
 Apply = Callable[[Callable[[], Config]], Awaitable[bool]]
 """The daemon's reload with a given loader: True when the new config runs."""
@@ -99,9 +104,19 @@ class ConfigSelector:
         self._digest = following.start.digest
         self._refused = following.start.refused
         self._label: str | None = None
+        self._label_known = False  # the API has answered once
         self._problem: str | None = None  # the last one said, so that it is said once
         self._changed = asyncio.Event()
         self._log = get_logger("nvplugin.config", node=self._selection.node_name)
+        self._record = following.start.record
+        # What the record holds now (a config name, or None), as far as this process knows.
+        self._recorded: object = self.active.name if self.active.why == WHY_RECORD else _UNKNOWN
+        self.chosen = asyncio.Event()
+        """Set once the config to serve is known: at once, unless the start waits for the
+        node's label (:attr:`Start.wait`); then when the label has been read and acted on, or
+        can never be."""
+        if not following.start.wait:
+            self.chosen.set()
 
     def load_active(self) -> Config:
         """The running choice's config read again (what a SIGHUP reloads)."""
@@ -112,6 +127,12 @@ class ConfigSelector:
         self._selected(self.active)
         if self._start.problem is not None:
             self._rejected(self._start.reason or "invalid", self._start.problem, self.active)
+        if not self.chosen.is_set():
+            self._log.warning(
+                "waiting for the node's label before serving",
+                reason="no config chosen by the label is recorded on this node",
+                record=self._record,
+            )
         # The followers live as long as this: ended with it, however it ends.
         tasks = Tasks("config selector")
         watcher = DirWatcher(self._selection.srcdir, "the config directory")
@@ -129,6 +150,8 @@ class ConfigSelector:
                     self._log.error(
                         "choosing the config failed; running config kept", error=reason(exc)
                     )
+                if self._label_known:
+                    self.chosen.set()
         finally:
             await tasks.close()
 
@@ -154,6 +177,7 @@ class ConfigSelector:
             if choice != self.active:  # the same file, for another reason
                 self.active = choice
                 self._selected(choice)
+            await self._keep_record(choice)
             return
         if (choice, hashed) == self._refused:
             return  # refused already (and said); nothing new to try
@@ -169,6 +193,22 @@ class ConfigSelector:
             return
         self.active, self._digest, self._refused, self._problem = choice, hashed, None, None
         self._selected(choice)
+        await self._keep_record(choice)
+
+    async def _keep_record(self, choice: Choice) -> None:
+        """Record a choice made with the node's label known, for the next start (see
+        :class:`~nvplugin.config.select.Start`); a failure is said and changes nothing else."""
+        if self._record is None or not self._label_known or self._recorded == choice.name:
+            return
+        try:
+            await asyncio.to_thread(write_record, self._record, choice, self._label)
+        except OSError as exc:
+            self._log.warning(
+                "cannot record the chosen config; a restart while the API is away will wait for it",
+                file=self._record,
+                error=exc.strerror or str(exc),
+            )
+        self._recorded = choice.name
 
     def _selected(self, choice: Choice) -> None:
         self._metrics.config_selected(choice.name or "", choice.why)
@@ -187,7 +227,10 @@ class ConfigSelector:
         self._problem = message
         self._metrics.config_rejected(why)
         self._log.error(
-            "config choice rejected; keeping the running config",
+            # Before any config ran (start), what runs is no config file: say so, not "kept".
+            "config choice rejected; serving the built-in defaults (no config file)"
+            if self.active.why == WHY_NONE
+            else "config choice rejected; keeping the running config",
             reason=why,
             error=message,
             chosen=choice.name if choice is not None else None,
@@ -197,6 +240,12 @@ class ConfigSelector:
     # --- the label ---
 
     async def _follow_label(self) -> None:
+        try:
+            await self._read_labels()
+        finally:
+            self.chosen.set()  # no label will come: serve what was chosen without it
+
+    async def _read_labels(self) -> None:
         problem = self._selection.api_problem()
         if problem is not None:
             self._log.warning("per-node config by node label off", reason=problem)
@@ -222,6 +271,7 @@ class ConfigSelector:
                 if label != self._label or not state.exists:
                     self._log.info("node label", label=self._selection.node_label, value=label)
                 self._label = label
+                self._label_known = True
                 self._changed.set()
         finally:
             with contextlib.suppress(Exception):

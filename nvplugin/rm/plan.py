@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from nvplugin.config.model import Config
 
 EXCLUDED_LABEL = "(excluded)"
+MPS_MIG_ON_LABEL = "(MIG on: not shared through MPS)"
 
 
 @dataclass(frozen=True)
@@ -117,8 +118,9 @@ class ResourcePlan:
     """What a node's GPUs become under a config. ``resources`` holds only non-empty resources,
     ordered by their first unit (GPU index, then MIG index); ``served_as`` maps every unit of the
     node -- each GPU served whole or excluded, each MIG device -- by its label (``3``, ``3:1``) to
-    its resource name (None: excluded); ``gpus`` are the node's GPUs; ``warnings`` are the config
-    parts that do nothing on this node."""
+    its resource name (None: excluded, or not served); ``gpus`` are the node's GPUs; ``warnings``
+    are the config parts that do nothing on this node; ``mps_mig_on``: the GPUs with MIG on that
+    MPS would have shared under migStrategy none, not served."""
 
     resources: tuple[ServedResource, ...]
     served_as: dict[str, str | None]
@@ -126,6 +128,7 @@ class ResourcePlan:
     warnings: tuple[str, ...]
     mig_strategy: str = "none"
     gpus: tuple[Gpu, ...] = ()
+    mps_mig_on: tuple[int, ...] = ()
 
     def resource(self, name: str) -> ServedResource | None:
         for served in self.resources:
@@ -143,7 +146,9 @@ class ResourcePlan:
         ``(excluded)``, or that the GPU is served as its MIG devices."""
         out: dict[int, str] = {}
         for gpu in self.gpus:
-            if str(gpu.index) in self.served_as:
+            if gpu.index in self.mps_mig_on:
+                out[gpu.index] = MPS_MIG_ON_LABEL
+            elif str(gpu.index) in self.served_as:
                 out[gpu.index] = self._shown(str(gpu.index))
             elif gpu.mig_devices:
                 out[gpu.index] = f"(as {len(gpu.mig_devices)} MIG devices)"
@@ -179,7 +184,12 @@ class ResourcePlan:
         return {
             "mig_strategy": self.mig_strategy,
             "resources": resources,
-            "excluded": [gpu.index for gpu in self._whole() if self.assignment[gpu.index] is None],
+            "excluded": [
+                gpu.index
+                for gpu in self._whole()
+                if self.assignment[gpu.index] is None and gpu.index not in self.mps_mig_on
+            ],
+            "mps_mig_on": list(self.mps_mig_on),
             "excluded_mig_devices": [
                 label for label in self._mig_labels() if self.served_as[label] is None
             ],
@@ -237,16 +247,34 @@ def plan_resources(
     served_as: dict[str, str | None] = {
         str(gpu.index): None for gpu in ordered if gpu not in visible
     }
+    mps_on_mig: list[Gpu] = []
     for device, default in layout.units:
         if device.mig is not None and device.mig.uuid in rules.exclude.uuids:
             served_as[device.label] = None
             continue
         base, at = _resource_of(device, default, rules, mig_strategy)
+        if device.mig is None and device.gpu.mig_enabled and _mps_shared(sharing, base):
+            # migStrategy none: a GPU with MIG on would be shared through MPS, which no GPU with
+            # MIG on can run. Served MPS on the others; this one left out, named.
+            served_as[device.label] = None
+            mps_on_mig.append(device.gpu)
+            continue
         name = sharing.served_name(base)
         served_as[device.label] = name
         members.setdefault(name, []).append(device)
         base_of[name] = base
         origins.setdefault((base, at), device.kind)
+    if mps_on_mig:
+        left_out = tuple(f"GPU {gpu.index} (" for gpu in mps_on_mig)
+        warnings = [w for w in warnings if not w.startswith(left_out)]  # "advertised whole"
+        which = ", ".join(str(gpu.index) for gpu in mps_on_mig)
+        warnings.append(
+            f"GPU {which} {'has' if len(mps_on_mig) == 1 else 'have'} MIG enabled and "
+            "sharing.mps would share them: MPS cannot run on a GPU with MIG on, so they are not "
+            "served (MPS is served on the GPUs with MIG off; NVIDIA's plugin skips MIG devices "
+            "for MPS, and GPU Feature Discovery fails on such a node). Disable MIG on them, or "
+            "serve their MIG devices (migStrategy single or mixed)"
+        )
     try:  # a MIG resource under a name already served (whole GPUs, another base) is refused
         check_served(sorted(origins, key=lambda origin: origins[origin] is Kind.MIG), sharing)
     except Invalid as exc:
@@ -289,7 +317,13 @@ def plan_resources(
                     "this node (no MIG device is served as it)"
                 )
     return ResourcePlan(
-        tuple(resources), served_as, tuple(empty), tuple(warnings), mig_strategy, ordered
+        tuple(resources),
+        served_as,
+        tuple(empty),
+        tuple(warnings),
+        mig_strategy,
+        ordered,
+        tuple(gpu.index for gpu in mps_on_mig),
     )
 
 
@@ -312,6 +346,12 @@ def _resource_of(
     if matched is None:
         return default, at
     return patterns[matched].name, f"{key}[{matched}].name"
+
+
+def _mps_shared(sharing: Sharing, base: str) -> bool:
+    """Whether ``sharing`` shares resource ``base`` through MPS."""
+    found = sharing.find(base)
+    return found is not None and found[0].strategy == MPS
 
 
 def _replicas(sharing: Sharing, base: str) -> Replicas:

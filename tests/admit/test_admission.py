@@ -14,13 +14,26 @@ import pytest
 from nvplugin.admit.admission import (
     Admission,
     AdmitSettings,
+    device_allocatable,
     plugin_sockets,
     serving_everything,
 )
+from nvplugin.fakekubelet.devicemanager import DeviceManager
 from nvplugin.fakekubelet.kubelet import FakeKubelet
+from nvplugin.fakekubelet.lifecycle import NodeResources, resource_fit
+from nvplugin.fakekubelet.pods import Container, Pod
 from nvplugin.nodesession import load_topology
 from nvplugin.plugin.mps import daemon_pids
-from tests.support.tinyplugin import TinyPlugin, device, register, run
+from tests.support.tinyplugin import (
+    RESOURCE,
+    Hints,
+    ScriptedPlugin,
+    TinyPlugin,
+    device,
+    devs,
+    register,
+    run,
+)
 from tests.support.waiting import WAIT_S as WAIT
 
 
@@ -91,3 +104,41 @@ def test_a_run_with_mps_leaves_no_daemon_behind() -> None:
         run(main())
     finally:
         shutil.rmtree(config_dir, ignore_errors=True)
+
+
+def test_a_pod_holding_devices_that_turned_unhealthy_does_not_starve_the_next() -> None:
+    """Measured on the real kubelet 1.32: two GPUs, pod A holds the first, it
+    turns unhealthy, pod B asks for one: both are admitted. The device manager allocates B's GPU
+    before the fit and raises the allocatable to what is allocated (A's and B's), so the fit
+    sees 2, not the 1 healthy GPU."""
+    directory = tempfile.mkdtemp(prefix="nva-")
+
+    async def main() -> None:
+        devices = DeviceManager(numa_nodes=(0,), store=Hints())
+        plugin = ScriptedPlugin(devs("A:0 B:0"))
+        async with FakeKubelet(directory, devices=devices) as kubelet:
+            await plugin.serve(os.path.join(directory, "p.sock"))
+            try:
+                await register(kubelet, "p.sock")
+                seen = kubelet.observer
+                await seen.wait_for(lambda _: bool(seen.snapshots(RESOURCE)), WAIT, "a list")
+                first = Pod.of("a", [Container.of("c", limits={RESOURCE: 1})])
+                await devices.allocate_container(first, first.containers[0])
+                (held,) = devices.container_devices(first.uid, "c", RESOURCE) or ()
+                plugin.set_devices(devs(f"{held}:0! {'B' if held == 'A' else 'A'}:0"))
+                await seen.wait_for(
+                    lambda m: m.capacity()[RESOURCE].allocatable == 1, WAIT, "the update"
+                )
+                second = Pod.of("b", [Container.of("c", limits={RESOURCE: 1})])
+                await devices.allocate_container(second, second.containers[0])
+                extended = device_allocatable(devices)
+                assert extended == {RESOURCE: 2}
+                node = NodeResources(milli_cpu=8000, memory=None, extended=extended)
+                assert resource_fit(second, [first], node).admit
+            finally:
+                await plugin.stop()
+
+    try:
+        run(main())
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)

@@ -89,7 +89,7 @@ def _everything_nvplugin_cannot_do(version: str) -> tuple[dict[str, Any], list[s
     data["gfd"]["sleepInterval"] = "60s"
     data["gfd"]["nameOverride"] = "gfd"
     data["nfd"]["worker"]["config"]["sources"]["pci"]["deviceClassWhitelist"] = ["03"]
-    data["mps"]["enableHostPID"] = False
+    data["mps"]["enableHostNetwork"] = True
     data["gdsEnabled"] = True
     data["deviceDiscoveryStrategy"] = "tegra"
     data["cdi"]["nvidiaHookPath"] = "/usr/local/bin/nvidia-cdi-hook"
@@ -97,7 +97,7 @@ def _everything_nvplugin_cannot_do(version: str) -> tuple[dict[str, Any], list[s
         "image.repository",
         "gfd.nameOverride",
         "nfd.worker.config.sources.pci.deviceClassWhitelist",
-        "mps.enableHostPID",
+        "mps.enableHostNetwork",
         "deviceDiscoveryStrategy",
         "gdsEnabled",
         "cdi.nvidiaHookPath",
@@ -112,7 +112,7 @@ def test_one_render_error_lists_every_value_nvplugin_cannot_use(version: str) ->
     assert sorted(_problems(error)) == sorted(expected)
     assert f"cannot use these values ({len(expected)})" in error
     assert 'values.gfd.nameOverride: "gfd": nvplugin\'s chart deploys no GPU Feature' in error
-    assert "values.mps.enableHostPID: false: nvplugin runs each MPS control daemon" in error
+    assert "values.mps.enableHostNetwork: true: nvplugin runs each MPS control daemon" in error
 
 
 def test_blocks_accepted_at_nvidias_defaults_of_any_version() -> None:

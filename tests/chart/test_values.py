@@ -145,8 +145,8 @@ def test_wrong_types_fail_at_install_time(values: dict[str, Any], message: str) 
         ),
         ({"nfd": {"enabled": True}}, "values.nfd.enabled: true: nvplugin's chart does not deploy"),
         (
-            {"mps": {"enableHostPID": False}},
-            "values.mps.enableHostPID: false: nvplugin runs each MPS control daemon in its own pod",
+            {"mps": {"enableHostPID": "yes"}},
+            'values.mps.enableHostPID: "yes": nvplugin runs each MPS control daemon in its own pod',
         ),
         (
             {"cdi": {"nvidiaHookPath": "/usr/local/bin/nvidia-cdi-hook"}},

@@ -234,3 +234,19 @@ def test_mps_root_is_accepted_as_nvidias_chart_sets_it(write: Write) -> None:
         load_config(None, env={"MPS_ROOT": "run/mps"})
     assert 'environment variable MPS_ROOT (config key "flags.mpsRoot")' in str(caught.value)
     assert "not an absolute path" in str(caught.value)
+
+
+@pytest.mark.parametrize("value", ["true", "1", "T", "yes"])
+def test_cdi_disable_hooks_is_refused_by_name(value: str) -> None:
+    """NVIDIA v0.20's CDI_DISABLE_HOOKS: nvplugin generates no CDI spec, so it cannot honour
+    it; refused naming it, never silently ignored."""
+    with pytest.raises(InputError) as caught:
+        load_config(None, env={"CDI_DISABLE_HOOKS": value})
+    message = str(caught.value)
+    assert message.startswith(f"environment variable CDI_DISABLE_HOOKS='{value}': ")
+    assert "does not support generating CDI specs yet" in message
+
+
+@pytest.mark.parametrize("value", ["", "false", "0", "F"])
+def test_cdi_disable_hooks_at_nvidias_default_is_fine(value: str) -> None:
+    assert load_config(None, env={"CDI_DISABLE_HOOKS": value}) == Config()

@@ -487,6 +487,60 @@ def test_max_pods_and_reservations_are_the_kubelets_flags() -> None:
     )
 
 
+def test_static_cpus_reserved_by_flags_sub_milli_quantities_and_overhead() -> None:
+    """What the real kubelet 1.32 does: the static policy reserves ceil(1500m) = 2 CPUs (0 and
+    40) when only --system-reserved gives the CPU reservation; requests of 1999999999n are 2
+    after the API server's rounding, so the pod is Guaranteed and gets 2 exclusive CPUs; the
+    fit counts spec.overhead (77 + 1500m = 78500 against 80000 - 1500m, 2000 used)."""
+    rounded = (
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: rounded}\nspec:\n  containers:\n"
+        "    - name: main\n      resources:\n"
+        "        requests: {cpu: 1999999999n, memory: 1Gi, nvidia.com/gpu: 1}\n"
+        "        limits: {cpu: '2', memory: 1Gi, nvidia.com/gpu: 1}\n"
+    )
+    overhead = (
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: overhead}\nspec:\n"
+        "  overhead: {cpu: 1500m}\n  containers:\n    - name: main\n"
+        "      resources: {requests: {cpu: '77'}}\n"
+    )
+    results = admit_json(
+        "--simulate",
+        "dgx-1",
+        "--cpu-manager-policy",
+        "static",
+        "--system-reserved",
+        "cpu=1500m",
+        pods(rounded, overhead),
+    )
+    by_name = {r["pod"]: r for r in results}
+    assert by_name["rounded"]["admitted"]
+    assert by_name["rounded"]["containers"][0]["cpus"] == [1, 41]  # 0 and 40 are reserved
+    assert (by_name["overhead"]["reason"], by_name["overhead"]["message"]) == (
+        "OutOfcpu",
+        "Node didn't have enough resource: cpu, requested: 78500, used: 2000, capacity: 78500",
+    )
+
+
+def test_reservations_above_capacity_are_refused_as_the_kubelet_refuses_them() -> None:
+    done = admit(
+        "--simulate",
+        "dgx-1",
+        "--system-reserved",
+        "memory=600Gi",
+        "--kube-reserved",
+        "cpu=100",
+        pods(gpu_pod("p", 1)),
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == (
+        'error: invalid Node Allocatable configuration. Resource "cpu" has a reservation of '
+        "{{100 0} {<nil>}  DecimalSI} but capacity of {{80000 -3} {<nil>}  DecimalSI}. "
+        'Expected capacity >= reservation. Resource "memory" has a reservation of '
+        "{{644349952000 0} {<nil>}  BinarySI} but capacity of {{549755813888 0} {<nil>}  "
+        "BinarySI}. Expected capacity >= reservation.\n"
+    )
+
+
 @pytest.mark.parametrize(
     ("flag", "value", "error"),
     [

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from nvplugin.config.model import DEFAULT_MPS_ROOT
 from nvplugin.fakekubelet.kubelet import FakeKubelet
 from nvplugin.nodesession import load_topology
 from nvplugin.plugin.mps import daemon_pids
@@ -503,6 +504,8 @@ def test_as_its_pid_namespaces_init_the_plugin_stops_its_daemons_at_sigterm() ->
                     # unshare passes no signal on: SIGTERM goes to the plugin, its child.
                     (plugin,) = _children(serve.pid)
                     assert _namespace_pid(plugin) == 1
+                    # As PID 1 it reaps the orphans the daemon's start leaves (nvplugin.pid1).
+                    await until(lambda: _zombies_under(plugin) == [], "no zombie under PID 1")
                     os.kill(plugin, signal.SIGTERM)
                     assert serve.wait(WAIT_S) == 0, serve.text()
                 finally:
@@ -524,6 +527,19 @@ def _children(pid: int) -> list[int]:
     for task in Path(f"/proc/{pid}/task").iterdir():
         children += [int(c) for c in (task / "children").read_text().split()]
     return children
+
+
+def _zombies_under(pid: int) -> list[int]:
+    """The processes below ``pid`` that ended and were not reaped."""
+    zombies, todo = [], [pid]
+    while todo:
+        for child in _children(todo.pop()):
+            with contextlib.suppress(OSError):
+                if Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                    zombies.append(child)
+                    continue
+                todo.append(child)
+    return zombies
 
 
 def _namespace_pid(pid: int) -> int:
@@ -556,3 +572,32 @@ def test_admit_shows_each_containers_mps_shares() -> None:
     finally:
         shutil.rmtree(config_dir, ignore_errors=True)
         os.unlink(pods)
+
+
+def test_a_simulated_node_uses_a_scratch_mps_root_it_removes_at_stop() -> None:
+    """``serve --simulate`` with MPS and no MPS root of its own must not create the host's
+    (/run/nvidia/mps) or leave anything behind: it serves from a scratch root under /tmp, stops
+    its daemon at SIGTERM (nothing else could use it) and removes the root."""
+
+    async def body() -> None:
+        scene = Scene(SHARED, MPS)
+        args = ("--simulate", NODE, "--config", str(scene.config))
+        try:
+            async with kubelet_with(scene.directory, *args) as (kubelet, serve):
+                await kubelet.wait_registered(SHARED, WAIT_S)
+                (line,) = serve.events("MPS root")
+                root = line["host"]
+                assert root != DEFAULT_MPS_ROOT and root.startswith("/tmp/nvplugin-mps-")
+                pipe = os.path.join(root, SHARED, "pipe")
+                assert len(daemon_pids(pipe)) == 1
+                one = await kubelet.devices.allocate(SHARED, [replica_id(TOPOLOGY.gpus[0].uuid, 0)])
+                assert (f"/mps/{SHARED}/pipe", pipe) in [
+                    (m.container_path, m.host_path) for m in one.mounts
+                ]
+            assert daemon_pids(pipe) == []
+            assert not os.path.exists(root)
+            assert serve.events("MPS control daemon left running") == []
+        finally:
+            scene.remove()
+
+    run(body)

@@ -18,13 +18,17 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import kubernetes_validate
 import pytest
+import yaml
 
 from nvplugin.config.model import DEFAULT_MPS_ROOT
 from nvplugin.nodesession import load_topology
-from tests.support.nvidia import plugin_container
+from tests.support.configmap import ConfigMapVolume
+from tests.support.kubeapi import KubeApiServer
+from tests.support.nvidia import FIXTURES, plugin_container
 from tests.support.serve import kubelet_with, new_dir, node_file, plugin_environment
-from tests.support.waiting import WAIT_S
+from tests.support.waiting import WAIT_S, until
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -160,6 +164,20 @@ def test_nvidia_device_plugin_help_shows_nvidias_flags() -> None:
     assert "--resource-name" not in text  # nvplugin's own settings are not NVIDIA's flags
 
 
+@pytest.mark.parametrize("flag", ["--cdi-disable-hooks", "-cdi-disable-hooks=true"])
+def test_cdi_disable_hooks_flag_is_refused_by_name(flag: str) -> None:
+    done = subprocess.run(
+        [str(BIN / "nvidia-device-plugin"), flag, "--simulate", "dgx-1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "error: flag --cdi-disable-hooks='true': " in done.stderr
+    assert "does not support generating CDI specs yet" in done.stderr
+    assert "No such option" not in done.stderr
+
+
 def test_go_style_single_dash_flags() -> None:
     """NVIDIA's command reads flags as Go does: ``-fail-on-init-error=false`` and
     ``--fail-on-init-error=false`` are one flag (a DaemonSet's args may use either)."""
@@ -263,3 +281,98 @@ def test_only_the_xids_chosen_nvidias_way_make_gpus_unhealthy() -> None:
             shutil.rmtree(files, ignore_errors=True)
 
     run(body)
+
+
+# --- NVIDIA's chart with per-node configs, GFD and MPS, migrated and run as printed ---------------
+
+PER_NODE = "chart-v0.20.0-config-map-gfd-mps.yaml"
+NODE = "dgx-a100-9"
+LABEL = "nvidia.com/device-plugin.config"
+
+
+def _printed_migration() -> list[dict[str, Any]]:
+    """`nvplugin migrate --daemonset -` on NVIDIA's manifest, fed on standard input: the
+    objects it prints (exit 0: nothing refused)."""
+    done = subprocess.run(
+        [str(BIN / "nvplugin"), "migrate", "--daemonset", "-"],
+        input=(FIXTURES / PER_NODE).read_text(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+
+
+def test_nvidias_per_node_chart_output_migrated_serves_each_nodes_config() -> None:
+    objects = _printed_migration()
+    kinds = sorted(o["kind"] for o in objects)
+    assert kinds == [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ConfigMap",
+        "DaemonSet",
+        "ServiceAccount",
+    ]
+    for obj in objects:  # what the API server would take (strict: no unknown field)
+        kubernetes_validate.validate(obj, "1.31", strict=True)
+    (daemonset,) = [o for o in objects if o["kind"] == "DaemonSet"]
+    (configmap,) = [o for o in objects if o["kind"] == "ConfigMap"]
+    pod = daemonset["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    env = {e["name"]: e for e in container["env"]}
+    # The pod as printed: the ConfigMap mounted where CONFIG_FILE_SRCDIR says, the node's name
+    # from the downward API, the labels' file in a hostPath directory.
+    srcdir = env["CONFIG_FILE_SRCDIR"]["value"]
+    assert volumes[mounts[srcdir]]["configMap"]["name"] == configmap["metadata"]["name"]
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    output = env["GFD_OUTPUT_FILE"]["value"]
+    assert "hostPath" in volumes[mounts[os.path.dirname(output)]]
+    assert "CONFIG_FILE" not in env and "shareProcessNamespace" not in pod
+    volume = ConfigMapVolume({k: str(v) for k, v in configmap["data"].items()})
+    features = new_dir()
+
+    async def body() -> None:
+        directory = new_dir()
+        async with KubeApiServer() as api:
+            api.add_node(NODE, {})
+            # Each path of the pod's spec stands for what the kubelet mounts there.
+            run_env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+            run_env |= {
+                "CONFIG_FILE_SRCDIR": volume.path,
+                "NODE_NAME": NODE,
+                "KUBECONFIG": api.kubeconfig(),
+                "GFD_OUTPUT_FILE": os.path.join(features, "gfd"),
+                "MPS_ROOT": new_dir(),
+                "NVPLUGIN_DEVICE_PLUGIN_DIR": directory,
+                "NVPLUGIN_LOG_FORMAT": "json",
+                "PATH": f"{BIN}:{os.environ['PATH']}",
+            }
+            command = container_argv(container)
+            args = ("--simulate", "dgx-a100-mig")
+            async with kubelet_with(directory, *args, env=run_env, command=command) as (
+                kubelet,
+                serve,
+            ):
+                gpus = lambda n: lambda m: m.is_registered(GPU) and len(m.devices(GPU)) == n  # noqa: E731
+                # No label: the config named "default" (NVIDIA's named fallback), 8 GPUs.
+                await kubelet.observer.wait_for(gpus(8), WAIT_S, "the default config")
+                await until(
+                    lambda: os.path.exists(run_env["GFD_OUTPUT_FILE"]), "GFD's labels written"
+                )
+                assert "nvidia.com/gpu.count=8" in Path(run_env["GFD_OUTPUT_FILE"]).read_text()
+                # The label names tesla-t4: 4 replicas a GPU.
+                api.label(NODE, LABEL, "tesla-t4")
+                await kubelet.observer.wait_for(gpus(32), WAIT_S, "tesla-t4's replicas")
+                # a100-40gb: MIG mixed.
+                api.label(NODE, LABEL, "a100-40gb")
+                await kubelet.wait_registered("nvidia.com/mig-1g.5gb", WAIT_S)
+                assert serve.process.poll() is None
+                assert "Traceback" not in serve.text()
+
+    try:
+        run(body, timeout=150)
+    finally:
+        shutil.rmtree(features, ignore_errors=True)

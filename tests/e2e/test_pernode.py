@@ -13,11 +13,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+from nvplugin.config.select import RECORD_NAME
 from nvplugin.fakekubelet.devicemanager import DeviceManager
 from nvplugin.fakekubelet.kubelet import FakeKubelet
 from tests.support.configmap import ConfigMapVolume
@@ -73,9 +75,13 @@ def selected(config: str | None, why: str) -> Callable[[dict[str, Any]], bool]:
 
 @contextlib.asynccontextmanager
 async def plugin(
-    api: KubeApiServer, volume: ConfigMapVolume, *extra: str, node: str = NODE
+    api: KubeApiServer,
+    volume: ConfigMapVolume,
+    *extra: str,
+    node: str = NODE,
+    directory: str | None = None,
 ) -> AsyncIterator[tuple[FakeKubelet, Serve]]:
-    directory = new_dir()
+    directory = directory or new_dir()
     env = {
         "CONFIG_FILE_SRCDIR": volume.path,
         "NODE_NAME": node,
@@ -151,21 +157,24 @@ def test_follows_the_label_and_the_configmap_and_keeps_the_running_config_on_a_b
     run(body)
 
 
-def test_serves_at_once_when_the_api_is_down_and_follows_once_it_is_back() -> None:
+def test_a_first_start_while_the_api_is_down_waits_for_the_label_and_follows_it() -> None:
     async def body() -> None:
         volume = ConfigMapVolume(CONFIGS)
         async with KubeApiServer() as api:
             api.add_node(NODE, {LABEL: "a100-40gb"})
             await api.down()
             async with plugin(api, volume, "--default-config", "tesla-t4") as (kubelet, serve):
-                # Down at start: DEFAULT_CONFIG served at once, the outage said, retried.
-                await kubelet.observer.wait_for(gpus(32), WAIT_S, "the default config")
-                await serve.wait_log("config selected", where=selected("tesla-t4", "default"))
+                # Down at start, nothing recorded on the node: no config is served until the
+                # label is known (DEFAULT_CONFIG would be the wrong one), the outage said.
+                await serve.wait_log("waiting for the node's label before serving")
                 await serve.wait_log(FAILING)
+                assert not kubelet.devices.is_registered(GPU)
 
                 await api.up()
                 await kubelet.observer.wait_for(mig_mixed, WAIT_S, "the label's config")
                 await serve.wait_log("kubernetes api answering again")
+                # The default config (32 replicas) was never advertised.
+                assert all(len(s.devices) == 2 for s in kubelet.observer.snapshots(GPU))
 
                 # A dropped watch is resumed (quietly: no outage): the next change arrives.
                 await api.wait_for(lambda: api.open_watches == 1)
@@ -191,6 +200,45 @@ def test_serves_at_once_when_the_api_is_down_and_follows_once_it_is_back() -> No
                 api.label(NODE, LABEL, None)
                 await kubelet.observer.wait_for(gpus(32), WAIT_S, "back to the default")
                 assert "410" in serve.text() or "listing the node again" in serve.text()
+                assert "Traceback" not in serve.text()
+
+    run(body)
+
+
+def test_a_restart_while_the_api_is_down_serves_the_config_the_label_last_chose() -> None:
+    async def body() -> None:
+        volume = ConfigMapVolume(CONFIGS)
+        directory = new_dir()
+        async with KubeApiServer() as api:
+            api.add_node(NODE, {LABEL: "tesla-t4"})
+            async with plugin(api, volume, directory=directory) as (kubelet, serve):
+                await kubelet.observer.wait_for(gpus(32), WAIT_S, "the label's config")
+                await serve.wait_log("config selected", where=selected("tesla-t4", "label"))
+            record = os.path.join(directory, RECORD_NAME)
+            with open(record) as f:
+                assert json.load(f) == {"config": "tesla-t4", "why": "label", "label": "tesla-t4"}
+
+            # Restarted while the API is away: the recorded choice at once, not the fallback.
+            await api.down()
+            async with plugin(api, volume, directory=directory) as (kubelet, serve):
+                await kubelet.observer.wait_for(gpus(32), WAIT_S, "the recorded config")
+                await serve.wait_log("config selected", where=selected("tesla-t4", "last-chosen"))
+                await serve.wait_log(FAILING)
+                api.label(NODE, LABEL, "a100-40gb")  # changed meanwhile
+                await api.up()
+                await kubelet.observer.wait_for(mig_mixed, WAIT_S, "the new label's config")
+                assert all(len(s.devices) != 8 for s in kubelet.observer.snapshots(GPU))
+            with open(record) as f:
+                assert json.load(f)["config"] == "a100-40gb"
+
+            # A record that is not one (here a directory) is ignored: the start waits.
+            os.unlink(record)
+            os.mkdir(record)
+            await api.down()
+            async with plugin(api, volume, directory=directory) as (kubelet, serve):
+                await serve.wait_log("waiting for the node's label before serving")
+                await api.up()
+                await kubelet.observer.wait_for(mig_mixed, WAIT_S, "the label's config")
                 assert "Traceback" not in serve.text()
 
     run(body)
@@ -292,3 +340,42 @@ def test_admit_and_devices_answer_for_a_label_before_it_is_set() -> None:
     )
     assert bad.returncode == 2
     assert "names no config" in bad.stderr and "tesla-t4" in bad.stderr
+
+
+def test_an_unlabelled_node_no_config_finds_serves_the_defaults_the_offline_check_predicts() -> (
+    None
+):
+    """The GPU Operator's time-slicing-config-fine shape: a config per GPU model, no default,
+    the default fallbacks (named, single) finding none, and a node without the label. The
+    offline check says what serve then serves, and serve's log claims no running config."""
+    configs = {"a100-40gb": A100, "tesla-t4": t4(4)}
+    volume = ConfigMapVolume(configs)
+    offline = run_nvplugin(
+        "devices", "--simulate", "dgx-a100-mig", "--config-file-srcdir", volume.path, timeout=WAIT_S
+    )
+    assert offline.returncode == 0, offline.stderr
+    assert "config: (no config file) (none)" in offline.stderr
+    assert "found none among the configs" in offline.stderr
+    assert "serve runs no config file on such a node" in offline.stderr
+    predicted = [line for line in offline.stdout.splitlines() if "nvidia.com/" in line]
+    assert any("nvidia.com/gpu" in line for line in predicted), offline.stdout
+
+    async def body() -> None:
+        async with KubeApiServer() as api:
+            api.add_node(NODE, {})
+            async with plugin(api, volume) as (kubelet, serve):
+                # What devices predicted: the built-in defaults (8 whole GPUs, MIG none).
+                await kubelet.observer.wait_for(gpus(8), WAIT_S, "the built-in defaults")
+                await serve.wait_log("config selected", where=selected(None, "none"))
+                line = await serve.wait_log(
+                    "config choice rejected; serving the built-in defaults (no config file)",
+                    where=lambda line: line.get("reason") == "no-fallback",
+                )
+                assert line["running"] is None
+                assert "keeping the running config" not in serve.text()
+                # A label naming a config later: that config runs.
+                api.label(NODE, LABEL, "tesla-t4")
+                await kubelet.observer.wait_for(gpus(32), WAIT_S, "the label's config")
+                assert serve.process.poll() is None
+
+    run(body)

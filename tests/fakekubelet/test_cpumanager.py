@@ -5,8 +5,14 @@ from __future__ import annotations
 import pytest
 
 from nvplugin.errors import InputError
-from nvplugin.fakekubelet.cpumanager import CpuManager, parse_cpu_list, reserved_cpus
+from nvplugin.fakekubelet.cpumanager import (
+    CpuManager,
+    parse_cpu_list,
+    reserved_cpu_count,
+    reserved_cpus,
+)
 from nvplugin.fakekubelet.pods import Container, Pod
+from nvplugin.fakekubelet.quantity import parse_quantity
 from nvplugin.fakekubelet.topologymanager import (
     AllocationError,
     BitMask,
@@ -16,6 +22,7 @@ from nvplugin.fakekubelet.topologymanager import (
     new_manager,
 )
 from nvplugin.node.model import CpuLayout, format_cpu_list
+from nvplugin.nodesession import load_topology
 from tests.support.hints import show
 
 # 2 sockets = 2 NUMA nodes, 4 cores each, 2 threads: node 0 = CPUs 0-3 + 8-11 (siblings i, i+8).
@@ -218,3 +225,22 @@ def test_through_the_topology_manager() -> None:
     result = manager.admit(third)
     assert (result.admit, result.reason) == (False, "TopologyAffinityError")
     assert manager.stored_affinity(second.uid, "main") == TopologyHint(BitMask.of(1), True)
+
+
+@pytest.mark.parametrize(
+    ("reservation", "count", "cpus"),
+    [("2", 2, {0, 40}), ("1500m", 2, {0, 40}), ("1", 1, {0}), ("1001m", 2, {0, 40})],
+)
+def test_static_without_reserved_cpus_reserves_the_rounded_up_reservation(
+    reservation: str, count: int, cpus: set[int]
+) -> None:
+    """The kubelet's static policy without --reserved-cpus reserves ceil(system-reserved +
+    kube-reserved cpu) CPUs, taken from all CPUs as exclusive CPUs are: on dgx-1 (threads i and
+    i+40 share a core) cpu=2 and cpu=1500m reserve CPUs 0 and 40."""
+    topology = load_topology("dgx-1")
+    assert reserved_cpu_count(parse_quantity(reservation).value) == count
+    manager = CpuManager.from_topology("static", topology, FixedStore(), (), count)
+    assert manager.reserved == cpus
+    assert not manager.available() & cpus
+    with pytest.raises(StartupError, match=r"size of  did not equal 81\)"):
+        CpuManager.from_topology("static", topology, FixedStore(), (), 81)

@@ -7,14 +7,17 @@ from decimal import Decimal
 
 import pytest
 
+from nvplugin.errors import InputError
 from nvplugin.fakekubelet.lifecycle import (
     DEFAULT_MAX_PODS,
     EVICTION_HARD_MEMORY,
     NodeResources,
     node_allocatable,
     resource_fit,
+    validate_node_allocatable,
 )
 from nvplugin.fakekubelet.pods import Pod, load_pods
+from nvplugin.fakekubelet.topologymanager import StartupError
 
 GI = 1024**3
 NODE = NodeResources(milli_cpu=80_000, memory=512 * GI, pods=4, extended={"nvidia.com/gpu": 8})
@@ -118,3 +121,57 @@ def test_node_allocatable_is_capacity_less_reservations_and_the_eviction_thresho
     )
     assert node == NodeResources(milli_cpu, memory, DEFAULT_MAX_PODS, {"a/b": 2})
     assert node_allocatable(80, None).memory is None
+
+
+def test_pod_overhead_counts_in_the_fit_for_the_pod_and_the_others() -> None:
+    """``spec.overhead`` (set from the pod's RuntimeClass) is part of what the kubelet's fit
+    requests: cpu 79 plus 1500m overhead is 80500 (the real kubelet 1.32)."""
+    (heavy,) = load_pods(
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: heavy}\nspec:\n"
+        "  overhead: {cpu: 1500m, memory: 1Gi}\n"
+        "  containers: [{name: main, resources: {requests: {cpu: '79'}}}]\n"
+    )
+    result = resource_fit(heavy, [], NODE)
+    assert (result.admit, result.reason, result.message) == (
+        False,
+        "OutOfcpu",
+        "Node didn't have enough resource: cpu, requested: 80500, used: 0, capacity: 80000",
+    )
+    (light,) = load_pods(
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: light}\nspec:\n"
+        "  overhead: {cpu: 250m}\n  containers: [{name: main}]\n"
+    )
+    # Overhead alone is a request: the pod is checked, and counted as used for the next one.
+    assert resource_fit(light, [], NodeResources(milli_cpu=0, memory=0)).reason == "OutOfcpu"
+    after = resource_fit(pod("next", "{requests: {cpu: '80'}}"), [light], NODE)
+    assert after.message == (
+        "Node didn't have enough resource: cpu, requested: 80000, used: 250, capacity: 80000"
+    )
+    with pytest.raises(InputError, match=r"spec.overhead\[cpu\]"):
+        load_pods(
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: bad}\nspec:\n"
+            "  overhead: {cpu: -1}\n  containers: [{name: main}]\n"
+        )
+
+
+def test_reservations_above_capacity_stop_the_kubelet_with_its_text() -> None:
+    """The kubelet's container manager refuses to start when a reservation exceeds the capacity;
+    it prints each quantity as Go's %v of a resource.Quantity value shows it."""
+    gib = 1024**3
+    with pytest.raises(StartupError) as err:
+        validate_node_allocatable({"memory": ["600Gi"], "cpu": ["100"]}, 80, 512 * gib)
+    assert str(err.value) == (
+        'invalid Node Allocatable configuration. Resource "cpu" has a reservation of '
+        "{{100 0} {<nil>}  DecimalSI} but capacity of {{80000 -3} {<nil>}  DecimalSI}. "
+        'Expected capacity >= reservation. Resource "memory" has a reservation of '
+        "{{644349952000 0} {<nil>}  BinarySI} but capacity of {{549755813888 0} {<nil>}  "
+        "BinarySI}. Expected capacity >= reservation."
+    )
+    # Mixed scales add at the finer one; the first non-zero quantity gives the format.
+    with pytest.raises(StartupError, match=r"of \{\{81500 -3\} \{<nil>\}  DecimalSI\} but"):
+        validate_node_allocatable({"cpu": ["1500m", "80"]}, 80, None)
+    # The hard eviction threshold (100Mi) counts: all the memory less 100Mi is the most.
+    validate_node_allocatable({"memory": ["524188Mi"], "cpu": ["80"]}, 80, 512 * gib)
+    with pytest.raises(StartupError, match='"memory"'):
+        validate_node_allocatable({"memory": ["524189Mi"]}, 80, 512 * gib)
+    validate_node_allocatable({"memory": ["1Ei"]}, 80, None)  # memory unknown: not checked

@@ -337,3 +337,25 @@ def test_errors_name_document_and_field(text: str, message: str) -> None:
         load_pods(text, "pods.yaml")
     assert message in str(err.value)
     assert err.value.exit_code == 2
+
+
+def test_quantities_finer_than_a_milli_are_rounded_up_as_the_api_server_defaults_them() -> None:
+    """The API server's defaulting rounds every quantity of requests and limits up to 1m before
+    the kubelet sees the pod: the QoS class, the CPU manager and the fit all see the rounded
+    value (measured on the real kubelet 1.32)."""
+    (pod,) = load_pods(
+        doc(
+            "  containers:\n  - name: a\n    resources:\n"
+            "      requests: {cpu: 1999999999n, memory: 1Gi}\n"
+            "      limits: {cpu: '2', memory: 1Gi}\n"
+        )
+    )
+    assert pod.qos_class == "Guaranteed"
+    assert pod.containers[0].requests["cpu"].value == 2
+    assert str(pod.containers[0].requests["cpu"]) == "1999999999n"  # messages show the text
+    (tiny,) = load_pods(doc("  containers: [{name: a, resources: {requests: {cpu: 1n}}}]"))
+    assert tiny.effective_requests()["cpu"] == Decimal("0.001")
+    assert tiny.effective_count("cpu") == 1
+    assert Container.of("b", requests={"memory": "1500001u"}).requests["memory"].value == (
+        Decimal("1.501")
+    )

@@ -1,6 +1,8 @@
-"""nvplugin.kube against a real HTTP API server (tests/support/kubeapi.py) through lightkube:
-get, list and watch of the own Node; resuming a dropped watch; listing again on 410 Gone; the
-API away at start and later."""
+"""nvplugin.kube against the project's own HTTP API server (tests/support/kubeapi.py) through
+lightkube, for what only it can show: how the Node is asked for (a field selector, watching from
+the list's version), resuming a dropped watch, listing again on 410 Gone, the API away at start
+and later, a wrong token, a rotated one. Getting the Node, following its label, its deletion and
+RBAC are checked on a real kube-apiserver (tests/realapi/test_node_follow.py)."""
 
 from __future__ import annotations
 
@@ -68,18 +70,6 @@ async def cluster(**kwargs: str) -> AsyncIterator[tuple[KubeApiServer, AsyncClie
             yield api, client
         finally:
             await client.close()
-
-
-def test_get_reads_the_node_and_says_when_there_is_none() -> None:
-    async def body() -> None:
-        async with cluster() as (api, client):
-            node = await get_node(client, NODE)
-            assert node.exists and node.labels[LABEL] == "a100-40gb"
-            assert not (await get_node(client, "no-such-node")).exists
-            assert api.requests[0].path == f"/api/v1/nodes/{NODE}"
-            assert api.requests[0].headers["authorization"] == f"Bearer {api.token}"
-
-    run(body)
 
 
 def test_lists_by_field_selector_then_watches_from_the_lists_version() -> None:
@@ -166,20 +156,6 @@ def test_the_api_down_at_start_and_later() -> None:
     run(body)
 
 
-def test_the_node_deleted_and_created_again() -> None:
-    async def body() -> None:
-        async with cluster() as (api, client):
-            follower = Follower(client)
-            await follower.until("a100-40gb")
-            api.delete_node(NODE)
-            await follower.until("<no node>")
-            api.add_node(NODE, {LABEL: "tesla-t4"})
-            await follower.until("tesla-t4")
-            await follower.stop()
-
-    run(body)
-
-
 def test_a_wrong_token_is_an_outage_not_a_crash() -> None:
     async def body() -> None:
         async with KubeApiServer() as api:
@@ -191,20 +167,6 @@ def test_a_wrong_token_is_an_outage_not_a_crash() -> None:
             assert follower.seen == []
             await follower.stop()
             await client.close()
-
-    run(body)
-
-
-def test_refused_by_rbac_then_allowed_without_a_restart() -> None:
-    async def body() -> None:
-        async with cluster() as (api, client):
-            api.forbidden = True
-            follower = Follower(client)
-            await api.wait_for(lambda: len(api.requests) >= 3)  # refused, retried with backoff
-            assert follower.seen == []
-            api.forbidden = False  # the ClusterRoleBinding applied
-            await follower.until("a100-40gb")
-            await follower.stop()
 
     run(body)
 

@@ -27,6 +27,7 @@ from nvplugin.nodefile.builtin import builtin_names
 from nvplugin.nodefile.reader import load_node
 from nvplugin.rm.plan import plan_resources
 from tests.support.labelcases import (
+    ALL_1G_5GB,
     MPS,
     MPS_RENAMED,
     RENAMED,
@@ -60,6 +61,9 @@ GFD_SHAPES = {
     "nvidia.com/gpu.compute.minor": r"[0-9]+",
     "nvidia.com/mps.capable": r"true|false",
     "nvidia.com/gpu.mode": r"compute|graphics|unknown",
+    # GFD writes false on a node without vGPU devices (bare metal, passthrough): a selector
+    # on vgpu.present=false must keep matching after the swap.
+    "nvidia.com/vgpu.present": r"false",
 }
 LABEL_KEY = re.compile(
     r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
@@ -326,3 +330,17 @@ def test_gpus_per_numa_node() -> None:
     ]
     assert gpus_per_numa_node(placed) == 3  # two on node 0, and the one without a node
     assert gpus_per_numa_node([dataclasses.replace(g, numa_node=None) for g in gpus]) == 4
+
+
+def test_mps_under_none_labels_only_the_gpus_it_shares() -> None:
+    """migStrategy none with MPS on a node with some GPUs with MIG on: MPS is served on the GPUs
+    with MIG off only, and the labels say so (mps.capable=true; the model's count is every GPU of
+    it, as under none without MPS); when every GPU has MIG on nothing is MPS-shared:
+    mps.capable=false (it was true, for GPUs no MPS daemon could serve)."""
+    some = compute(Scenario("dgx-a100-mig", MPS))
+    assert some["nvidia.com/mps.capable"] == "true"
+    assert some["nvidia.com/gpu.sharing-strategy"] == "mps"
+    assert some["nvidia.com/gpu.count"] == "8"
+    every = compute(Scenario(ALL_1G_5GB, MPS))
+    assert every["nvidia.com/mps.capable"] == "false"
+    assert every["nvidia.com/gpu.replicas"] == "0"  # MIG on everywhere: nothing shared

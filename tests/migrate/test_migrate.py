@@ -65,7 +65,7 @@ def _cannot(version: str) -> dict[str, Any]:
     data["gfd"]["enabled"] = True  # honoured: kept
     data["gfd"]["nameOverride"] = "gfd"
     data["nfd"]["worker"]["config"]["sources"]["pci"]["deviceClassWhitelist"] = ["03"]
-    data["mps"]["enableHostPID"] = False
+    data["mps"]["enableHostNetwork"] = True
     data["gdsEnabled"] = True
     data["deviceDiscoveryStrategy"] = "tegra"
     data["cdi"]["featureFlags"] = "disable-nvsandboxutils"
@@ -136,7 +136,8 @@ def test_what_stops_a_daemonset_is_named_by_its_key() -> None:
     def change(container: dict[str, Any]) -> None:
         container["env"] += [
             {"name": "GDS_ENABLED", "value": "true"},
-            {"name": "NODE_NAME", "value": "gpu-1"},
+            {"name": "NODE_NAME", "value": "gpu-1"},  # read by the plugin (per-node configs)
+            {"name": "GPU_OPERATOR_VERSION", "value": "v25.3.0"},
             {"name": "DP_DISABLE_HEALTHCHECKS", "value": "all"},
             {"name": "DP_ENABLE_HEALTHCHECKS", "value": "48"},
         ]
@@ -150,7 +151,7 @@ def test_what_stops_a_daemonset_is_named_by_its_key() -> None:
     assert set(found) == {
         ("changed", f"{ctr}.image"),
         ("refused", f"{ctr}.env.GDS_ENABLED"),
-        ("unknown", f"{ctr}.env.NODE_NAME"),
+        ("unknown", f"{ctr}.env.GPU_OPERATOR_VERSION"),
         ("refused", f"{ctr}.args"),
         ("refused", f"{ctr}.securityContext.runAsUser"),
     }
@@ -161,19 +162,112 @@ def test_what_stops_a_daemonset_is_named_by_its_key() -> None:
     assert sorted(str(f.value) for f in args) == ["--gpus", "-mig-strategy=split"]
 
 
-def test_config_manager_and_gfd_containers_are_refused() -> None:
+def test_nvidias_programs_without_the_plugin_beside_them_are_refused() -> None:
+    """A pod of NVIDIA's image running GFD or the MPS daemon beside the plugin, or the config
+    manager alone: nothing to hand their work to in that pod; named, with what to do."""
     docs = list(yaml.safe_load_all((FIXTURES / "chart-v0.20.0-defaults.yaml").read_text()))
     pod = docs[0]["spec"]["template"]["spec"]
-    sidecar = {"name": "nvidia-device-plugin-sidecar", "image": pod["containers"][0]["image"]}
-    pod["containers"].append({**sidecar, "command": ["config-manager"]})
-    pod["initContainers"] = [{**sidecar, "name": "init", "command": ["config-manager"]}]
-    migration = migrate_daemonset(yaml.safe_dump_all(docs), "ds.yaml", NVPLUGIN_IMAGE)
-    refused = [f.key.split(": ", 1)[1] for f in migration.refused]
-    assert refused == [
-        "initContainers[init].command",
-        "containers[nvidia-device-plugin-sidecar].command",
+    image = pod["containers"][0]["image"]
+    pod["containers"].append({"name": "gfd", "image": image, "command": ["gpu-feature-discovery"]})
+    pod["containers"].append({"name": "mps", "image": image, "command": ["mps-control-daemon"]})
+    lone = copy.deepcopy(docs[0])
+    lone["metadata"]["name"] = "lone"
+    lone["spec"]["template"]["spec"]["containers"] = [
+        {"name": "cm", "image": image, "command": ["config-manager"]}
     ]
-    assert "config manager" in migration.refused[0].message
+    migration = migrate_daemonset(yaml.safe_dump_all([*docs, lone]), "ds.yaml", NVPLUGIN_IMAGE)
+    refused = {f.key.split(": ", 1)[1]: f.message for f in migration.refused}
+    assert sorted(refused) == [
+        "containers[cm].command",
+        "containers[gfd].command",
+        "containers[mps].command",
+    ]
+    assert "writes GFD's labels itself" in refused["containers[gfd].command"]
+    assert "runs the MPS control daemons itself" in refused["containers[mps].command"]
+    assert "follows the node's label itself" in refused["containers[cm].command"]
+
+
+PER_NODE = "chart-v0.20.0-config-map-gfd-mps.yaml"
+
+
+def test_nvidias_per_node_gfd_mps_chart_output_translates_naming_each_change() -> None:
+    migration = migrate_daemonset((FIXTURES / PER_NODE).read_text(), PER_NODE, NVPLUGIN_IMAGE)
+    assert migration.refused == []
+    prefix = "DaemonSet nvidia-device-plugin/nvdp-nvidia-device-plugin"
+    found = {(f.status.value, f.key.removeprefix(prefix)) for f in migration.findings}
+    ctr = ": containers[nvidia-device-plugin-ctr]"
+    assert {
+        ("dropped", "-mps-control-daemon"),
+        ("dropped", "-gpu-feature-discovery"),
+        ("differs", "-gpu-feature-discovery"),  # NVIDIA's chart also deployed NFD
+        ("dropped", ": initContainers[nvidia-device-plugin-init]"),
+        ("dropped", ": containers[nvidia-device-plugin-sidecar]"),
+        ("dropped", ": shareProcessNamespace"),
+        ("dropped", f"{ctr}.env.CONFIG_FILE"),
+        ("changed", f"{ctr}.env.CONFIG_FILE_SRCDIR"),
+        ("changed", f"{ctr}.env.FALLBACK_STRATEGIES"),
+        ("changed", f"{ctr}.env.NODE_NAME"),
+        ("changed", f"{ctr}.env.GFD_OUTPUT_FILE"),
+        ("changed", f"{ctr}.volumeMounts[output-dir]"),
+        ("changed", ": volumes[output-dir]"),
+        ("dropped", f"{ctr}.volumeMounts[config]"),
+        ("dropped", ": volumes[config]"),
+        ("changed", ": initContainers[mps-shm]"),
+        ("changed", f"{ctr}.securityContext.privileged"),
+        ("changed", f"{ctr}.volumeMounts[mps-root].mountPropagation"),
+        ("changed", f"{ctr}.image"),
+    } == found
+    daemonsets = [o for o in migration.output if o["kind"] == "DaemonSet"]
+    (daemonset,) = daemonsets
+    pod = daemonset["spec"]["template"]["spec"]
+    assert [c["name"] for c in pod["initContainers"]] == ["mps-shm"]
+    assert pod["initContainers"][0]["image"] == f"{NVPLUGIN_IMAGE}:0.1.0"
+    (container,) = pod["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["CONFIG_FILE_SRCDIR"] == "/available-configs"
+    assert env["FALLBACK_STRATEGIES"] == "named,single"
+    assert "DEFAULT_CONFIG" not in env and "CONFIG_FILE" not in env  # NVIDIA's was empty
+    assert container["securityContext"] == {"privileged": True}
+    assert {v["name"] for v in pod["volumes"]} == {
+        "kubelet-device-plugins-dir",
+        "mps-root",
+        "mps-shm",
+        "cdi-root",
+        "available-configs",
+        "output-dir",
+    }
+
+
+def test_a_default_config_and_label_of_the_config_manager_reach_the_plugin() -> None:
+    text = (FIXTURES / PER_NODE).read_text()
+    text = text.replace('"nvidia.com/device-plugin.config"', '"example.com/gpu-config"')
+    text = text.replace(
+        "- name: DEFAULT_CONFIG\n          value:\n",
+        "- name: DEFAULT_CONFIG\n          value: tesla-t4\n",
+    )
+    migration = migrate_daemonset(text, PER_NODE, NVPLUGIN_IMAGE)
+    (daemonset,) = [o for o in migration.output if o["kind"] == "DaemonSet"]
+    (container,) = daemonset["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["DEFAULT_CONFIG"] == "tesla-t4" and env["NODE_LABEL"] == "example.com/gpu-config"
+
+
+def test_a_config_of_the_configmap_the_plugin_would_refuse_is_named() -> None:
+    text = (FIXTURES / PER_NODE).read_text().replace("replicas: 4", "replicas: 0")
+    migration = migrate_daemonset(text, PER_NODE, NVPLUGIN_IMAGE)
+    (refused,) = migration.refused
+    assert refused.key == "ConfigMap nvdp-nvidia-device-plugin-configs: data.tesla-t4"
+    assert "replicas" in refused.message
+
+
+def test_without_mps_in_the_configs_the_plugin_stays_unprivileged() -> None:
+    docs = list(yaml.safe_load_all((FIXTURES / PER_NODE).read_text()))
+    del docs[0]["data"]["mps-2"]
+    migration = migrate_daemonset(yaml.safe_dump_all(docs), PER_NODE, NVPLUGIN_IMAGE)
+    (daemonset,) = [o for o in migration.output if o["kind"] == "DaemonSet"]
+    pod = daemonset["spec"]["template"]["spec"]
+    assert "initContainers" not in pod
+    assert pod["containers"][0]["securityContext"] == {"capabilities": {"add": ["SYS_ADMIN"]}}
 
 
 # --- the command ---------------------------------------------------------------------------------
@@ -250,3 +344,82 @@ def test_a_long_hyphenated_path_stays_whole_in_the_title() -> None:
     text = to_text([migrate_values("{}", source)])
     header = [line for line in text.splitlines() if line.startswith("# ")]
     assert any(source in line for line in header), header
+
+
+def test_cdi_disable_hooks_is_refused_by_name_not_kept_as_unknown() -> None:
+    def change(container: dict[str, Any]) -> None:
+        container["env"] += [{"name": "CDI_DISABLE_HOOKS", "value": "true"}]
+        container["args"] = ["--cdi-disable-hooks"]
+
+    migration = _daemonset("chart-v0.20.0-defaults.yaml", change)
+    refused = {
+        f.key.rsplit(".", 1)[-1] if ".env." in f.key else "args": f for f in migration.refused
+    }
+    assert set(refused) == {"CDI_DISABLE_HOOKS", "args"}
+    assert "environment variable CDI_DISABLE_HOOKS='true'" in refused["CDI_DISABLE_HOOKS"].message
+    assert refused["args"].value == "--cdi-disable-hooks"
+    assert "does not support generating CDI specs yet" in refused["args"].message
+    assert not [f for f in migration.findings if f.status is Status.UNKNOWN]
+
+
+def test_gfd_enabled_says_nvidias_chart_also_deployed_nfd() -> None:
+    data = values("v0.20.0")
+    data["gfd"]["enabled"] = True
+    migration = _values(data)
+    (note,) = [f for f in migration.findings if f.key == "values.gfd.enabled"]
+    assert note.status is Status.DIFFERS
+    assert "NVIDIA's chart with gfd.enabled also deploys Node Feature Discovery" in note.message
+    assert "nvplugin's chart does not" in note.message
+    assert migration.refused == [] and migration.output["gfd"] == {"enabled": True}
+
+
+def test_a_gfd_only_release_is_refused_as_the_chart_refuses_it() -> None:
+    data = values("v0.18.2")
+    data["devicePlugin"]["enabled"] = False
+    data["gfd"]["enabled"] = True
+    migration = _values(data)
+    (refused,) = migration.refused
+    assert refused.key == "values.devicePlugin.enabled"
+    error = render_error(migration.output)
+    assert f"values.devicePlugin.enabled: false: {refused.message}" in error
+
+
+def test_a_config_map_without_a_default_is_refused_with_nvidias_message() -> None:
+    data = values("v0.20.0")
+    data["config"]["map"] = {"a100-40gb": "version: v1\n", "tesla-t4": "version: v1\n"}
+    migration = _values(data)
+    (refused,) = migration.refused
+    assert refused.key == "values.config.map"
+    assert refused.message.startswith("A default config must be provided when more than one")
+    assert f"values.config.map: {refused.message}" in render_error(migration.output)
+    data["config"]["default"] = "tesla-t4"
+    assert _values(data).refused == []
+
+
+@pytest.mark.process
+def test_values_read_from_standard_input() -> None:
+    """helm get values nvdp | nvplugin migrate --values -"""
+    command = [sys.executable, "-m", "nvplugin", "migrate", "--values", "-"]
+    text = (FIXTURES / "values-v0.20.0.yaml").read_text()
+    done = subprocess.run(command, input=text, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "NVIDIA's chart values standard input ->" in done.stdout
+    assert yaml.safe_load(done.stdout)["image"]["repository"] == "nvplugin"
+    both = subprocess.run(
+        [*command, "--daemonset", "-"], input=text, capture_output=True, text=True, timeout=60
+    )
+    assert both.returncode == 2 and "only one of --values and --daemonset" in both.stderr
+
+
+def test_dotted_keys_of_unknown_values_stay_keys() -> None:
+    """A label's name (with dots) under a value NVIDIA's chart does not have is one key, not a
+    path: podLabels is nvplugin's, kept as it is."""
+    labels = {"example.com/team": "ml", "app.kubernetes.io/part-of": "gpu"}
+    migration = _values({"podLabels": labels, "image": {"repository": NVIDIA_IMAGE}})
+    assert migration.output["podLabels"] == labels
+    unknown = sorted(f.key for f in migration.findings if f.status is Status.UNKNOWN)
+    assert unknown == [
+        "values.podLabels.app.kubernetes.io/part-of",
+        "values.podLabels.example.com/team",
+    ]
+    assert render(migration.output).pod is not None

@@ -92,6 +92,29 @@ def test_mps_under_mixed_shares_the_gpus_with_mig_off() -> None:
     assert not any(r.replicas.shared for r in plan.resources if r.name != "nvidia.com/gpu")
 
 
+def test_mps_under_none_serves_only_the_gpus_with_mig_off_and_names_the_rest() -> None:
+    """migStrategy none (the GPU Operator's mps-config-all on a node with some MIG GPUs): MPS
+    cannot run on a GPU with MIG on, and NVIDIA's MPS daemon skips MIG devices. The GPUs with
+    MIG on are left out (named in a warning, shown as such), MPS is served on the rest."""
+    config = config_of("sharing:\n  mps:\n    resources:\n    - {name: gpu, replicas: 4}\n")
+    plan = plan_for(config, MIG.gpus)
+    (served,) = plan.resources
+    assert served.name == "nvidia.com/gpu" and served.replicas.mps
+    assert [gpu.index for gpu in served.gpus] == [6, 7]
+    assert plan.mps_mig_on == (0, 1, 2, 3, 4, 5)
+    assert [plan.served_as[str(n)] for n in range(6)] == [None] * 6
+    (warning,) = [w for w in plan.warnings if "MIG" in w]
+    assert warning.startswith("GPU 0, 1, 2, 3, 4, 5 have MIG enabled and sharing.mps would")
+    assert plan.labels()[0] == "(MIG on: not shared through MPS)"
+    assert plan.as_dict()["excluded"] == [] and plan.as_dict()["mps_mig_on"] == [0, 1, 2, 3, 4, 5]
+    # Time-slicing still advertises them whole, as NVIDIA does (with its warning).
+    sliced = plan_for(
+        config_of("sharing:\n  timeSlicing:\n    resources:\n    - {name: gpu, replicas: 4}\n"),
+        MIG.gpus,
+    )
+    assert sliced.mps_mig_on == () and len(sliced.resources[0].gpus) == 8
+
+
 def test_fail_requests_greater_than_one_names_the_mps_key() -> None:
     replicas = Replicas(4, True, strategy="mps")
     assert replicas.too_many(1) is None

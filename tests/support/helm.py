@@ -76,8 +76,10 @@ def render(
     *,
     name: str = RELEASE,
     namespace: str = NAMESPACE,
+    chart_dir: Path = CHART_DIR,
 ) -> Rendered:
-    with helm.Chart.load(str(CHART_DIR)) as chart:
+    """``chart_dir``: another copy of the chart (a test that takes its schema away)."""
+    with helm.Chart.load(str(chart_dir)) as chart:
         manifests = chart.render(
             copy.deepcopy(values) if values is not None else None,
             name=name,

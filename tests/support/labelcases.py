@@ -111,7 +111,7 @@ links: |2
 """A shape this work was not built on: a public report of a GPU Operator node (GFD v0.17.0), an
 A30 in a VMware guest with MIG off under migStrategy single, restated as a node file; its GFD
 labels are the fixture (the operator's own labels -- gpu.deploy.*, gpu.present, mig.config* --
-and GFD's vgpu.present, which nvplugin does not model, left out)."""
+left out; vgpu.present=false is what GFD writes on a node without vGPU devices)."""
 
 
 @dataclass(frozen=True)

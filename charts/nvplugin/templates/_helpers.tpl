@@ -273,6 +273,23 @@ a cluster through lookup). Returns the problem (nvplugin.validate lists it), or 
 {{- end }}
 {{- end }}
 
+{{/*
+NVIDIA's chart's rule (nvplugin/chart/values.py: no_default_problem): a config.map must give
+every node a config without its label -- config.default, or a fallback strategy that finds one
+among the entries (named: an entry called "default"; single: exactly one entry; empty) -- else
+rendering fails with NVIDIA's message. args: Values, message (settings.json "noDefault").
+*/}}
+{{- define "nvplugin.noDefaultProblem" -}}
+{{- $map := .Values.config.map | default dict }}
+{{- $fallbacks := .Values.config.fallbackStrategies | default list }}
+{{- if and $map (not .Values.config.default) }}
+{{- $found := or (and (has "named" $fallbacks) (hasKey $map "default")) (and (has "single" $fallbacks) (eq (len $map) 1)) (has "empty" $fallbacks) }}
+{{- if not $found }}
+{{- printf "values.config.map: %s (config.fallbackStrategies: [%s]; config.map's entries: %s)" .message (join ", " $fallbacks) (join ", " (keys $map | sortAlpha)) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
 {{/* The ServiceAccount the plugin reads its Node with (per-node configs only). */}}
 {{- define "nvplugin.serviceAccountName" -}}
 {{- include "nvplugin.fullname" . }}
@@ -364,8 +381,15 @@ and values that contradict each other.
 {{- end }}
 {{- $problems = concat $problems (include "nvplugin.configProblems" . | fromJsonArray) }}
 {{- with include "nvplugin.defaultProblem" . }}{{ $problems = append $problems . }}{{ end }}
+{{- with include "nvplugin.noDefaultProblem" (dict "Values" .Values "message" $data.noDefault) }}{{ $problems = append $problems . }}{{ end }}
+{{- if include "nvplugin.gfdOnly" . }}
+{{- $problems = append $problems (printf "values.devicePlugin.enabled: false: %s" $data.gfdOnly) }}
+{{- end }}
 {{- if regexMatch $data.image.pattern (.Values.image.repository | toString) }}
 {{- $problems = append $problems (printf "values.image.repository: %q %s" .Values.image.repository $data.image.message) }}
+{{- end }}
+{{- if and (not .Values.image.digest) (regexMatch $data.image.tagPattern (.Values.image.tag | default "" | toString)) }}
+{{- $problems = append $problems (printf "values.image.tag: %q %s" .Values.image.tag $data.image.tagMessage) }}
 {{- end }}
 {{- if and (eq (include "nvplugin.namespace" .) "default") (not .Values.allowDefaultNamespace) }}
 {{- $problems = append $problems "values.allowDefaultNamespace: the release's namespace is \"default\"; install into another namespace (-n kube-system), or set allowDefaultNamespace=true" }}
@@ -457,6 +481,14 @@ NVIDIA's values use NVIDIA's variable names.
 {{- toJson $out }}
 {{- end }}
 
+{{/*
+GPU Feature Discovery without the plugin (devicePlugin.enabled=false, gfd.enabled=true):
+refused, as nvplugin's labels come from its plugin pods (nvplugin/chart/values.py: gfd_only).
+*/}}
+{{- define "nvplugin.gfdOnly" -}}
+{{- if and (eq (toJson (.Values.devicePlugin | default dict).enabled) "false") (eq (toJson (.Values.gfd | default dict).enabled) "true") }}true{{ end }}
+{{- end }}
+
 {{/* NVIDIA's devicePlugin.enabled: false renders no plugin. */}}
 {{- define "nvplugin.enabled" -}}
 {{- if ne (toJson (.Values.devicePlugin | default dict).enabled) "false" }}true{{ end }}
@@ -526,7 +558,7 @@ args: path, Values.
 */}}
 {{- define "nvplugin.probe" -}}
 httpGet:
-  path: {{ .path }}
+  path: {{ .path | quote }}
   port: health
-timeoutSeconds: {{ .Values.probes.timeoutSeconds }}
+timeoutSeconds: {{ .Values.probes.timeoutSeconds | int }}
 {{- end }}
