@@ -90,6 +90,15 @@ class Extender:
             scores = await self.on_worker(lambda: self.view.prioritize(args.pod, args.node_names))
         return priority_list(scores)
 
+    def reservations(self) -> dict[str, list[str]]:
+        """Node -> UIDs of the pods reserved there (nodes with none left out)."""
+        out = {}
+        for node in self.view.names():
+            held = self.view.reservations(node)
+            if held:
+                out[node] = sorted(r.pod_uid for r in held)
+        return out
+
     # --- what the API says ---------------------------------------------------------------
 
     def apply_nrt(self, kind: str, objects: tuple[Mapping[str, Any], ...]) -> None:
@@ -147,6 +156,9 @@ async def route(extender: Extender, method: str, path: str, body: bytes) -> Resp
     if method == "GET" and path == "/readyz":
         ok = extender.ready.is_set()
         return Response(200 if ok else 503, b"ok\n" if ok else b"not synced\n", "text/plain")
+    if method == "GET" and path == "/reservations":
+        held = await extender.on_worker(extender.reservations)
+        return _json(200, held)
     if method != "POST":
         return Response(405, b"POST /filter or /prioritize\n", "text/plain")
     try:

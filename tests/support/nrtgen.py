@@ -146,3 +146,33 @@ def random_nrt(name: str, rng: random.Random, resource: str = "nvidia.com/gpu") 
         fingerprint=f"pfp0v001{rng.getrandbits(48):012x}",
         best_groups={resource: best} if best else None,
     )
+
+
+def pool_nrt(
+    name: str, pool: int, rng: random.Random, resource: str = "nvidia.com/gpu"
+) -> dict[str, Any]:
+    """A node of node pool ``pool`` (its shape and kubelet settings fixed by the pool's number),
+    in one of the free states a busy pool shows: each NUMA node's GPUs all, half or none free,
+    its CPUs all, half, four or none free."""
+    settings = random.Random(pool)
+    numa, gpus, cpus = settings.choice(SHAPES)
+    policy = settings.choice(POLICIES)
+    scope = settings.choice(("container", "pod"))
+    cpu_policy = settings.choice(("none", "static"))
+    zones: dict[int, dict[str, tuple[int, int, int]]] = {}
+    for node in range(numa):
+        reserved = 1 if node == 0 else 0
+        free_gpus = rng.choice((gpus, gpus // 2, 0))
+        free_cpus = rng.choice((cpus - reserved, cpus // 2, 4, 0))
+        zones[node] = {
+            resource: (gpus, gpus, free_gpus),
+            "cpu": (cpus, cpus - reserved, free_cpus),
+        }
+    return nrt_object(
+        name,
+        zones,
+        policy=policy,
+        scope=scope,
+        cpu_policy=cpu_policy,
+        fingerprint=f"pfp0v001{rng.getrandbits(48):012x}",
+    )
