@@ -1,5 +1,5 @@
 """NodeResourceTopology objects written from a fake kubelet's state, independently of the
-topology exporter (issue 35): the oracle side of the extender's tests and the bench's nodes.
+topology exporter: the oracle side of the extender's tests and the bench's nodes.
 
 :func:`nrt_from_admission` reads an ``nvplugin admit`` run (:class:`Admission`) as NFD would
 read a kubelet: per NUMA node each device resource's devices (capacity), healthy ones
