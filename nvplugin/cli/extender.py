@@ -7,15 +7,22 @@ import contextlib
 import json
 import os
 import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from nvplugin.cli.group import main, user_errors
 
+if TYPE_CHECKING:
+    from nvplugin.extender.view import View
+
+F = TypeVar("F", bound=Callable[..., Any])
+
 LISTEN_HELP = "Address to serve the extender on, HOST:PORT."
 
 
-def _view(weight_numa: float, weight_group: float, reservation_s: float):  # type: ignore[no-untyped-def]
+def _view(weight_numa: float, weight_group: float, reservation_s: float) -> View:
     from nvplugin.extender.view import View, Weights
 
     if weight_numa < 0 or weight_group < 0:
@@ -25,7 +32,7 @@ def _view(weight_numa: float, weight_group: float, reservation_s: float):  # typ
     return View(weights=Weights(weight_numa, weight_group), reservation_s=reservation_s)
 
 
-def _weights(func):  # type: ignore[no-untyped-def]
+def _weights(func: F) -> F:
     for option in reversed(
         [
             click.option("--weight-numa", type=float, default=1.0, show_default=True,

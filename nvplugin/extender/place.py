@@ -44,7 +44,7 @@ def read_api_nrts(kubeconfig: str | None) -> list[NodeTopology]:
     async def listed() -> list[dict[str, Any]]:
         client = open_client(access)
         async with asyncio.timeout(120):
-            return [o.to_dict() async for o in client.list(NRT, chunk_size=500)]
+            return [o.to_dict() async for o in client.list(NRT, chunk_size=500)]  # type: ignore[no-untyped-call]
 
     try:
         objects = asyncio.run(listed())

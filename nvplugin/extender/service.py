@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -262,12 +263,16 @@ async def follow_api(extender: Extender, kubeconfig: str | None, env: Mapping[st
 
     async def nrts() -> None:
         async for event in follow(client, "noderesourcetopologies"):
-            await extender.on_worker(lambda e=event: extender.apply_nrt(e.kind, e.objects))
+            await extender.on_worker(
+                functools.partial(extender.apply_nrt, event.kind, event.objects)
+            )
             extender.ready.set()
 
     async def pods() -> None:
         async for event in follow(client, "pods"):
-            await extender.on_worker(lambda e=event: extender.apply_pod(e.kind, e.objects))
+            await extender.on_worker(
+                functools.partial(extender.apply_pod, event.kind, event.objects)
+            )
 
     async def node_names() -> None:
         async for event in follow(client, "nodes"):
