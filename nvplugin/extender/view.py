@@ -22,7 +22,6 @@ from nvplugin.extender.judge import (
     Verdict,
     Zones,
     pod_signature,
-    requested_resources,
     zones_of,
 )
 from nvplugin.extender.nrt import NodeTopology
@@ -110,6 +109,16 @@ def unclamp(verdict: Verdict, hidden: Mapping[str, int]) -> Verdict:
     return Verdict(verdict.admit, verdict.reason, message, verdict.taken)
 
 
+@dataclass(frozen=True)
+class PodPlan:
+    names: tuple[str, ...]
+    exclusive: bool
+    single: bool
+    clamp: Clamp
+    clamp_key: tuple[tuple[str, int], ...] | None
+    signature: tuple[object, ...]
+
+
 @dataclass
 class NodeEntry:
     nrt: NodeTopology
@@ -118,6 +127,8 @@ class NodeEntry:
     """Resource -> effective per-zone counts (the NRT's less the reservations)."""
     clamped: dict[tuple[str, int], tuple[Zones, int]] = field(default_factory=dict)
     """(resource, cut) -> the counts cut there, and the free items the cut hid."""
+    keys: dict[object, tuple[StateKey, dict[str, int]]] = field(default_factory=dict)
+    """What a pod plan's key is on this node (dropped with every recount)."""
 
 
 class View:
@@ -138,6 +149,7 @@ class View:
         self._said: set[tuple[str, str]] = set()
         # The latest pass per pod and node, waiting for the pod's binding.
         self._passed: dict[str, dict[str, Verdict]] = {}
+        self._last_plan: tuple[Pod, PodPlan] | None = None
 
     # --- state ---------------------------------------------------------------------------
 
@@ -182,6 +194,7 @@ class View:
                 )
             entry.zones[resource] = zones
         entry.clamped = {}
+        entry.keys = {}
 
     def bound(self, pod_uid: str, node: str) -> bool:
         """The scheduler bound ``pod_uid`` to ``node``: reserve what it would take there, if
@@ -282,20 +295,45 @@ class View:
             self._say_once(node, "NRT gives no cpuManagerPolicy; judging devices alone")
         if nrt.memory_policy == "Static":
             self._say_once(node, "memory manager Static is not modelled; memory not aligned")
-        resources = requested_resources(pod, [r for r in entry.zones if r not in (CPU, "memory")])
-        exclusive = pod.qos_class == QOS_GUARANTEED
+        plan = self._plan(pod)
+        resources = tuple(r for r in plan.names if r in entry.zones)
         if naive:
-            key, _ = self.key(entry, resources, exclusive, None)
+            key, _ = self.key(entry, resources, plan.exclusive, None)
             try:
                 return Judge(key).judge(pod)
             except StartupError as exc:
                 return self._startup(node, str(exc))
-        single = len(pod.all_containers) == 1
-        key, hidden = self.key(entry, resources, exclusive, pod_clamp(pod), single)
+        memo = (resources, plan.clamp_key, plan.exclusive, plan.single)
+        found = entry.keys.get(memo)
+        if found is None:
+            if len(entry.keys) >= 64:  # many pod shapes: start over rather than grow
+                entry.keys.clear()
+            found = entry.keys[memo] = self.key(
+                entry, resources, plan.exclusive, plan.clamp, plan.single
+            )
+        key, hidden = found
         verdict = self.cache.verdict(
-            key, pod, pod_signature(pod), lambda text: self._startup(node, text)
+            key, pod, plan.signature, lambda text: self._startup(node, text)
         )
         return unclamp(verdict, hidden) if hidden and not verdict.admit else verdict
+
+    def _plan(self, pod: Pod) -> PodPlan:
+        """What of ``pod`` every node's judgement needs, worked out once per pod."""
+        last = self._last_plan
+        if last is not None and last[0] is pod:
+            return last[1]
+        clamp = pod_clamp(pod)
+        names = {r for c in pod.all_containers for r in c.limits} - {CPU, "memory"}
+        plan = PodPlan(
+            names=tuple(sorted(names)),
+            exclusive=pod.qos_class == QOS_GUARANTEED,
+            single=len(pod.all_containers) == 1,
+            clamp=clamp,
+            clamp_key=None if clamp is None else tuple(sorted(clamp.items())),
+            signature=pod_signature(pod),
+        )
+        self._last_plan = (pod, plan)
+        return plan
 
     def _startup(self, node: str, text: str) -> Verdict:
         self._say_once(node, "the kubelet's settings would not start; node refused", error=text)
