@@ -1,8 +1,8 @@
 """The ``nvplugin`` command. Each command is a thin shell over the library; imports are lazy so
 that a short command starts fast. The commands live beside this module, one per part of the
-package they front (``cdi``, ``node``, ``preferred``, ``serve``, ``migrate``, ``probe``,
-``kubelet``, ``mps``, ``topology``), and register themselves on :func:`main` (``group.py``) when
-imported below."""
+package they front (``cdi``, ``extender``, ``node``, ``preferred``, ``serve``, ``migrate``,
+``probe``, ``kubelet``, ``mps``, ``topology``), and register themselves on :func:`main`
+(``group.py``) when imported below."""
 
 from __future__ import annotations
 
@@ -18,12 +18,24 @@ if sys.argv[1:2] in (["serve"], ["nvidia-device-plugin"]):
     PendingSignals.install()
 
 # The commands, registered on main as they are imported.
-from nvplugin.cli import cdi, kubelet, migrate, mps, node, preferred, probe, serve, topology
+from nvplugin.cli import (
+    cdi,
+    extender,
+    kubelet,
+    migrate,
+    mps,
+    node,
+    preferred,
+    probe,
+    serve,
+    topology,
+)
 from nvplugin.cli.group import NVIDIA_COMMAND, main, user_errors
 
 __all__ = [
     "NVIDIA_COMMAND",
     "cdi",
+    "extender",
     "kubelet",
     "main",
     "migrate",

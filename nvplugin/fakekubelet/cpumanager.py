@@ -155,6 +155,13 @@ class CpuManager:
             self._shared |= cpus
         self._reuse.pop(pod_uid, None)
 
+    def restore(self, pod_uid: str, container_name: str, cpus: Iterable[int]) -> None:
+        """Record CPUs a container already holds exclusively, as the kubelet's start restores
+        them from its state file: for whoever rebuilds a node's state from outside."""
+        taken = frozenset(cpus)
+        self._assigned.setdefault(pod_uid, {})[container_name] = taken
+        self._shared -= taken
+
     # --- requests ---
     def guaranteed_cpus(self, pod: Pod, container: Container) -> int:
         """Exclusive CPUs the container gets: its whole CPU request in a Guaranteed pod, else 0."""

@@ -95,6 +95,8 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
             "cpuManagerPolicy": "static",
         }
     },
+    "scheduler-extender": {"schedulerExtender": {"enabled": True}},
+    "extender-only": {"schedulerExtender": {"enabled": True, "scheduler": {"enabled": False}}},
     # NVIDIA's values files as they are, with nvplugin's image (tests/fixtures/nvidia/)
     **{
         f"nvidia-{version}": with_nvplugin_image(nvidia_values(version))

@@ -375,6 +375,25 @@ class DeviceManager:
             self.write_checkpoint()
             self._changed()
 
+    def restore_allocation(
+        self, pod_uid: str, container: str, resource: str, device_ids: Iterable[str]
+    ) -> None:
+        """Record devices a container already holds, as the kubelet's start restores them from
+        its checkpoint (no Allocate call): for whoever rebuilds a node's state from outside."""
+        ids = frozenset(device_ids)
+        groups = by_numa_node(self.ordered(resource, ids), self.device_numa(resource))
+        self._pod_devices.insert(
+            ContainerAllocation(
+                pod_uid,
+                container,
+                resource,
+                ids,
+                {n: tuple(d) for n, d in groups.items()},
+                api_pb2.ContainerAllocateResponse(),
+            )
+        )
+        self._recompute_allocated()
+
     def update_allocated_devices(self) -> None:
         """Reclaim the devices of pods that are no longer active (``UpdateAllocatedDevices``)."""
         if self.active_pods is None:

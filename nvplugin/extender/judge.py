@@ -1,0 +1,307 @@
+"""The kubelet's admission of one pod on a node whose free state is an NRT object's: the fake
+kubelet's own topology manager, device manager and CPU manager (the code behind ``nvplugin
+admit``), built over devices and CPUs laid out from the NRT zones.
+
+Each resource of a zone becomes that many devices on that NUMA node: ``capacity - allocatable``
+of them unhealthy, ``allocatable - available`` held by another pod (restored as the kubelet
+restores its checkpoint), the rest free. Exclusive CPUs the same way (one CPU per core, a socket
+per NUMA node; the zone's ``capacity - allocatable`` are the reserved CPUs). The devices' plugin
+is a local stand-in that offers no preferred allocation and answers Allocate at once: which
+device of a zone a container gets does not change a verdict, only how many of each zone.
+
+A :class:`Judge` is built once per distinct free state (:func:`state_key`) and admits any number
+of pods, each rolled back afterwards, as the kubelet rolls back a rejected pod.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from nvplugin.api import HEALTHY
+from nvplugin.api.v1beta1 import api_pb2
+from nvplugin.fakekubelet.cpumanager import CpuManager
+from nvplugin.fakekubelet.devicemanager.endpoint import (
+    DeviceInfo,
+    DevicePluginError,
+    DevicesCallback,
+    EndCallback,
+    Endpoint,
+    PluginOptions,
+)
+from nvplugin.fakekubelet.devicemanager.manager import DeviceManager
+from nvplugin.fakekubelet.pods import CPU, Container, Pod
+from nvplugin.fakekubelet.topologymanager import Manager, NumaInfo, StartupError, new_manager
+from nvplugin.fakekubelet.topologymanager.policy import ProviderHints
+from nvplugin.fakekubelet.topologymanager.scope import AllocationError
+from nvplugin.node.model import Cpu, CpuLayout
+
+HOLDER = "nvplugin-extender/held-by-others"
+"""The pod UID the devices and CPUs other pods hold are restored under."""
+CANDIDATE = "nvplugin-extender/candidate"
+"""The UID every judged pod is admitted under (verdicts do not depend on it)."""
+
+Zones = tuple[tuple[int, int, int, int], ...]
+"""One resource's counts: (NUMA node, capacity, allocatable, available) per zone, by node."""
+
+
+@dataclass(frozen=True, slots=True)
+class StateKey:
+    """Everything a verdict depends on: settings, NUMA nodes, and the counts of the resources
+    the pod asks for (``cpu`` only when exclusive CPUs matter)."""
+
+    policy: str
+    scope: str
+    cpu_policy: str
+    nodes: tuple[int, ...]
+    resources: tuple[tuple[str, Zones], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """The kubelet's answer, and where the pod's devices and exclusive CPUs would go."""
+
+    admit: bool
+    reason: str | None = None
+    message: str | None = None
+    taken: tuple[tuple[str, int, int], ...] = ()
+    """(resource, NUMA node, count) the pod would take; ``cpu`` for exclusive CPUs."""
+
+    @property
+    def numa_nodes(self) -> tuple[int, ...]:
+        """NUMA nodes the pod's devices and exclusive CPUs would span."""
+        return tuple(sorted({node for _, node, n in self.taken if n}))
+
+    @property
+    def text(self) -> str:
+        """The kubelet's rejection as an event shows it: ``<reason>: <message>``."""
+        return f"{self.reason}: {self.message}" if not self.admit else ""
+
+
+class LocalPlugin(Endpoint):
+    """A device plugin that lives in this process: it lists the devices it was given, offers
+    no preferred allocation and answers every Allocate with an empty response."""
+
+    def __init__(self, resource: str, devices: Sequence[DeviceInfo]) -> None:
+        # No channel: nothing is dialled (Endpoint's own __init__ wants one).
+        self.resource = resource
+        self.socket_path = f"local:{resource}"
+        self.options = PluginOptions()
+        self.registered_at = 0.0
+        self._devices = tuple(devices)
+        self._watching = False
+
+    @property
+    def alive(self) -> bool:
+        return self._watching
+
+    def start_watching(self, on_devices: DevicesCallback, on_end: EndCallback) -> None:
+        self._watching = True
+        on_devices(self, self._devices)
+
+    async def get_preferred_allocation(
+        self, available: Sequence[str], must_include: Sequence[str], size: int
+    ) -> list[str] | None:
+        return None
+
+    async def allocate(self, device_ids: Sequence[str]) -> api_pb2.ContainerAllocateResponse:
+        return api_pb2.ContainerAllocateResponse()
+
+    async def pre_start_container(
+        self, device_ids: Sequence[str], *, timeout_s: float = 0.0
+    ) -> bool:
+        return False
+
+    async def close(self) -> None:
+        self._watching = False
+
+
+class LocalHintProvider:
+    """The device manager as the topology manager's hint provider, called on this thread.
+
+    The fake kubelet's own adapter (``DeviceHintProvider``) hops onto the device manager's event
+    loop, or runs a fresh loop per allocation when there is none: a loop's start and stop cost
+    more than the allocation. With :class:`LocalPlugin` nothing in an allocation ever waits, so
+    its coroutine finishes on its first step, here.
+    """
+
+    def __init__(self, devices: DeviceManager) -> None:
+        self.devices = devices
+
+    def get_topology_hints(self, pod: Pod, container: Container) -> ProviderHints:
+        return self.devices.container_hints(pod, container)
+
+    def get_pod_topology_hints(self, pod: Pod) -> ProviderHints:
+        return self.devices.pod_hints(pod)
+
+    def allocate(self, pod: Pod, container: Container) -> None:
+        coro = self.devices.allocate_container(pod, container)
+        try:
+            coro.send(None)
+        except StopIteration:
+            return
+        except DevicePluginError as exc:
+            raise AllocationError(str(exc)) from None
+        coro.close()
+        raise RuntimeError("a local allocation waited on something")
+
+
+def device_id(resource: str, node: int, index: int) -> str:
+    return f"{resource}/numa{node}/{index}"
+
+
+class Judge:
+    """The fake kubelet's managers over one free state (see module doc)."""
+
+    def __init__(self, key: StateKey) -> None:
+        """Raises :class:`StartupError` where the kubelet would not start with these settings
+        (more NUMA nodes than the topology manager allows)."""
+        self.key = key
+        self.manager: Manager = new_manager(NumaInfo(key.nodes), key.policy, key.scope)
+        self.devices = DeviceManager(numa_nodes=key.nodes, store=self.manager)
+        self._zone_of: dict[str, int] = {}
+        cpu_zones: Zones = ()
+        for resource, zones in key.resources:
+            if resource == CPU:
+                cpu_zones = zones
+                continue
+            self._add_resource(resource, zones)
+        self.cpus = self._cpu_manager(cpu_zones)
+        self.manager.add_hint_provider(LocalHintProvider(self.devices))
+        self.manager.add_hint_provider(self.cpus)
+
+    def _add_resource(self, resource: str, zones: Zones) -> None:
+        devices: list[DeviceInfo] = []
+        held: list[str] = []
+        for node, capacity, allocatable, available in zones:
+            for i in range(capacity):
+                ident = device_id(resource, node, i)
+                self._zone_of[ident] = node
+                healthy = i < allocatable
+                devices.append(DeviceInfo(ident, HEALTHY if healthy else "Unhealthy", (node,)))
+                if available <= i < allocatable:
+                    held.append(ident)
+        self.devices.plugin_connected(LocalPlugin(resource, devices))
+        if held:
+            self.devices.restore_allocation(HOLDER, "c", resource, held)
+
+    def _cpu_manager(self, zones: Zones) -> CpuManager:
+        cpus: list[Cpu] = []
+        reserved: list[int] = []
+        held: list[int] = []
+        ident = 0
+        for node, capacity, allocatable, available in zones:
+            for i in range(capacity):
+                cpus.append(Cpu(ident, node, ident, node))
+                if i >= allocatable:
+                    reserved.append(ident)
+                elif i >= available:
+                    held.append(ident)
+                ident += 1
+        policy = self.key.cpu_policy if zones else "none"
+        # The kubelet refuses static without reserved CPUs; an NRT whose zones reserve none
+        # still describes a running static kubelet (its reservation lies outside the zones).
+        manager = CpuManager("none", CpuLayout(tuple(cpus)), self.manager, reserved, self.key.nodes)
+        manager.policy = policy
+        if held:
+            manager.restore(HOLDER, "c", held)
+        return manager
+
+    def judge(self, pod: Pod) -> Verdict:
+        """Admit ``pod`` (its UID replaced), report, and roll it back."""
+        pod = Pod(pod.name, CANDIDATE, pod.containers, pod.init_containers, pod.namespace)
+        try:
+            result = self.manager.admit(pod)
+            taken: dict[tuple[str, int], int] = {}
+            if result.admit:
+                for entry in self.devices.allocations():
+                    if entry.pod_uid == CANDIDATE:
+                        for d in entry.device_ids:
+                            k = (entry.resource, self._zone_of[d])
+                            taken[k] = taken.get(k, 0) + 1
+                for c in pod.all_containers:
+                    for cpu in self.cpus.cpus(CANDIDATE, c.name):
+                        k = (CPU, self.cpus.layout.cpus[cpu].numa_node)
+                        taken[k] = taken.get(k, 0) + 1
+            return Verdict(
+                result.admit,
+                result.reason,
+                result.message,
+                tuple((r, n, c) for (r, n), c in sorted(taken.items())),
+            )
+        finally:
+            self.manager.remove_pod(CANDIDATE)
+            self.cpus.remove_pod(CANDIDATE)
+            self.devices.remove_pods([CANDIDATE])
+
+
+def zones_of(counts: Mapping[int, object]) -> Zones:
+    """A resource's per-zone counts (``Counts`` objects) as a key's tuple."""
+    out = []
+    for node, c in sorted(counts.items()):
+        out.append((node, c.capacity, c.allocatable, c.available))  # type: ignore[attr-defined]
+    return tuple(out)
+
+
+class JudgeCache:
+    """Judges by free state and verdicts by (state, pod), both bounded (least recently used
+    dropped first)."""
+
+    def __init__(self, judges: int = 4096, verdicts: int = 65536) -> None:
+        self._judges: dict[StateKey, Judge | StartupError] = {}
+        self._verdicts: dict[tuple[StateKey, object], Verdict] = {}
+        self._max_judges = judges
+        self._max_verdicts = verdicts
+        self.built = 0
+        self.admitted = 0
+
+    def judge(self, key: StateKey) -> Judge | StartupError:
+        found = self._judges.pop(key, None)
+        if found is None:
+            try:
+                found = Judge(key)
+            except StartupError as exc:
+                found = exc
+            self.built += 1
+            if len(self._judges) >= self._max_judges:
+                del self._judges[next(iter(self._judges))]
+        self._judges[key] = found
+        return found
+
+    def verdict(
+        self, key: StateKey, pod: Pod, signature: object, on_startup: Callable[[str], Verdict]
+    ) -> Verdict:
+        cache_key = (key, signature)
+        found = self._verdicts.get(cache_key)
+        if found is not None:
+            return found
+        judge = self.judge(key)
+        if isinstance(judge, StartupError):
+            found = on_startup(str(judge))
+        else:
+            found = judge.judge(pod)
+            self.admitted += 1
+        if len(self._verdicts) >= self._max_verdicts:
+            del self._verdicts[next(iter(self._verdicts))]
+        self._verdicts[cache_key] = found
+        return found
+
+
+def pod_signature(pod: Pod) -> tuple[object, ...]:
+    """What of a pod its admission depends on: each container's kind, requests and limits."""
+    return tuple(
+        (
+            c.name,
+            c.init,
+            c.restart_policy,
+            tuple(sorted((k, str(q)) for k, q in c.requests.items())),
+            tuple(sorted((k, str(q)) for k, q in c.limits.items())),
+        )
+        for c in pod.all_containers
+    )
+
+
+def requested_resources(pod: Pod, known: Iterable[str]) -> tuple[str, ...]:
+    """The device resources among ``known`` that the pod's containers ask for."""
+    names = {r for c in pod.all_containers for r in c.limits}
+    return tuple(sorted(names.intersection(known)))
