@@ -268,15 +268,7 @@ class TopologyPublisher(ApiPublisher):
                 reserved = read_reserved_cpu(settings.kubelet_config)
             except NvpluginError as exc:
                 self._log.error("kubelet config not read; its policies left out", error=str(exc))
-        policies = merged(
-            from_file,
-            {
-                "topologyManagerPolicy": settings.topology_manager_policy,
-                "topologyManagerScope": settings.topology_manager_scope,
-                "cpuManagerPolicy": settings.cpu_manager_policy,
-                "memoryManagerPolicy": settings.memory_manager_policy,
-            },
-        )
+        policies = merged(from_file, settings)
         return policies, reserved
 
     async def _owner(self, client: Any) -> str:
