@@ -18,7 +18,7 @@ from nvplugin.fakekubelet.pods import Container, Pod
 from nvplugin.nrt.objects import attributes_of
 from tests.support.helm import render
 from tests.support.nrt import CRD, KubeletPods, free_devices
-from tests.support.realapi import RealAPI, RealAPIError
+from tests.support.realapi import RealAPI, RealAPIError, cluster_rbac
 from tests.support.serve import Serve, new_dir
 from tests.support.waiting import WAIT_S
 
@@ -54,15 +54,10 @@ def kubeconfig(real_api: RealAPI) -> Iterator[str]:
     real_api.install_crd(CRD)
     namespace = real_api.namespace("nrt")
     rendered = render({"topology": {"publish": True}}, name="nvplugin", namespace=namespace)
-    rbac = [
-        o
-        for o in rendered.objects
-        if o["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")
-    ]
+    rbac = cluster_rbac(rendered.objects)
     assert len(rbac) == 3, rendered.kinds()
     real_api.apply(rbac)
-    (account,) = [o for o in rbac if o["kind"] == "ServiceAccount"]
-    yield str(real_api.service_account_kubeconfig(namespace, account["metadata"]["name"]))
+    yield str(real_api.account_kubeconfig(namespace, rbac))
     for obj in rbac:
         if obj["kind"] != "ServiceAccount":
             real_api.delete(obj)
