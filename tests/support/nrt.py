@@ -10,10 +10,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import grpc
 import jsonschema
 import yaml
 
-from nvplugin.api.podresources.v1 import api_pb2
+from nvplugin.api.podresources.v1 import api_pb2, api_pb2_grpc
 from nvplugin.fakekubelet.devicemanager.manager import DeviceManager
 from nvplugin.fakekubelet.podresources import PodResourcesServer
 from nvplugin.fakekubelet.pods import Pod
@@ -28,6 +29,19 @@ def free_devices(obj: Mapping[str, Any] | None, resource: str = "nvidia.com/gpu"
     if obj is None:
         return -1
     return sum(v[2] for (_, r), v in zone_resources(obj).items() if r == resource)
+
+
+async def pod_resources_answers(
+    socket: str,
+) -> tuple[api_pb2.ListPodResourcesResponse, api_pb2.AllocatableResourcesResponse]:
+    """``List`` and ``GetAllocatableResources`` of the pod resources API on ``socket``."""
+    async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
+        stub = api_pb2_grpc.PodResourcesListerStub(channel)
+        listed = await stub.List(api_pb2.ListPodResourcesRequest(), timeout=10)
+        allocatable = await stub.GetAllocatableResources(
+            api_pb2.AllocatableResourcesRequest(), timeout=10
+        )
+        return listed, allocatable
 
 
 class KubeletPods:
