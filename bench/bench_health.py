@@ -14,16 +14,14 @@ Prints:
 
 from __future__ import annotations
 
-import asyncio
 import os
 import statistics
 import tempfile
-import threading
 import time
 from importlib import resources
 from pathlib import Path
 
-import grpc
+from bench.unhealthy import unhealthy_latencies
 
 POLLS = 200
 FAULTS = 48
@@ -67,12 +65,6 @@ def _poll_cost(name: str) -> None:
 
 
 def _fault_latencies() -> list[float]:
-    from nvplugin.api.v1beta1 import api_pb2, api_pb2_grpc
-    from nvplugin.config import load_config
-    from nvplugin.log import configure
-    from nvplugin.nodesession import NodeSession, open_node
-    from nvplugin.plugin.daemon import Daemon
-
     directory = tempfile.mkdtemp()
     events = []
     for k in range(FAULTS):
@@ -82,64 +74,12 @@ def _fault_latencies() -> list[float]:
     builtin = (resources.files("nvplugin.nodefile") / "nodes" / "dgx-2.yaml").read_text()
     node_path = os.path.join(directory, "dgx-2-faults.yaml")
     Path(node_path).write_text(builtin.replace("events: []", "events:\n" + "\n".join(events)))
-    config_path = os.path.join(directory, "config.yaml")
-    Path(config_path).write_text("version: v1\nnvplugin:\n  health:\n    poll: {interval: 1s}\n")
-    plugin_dir = os.path.join(directory, "dp")
-    config = load_config(
-        config_path, flags={"nvplugin.devicePluginDir": plugin_dir, "nvplugin.log.level": "error"}
+    return unhealthy_latencies(
+        node_path,
+        "version: v1\nnvplugin:\n  health:\n    poll: {interval: 1s}\n",
+        [(START_S + SPACING_S * k, k % 16) for k in range(FAULTS)],
+        START_S + SPACING_S * FAULTS + RESET_AFTER_S + 1.5,
     )
-    configure("json", "error")
-    sessions: list[NodeSession] = []
-
-    def opener(simulate: str | None) -> NodeSession:
-        session = open_node(simulate)
-        sessions.append(session)
-        return session
-
-    daemon = Daemon(config, simulate=node_path, opener=opener)
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(
-        target=lambda: loop.run_until_complete(daemon.run(handle_signals=False)), daemon=True
-    )
-    thread.start()
-    socket_path = os.path.join(plugin_dir, "nvplugin-gpu.sock")
-    while not os.path.exists(socket_path):
-        time.sleep(0.01)
-    received: list[tuple[float, frozenset[int]]] = []
-    with grpc.insecure_channel(f"unix:{socket_path}") as channel:
-        stream = api_pb2_grpc.DevicePluginStub(channel).ListAndWatch(api_pb2.Empty())
-
-        def read() -> None:
-            index_of: dict[str, int] = {}
-            try:
-                for message in stream:
-                    now = time.monotonic()
-                    if not index_of:
-                        index_of = {d.ID: i for i, d in enumerate(message.devices)}
-                    unhealthy = (index_of[d.ID] for d in message.devices if d.health != "Healthy")
-                    received.append((now, frozenset(unhealthy)))
-            except grpc.RpcError:
-                pass  # cancelled below
-
-        reader = threading.Thread(target=read, daemon=True)
-        reader.start()
-        time.sleep(START_S + SPACING_S * FAULTS + RESET_AFTER_S + 1.5)
-        stream.cancel()
-        reader.join(5)
-    loop.call_soon_threadsafe(daemon.stop)
-    thread.join(5)
-    started = sessions[0].sim._started  # type: ignore[union-attr]  # the events' clock
-    latencies = []
-    for k in range(FAULTS):
-        due = started + START_S + SPACING_S * k
-        gpu = k % 16
-        previous: frozenset[int] = frozenset()
-        for at, bad in received:
-            if at >= due - 0.001 and gpu in bad and gpu not in previous:
-                latencies.append((at - due) * 1000)
-                break
-            previous = bad
-    return latencies
 
 
 def _load() -> str:

@@ -17,13 +17,11 @@ import asyncio
 import os
 import statistics
 import time
-from typing import Any
 
 from nvplugin.fakekubelet.kubelet import FakeKubelet
-from nvplugin.fakekubelet.podresources import PodResourcesServer
 from nvplugin.fakekubelet.pods import Container, Pod
-from nvplugin.nrt.objects import zone_resources
 from tests.support.kubeapi import KubeApiServer
+from tests.support.nrt import KubeletPods, free_devices
 from tests.support.serve import Serve, new_dir
 
 NODE = "bench-node"
@@ -32,12 +30,6 @@ CYCLES = 40
 RATE_HZ = 10.0
 LOAD_S = 15.0
 WAIT_S = 60.0
-
-
-def _free(obj: dict[str, Any] | None) -> int:
-    if obj is None:
-        return -1
-    return sum(v[2] for (_, r), v in zone_resources(obj).items() if r == GPU)
 
 
 def _cpu_s(pid: int) -> float:
@@ -55,12 +47,9 @@ async def _main() -> None:
     async with KubeApiServer() as api:
         api.add_node(NODE)
         directory = new_dir()
-        pods: list[Pod] = []
         async with FakeKubelet(directory) as kubelet:
-            devices = kubelet.devices
-            server = PodResourcesServer(
-                os.path.join(new_dir(), "pod-resources"), lambda: list(pods), devices
-            )
+            pods = KubeletPods(kubelet.devices)
+            server = pods.server
             await server.start()
             serve = Serve(
                 directory,
@@ -70,28 +59,19 @@ async def _main() -> None:
             )
             try:
                 await kubelet.wait_registered(GPU, WAIT_S)
-                await api.wait_for(lambda: _free(api.nrts.get(NODE)) == 8, WAIT_S)
-
-                async def admit(pod: Pod) -> None:
-                    pods.append(pod)
-                    for container in pod.all_containers:
-                        await devices.allocate_container(pod, container)
-
-                def delete(pod: Pod) -> None:
-                    pods.remove(pod)
-                    devices.remove_pods([pod.uid])
+                await api.wait_for(lambda: free_devices(api.nrts.get(NODE)) == 8, WAIT_S)
 
                 allocated, freed = [], []
                 for i in range(CYCLES):
                     pod = Pod.of(f"p{i}", [Container.of("app", limits={GPU: 1 + i % 4})])
                     started = time.perf_counter()
-                    await admit(pod)
+                    await pods.admit(pod)
                     want = 8 - (1 + i % 4)
-                    await api.wait_for(lambda w=want: _free(api.nrts.get(NODE)) == w, WAIT_S)
+                    await api.wait_for(lambda w=want: free_devices(api.nrts.get(NODE)) == w, WAIT_S)
                     allocated.append(time.perf_counter() - started)
                     started = time.perf_counter()
-                    delete(pod)
-                    await api.wait_for(lambda: _free(api.nrts.get(NODE)) == 8, WAIT_S)
+                    pods.delete(pod)
+                    await api.wait_for(lambda: free_devices(api.nrts.get(NODE)) == 8, WAIT_S)
                     freed.append(time.perf_counter() - started)
                 for what, values in (("allocation", allocated), ("freed pod", freed)):
                     print(
@@ -110,10 +90,10 @@ async def _main() -> None:
                 deadline = wall + LOAD_S
                 while time.perf_counter() < deadline:
                     next_at = time.perf_counter() + tick
-                    if pods:
-                        delete(pods[0])
+                    if pods.pods:
+                        pods.delete(pods.pods[0])
                     else:
-                        await admit(Pod.of(f"l{i}", [Container.of("app", limits={GPU: 2})]))
+                        await pods.admit(Pod.of(f"l{i}", [Container.of("app", limits={GPU: 2})]))
                     i += 1
                     await asyncio.sleep(max(0.0, next_at - time.perf_counter()))
                 elapsed = time.perf_counter() - wall

@@ -38,6 +38,8 @@ from pathlib import Path
 
 import grpc
 
+from bench.unhealthy import unhealthy_latencies
+
 NODE = "dgx-2"
 GPU = "nvidia.com/gpu"
 STARTS = 5
@@ -330,11 +332,6 @@ def _rss_with_streams(directory: str, process: subprocess.Popen[bytes]) -> tuple
 def _event_latencies() -> list[float]:
     """In-process (to know when the simulated NVML makes each event due): Xid 48 on GPU k % 16
     every 0.1 s; with recovery after 0.2 s quiet, every event is a change."""
-    from nvplugin.api.v1beta1 import api_pb2, api_pb2_grpc
-    from nvplugin.config import load_config
-    from nvplugin.nodesession import NodeSession, open_node
-    from nvplugin.plugin.daemon import Daemon
-
     directory = tempfile.mkdtemp()
     start_s, spacing_s, count = 2.0, 0.1, 96
     events = "\n".join(
@@ -344,69 +341,12 @@ def _event_latencies() -> list[float]:
     builtin = (resources.files("nvplugin.nodefile") / "nodes" / f"{NODE}.yaml").read_text()
     node_path = os.path.join(directory, "dgx-2-events.yaml")
     Path(node_path).write_text(builtin.replace("events: []", "events:\n" + events))
-    config_path = os.path.join(directory, "config.yaml")
-    Path(config_path).write_text(
-        "version: v1\nnvplugin:\n  health:\n    recovery: {quietPeriod: 200ms}\n"
+    return unhealthy_latencies(
+        node_path,
+        "version: v1\nnvplugin:\n  health:\n    recovery: {quietPeriod: 200ms}\n",
+        [(start_s + spacing_s * k, k % 16) for k in range(count)],
+        start_s + spacing_s * count + 1.0,
     )
-    plugin_dir = os.path.join(directory, "dp")
-    config = load_config(
-        config_path, flags={"nvplugin.devicePluginDir": plugin_dir, "nvplugin.log.level": "error"}
-    )
-    from nvplugin.log import configure
-
-    configure("json", "error")
-    sessions: list[NodeSession] = []
-
-    def opener(simulate: str | None) -> NodeSession:
-        session = open_node(simulate)
-        sessions.append(session)
-        return session
-
-    daemon = Daemon(config, simulate=node_path, opener=opener)
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(
-        target=lambda: loop.run_until_complete(daemon.run(handle_signals=False)), daemon=True
-    )
-    thread.start()
-    socket_path = os.path.join(plugin_dir, "nvplugin-gpu.sock")
-    while not os.path.exists(socket_path):
-        time.sleep(0.01)
-    received: list[tuple[float, frozenset[int]]] = []
-    with grpc.insecure_channel(f"unix:{socket_path}") as channel:
-        stub = api_pb2_grpc.DevicePluginStub(channel)
-        stream = stub.ListAndWatch(api_pb2.Empty())
-
-        def read() -> None:
-            index_of: dict[str, int] = {}
-            try:
-                for message in stream:
-                    now = time.monotonic()
-                    if not index_of:
-                        index_of = {d.ID: i for i, d in enumerate(message.devices)}
-                    unhealthy = (index_of[d.ID] for d in message.devices if d.health != "Healthy")
-                    received.append((now, frozenset(unhealthy)))
-            except grpc.RpcError:
-                pass  # cancelled below
-
-        reader = threading.Thread(target=read, daemon=True)
-        reader.start()
-        time.sleep(start_s + spacing_s * count + 1.0)
-        stream.cancel()
-        reader.join(5)
-    loop.call_soon_threadsafe(daemon.stop)
-    thread.join(5)
-    started = sessions[0].sim._started  # type: ignore[union-attr]  # when the events' clock began
-    latencies = []
-    for k in range(count):
-        due = started + start_s + spacing_s * k
-        gpu = k % 16
-        previous: frozenset[int] = frozenset()
-        for at, bad in received:
-            if at >= due - 0.001 and gpu in bad and gpu not in previous:
-                latencies.append((at - due) * 1000)
-                break
-            previous = bad
-    return latencies
 
 
 def footprint(nodes: Sequence[str], *, sources: bool = True) -> None:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from nvplugin.cli.flags import SIMULATE_HELP, config_file_option, setting_options
+from nvplugin.cli.flags import SIMULATE_HELP, config_file_option, setting_flags, setting_options
 from nvplugin.cli.group import main, user_errors
 
 if TYPE_CHECKING:
@@ -23,16 +23,10 @@ def cdi() -> None:
 def _config(config_path: str | None, options: dict[str, object]) -> Config:
     import os
 
-    from nvplugin.config import SETTINGS, config_file, load_config
+    from nvplugin.config import config_file, load_config
 
     env = dict(os.environ)
-    paths = list(SETTINGS)
-    flags = {
-        paths[int(name.split("_")[1])]: value
-        for name, value in options.items()
-        if name.startswith("setting_")
-    }
-    return load_config(config_file(config_path, env), flags=flags, env=env)
+    return load_config(config_file(config_path, env), flags=setting_flags(options), env=env)
 
 
 _CONFIG_HELP = (

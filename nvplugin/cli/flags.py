@@ -242,3 +242,16 @@ class GoFlags(click.Command):
                 for arg in args
             ],
         )
+
+
+def setting_flags(options: dict[str, Any]) -> dict[str, object]:
+    """The settings given as options (:func:`setting_options`' ``setting_<n>``), by path: the
+    ``flags`` of :func:`nvplugin.config.load_config`."""
+    from nvplugin.config import SETTINGS
+
+    paths = list(SETTINGS)
+    return {
+        paths[int(name.split("_")[1])]: value
+        for name, value in options.items()
+        if name.startswith("setting_")
+    }

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from nvplugin.cli.flags import SIMULATE_HELP, config_file_option, setting_options
+from nvplugin.cli.flags import SIMULATE_HELP, config_file_option, setting_flags, setting_options
 from nvplugin.cli.group import main, user_errors
 
 
@@ -37,20 +37,14 @@ def stop(simulate: str | None, config_path: str | None, **options: object) -> No
     import asyncio
     import os
 
-    from nvplugin.config import SETTINGS, config_file, load_config
+    from nvplugin.config import config_file, load_config
     from nvplugin.errors import NvpluginError
     from nvplugin.log import configure
     from nvplugin.nodesession import open_node
     from nvplugin.plugin.mps import end_leftovers, mps_root
 
     env = dict(os.environ)
-    paths = list(SETTINGS)
-    flags = {
-        paths[int(name.split("_")[1])]: value
-        for name, value in options.items()
-        if name.startswith("setting_")
-    }
-    config = load_config(config_file(config_path, env), flags=flags, env=env)
+    config = load_config(config_file(config_path, env), flags=setting_flags(options), env=env)
     configure(config.log.format, config.log.level)
     with open_node(simulate, driver_root=config.container_driver_root) as node:
         root = mps_root(config, node.topology.gpus, node.driver_root)

@@ -14,6 +14,7 @@ from nvplugin.cli.flags import (
     GoFlags,
     config_file_option,
     selection_options,
+    setting_flags,
     setting_options,
 )
 from nvplugin.cli.group import NVIDIA_COMMAND, main, user_errors
@@ -78,18 +79,13 @@ def _serve(
 
     import os
 
-    from nvplugin.config import SETTINGS, config_file, load_config
+    from nvplugin.config import config_file, load_config
     from nvplugin.config.select import RECORD_NAME, first_choice, read_selection
     from nvplugin.errors import InputError
 
     env = dict(os.environ)
-    paths = list(SETTINGS)
     chosen = {k[len("select_") :]: v for k, v in options.items() if k.startswith("select_")}
-    flags = {
-        paths[int(name.split("_")[1])]: value
-        for name, value in options.items()
-        if name.startswith("setting_")
-    }
+    flags = setting_flags(options)
     from nvplugin.config.loader import REFUSED_NAMES, refused_names
 
     refused = {

@@ -51,15 +51,7 @@ def topology(
         click.echo(f"warning: {warning}", err=True)
     settings = config.topology
     from_file = read_policies(settings.kubelet_config) if settings.kubelet_config else None
-    policies = merged(
-        from_file,
-        {
-            "topologyManagerPolicy": settings.topology_manager_policy,
-            "topologyManagerScope": settings.topology_manager_scope,
-            "cpuManagerPolicy": settings.cpu_manager_policy,
-            "memoryManagerPolicy": settings.memory_manager_policy,
-        },
-    )
+    policies = merged(from_file, settings)
     listed, allocatable = idle_answers(topo, plan, policies.cpu_manager_policy)
     obj = build_nrt(
         node_name or topo.name, topo, plan, listed, allocatable, policies, BestGroups(topo)

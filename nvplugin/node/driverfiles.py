@@ -1,7 +1,8 @@
 """What the NVIDIA driver puts on a node besides NVML, as facts: its device nodes (names, the
 ``/proc/devices`` names of their majors, fixed minors), the libraries, programs, firmware and
 IPC sockets a CUDA container needs. Both the simulated driver root (:mod:`nvplugin.sim.driverroot`)
-and the CDI spec (:mod:`nvplugin.cdi.hostfiles`) read them from here, so the two cannot drift.
+and the CDI spec (:mod:`nvplugin.cdi.hostfiles`) read them from here, so the two cannot drift;
+the NVML module looks for ``libnvidia-ml.so.1`` in the same library directories.
 
 Paths are relative to a driver root (``/`` on a host-installed driver, ``/run/nvidia/driver``
 with the GPU Operator's driver container).

@@ -33,6 +33,7 @@ import pynvml
 
 from nvplugin.errors import NvpluginError
 from nvplugin.node import mig
+from nvplugin.node.driverfiles import LIBRARY_DIRS
 from nvplugin.node.model import (
     MAX_NVLINKS,
     Driver,
@@ -122,18 +123,7 @@ PCIE_TO_LEVEL: Mapping[Pcie, int] = MappingProxyType(
 """NVML common-ancestor level of each PCIe relation (the simulated NVML answers with these)."""
 
 NVML_LIBRARY = "libnvidia-ml.so.1"
-LIBRARY_DIRS = (
-    "usr/lib64",
-    "usr/lib/x86_64-linux-gnu",
-    "usr/lib/aarch64-linux-gnu",
-    "lib64",
-    "lib/x86_64-linux-gnu",
-    "lib/aarch64-linux-gnu",
-    "usr/lib",
-    "lib",
-)
-"""Where driver installs put libnvidia-ml.so.1, relative to the driver root (distribution
-packages, the .run installer, the GPU Operator's driver container)."""
+"""Looked for in each of the driver's library directories (``driverfiles.LIBRARY_DIRS``)."""
 
 NVLINK_ERROR_COUNTERS = (
     pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT,

@@ -8,11 +8,14 @@ the kubelet's whole configuration. The file is read bounded, as every input is.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from nvplugin import yamlinput
 from nvplugin.errors import InputError, shortened
 from nvplugin.nrt.objects import KubeletPolicies
+
+if TYPE_CHECKING:
+    from nvplugin.config.model import TopologyConfig
 
 KUBELET_DEFAULTS = {
     "topologyManagerPolicy": "none",
@@ -45,21 +48,18 @@ def read_policies(path: str) -> KubeletPolicies:
     )
 
 
-def merged(
-    from_file: KubeletPolicies | None, settings: Mapping[str, str | None]
-) -> KubeletPolicies:
-    """The file's policies with the settings given (not None) over them."""
+def merged(from_file: KubeletPolicies | None, settings: TopologyConfig) -> KubeletPolicies:
+    """The file's policies with the ``nvplugin.topology`` settings given (not None) over them."""
     base = from_file or KubeletPolicies()
 
-    def pick(key: str, current: str | None) -> str | None:
-        value = settings.get(key)
+    def pick(value: str | None, current: str | None) -> str | None:
         return value if value is not None else current
 
     return KubeletPolicies(
-        pick("topologyManagerPolicy", base.topology_manager_policy),
-        pick("topologyManagerScope", base.topology_manager_scope),
-        pick("cpuManagerPolicy", base.cpu_manager_policy),
-        pick("memoryManagerPolicy", base.memory_manager_policy),
+        pick(settings.topology_manager_policy, base.topology_manager_policy),
+        pick(settings.topology_manager_scope, base.topology_manager_scope),
+        pick(settings.cpu_manager_policy, base.cpu_manager_policy),
+        pick(settings.memory_manager_policy, base.memory_manager_policy),
     )
 
 

@@ -24,15 +24,14 @@ from typing import Any
 from nvplugin.backoff import Backoff, Retry
 from nvplugin.config.pod import PodIdentity
 from nvplugin.errors import NvpluginError
-from nvplugin.log import get_logger
 from nvplugin.plugin.metrics import Metrics
+from nvplugin.plugin.publisher import ApiPublisher
 from nvplugin.plugin.tasks import Tasks
 
 
-class NodeFeaturePublisher:
-    """Publishes the labels it is handed (see the module docstring). ``tasks``: the owner of its
-    background task (the daemon's whole life); ``backoff``: the first and the longest wait
-    between attempts, in seconds."""
+class NodeFeaturePublisher(ApiPublisher):
+    """Publishes the labels it is handed (see the module docstring); the arguments:
+    :class:`~nvplugin.plugin.publisher.ApiPublisher`'s."""
 
     def __init__(
         self,
@@ -42,16 +41,11 @@ class NodeFeaturePublisher:
         tasks: Tasks,
         backoff: tuple[float, float] = (0.5, 10.0),
     ) -> None:
-        self._tasks = tasks
-        self._pod = pod
-        self._metrics = metrics
-        self._backoff = backoff
-        self._log = get_logger("nvplugin.labels", node=pod.node_name)
+        super().__init__(pod, metrics, tasks=tasks, backoff=backoff, logger="nvplugin.labels")
         self._wanted: dict[str, str] | None = None
         self._published: dict[str, str] | None = None
         self._wake = asyncio.Event()
         self._publishing = False
-        self._said_off = False
 
     @property
     def published(self) -> Mapping[str, str] | None:
@@ -60,11 +54,7 @@ class NodeFeaturePublisher:
 
     def want(self, labels: Mapping[str, str]) -> None:
         """Publish ``labels`` (soon; never blocks)."""
-        problem = self._pod.problem()
-        if problem is not None:
-            if not self._said_off:
-                self._log.error("cannot publish the NodeFeature object", reason=problem)
-                self._said_off = True
+        if self._refused(self._pod.problem(), "NodeFeature object"):
             return
         self._wanted = dict(labels)
         self._wake.set()

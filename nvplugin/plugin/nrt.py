@@ -33,13 +33,13 @@ from nvplugin.backoff import Backoff, Retry
 from nvplugin.config.model import Config, TopologyConfig
 from nvplugin.config.pod import PodIdentity
 from nvplugin.errors import NvpluginError
-from nvplugin.log import get_logger
 from nvplugin.node.model import Topology
 from nvplugin.nrt.bestgroups import BestGroups
 from nvplugin.nrt.kubeletconfig import merged, read_policies, read_reserved_cpu
 from nvplugin.nrt.objects import KubeletPolicies, build_nrt
 from nvplugin.nrt.volcano import build_numatopology
 from nvplugin.plugin.metrics import Metrics
+from nvplugin.plugin.publisher import ApiPublisher
 from nvplugin.plugin.registrar import DirWatcher
 from nvplugin.plugin.tasks import Tasks
 from nvplugin.rm.plan import ResourcePlan
@@ -98,10 +98,9 @@ class PodResourcesReader:
             await channel.close()
 
 
-class TopologyPublisher:
-    """Publishes the node's NRT object (see the module docstring). ``tasks``: the owner of its
-    background task (the daemon's whole life); ``backoff``: the first and the longest wait
-    between attempts, in seconds."""
+class TopologyPublisher(ApiPublisher):
+    """Publishes the node's NRT object (see the module docstring); the arguments:
+    :class:`~nvplugin.plugin.publisher.ApiPublisher`'s."""
 
     def __init__(
         self,
@@ -111,16 +110,11 @@ class TopologyPublisher:
         tasks: Tasks,
         backoff: tuple[float, float] = (0.5, 10.0),
     ) -> None:
-        self._pod = pod
-        self._metrics = metrics
-        self._tasks = tasks
-        self._backoff = backoff
-        self._log = get_logger("nvplugin.topology", node=pod.node_name)
+        super().__init__(pod, metrics, tasks=tasks, backoff=backoff, logger="nvplugin.topology")
         self._served: Served | None = None
         self._dirty = asyncio.Event()  # something may have changed since the last pass
         self._stored: dict[str, dict[str, Any]] = {}  # by kind: as the API last returned it
         self._running = False
-        self._said_off = False
         self.published: dict[str, dict[str, Any]] = {}
         """By kind, the object last written (or found already saying it)."""
         self.last_write: float | None = None
@@ -131,11 +125,7 @@ class TopologyPublisher:
         off or no GPU is served yet."""
         if not config.topology.publish or topology is None or plan is None:
             return
-        problem = self._problem()
-        if problem is not None:
-            if not self._said_off:
-                self._log.error("cannot publish the NodeResourceTopology object", reason=problem)
-                self._said_off = True
+        if self._refused(self._problem(), "NodeResourceTopology object"):
             return
         self._served = Served(config.topology, config.device_plugin_dir, topology, plan)
         self._dirty.set()
@@ -278,15 +268,7 @@ class TopologyPublisher:
                 reserved = read_reserved_cpu(settings.kubelet_config)
             except NvpluginError as exc:
                 self._log.error("kubelet config not read; its policies left out", error=str(exc))
-        policies = merged(
-            from_file,
-            {
-                "topologyManagerPolicy": settings.topology_manager_policy,
-                "topologyManagerScope": settings.topology_manager_scope,
-                "cpuManagerPolicy": settings.cpu_manager_policy,
-                "memoryManagerPolicy": settings.memory_manager_policy,
-            },
-        )
+        policies = merged(from_file, settings)
         return policies, reserved
 
     async def _owner(self, client: Any) -> str:

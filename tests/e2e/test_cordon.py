@@ -7,7 +7,6 @@ them; an entry naming no GPU is said once and ignored."""
 from __future__ import annotations
 
 import asyncio
-import urllib.request
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -16,10 +15,12 @@ from nvplugin.nodefile.reader import load_node
 from nvplugin.plugin.cordon import ANNOTATION, HAMI_ANNOTATION
 from tests.support.configmap import ConfigMapVolume
 from tests.support.kubeapi import KubeApiServer
-from tests.support.serve import Serve, kubelet_with, new_dir
+from tests.support.serve import kubelet_with, new_dir, scrape
 from tests.support.waiting import WAIT_S
 
 NODE = "dgx-a100-cordon"
+ARGS = ("--simulate", "dgx-a100-mig", "--mig-strategy", "mixed", "--api-backoff-s", "0.05", "0.5")
+"""serve on a MIG node, MIG mixed, retrying the API quickly."""
 GPU = "nvidia.com/gpu"
 MIG_SMALL = "nvidia.com/mig-1g.5gb"
 TOPOLOGY = load_node("dgx-a100-mig").topology()
@@ -49,16 +50,6 @@ def exactly(expected: frozenset[str]) -> Callable[[DeviceManager], bool]:
     )
 
 
-async def scrape(serve: Serve) -> str:
-    port = int((await serve.wait_log("serving metrics"))["port"])
-
-    def get() -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=WAIT_S) as r:
-            return str(r.read().decode())
-
-    return await asyncio.to_thread(get)
-
-
 def test_annotation_withdraws_and_restores_exactly_the_named_gpus() -> None:
     async def body() -> None:
         async with KubeApiServer() as api:
@@ -68,16 +59,7 @@ def test_annotation_withdraws_and_restores_exactly_the_named_gpus() -> None:
                 "KUBECONFIG": api.kubeconfig(),
                 "NVPLUGIN_METRICS_ADDRESS": "127.0.0.1:0",
             }
-            args = (
-                "--simulate",
-                "dgx-a100-mig",
-                "--mig-strategy",
-                "mixed",
-                "--api-backoff-s",
-                "0.05",
-                "0.5",
-            )
-            async with kubelet_with(new_dir(), *args, env=env) as (kubelet, serve):
+            async with kubelet_with(new_dir(), *ARGS, env=env) as (kubelet, serve):
                 wait = kubelet.observer.wait_for
                 await wait(exactly(frozenset()), WAIT_S, "everything healthy")
 
@@ -146,16 +128,7 @@ def test_without_permission_to_read_the_node_the_cordon_is_off_said_once() -> No
             api.add_node(NODE)
             api.forbidden = True
             env = {"NODE_NAME": NODE, "KUBECONFIG": api.kubeconfig()}
-            args = (
-                "--simulate",
-                "dgx-a100-mig",
-                "--mig-strategy",
-                "mixed",
-                "--api-backoff-s",
-                "0.05",
-                "0.5",
-            )
-            async with kubelet_with(new_dir(), *args, env=env) as (kubelet, serve):
+            async with kubelet_with(new_dir(), *ARGS, env=env) as (kubelet, serve):
                 await kubelet.observer.wait_for(exactly(frozenset()), WAIT_S, "serving")
                 line = await serve.wait_log("gpu cordon by node annotation off")
                 assert "no permission to read the Node" in line["reason"]

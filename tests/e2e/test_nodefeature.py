@@ -12,12 +12,11 @@ from collections.abc import Callable
 from typing import Any
 
 from nvplugin.fakekubelet.kubelet import FakeKubelet
-from tests.e2e.test_pernode import scrape
 from tests.e2e.test_serve import run
 from tests.support.configmap import ConfigMapVolume
 from tests.support.kubeapi import KubeApiServer
 from tests.support.labelcases import read_fixture
-from tests.support.serve import Serve, new_dir
+from tests.support.serve import Serve, new_dir, scrape
 from tests.support.waiting import WAIT_S
 
 GPU = "nvidia.com/gpu"

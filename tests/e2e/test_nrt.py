@@ -19,9 +19,9 @@ from nvplugin.fakekubelet.podresources import (
     list_response,
 )
 from nvplugin.fakekubelet.pods import Container, Pod
-from nvplugin.nrt.objects import attributes_of, zone_resources
+from nvplugin.nrt.objects import attributes_of
 from tests.support.kubeapi import KubeApiServer
-from tests.support.nrt import check_nrt
+from tests.support.nrt import KubeletPods, check_nrt, free_devices
 from tests.support.serve import Serve, new_dir
 from tests.support.tinyplugin import run
 from tests.support.waiting import WAIT_S
@@ -31,12 +31,6 @@ pytestmark = pytest.mark.process
 GPU = "nvidia.com/gpu"
 NODE = "gpu-node-1"
 FAILING = "kubernetes api failing (unreachable or refusing); still serving, retrying"
-
-
-def _free(obj: dict[str, Any] | None) -> int:
-    if obj is None:
-        return -1
-    return sum(v[2] for (_, r), v in zone_resources(obj).items() if r == GPU)
 
 
 async def _until(
@@ -56,12 +50,10 @@ def test_serve_publishes_and_follows_allocations_through_an_outage() -> None:
         async with KubeApiServer() as api:
             api.add_node(NODE)
             directory = new_dir()
-            pods: list[Pod] = []
             async with FakeKubelet(directory) as kubelet:
                 devices = kubelet.devices
-                server = PodResourcesServer(
-                    os.path.join(new_dir(), "pod-resources"), lambda: list(pods), devices
-                )
+                pods = KubeletPods(devices)
+                server = pods.server
                 await server.start()
                 env = {"KUBECONFIG": api.kubeconfig(), "NODE_NAME": NODE}
                 serve = Serve(
@@ -79,12 +71,14 @@ def test_serve_publishes_and_follows_allocations_through_an_outage() -> None:
                     def check(obj: dict[str, Any]) -> None:
                         check_nrt(
                             obj,
-                            list_response(pods, devices, None),
+                            list_response(pods.pods, devices, None),
                             allocatable_response(devices, None),
                             {GPU: 8},
                         )
 
-                    obj = await _until(api, serve, lambda o: _free(o) == 8, "showed 8 free GPUs")
+                    obj = await _until(
+                        api, serve, lambda o: free_devices(o) == 8, "showed 8 free GPUs"
+                    )
                     check(obj)
                     assert obj["metadata"]["ownerReferences"] == [
                         {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": f"uid-{NODE}"}
@@ -94,52 +88,43 @@ def test_serve_publishes_and_follows_allocations_through_an_outage() -> None:
                     assert attributes[f"nvplugin.io/best-groups.{GPU}"].startswith("1:0:1,2:")
                     version = obj["metadata"]["resourceVersion"]
 
-                    async def admit(pod: Pod) -> None:
-                        pods.append(pod)
-                        for container in pod.all_containers:
-                            await devices.allocate_container(pod, container)
-
-                    def delete(pod: Pod) -> None:
-                        pods.remove(pod)
-                        devices.remove_pods([pod.uid])
-
                     first = Pod.of("a", [Container.of("app", limits={GPU: 3})])
-                    await admit(first)
-                    obj = await _until(api, serve, lambda o: _free(o) == 5, "showed 5 free")
+                    await pods.admit(first)
+                    obj = await _until(api, serve, lambda o: free_devices(o) == 5, "showed 5 free")
                     check(obj)
                     assert obj["metadata"]["resourceVersion"] != version
                     fingerprint = attributes_of(obj)["nodeTopologyPodsFingerprint"]
 
                     await api.down()
                     second = Pod.of("b", [Container.of("app", limits={GPU: 2})])
-                    await admit(second)
-                    delete(first)
+                    await pods.admit(second)
+                    pods.delete(first)
                     await serve.wait_log(FAILING)
                     assert (await kubelet.wait_registered(GPU, WAIT_S)) is not None  # serving
                     await api.up()
-                    obj = await _until(api, serve, lambda o: _free(o) == 6, "showed 6 free")
+                    obj = await _until(api, serve, lambda o: free_devices(o) == 6, "showed 6 free")
                     check(obj)
                     assert attributes_of(obj)["nodeTopologyPodsFingerprint"] != fingerprint
 
                     # Volcano's object says the same free GPUs, owned by the Node too.
-                    def volcano_free() -> int:
+                    def volcanofree_devices() -> int:
                         found = api.numatopologies.get(NODE)
                         if found is None:
                             return -1
                         return len(found["spec"]["numares"][GPU]["allocatable"].split(","))
 
-                    await api.wait_for(lambda: volcano_free() == 6)
+                    await api.wait_for(lambda: volcanofree_devices() == 6)
                     numatopology = api.numatopologies[NODE]
                     assert numatopology["metadata"]["ownerReferences"][0]["kind"] == "Node"
                     assert numatopology["spec"]["policies"]["TopologyManagerPolicy"] == (
                         "single-numa-node"
                     )
 
-                    delete(second)
-                    obj = await _until(api, serve, lambda o: _free(o) == 8, "showed 8 free")
+                    pods.delete(second)
+                    obj = await _until(api, serve, lambda o: free_devices(o) == 8, "showed 8 free")
                     check(obj)
                     writes = [e for e in serve.lines() if "NodeResourceTopology" in e["event"]]
-                    await api.wait_for(lambda: volcano_free() == 8)
+                    await api.wait_for(lambda: volcanofree_devices() == 8)
                     # Written on changes only: created (perhaps before the kubelet had the
                     # devices), then at most one update per state the kubelet went through.
                     assert writes[0]["event"] == "created the NodeResourceTopology object"
@@ -179,7 +164,7 @@ def test_a_kubelet_without_pod_resources_yet_delays_the_object_not_the_serving()
                     await serve.wait_log("cannot read the kubelet's pod resources; retrying")
                     assert NODE not in api.nrts
                     await server.start()
-                    obj = await _until(api, serve, lambda o: _free(o) == 8, "showed 8 free")
+                    obj = await _until(api, serve, lambda o: free_devices(o) == 8, "showed 8 free")
                     assert obj["metadata"]["name"] == NODE
                     await serve.wait_log("kubelet's pod resources answering again")
                 finally:

@@ -15,7 +15,6 @@ import contextlib
 import json
 import os
 import signal
-import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -33,6 +32,7 @@ from tests.support.serve import (
     pods_file,
     run_nvplugin,
     run_serve,
+    scrape,
 )
 from tests.support.waiting import WAIT_S, until
 
@@ -92,16 +92,6 @@ async def plugin(
     args = ("--simulate", "dgx-a100-mig", "--api-backoff-s", "0.05", "0.5", *extra)
     async with kubelet_with(directory, *args, env=env) as (kubelet, serve):
         yield kubelet, serve
-
-
-async def scrape(serve: Serve) -> str:
-    port = int((await serve.wait_log("serving metrics"))["port"])
-
-    def get() -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=WAIT_S) as r:
-            return str(r.read().decode())
-
-    return await asyncio.to_thread(get)
 
 
 def test_follows_the_label_and_the_configmap_and_keeps_the_running_config_on_a_bad_choice() -> None:

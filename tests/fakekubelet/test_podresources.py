@@ -16,6 +16,7 @@ from nvplugin.api.podresources.v1 import api_pb2, api_pb2_grpc
 from nvplugin.fakekubelet.podresources import listed_containers
 from nvplugin.fakekubelet.pods import Container, Pod
 from nvplugin.nodesession import load_topology
+from tests.support.nrt import pod_resources_answers
 from tests.support.tinyplugin import run
 
 pytestmark = pytest.mark.process  # each test runs nvplugin serve
@@ -70,18 +71,6 @@ def _held(
     return devices, cpus
 
 
-async def _ask(
-    socket: str,
-) -> tuple[api_pb2.ListPodResourcesResponse, api_pb2.AllocatableResourcesResponse]:
-    async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
-        stub = api_pb2_grpc.PodResourcesListerStub(channel)
-        listed = await stub.List(api_pb2.ListPodResourcesRequest(), timeout=10)
-        allocatable = await stub.GetAllocatableResources(
-            api_pb2.AllocatableResourcesRequest(), timeout=10
-        )
-        return listed, allocatable
-
-
 def test_mig_several_resources_and_static_cpus() -> None:
     settings = AdmitSettings(
         simulate="dgx-a100-mig",
@@ -115,7 +104,7 @@ def test_mig_several_resources_and_static_cpus() -> None:
             ]
             for pod in pods:
                 assert (await admission.admit(pod)).admitted
-            listed, allocatable = await _ask(admission.pod_resources.socket_path)
+            listed, allocatable = await pod_resources_answers(admission.pod_resources.socket_path)
             devices, cpus = _held(admission, pods)
             assert _device_rows(listed) == devices
             assert {r[2] for r in devices} == {first, second}
@@ -144,7 +133,7 @@ def test_mig_several_resources_and_static_cpus() -> None:
 
             # A deleted pod is gone from List; Get answers one pod, or the kubelet's error.
             admission.delete(pods[0].uid)
-            listed, _ = await _ask(admission.pod_resources.socket_path)
+            listed, _ = await pod_resources_answers(admission.pod_resources.socket_path)
             assert [p.name for p in listed.pod_resources] == ["b", "c"]
             assert _device_rows(listed) == _held(admission, pods[1:])[0]
             async with grpc.aio.insecure_channel(
@@ -182,7 +171,7 @@ def test_replicas() -> None:
             ]
             for pod in pods:
                 assert (await admission.admit(pod)).admitted
-            listed, allocatable = await _ask(admission.pod_resources.socket_path)
+            listed, allocatable = await pod_resources_answers(admission.pod_resources.socket_path)
             devices, cpus = _held(admission, pods)
             assert _device_rows(listed) == devices
             assert len(devices) == 6 and all("::" in row[3] for row in devices)

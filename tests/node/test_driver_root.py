@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from nvplugin.node.nvml import LIBRARY_DIRS, NVML_LIBRARY, driver_library
+from nvplugin.node.driverfiles import LIBRARY_DIRS
+from nvplugin.node.nvml import NVML_LIBRARY, driver_library
 
 
 @pytest.fixture

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import json
 
-import grpc
 import pytest
 
 from nvplugin.admit.admission import Admission, AdmitSettings
-from nvplugin.api.podresources.v1 import api_pb2, api_pb2_grpc
+from nvplugin.api.podresources.v1 import api_pb2
 from nvplugin.config import load_config
 from nvplugin.fakekubelet.pods import Container, Pod
 from nvplugin.nodesession import load_topology
@@ -25,7 +24,7 @@ from nvplugin.nrt.objects import (
 )
 from nvplugin.rm.plan import plan_for
 from nvplugin.rm.query import answer_preferred
-from tests.support.nrt import check_nrt, validate_nrt
+from tests.support.nrt import check_nrt, pod_resources_answers, validate_nrt
 from tests.support.tinyplugin import run
 
 GPU = "nvidia.com/gpu"
@@ -42,18 +41,6 @@ def _pod(name: str, gpus: int, cpus: int = 0, init_gpus: int = 0) -> Pod:
             init |= {"cpu": 1, "memory": "1Gi"}
         inits.append(Container.of("init", limits=init))
     return Pod.of(name, [Container.of("app", limits=limits)], init_containers=inits)
-
-
-async def _answers(
-    socket: str,
-) -> tuple[api_pb2.ListPodResourcesResponse, api_pb2.AllocatableResourcesResponse]:
-    async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
-        stub = api_pb2_grpc.PodResourcesListerStub(channel)
-        listed = await stub.List(api_pb2.ListPodResourcesRequest(), timeout=10)
-        allocatable = await stub.GetAllocatableResources(
-            api_pb2.AllocatableResourcesRequest(), timeout=10
-        )
-        return listed, allocatable
 
 
 def _preferred(topology_name: str, free: list[int], size: int) -> list[int]:
@@ -107,7 +94,9 @@ def test_the_object_follows_admitted_and_deleted_pods(scope: str) -> None:
                     uids[what.name] = what.uid
                 else:
                     admission.delete(uids[what])
-                listed, allocatable = await _answers(admission.pod_resources.socket_path)
+                listed, allocatable = await pod_resources_answers(
+                    admission.pod_resources.socket_path
+                )
                 obj = build_nrt("node-a", topology, plan, listed, allocatable, policies, groups)
                 check_nrt(
                     obj,

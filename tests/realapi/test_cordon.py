@@ -16,7 +16,7 @@ from nvplugin.fakekubelet.devicemanager import DeviceManager
 from nvplugin.nodefile.reader import load_node
 from nvplugin.plugin.cordon import ANNOTATION, HAMI_ANNOTATION
 from tests.support.helm import render
-from tests.support.realapi import RealAPI
+from tests.support.realapi import RealAPI, cluster_rbac
 from tests.support.serve import kubelet_with, new_dir
 from tests.support.waiting import WAIT_S
 
@@ -55,18 +55,13 @@ def test_cordon_by_annotation_through_the_api_server_with_the_charts_rbac(
 ) -> None:
     namespace = real_api.namespace("cordon")
     rendered = render({"config": {"map": {"default": "version: v1\n"}}}, namespace=namespace)
-    rbac = [
-        o
-        for o in rendered.objects
-        if o["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")
-    ]
+    rbac = cluster_rbac(rendered.objects)
     (role,) = [o for o in rbac if o["kind"] == "ClusterRole"]
     assert role["rules"] == [
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}
     ]
     real_api.apply(rbac)
-    (account,) = [o for o in rbac if o["kind"] == "ServiceAccount"]
-    kubeconfig = real_api.service_account_kubeconfig(namespace, account["metadata"]["name"])
+    kubeconfig = real_api.account_kubeconfig(namespace, rbac)
     env = real_api.env(kubeconfig, {"NODE_NAME": node})
     args = ("--simulate", "dgx-a100-mig", "--mig-strategy", "mixed")
     args += ("--api-backoff-s", "0.05", "0.5")

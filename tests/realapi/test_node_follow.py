@@ -9,21 +9,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from lightkube import ApiError, AsyncClient
+from lightkube import ApiError
 
 from nvplugin.backoff import Backoff
 from nvplugin.fakekubelet.devicemanager import DeviceManager
-from nvplugin.kube import ApiAccess
-from nvplugin.kube.client import open_client
 from nvplugin.kube.node import NodeLabels, follow_labels, get_node
 from tests.support.configmap import ConfigMapVolume
 from tests.support.helm import render
-from tests.support.realapi import RealAPI
+from tests.support.realapi import RealAPI, client_of, cluster_rbac
 from tests.support.serve import kubelet_with, new_dir
 from tests.support.waiting import WAIT_S
 
@@ -47,37 +44,24 @@ def node(real_api: RealAPI) -> Iterator[str]:
 
 @pytest.fixture
 def chart_rbac(real_api: RealAPI) -> Iterator[tuple[str, list[dict[str, Any]]]]:
-    """A namespace and the RBAC objects the chart renders into it for per-node configs (not yet
-    applied; the cluster-scoped ones are removed after)."""
+    """A namespace and the RBAC objects the chart renders into it for per-node configs (only the
+    ServiceAccount applied yet; the cluster-scoped ones are removed after)."""
     namespace = real_api.namespace("follow")
     rendered = render({"config": {"map": CONFIGS}}, name="nvplugin", namespace=namespace)
-    rbac = [
-        o
-        for o in rendered.objects
-        if o["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")
-    ]
+    rbac = cluster_rbac(rendered.objects)
     assert len(rbac) == 3, rendered.kinds()
+    (account,) = [o for o in rbac if o["kind"] == "ServiceAccount"]
+    real_api.apply(account)
     yield namespace, rbac
     for obj in rbac:
         real_api.delete(obj)
-
-
-@contextlib.asynccontextmanager
-async def client_of(kubeconfig: Path) -> AsyncIterator[AsyncClient]:
-    client = await asyncio.to_thread(open_client, ApiAccess(kubeconfig=str(kubeconfig)))
-    try:
-        yield client
-    finally:
-        await client.close()
 
 
 def test_the_charts_account_is_refused_until_its_rbac_then_follows_the_node(
     real_api: RealAPI, node: str, chart_rbac: tuple[str, list[dict[str, Any]]]
 ) -> None:
     namespace, rbac = chart_rbac
-    (account,) = [o for o in rbac if o["kind"] == "ServiceAccount"]
-    real_api.apply(account)
-    kubeconfig = real_api.service_account_kubeconfig(namespace, account["metadata"]["name"])
+    kubeconfig = real_api.account_kubeconfig(namespace, rbac)
 
     async def body() -> None:
         async with client_of(kubeconfig) as client:
@@ -161,9 +145,7 @@ def test_serve_switches_config_by_a_real_label_change_once_the_charts_rbac_binds
     real_api: RealAPI, node: str, chart_rbac: tuple[str, list[dict[str, Any]]]
 ) -> None:
     namespace, rbac = chart_rbac
-    (account,) = [o for o in rbac if o["kind"] == "ServiceAccount"]
-    real_api.apply(account)
-    kubeconfig = real_api.service_account_kubeconfig(namespace, account["metadata"]["name"])
+    kubeconfig = real_api.account_kubeconfig(namespace, rbac)
     volume = ConfigMapVolume(SERVE_CONFIGS)
     env = {
         "KUBECONFIG": str(kubeconfig),

@@ -14,13 +14,13 @@ import asyncio
 import contextlib
 import signal
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from lightkube import ApiError, AsyncClient
+from lightkube import ApiError
 
 from nvplugin.fakekubelet.kubelet import FakeKubelet
 from nvplugin.kube import ApiAccess
@@ -29,7 +29,7 @@ from nvplugin.kube.nodefeature import NODE_NAME_LABEL, Owner, object_name, pod_u
 from tests.support.helm import render
 from tests.support.kubeapi import KubeApiServer
 from tests.support.labelcases import TIME_SLICED, read_fixture
-from tests.support.realapi import RealAPI, RealAPIError
+from tests.support.realapi import RealAPI, RealAPIError, client_of
 from tests.support.serve import Serve, new_dir
 from tests.support.waiting import WAIT_S
 
@@ -77,15 +77,6 @@ def release(real_api: RealAPI, crd: None) -> Iterator[Release]:
         namespace, pod, spec={"serviceAccountName": account["metadata"]["name"]}
     )
     yield Release(namespace, account["metadata"]["name"], rbac, pod, created["metadata"]["uid"])
-
-
-@contextlib.asynccontextmanager
-async def client_of(kubeconfig: Path) -> AsyncIterator[AsyncClient]:
-    client = await asyncio.to_thread(open_client, ApiAccess(kubeconfig=str(kubeconfig)))
-    try:
-        yield client
-    finally:
-        await client.close()
 
 
 def test_published_with_the_charts_role_owned_by_a_real_pod_and_a_real_conflict(

@@ -7,7 +7,6 @@ API outage -- published once the API is back, the serving untouched."""
 from __future__ import annotations
 
 import asyncio
-import os
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -15,12 +14,11 @@ from typing import Any
 import pytest
 
 from nvplugin.fakekubelet.kubelet import FakeKubelet
-from nvplugin.fakekubelet.podresources import PodResourcesServer
 from nvplugin.fakekubelet.pods import Container, Pod
-from nvplugin.nrt.objects import attributes_of, zone_resources
+from nvplugin.nrt.objects import attributes_of
 from tests.support.helm import render
-from tests.support.nrt import CRD
-from tests.support.realapi import RealAPI, RealAPIError
+from tests.support.nrt import CRD, KubeletPods, free_devices
+from tests.support.realapi import RealAPI, RealAPIError, cluster_rbac
 from tests.support.serve import Serve, new_dir
 from tests.support.waiting import WAIT_S
 
@@ -56,24 +54,13 @@ def kubeconfig(real_api: RealAPI) -> Iterator[str]:
     real_api.install_crd(CRD)
     namespace = real_api.namespace("nrt")
     rendered = render({"topology": {"publish": True}}, name="nvplugin", namespace=namespace)
-    rbac = [
-        o
-        for o in rendered.objects
-        if o["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")
-    ]
+    rbac = cluster_rbac(rendered.objects)
     assert len(rbac) == 3, rendered.kinds()
     real_api.apply(rbac)
-    (account,) = [o for o in rbac if o["kind"] == "ServiceAccount"]
-    yield str(real_api.service_account_kubeconfig(namespace, account["metadata"]["name"]))
+    yield str(real_api.account_kubeconfig(namespace, rbac))
     for obj in rbac:
         if obj["kind"] != "ServiceAccount":
             real_api.delete(obj)
-
-
-def _free(obj: dict[str, Any] | None) -> int:
-    if obj is None:
-        return -1
-    return sum(v[2] for (_, r), v in zone_resources(obj).items() if r == GPU)
 
 
 async def _object(
@@ -108,12 +95,9 @@ def test_serve_creates_updates_and_keeps_the_object_through_an_outage(
 
     async def body() -> None:
         directory = new_dir()
-        pods: list[Pod] = []
         async with FakeKubelet(directory) as kubelet:
-            devices = kubelet.devices
-            server = PodResourcesServer(
-                os.path.join(new_dir(), "pod-resources"), lambda: list(pods), devices
-            )
+            pods = KubeletPods(kubelet.devices)
+            server = pods.server
             await server.start()
             env = {"KUBECONFIG": kubeconfig, "NODE_NAME": name}
             serve = Serve(
@@ -125,18 +109,9 @@ def test_serve_creates_updates_and_keeps_the_object_through_an_outage(
                 env=env,
             )
 
-            async def admit(pod: Pod) -> None:
-                pods.append(pod)
-                for container in pod.all_containers:
-                    await devices.allocate_container(pod, container)
-
-            def delete(pod: Pod) -> None:
-                pods.remove(pod)
-                devices.remove_pods([pod.uid])
-
             try:
                 await kubelet.wait_registered(GPU, WAIT_S)
-                obj = await _object(real_api, name, serve, lambda o: _free(o) == 8)
+                obj = await _object(real_api, name, serve, lambda o: free_devices(o) == 8)
                 assert obj["metadata"]["ownerReferences"] == [
                     {
                         "apiVersion": "v1",
@@ -149,21 +124,21 @@ def test_serve_creates_updates_and_keeps_the_object_through_an_outage(
                 assert [z["name"] for z in obj["zones"]] == ["node-0", "node-1"]
 
                 first = Pod.of("a", [Container.of("app", limits={GPU: 3})])
-                await admit(first)
-                obj = await _object(real_api, name, serve, lambda o: _free(o) == 5)
+                await pods.admit(first)
+                obj = await _object(real_api, name, serve, lambda o: free_devices(o) == 5)
                 version = obj["metadata"]["resourceVersion"]
 
                 outage = real_api.outage()
                 await asyncio.to_thread(outage.__enter__)
                 try:
                     second = Pod.of("b", [Container.of("app", limits={GPU: 2})])
-                    await admit(second)
-                    delete(first)
+                    await pods.admit(second)
+                    pods.delete(first)
                     await serve.wait_log(FAILING)
                     assert kubelet.devices.is_registered(GPU)  # serving on
                 finally:
                     await asyncio.to_thread(outage.__exit__, None, None, None)
-                obj = await _object(real_api, name, serve, lambda o: _free(o) == 6)
+                obj = await _object(real_api, name, serve, lambda o: free_devices(o) == 6)
                 assert obj["metadata"]["resourceVersion"] != version
                 assert obj["metadata"]["ownerReferences"][0]["uid"] == node["metadata"]["uid"]
             finally:

@@ -4,18 +4,66 @@ alone: a device's zone is the NUMA node the kubelet lists it on)."""
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import grpc
 import jsonschema
 import yaml
 
-from nvplugin.api.podresources.v1 import api_pb2
+from nvplugin.api.podresources.v1 import api_pb2, api_pb2_grpc
+from nvplugin.fakekubelet.devicemanager.manager import DeviceManager
+from nvplugin.fakekubelet.podresources import PodResourcesServer
+from nvplugin.fakekubelet.pods import Pod
 from nvplugin.nrt.objects import zone_resources
+from tests.support.serve import new_dir
 
 CRD = Path(__file__).resolve().parents[1] / "fixtures" / "crds" / "noderesourcetopologies.yaml"
+
+
+def free_devices(obj: Mapping[str, Any] | None, resource: str = "nvidia.com/gpu") -> int:
+    """The free devices of ``resource`` an NRT object says, over all its zones (-1: no object)."""
+    if obj is None:
+        return -1
+    return sum(v[2] for (_, r), v in zone_resources(obj).items() if r == resource)
+
+
+async def pod_resources_answers(
+    socket: str,
+) -> tuple[api_pb2.ListPodResourcesResponse, api_pb2.AllocatableResourcesResponse]:
+    """``List`` and ``GetAllocatableResources`` of the pod resources API on ``socket``."""
+    async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
+        stub = api_pb2_grpc.PodResourcesListerStub(channel)
+        listed = await stub.List(api_pb2.ListPodResourcesRequest(), timeout=10)
+        allocatable = await stub.GetAllocatableResources(
+            api_pb2.AllocatableResourcesRequest(), timeout=10
+        )
+        return listed, allocatable
+
+
+class KubeletPods:
+    """The kubelet's pods behind a pod resources API on a socket of its own (``server``, started
+    by its user): an admitted pod's containers get their devices from the device manager, a
+    deleted pod gives them back."""
+
+    def __init__(self, devices: DeviceManager) -> None:
+        self.pods: list[Pod] = []
+        self._devices = devices
+        self.server = PodResourcesServer(
+            os.path.join(new_dir(), "pod-resources"), lambda: list(self.pods), devices
+        )
+
+    async def admit(self, pod: Pod) -> None:
+        self.pods.append(pod)
+        for container in pod.all_containers:
+            await self._devices.allocate_container(pod, container)
+
+    def delete(self, pod: Pod) -> None:
+        self.pods.remove(pod)
+        self._devices.remove_pods([pod.uid])
 
 
 def nrt_crd() -> dict[str, Any]:

@@ -16,6 +16,7 @@ is stopped by :meth:`RealAPI.stop`.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import json
@@ -33,12 +34,16 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
+from lightkube import AsyncClient
+
+from nvplugin.kube import ApiAccess
+from nvplugin.kube.client import open_client
 
 ASSETS_ENV = "KUBEBUILDER_ASSETS"
 BINARIES = ("etcd", "kube-apiserver", "kube-scheduler")
@@ -60,6 +65,23 @@ the kube-schedulers other tests start leave such a Pod (an API object only) alon
 SERVICE_CIDR = "10.96.0.0/16"
 
 Json = dict[str, Any]
+
+
+def cluster_rbac(objects: Iterable[Json]) -> list[Json]:
+    """The chart's ServiceAccount, ClusterRole and ClusterRoleBinding among ``objects``."""
+    return [
+        o for o in objects if o["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")
+    ]
+
+
+@contextlib.asynccontextmanager
+async def client_of(kubeconfig: Path) -> AsyncIterator[AsyncClient]:
+    """nvplugin's own API client (:mod:`nvplugin.kube.client`) through ``kubeconfig``."""
+    client = await asyncio.to_thread(open_client, ApiAccess(kubeconfig=str(kubeconfig)))
+    try:
+        yield client
+    finally:
+        await client.close()
 
 
 class RealAPIError(Exception):
@@ -595,6 +617,12 @@ class RealAPI:
             },
         )
         return str(answer["status"]["token"])
+
+    def account_kubeconfig(self, namespace: str, rbac: Iterable[Json]) -> Path:
+        """:meth:`service_account_kubeconfig` of the one ServiceAccount among ``rbac`` (the
+        chart's objects in ``namespace``)."""
+        (account,) = [o for o in rbac if o["kind"] == "ServiceAccount"]
+        return self.service_account_kubeconfig(namespace, account["metadata"]["name"])
 
     def service_account_kubeconfig(self, namespace: str, name: str) -> Path:
         """A kubeconfig holding a fresh token of ServiceAccount ``namespace/name`` (made if

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -113,6 +114,17 @@ async def kubelet_with(
         finally:
             code = serve.stop()
             assert code == 0, f"serve exited {code}:\n{serve.text()}"
+
+
+async def scrape(serve: Serve) -> str:
+    """The plugin's metrics page (``NVPLUGIN_METRICS_ADDRESS`` set; its port from the log)."""
+    port = int((await serve.wait_log("serving metrics"))["port"])
+
+    def get() -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=WAIT_S) as r:
+            return str(r.read().decode())
+
+    return await asyncio.to_thread(get)
 
 
 def run_nvplugin(command: str, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
