@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from nvplugin.backoff import Backoff
-from nvplugin.config.pod import PodIdentity
+from nvplugin.config.pod import PodIdentity, name_problem
 from nvplugin.log import get_logger
 from nvplugin.node.model import Gpu
 
@@ -123,7 +123,7 @@ async def follow(
     problem = (
         "NODE_NAME is not set (the downward API's spec.nodeName)"
         if not pod.node_name
-        else pod.access.problem()
+        else name_problem("NODE_NAME", pod.node_name) or pod.access.problem()
     )
     if problem is not None:
         log.info("gpu cordon by node annotation off", reason=problem)
