@@ -286,7 +286,8 @@ class HintMerger:
                         if merged:
                             next_other.add(merged)
             if other_states and masks:
-                next_other.update(a & m for a in other_states for m in masks)
+                for m in masks:
+                    next_other.update(map(m.__and__, other_states))
                 next_other.discard(0)
             preferred_states, other_states = next_preferred, next_other
         result = {TopologyHint(BitMask(default & m), False) for m in other_states}
