@@ -50,8 +50,8 @@ def generate_hints(
     reused = len(reuse_masks)
 
     min_affinity_size = len(numa_nodes)
-    found: list[tuple[BitMask, int]] = []
-    for mask, m, size in _subsets(tuple(numa_nodes)):
+    found: list[tuple[tuple[TopologyHint, TopologyHint], int]] = []
+    for m, size, hint in _subsets(tuple(numa_nodes)):
         # Subsets come smallest first: once one could hold the request, no later one is smaller.
         if size < min_affinity_size:
             in_mask = 0
@@ -67,14 +67,20 @@ def generate_hints(
             if dev_mask & m:
                 matching += n
         if matching >= request:
-            found.append((mask, size))
-    return [TopologyHint(mask, size == min_affinity_size) for mask, size in found]
+            found.append((hint, size))
+    return [hint[size == min_affinity_size] for hint, size in found]
 
 
 @lru_cache(maxsize=64)
-def _subsets(numa_nodes: tuple[int, ...]) -> tuple[tuple[BitMask, int, int], ...]:
-    """Every non-empty subset of the nodes in the kubelet's order, as (mask, value, size)."""
-    return tuple((mask, mask.value, mask.count()) for mask in iterate_bitmasks(numa_nodes))
+def _subsets(
+    numa_nodes: tuple[int, ...],
+) -> tuple[tuple[int, int, tuple[TopologyHint, TopologyHint]], ...]:
+    """Every non-empty subset of the nodes in the kubelet's order, as (mask value, size, its
+    (non-preferred, preferred) hints); hints are immutable, so these are shared."""
+    return tuple(
+        (mask.value, mask.count(), (TopologyHint(mask, False), TopologyHint(mask, True)))
+        for mask in iterate_bitmasks(numa_nodes)
+    )
 
 
 def _count_by_mask(masks: Iterable[int]) -> dict[int, int]:
