@@ -167,15 +167,10 @@ def max_of_min_affinity_counts(filtered: Sequence[Sequence[TopologyHint]]) -> in
     """B: over the resources, the largest bit count of each resource's narrowest non-nil hint."""
     best = 0
     for hints in filtered:
-        narrowest: BitMask | None = None
-        for hint in hints:
-            mask = hint.numa_affinity
-            if mask is None:
-                continue
-            if narrowest is None or mask.is_narrower_than(narrowest):
-                narrowest = mask
-        if narrowest is not None and narrowest.count() > best:
-            best = narrowest.count()
+        # The narrowest mask has the fewest bits (ties are broken by value, not by count).
+        counts = [h.numa_affinity.count() for h in hints if h.numa_affinity is not None]
+        if counts:
+            best = max(best, min(counts))
     return best
 
 
