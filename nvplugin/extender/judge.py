@@ -32,8 +32,17 @@ from nvplugin.fakekubelet.devicemanager.endpoint import (
 from nvplugin.fakekubelet.devicemanager.manager import DeviceManager
 from nvplugin.fakekubelet.pods import CPU, Container, Pod
 from nvplugin.fakekubelet.topologymanager import Manager, NumaInfo, StartupError, new_manager
+from nvplugin.fakekubelet.topologymanager.options import (
+    DEFAULT_MAX_ALLOWABLE_NUMA_NODES,
+    POLICY_SINGLE_NUMA_NODE,
+    SCOPES,
+)
 from nvplugin.fakekubelet.topologymanager.policy import ProviderHints
-from nvplugin.fakekubelet.topologymanager.scope import AllocationError
+from nvplugin.fakekubelet.topologymanager.scope import (
+    MESSAGE_TOPOLOGY_AFFINITY,
+    REASON_TOPOLOGY_AFFINITY,
+    AllocationError,
+)
 from nvplugin.node.model import Cpu, CpuLayout
 
 HOLDER = "nvplugin-extender/held-by-others"
@@ -235,6 +244,41 @@ class Judge:
             self.devices.remove_pods([CANDIDATE])
 
 
+Needs = tuple[tuple[str, int], ...]
+"""What one container takes of each resource: (resource, count), ``cpu`` for exclusive CPUs."""
+
+NO_SINGLE_ZONE = Verdict(False, REASON_TOPOLOGY_AFFINITY, MESSAGE_TOPOLOGY_AFFINITY)
+
+
+def no_single_zone(key: StateKey, needs: Needs) -> Verdict | None:
+    """The rejection a one-container pod gets under ``single-numa-node`` when some resource it
+    takes has no NUMA node with that many free, found without an admission; else None.
+
+    Under that policy only preferred one-node hints (and don't-cares) are merged. A one-node
+    hint exists for a resource exactly when that node holds the request free (the container
+    reuses nothing), and it is then preferred (a node that holds it free holds it at all). A
+    resource with none leaves an empty list, no combination, the non-preferred default: the
+    kubelet answers TopologyAffinityError before allocating anything. Settings the kubelet
+    would refuse to start with are left to the admission.
+    """
+    if (
+        key.policy != POLICY_SINGLE_NUMA_NODE
+        or key.scope not in SCOPES
+        or len(key.nodes) > DEFAULT_MAX_ALLOWABLE_NUMA_NODES
+    ):
+        return None
+    zones = dict(key.resources)
+    for resource, count in needs:
+        found = zones.get(resource)
+        if found is None or count <= 0:
+            continue
+        if resource != CPU and not any(allocatable for _, _, allocatable, _ in found):
+            continue  # no healthy device: the device manager may not know the resource
+        if all(free < count for *_, free in found):
+            return NO_SINGLE_ZONE
+    return None
+
+
 def zones_of(counts: Mapping[int, object]) -> Zones:
     """A resource's per-zone counts (``Counts`` objects) as a key's tuple."""
     out = []
@@ -254,6 +298,7 @@ class JudgeCache:
         self._max_verdicts = verdicts
         self.built = 0
         self.admitted = 0
+        self.short_cut = 0
 
     def judge(self, key: StateKey) -> Judge | StartupError:
         found = self._judges.pop(key, None)
@@ -269,12 +314,23 @@ class JudgeCache:
         return found
 
     def verdict(
-        self, key: StateKey, pod: Pod, signature: object, on_startup: Callable[[str], Verdict]
+        self,
+        key: StateKey,
+        pod: Pod,
+        signature: object,
+        on_startup: Callable[[str], Verdict],
+        needs: Needs | None = None,
     ) -> Verdict:
+        """``needs``: given for a one-container pod, what it takes (see :func:`no_single_zone`)."""
         cache_key = (key, signature)
         found = self._verdicts.get(cache_key)
         if found is not None:
             return found
+        if needs is not None:
+            found = no_single_zone(key, needs)
+            if found is not None:
+                self.short_cut += 1
+                return found
         judge = self.judge(key)
         if isinstance(judge, StartupError):
             found = on_startup(str(judge))

@@ -18,6 +18,7 @@ from nvplugin.extender.judge import (
     CANDIDATE,
     Judge,
     JudgeCache,
+    Needs,
     StateKey,
     Verdict,
     Zones,
@@ -94,6 +95,18 @@ _AVAILABLE = (
 )
 
 
+def one_container_needs(pod: Pod, devices: Iterable[str], exclusive: bool) -> Needs:
+    """What a one-container pod takes: its device limits, and its CPU request when whole in a
+    Guaranteed pod (exclusive CPUs under the static policy)."""
+    (only,) = pod.all_containers
+    out = [(r, only.limits[r].int_value) for r in sorted(devices) if r in only.limits]
+    cpu = only.requests.get(CPU)
+    whole = None if cpu is None else cpu.whole_number
+    if exclusive and whole:
+        out.append((CPU, whole))
+    return tuple(out)
+
+
 def unclamp(verdict: Verdict, hidden: Mapping[str, int]) -> Verdict:
     """A rejection's printed totals with the items a clamp hid added back."""
     message = verdict.message or ""
@@ -117,6 +130,8 @@ class PodPlan:
     clamp: Clamp
     clamp_key: tuple[tuple[str, int], ...] | None
     signature: tuple[object, ...]
+    needs: Needs | None
+    """For a one-container pod, what it takes (:func:`~nvplugin.extender.judge.no_single_zone`)."""
 
 
 @dataclass
@@ -313,7 +328,7 @@ class View:
             )
         key, hidden = found
         verdict = self.cache.verdict(
-            key, pod, plan.signature, lambda text: self._startup(node, text)
+            key, pod, plan.signature, lambda text: self._startup(node, text), plan.needs
         )
         return unclamp(verdict, hidden) if hidden and not verdict.admit else verdict
 
@@ -324,13 +339,16 @@ class View:
             return last[1]
         clamp = pod_clamp(pod)
         names = {r for c in pod.all_containers for r in c.limits} - {CPU, "memory"}
+        exclusive = pod.qos_class == QOS_GUARANTEED
+        single = len(pod.all_containers) == 1
         plan = PodPlan(
             names=tuple(sorted(names)),
-            exclusive=pod.qos_class == QOS_GUARANTEED,
-            single=len(pod.all_containers) == 1,
+            exclusive=exclusive,
+            single=single,
             clamp=clamp,
             clamp_key=None if clamp is None else tuple(sorted(clamp.items())),
             signature=pod_signature(pod),
+            needs=one_container_needs(pod, names, exclusive) if single else None,
         )
         self._last_plan = (pod, plan)
         return plan
