@@ -250,16 +250,20 @@ Needs = tuple[tuple[str, int], ...]
 NO_SINGLE_ZONE = Verdict(False, REASON_TOPOLOGY_AFFINITY, MESSAGE_TOPOLOGY_AFFINITY)
 
 
-def no_single_zone(key: StateKey, needs: Needs) -> Verdict | None:
-    """The rejection a one-container pod gets under ``single-numa-node`` when some resource it
-    takes has no NUMA node with that many free, found without an admission; else None.
+def single_numa_verdict(key: StateKey, needs: Needs) -> Verdict | None:
+    """A one-container pod's verdict under ``single-numa-node``, found without an admission;
+    None where this reasoning does not reach (the admission decides).
 
     Under that policy only preferred one-node hints (and don't-cares) are merged. A one-node
     hint exists for a resource exactly when that node holds the request free (the container
     reuses nothing), and it is then preferred (a node that holds it free holds it at all). A
-    resource with none leaves an empty list, no combination, the non-preferred default: the
-    kubelet answers TopologyAffinityError before allocating anything. Settings the kubelet
-    would refuse to start with are left to the admission.
+    merged hint is preferred only when every resource's hint names the same node, and the
+    kubelet admits only a preferred one: the pod is admitted exactly when some NUMA node holds
+    every request free, and the narrowest such hint is the lowest node, from which the device
+    manager and the static CPU policy then take everything. Otherwise TopologyAffinityError,
+    before anything is allocated. Left to the admission: settings the kubelet would not start
+    with, a request of zero, a resource without a healthy device (the device manager may not
+    know it), a resource of the key the pod does not take as counted here.
     """
     if (
         key.policy != POLICY_SINGLE_NUMA_NODE
@@ -268,15 +272,21 @@ def no_single_zone(key: StateKey, needs: Needs) -> Verdict | None:
     ):
         return None
     zones = dict(key.resources)
-    for resource, count in needs:
-        found = zones.get(resource)
-        if found is None or count <= 0:
-            continue
+    wanted = {r: n for r, n in needs if r in zones}
+    if not wanted or any(r not in wanted for r in zones if r != CPU):
+        return None
+    fits = set(key.nodes)
+    for resource, count in wanted.items():
+        found = zones[resource]
+        if count <= 0:
+            return None
         if resource != CPU and not any(allocatable for _, _, allocatable, _ in found):
-            continue  # no healthy device: the device manager may not know the resource
-        if all(free < count for *_, free in found):
-            return NO_SINGLE_ZONE
-    return None
+            return None
+        fits &= {node for node, _, _, free in found if free >= count}
+    if not fits:
+        return NO_SINGLE_ZONE
+    node = min(fits)
+    return Verdict(True, taken=tuple((r, node, n) for r, n in sorted(wanted.items())))
 
 
 def zones_of(counts: Mapping[int, object]) -> Zones:
@@ -321,13 +331,13 @@ class JudgeCache:
         on_startup: Callable[[str], Verdict],
         needs: Needs | None = None,
     ) -> Verdict:
-        """``needs``: given for a one-container pod, what it takes (see :func:`no_single_zone`)."""
+        """``needs``: given for a one-container pod, what it takes (:func:`single_numa_verdict`)."""
         cache_key = (key, signature)
         found = self._verdicts.get(cache_key)
         if found is not None:
             return found
         if needs is not None:
-            found = no_single_zone(key, needs)
+            found = single_numa_verdict(key, needs)
             if found is not None:
                 self.short_cut += 1
                 return found

@@ -131,7 +131,7 @@ class PodPlan:
     clamp_key: tuple[tuple[str, int], ...] | None
     signature: tuple[object, ...]
     needs: Needs | None
-    """For a one-container pod, what it takes (:func:`~nvplugin.extender.judge.no_single_zone`)."""
+    """For a one-container pod, what it takes (see judge.single_numa_verdict)."""
 
 
 @dataclass

@@ -66,4 +66,4 @@ def test_answers_without_admission_equal_the_admissions() -> None:
             full = view.verdict(node, pod, naive=True)
             assert ours is not None and full is not None
             assert ours == full, f"{pod} on {node}"
-    assert view.cache.short_cut > 50  # the short cut was taken, not only the admissions
+    assert view.cache.short_cut > 100  # answers found without an admission, both ways
