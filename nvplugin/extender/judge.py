@@ -336,17 +336,16 @@ class JudgeCache:
         found = self._verdicts.get(cache_key)
         if found is not None:
             return found
-        if needs is not None:
-            found = single_numa_verdict(key, needs)
-            if found is not None:
-                self.short_cut += 1
-                return found
-        judge = self.judge(key)
-        if isinstance(judge, StartupError):
-            found = on_startup(str(judge))
+        found = None if needs is None else single_numa_verdict(key, needs)
+        if found is not None:
+            self.short_cut += 1
         else:
-            found = judge.judge(pod)
-            self.admitted += 1
+            judge = self.judge(key)
+            if isinstance(judge, StartupError):
+                found = on_startup(str(judge))
+            else:
+                found = judge.judge(pod)
+                self.admitted += 1
         if len(self._verdicts) >= self._max_verdicts:
             del self._verdicts[next(iter(self._verdicts))]
         self._verdicts[cache_key] = found
