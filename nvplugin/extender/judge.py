@@ -34,6 +34,7 @@ from nvplugin.fakekubelet.pods import CPU, Container, Pod
 from nvplugin.fakekubelet.topologymanager import Manager, NumaInfo, StartupError, new_manager
 from nvplugin.fakekubelet.topologymanager.options import (
     DEFAULT_MAX_ALLOWABLE_NUMA_NODES,
+    POLICY_RESTRICTED,
     POLICY_SINGLE_NUMA_NODE,
     SCOPES,
 )
@@ -250,23 +251,25 @@ Needs = tuple[tuple[str, int], ...]
 NO_SINGLE_ZONE = Verdict(False, REASON_TOPOLOGY_AFFINITY, MESSAGE_TOPOLOGY_AFFINITY)
 
 
-def single_numa_verdict(key: StateKey, needs: Needs) -> Verdict | None:
-    """A one-container pod's verdict under ``single-numa-node``, found without an admission;
-    None where this reasoning does not reach (the admission decides).
+def one_node_verdict(key: StateKey, needs: Needs) -> Verdict | None:
+    """A one-container pod's verdict under ``single-numa-node`` or ``restricted``, found
+    without an admission; None where this reasoning does not reach (the admission decides).
 
-    Under that policy only preferred one-node hints (and don't-cares) are merged. A one-node
-    hint exists for a resource exactly when that node holds the request free (the container
-    reuses nothing), and it is then preferred (a node that holds it free holds it at all). A
-    merged hint is preferred only when every resource's hint names the same node, and the
-    kubelet admits only a preferred one: the pod is admitted exactly when some NUMA node holds
-    every request free, and the narrowest such hint is the lowest node, from which the device
-    manager and the static CPU policy then take everything. Otherwise TopologyAffinityError,
-    before anything is allocated. Left to the admission: settings the kubelet would not start
-    with, a request of zero, a resource without a healthy device (the device manager may not
-    know it), a resource of the key the pod does not take as counted here.
+    A resource's hint for a set of NUMA nodes exists when the set holds the request free (the
+    container reuses nothing); it is preferred when no smaller set holds the request among all
+    the resource's items, free or not. A merged hint is preferred only when every resource's
+    hint is, on the same set, and both policies admit only a preferred one. Under
+    ``single-numa-node`` only one-node hints take part; under ``restricted`` a preferred
+    merge needs every resource's smallest holding set to be of one size, and only size one is
+    decided here. Then the pod is admitted exactly when some NUMA node holds every request free;
+    the narrowest such hint is the lowest node, from which the device manager and the static
+    CPU policy take everything. Otherwise TopologyAffinityError, before anything is allocated.
+    Left to the admission: settings the kubelet would not start with, a request of zero, a
+    resource without a healthy device (the device manager may not know it), a resource of the
+    key the pod does not take as counted here, ``restricted`` where no resource fits one node.
     """
     if (
-        key.policy != POLICY_SINGLE_NUMA_NODE
+        key.policy not in (POLICY_SINGLE_NUMA_NODE, POLICY_RESTRICTED)
         or key.scope not in SCOPES
         or len(key.nodes) > DEFAULT_MAX_ALLOWABLE_NUMA_NODES
     ):
@@ -276,6 +279,7 @@ def single_numa_verdict(key: StateKey, needs: Needs) -> Verdict | None:
     if not wanted or any(r not in wanted for r in zones if r != CPU):
         return None
     fits = set(key.nodes)
+    one_node = []  # per resource: does one NUMA node hold the request among all its items?
     for resource, count in wanted.items():
         found = zones[resource]
         if count <= 0:
@@ -283,6 +287,12 @@ def single_numa_verdict(key: StateKey, needs: Needs) -> Verdict | None:
         if resource != CPU and not any(allocatable for _, _, allocatable, _ in found):
             return None
         fits &= {node for node, _, _, free in found if free >= count}
+        one_node.append(len(key.nodes) == 1 or any(c >= count for _, c, _, _ in found))
+    if key.policy == POLICY_RESTRICTED:
+        if not any(one_node):
+            return None  # a preferred merge over wider sets: the admission's to find
+        if not all(one_node):
+            return NO_SINGLE_ZONE  # preferred sets of different sizes never merge preferred
     if not fits:
         return NO_SINGLE_ZONE
     node = min(fits)
@@ -331,12 +341,12 @@ class JudgeCache:
         on_startup: Callable[[str], Verdict],
         needs: Needs | None = None,
     ) -> Verdict:
-        """``needs``: given for a one-container pod, what it takes (:func:`single_numa_verdict`)."""
+        """``needs``: given for a one-container pod, what it takes (:func:`one_node_verdict`)."""
         cache_key = (key, signature)
         found = self._verdicts.get(cache_key)
         if found is not None:
             return found
-        found = None if needs is None else single_numa_verdict(key, needs)
+        found = None if needs is None else one_node_verdict(key, needs)
         if found is not None:
             self.short_cut += 1
         else:

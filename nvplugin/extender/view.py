@@ -131,7 +131,7 @@ class PodPlan:
     clamp_key: tuple[tuple[str, int], ...] | None
     signature: tuple[object, ...]
     needs: Needs | None
-    """For a one-container pod, what it takes (see judge.single_numa_verdict)."""
+    """For a one-container pod, what it takes (see judge.one_node_verdict)."""
     shape: int
     """A small number per distinct ``signature`` (cheaper to hash, node by node)."""
 
