@@ -32,8 +32,18 @@ from nvplugin.fakekubelet.devicemanager.endpoint import (
 from nvplugin.fakekubelet.devicemanager.manager import DeviceManager
 from nvplugin.fakekubelet.pods import CPU, Container, Pod
 from nvplugin.fakekubelet.topologymanager import Manager, NumaInfo, StartupError, new_manager
+from nvplugin.fakekubelet.topologymanager.options import (
+    DEFAULT_MAX_ALLOWABLE_NUMA_NODES,
+    POLICY_RESTRICTED,
+    POLICY_SINGLE_NUMA_NODE,
+    SCOPES,
+)
 from nvplugin.fakekubelet.topologymanager.policy import ProviderHints
-from nvplugin.fakekubelet.topologymanager.scope import AllocationError
+from nvplugin.fakekubelet.topologymanager.scope import (
+    MESSAGE_TOPOLOGY_AFFINITY,
+    REASON_TOPOLOGY_AFFINITY,
+    AllocationError,
+)
 from nvplugin.node.model import Cpu, CpuLayout
 
 HOLDER = "nvplugin-extender/held-by-others"
@@ -235,6 +245,60 @@ class Judge:
             self.devices.remove_pods([CANDIDATE])
 
 
+Needs = tuple[tuple[str, int], ...]
+"""What one container takes of each resource: (resource, count), ``cpu`` for exclusive CPUs."""
+
+NO_SINGLE_ZONE = Verdict(False, REASON_TOPOLOGY_AFFINITY, MESSAGE_TOPOLOGY_AFFINITY)
+
+
+def one_node_verdict(key: StateKey, needs: Needs) -> Verdict | None:
+    """A one-container pod's verdict under ``single-numa-node`` or ``restricted``, found
+    without an admission; None where this reasoning does not reach (the admission decides).
+
+    A resource's hint for a set of NUMA nodes exists when the set holds the request free (the
+    container reuses nothing); it is preferred when no smaller set holds the request among all
+    the resource's items, free or not. A merged hint is preferred only when every resource's
+    hint is, on the same set, and both policies admit only a preferred one. Under
+    ``single-numa-node`` only one-node hints take part; under ``restricted`` a preferred
+    merge needs every resource's smallest holding set to be of one size, and only size one is
+    decided here. Then the pod is admitted exactly when some NUMA node holds every request free;
+    the narrowest such hint is the lowest node, from which the device manager and the static
+    CPU policy take everything. Otherwise TopologyAffinityError, before anything is allocated.
+    Left to the admission: settings the kubelet would not start with, a request of zero, a
+    resource without a healthy device (the device manager may not know it), a resource of the
+    key the pod does not take as counted here, ``restricted`` where no resource fits one node.
+    """
+    if (
+        key.policy not in (POLICY_SINGLE_NUMA_NODE, POLICY_RESTRICTED)
+        or key.scope not in SCOPES
+        or len(key.nodes) > DEFAULT_MAX_ALLOWABLE_NUMA_NODES
+    ):
+        return None
+    zones = dict(key.resources)
+    wanted = {r: n for r, n in needs if r in zones}
+    if not wanted or any(r not in wanted for r in zones if r != CPU):
+        return None
+    fits = set(key.nodes)
+    one_node = []  # per resource: does one NUMA node hold the request among all its items?
+    for resource, count in wanted.items():
+        found = zones[resource]
+        if count <= 0:
+            return None
+        if resource != CPU and not any(allocatable for _, _, allocatable, _ in found):
+            return None
+        fits &= {node for node, _, _, free in found if free >= count}
+        one_node.append(len(key.nodes) == 1 or any(c >= count for _, c, _, _ in found))
+    if key.policy == POLICY_RESTRICTED:
+        if not any(one_node):
+            return None  # a preferred merge over wider sets: the admission's to find
+        if not all(one_node):
+            return NO_SINGLE_ZONE  # preferred sets of different sizes never merge preferred
+    if not fits:
+        return NO_SINGLE_ZONE
+    node = min(fits)
+    return Verdict(True, taken=tuple((r, node, n) for r, n in sorted(wanted.items())))
+
+
 def zones_of(counts: Mapping[int, object]) -> Zones:
     """A resource's per-zone counts (``Counts`` objects) as a key's tuple."""
     out = []
@@ -254,6 +318,7 @@ class JudgeCache:
         self._max_verdicts = verdicts
         self.built = 0
         self.admitted = 0
+        self.short_cut = 0
 
     def judge(self, key: StateKey) -> Judge | StartupError:
         found = self._judges.pop(key, None)
@@ -269,18 +334,28 @@ class JudgeCache:
         return found
 
     def verdict(
-        self, key: StateKey, pod: Pod, signature: object, on_startup: Callable[[str], Verdict]
+        self,
+        key: StateKey,
+        pod: Pod,
+        signature: object,
+        on_startup: Callable[[str], Verdict],
+        needs: Needs | None = None,
     ) -> Verdict:
+        """``needs``: given for a one-container pod, what it takes (:func:`one_node_verdict`)."""
         cache_key = (key, signature)
         found = self._verdicts.get(cache_key)
         if found is not None:
             return found
-        judge = self.judge(key)
-        if isinstance(judge, StartupError):
-            found = on_startup(str(judge))
+        found = None if needs is None else one_node_verdict(key, needs)
+        if found is not None:
+            self.short_cut += 1
         else:
-            found = judge.judge(pod)
-            self.admitted += 1
+            judge = self.judge(key)
+            if isinstance(judge, StartupError):
+                found = on_startup(str(judge))
+            else:
+                found = judge.judge(pod)
+                self.admitted += 1
         if len(self._verdicts) >= self._max_verdicts:
             del self._verdicts[next(iter(self._verdicts))]
         self._verdicts[cache_key] = found

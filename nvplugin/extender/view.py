@@ -18,6 +18,7 @@ from nvplugin.extender.judge import (
     CANDIDATE,
     Judge,
     JudgeCache,
+    Needs,
     StateKey,
     Verdict,
     Zones,
@@ -94,6 +95,18 @@ _AVAILABLE = (
 )
 
 
+def one_container_needs(pod: Pod, devices: Iterable[str], exclusive: bool) -> Needs:
+    """What a one-container pod takes: its device limits, and its CPU request when whole in a
+    Guaranteed pod (exclusive CPUs under the static policy)."""
+    (only,) = pod.all_containers
+    out = [(r, only.limits[r].int_value) for r in sorted(devices) if r in only.limits]
+    cpu = only.requests.get(CPU)
+    whole = None if cpu is None else cpu.whole_number
+    if exclusive and whole:
+        out.append((CPU, whole))
+    return tuple(out)
+
+
 def unclamp(verdict: Verdict, hidden: Mapping[str, int]) -> Verdict:
     """A rejection's printed totals with the items a clamp hid added back."""
     message = verdict.message or ""
@@ -117,6 +130,10 @@ class PodPlan:
     clamp: Clamp
     clamp_key: tuple[tuple[str, int], ...] | None
     signature: tuple[object, ...]
+    needs: Needs | None
+    """For a one-container pod, what it takes (see judge.one_node_verdict)."""
+    shape: int
+    """A small number per distinct ``signature`` (cheaper to hash, node by node)."""
 
 
 @dataclass
@@ -129,6 +146,8 @@ class NodeEntry:
     """(resource, cut) -> the counts cut there, and the free items the cut hid."""
     keys: dict[object, tuple[StateKey, dict[str, int]]] = field(default_factory=dict)
     """What a pod plan's key is on this node (dropped with every recount)."""
+    verdicts: dict[int, Verdict] = field(default_factory=dict)
+    """Pod shape -> this node's verdict (dropped with every recount)."""
 
 
 class View:
@@ -150,6 +169,8 @@ class View:
         # The latest pass per pod and node, waiting for the pod's binding.
         self._passed: dict[str, dict[str, Verdict]] = {}
         self._last_plan: tuple[Pod, PodPlan] | None = None
+        self._shapes: dict[tuple[object, ...], int] = {}
+        self._next_shape = 0
 
     # --- state ---------------------------------------------------------------------------
 
@@ -195,6 +216,7 @@ class View:
             entry.zones[resource] = zones
         entry.clamped = {}
         entry.keys = {}
+        entry.verdicts = {}
 
     def bound(self, pod_uid: str, node: str) -> bool:
         """The scheduler bound ``pod_uid`` to ``node``: reserve what it would take there, if
@@ -296,6 +318,10 @@ class View:
         if nrt.memory_policy == "Static":
             self._say_once(node, "memory manager Static is not modelled; memory not aligned")
         plan = self._plan(pod)
+        if not naive:
+            done = entry.verdicts.get(plan.shape)
+            if done is not None:
+                return done
         resources = tuple(r for r in plan.names if r in entry.zones)
         if naive:
             key, _ = self.key(entry, resources, plan.exclusive, None)
@@ -313,9 +339,14 @@ class View:
             )
         key, hidden = found
         verdict = self.cache.verdict(
-            key, pod, plan.signature, lambda text: self._startup(node, text)
+            key, pod, plan.signature, lambda text: self._startup(node, text), plan.needs
         )
-        return unclamp(verdict, hidden) if hidden and not verdict.admit else verdict
+        if hidden and not verdict.admit:
+            verdict = unclamp(verdict, hidden)
+        if len(entry.verdicts) >= 64:  # many pod shapes: start over rather than grow
+            entry.verdicts.clear()
+        entry.verdicts[plan.shape] = verdict
+        return verdict
 
     def _plan(self, pod: Pod) -> PodPlan:
         """What of ``pod`` every node's judgement needs, worked out once per pod."""
@@ -324,13 +355,24 @@ class View:
             return last[1]
         clamp = pod_clamp(pod)
         names = {r for c in pod.all_containers for r in c.limits} - {CPU, "memory"}
+        exclusive = pod.qos_class == QOS_GUARANTEED
+        single = len(pod.all_containers) == 1
+        signature = pod_signature(pod)
+        shape = self._shapes.get(signature)
+        if shape is None:
+            if len(self._shapes) >= 10_000:  # numbers stay unique: entries may hold old ones
+                self._shapes.clear()
+            shape = self._shapes[signature] = self._next_shape
+            self._next_shape += 1
         plan = PodPlan(
             names=tuple(sorted(names)),
-            exclusive=pod.qos_class == QOS_GUARANTEED,
-            single=len(pod.all_containers) == 1,
+            exclusive=exclusive,
+            single=single,
             clamp=clamp,
             clamp_key=None if clamp is None else tuple(sorted(clamp.items())),
-            signature=pod_signature(pod),
+            signature=signature,
+            needs=one_container_needs(pod, names, exclusive) if single else None,
+            shape=shape,
         )
         self._last_plan = (pod, plan)
         return plan

@@ -3,7 +3,11 @@ docs/kubelet-behaviour.md#topology-hints."""
 
 from __future__ import annotations
 
+import itertools
+import random
 from collections.abc import Sequence
+
+import pytest
 
 from nvplugin.fakekubelet.topologymanager import generate_hints
 from tests.support.hints import show
@@ -61,3 +65,54 @@ def test_cpus_use_the_same_generator() -> None:
     cpus: dict[int, Sequence[int] | None] = {c: (c // 4,) for c in range(8)}
     hints = generate_hints(range(2, 8), [], 4, cpus, [0, 1])
     assert [show(x) for x in hints] == ["1P", "0,1N"]
+
+
+def reference_hints(
+    available: Sequence[str],
+    reusable: Sequence[str],
+    request: int,
+    numa: dict[str, Sequence[int] | None],
+    nodes: Sequence[int],
+) -> list[tuple[int, bool]]:
+    """The module doc's rule, subset by subset with no shortcuts: (mask, preferred) in order."""
+    subsets = [
+        set(combo) for k in range(1, len(nodes) + 1) for combo in itertools.combinations(nodes, k)
+    ]
+
+    def inside(item: str, subset: set[int]) -> bool:
+        return bool(set(numa[item] or ()) & subset)
+
+    smallest = min(
+        (len(s) for s in subsets if sum(inside(i, s) for i in numa) >= request),
+        default=len(nodes),
+    )
+    out = []
+    for s in subsets:
+        held = [i for i in reusable if numa[i]]
+        if not all(inside(i, s) for i in held):
+            continue
+        if len(held) + sum(inside(i, s) for i in available) >= request:
+            out.append((sum(1 << n for n in s), len(s) == smallest))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_generator_equals_the_rule_subset_by_subset(seed: int) -> None:
+    rng = random.Random(seed)
+    nodes = sorted(rng.sample(range(8), rng.randint(1, 8)))
+    numa: dict[str, Sequence[int] | None] = {}
+    for i in range(rng.randint(0, 24)):
+        pick = rng.random()
+        numa[f"d{i}"] = (
+            None if pick < 0.1 else rng.sample(nodes, 2 if pick < 0.2 and len(nodes) > 1 else 1)
+        )
+    items = list(numa)
+    rng.shuffle(items)
+    reusable = items[: rng.randint(0, 2)]
+    available = [i for i in items[len(reusable) :] if rng.random() < 0.6]
+    request = rng.randint(1, 10)
+    got = [
+        (h.numa_affinity.value if h.numa_affinity is not None else -1, h.preferred)
+        for h in generate_hints(available, reusable, request, numa, nodes)
+    ]
+    assert got == reference_hints(available, reusable, request, numa, nodes)

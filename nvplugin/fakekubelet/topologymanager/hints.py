@@ -12,6 +12,7 @@ preferred. "Preferred" is thus measured against capacity, not against what is fr
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Mapping, Sequence
+from functools import lru_cache
 from typing import TypeVar
 
 from nvplugin.fakekubelet.topologymanager.bitmask import BitMask, iterate_bitmasks
@@ -33,34 +34,53 @@ def generate_hints(
     empty means "no NUMA information": such an item never counts towards a mask, and a reusable
     one does not constrain the mask. ``available`` and ``reusable`` are subsets of its keys.
     """
-    node_masks = {
-        item: BitMask.of(*(nodes or ())).value for item, nodes in all_devices_numa.items()
-    }
+    masks_of: dict[object, int] = {}
+    node_masks: dict[ID, int] = {}
+    for item, nodes in all_devices_numa.items():
+        nodes_key = tuple(nodes or ())
+        value = masks_of.get(nodes_key)
+        if value is None:
+            value = masks_of[nodes_key] = BitMask.of(*nodes_key).value
+        node_masks[item] = value
     # Items grouped by their node mask: counting per group keeps 8 nodes x 1000s of items cheap.
-    capacity = _count_by_mask(node_masks.values())
-    free = _count_by_mask(node_masks[item] for item in available)
+    capacity = tuple(_count_by_mask(node_masks.values()).items())
+    free = tuple(_count_by_mask(node_masks[item] for item in available).items())
     reuse_masks = [node_masks[item] for item in reusable]
     reuse_masks = [m for m in reuse_masks if m]
+    reused = len(reuse_masks)
 
     min_affinity_size = len(numa_nodes)
-    hints: list[TopologyHint] = []
-    for mask in iterate_bitmasks(numa_nodes):
-        m = mask.value
-        size = mask.count()
-        in_mask = sum(n for dev_mask, n in capacity.items() if dev_mask & m)
-        if in_mask >= request and size < min_affinity_size:
-            min_affinity_size = size
-        if any(not r & m for r in reuse_masks):
+    found: list[tuple[tuple[TopologyHint, TopologyHint], int]] = []
+    for m, size, hint in _subsets(tuple(numa_nodes)):
+        # Subsets come smallest first: once one could hold the request, no later one is smaller.
+        if size < min_affinity_size:
+            in_mask = 0
+            for dev_mask, n in capacity:
+                if dev_mask & m:
+                    in_mask += n
+            if in_mask >= request:
+                min_affinity_size = size
+        if reused and any(not r & m for r in reuse_masks):
             continue
-        matching = len(reuse_masks) + sum(n for dev_mask, n in free.items() if dev_mask & m)
+        matching = reused
+        for dev_mask, n in free:
+            if dev_mask & m:
+                matching += n
         if matching >= request:
-            hints.append(TopologyHint(mask, False))
-    return [
-        TopologyHint(h.numa_affinity, True)
-        if h.numa_affinity is not None and h.numa_affinity.count() == min_affinity_size
-        else h
-        for h in hints
-    ]
+            found.append((hint, size))
+    return [hint[size == min_affinity_size] for hint, size in found]
+
+
+@lru_cache(maxsize=64)
+def _subsets(
+    numa_nodes: tuple[int, ...],
+) -> tuple[tuple[int, int, tuple[TopologyHint, TopologyHint]], ...]:
+    """Every non-empty subset of the nodes in the kubelet's order, as (mask value, size, its
+    (non-preferred, preferred) hints); hints are immutable, so these are shared."""
+    return tuple(
+        (mask.value, mask.count(), (TopologyHint(mask, False), TopologyHint(mask, True)))
+        for mask in iterate_bitmasks(numa_nodes)
+    )
 
 
 def _count_by_mask(masks: Iterable[int]) -> dict[int, int]:

@@ -167,15 +167,10 @@ def max_of_min_affinity_counts(filtered: Sequence[Sequence[TopologyHint]]) -> in
     """B: over the resources, the largest bit count of each resource's narrowest non-nil hint."""
     best = 0
     for hints in filtered:
-        narrowest: BitMask | None = None
-        for hint in hints:
-            mask = hint.numa_affinity
-            if mask is None:
-                continue
-            if narrowest is None or mask.is_narrower_than(narrowest):
-                narrowest = mask
-        if narrowest is not None and narrowest.count() > best:
-            best = narrowest.count()
+        # The narrowest mask has the fewest bits (ties are broken by value, not by count).
+        counts = [h.numa_affinity.count() for h in hints if h.numa_affinity is not None]
+        if counts:
+            best = max(best, min(counts))
     return best
 
 
@@ -255,8 +250,9 @@ class HintMerger:
             best = self.compare(best, merge_permutation(default, permutation))
         return self._finish(best)
 
-    def merged_hints(self) -> set[TopologyHint]:
-        """The set of distinct non-empty merged hints over all combinations (see module doc).
+    def merged_hints(self, *, preferred_only: bool = False) -> set[TopologyHint]:
+        """The set of distinct non-empty merged hints over all combinations (see module doc);
+        with ``preferred_only`` only the preferred ones (the others are not worked out).
 
         Partial states after each list: preferred-so-far states keyed by the common non-nil
         mask (None while every hint so far was nil), and non-preferred masks already ANDed with
@@ -269,25 +265,41 @@ class HintMerger:
             next_preferred: set[int | None] = set()
             next_other: set[int] = set()
             masks: set[int] = set()
+            has_none = None in preferred_states
+            keys = {k for k in preferred_states if k is not None}
             for hint in {(h.numa_affinity, h.preferred) for h in hints}:
                 mask, preferred = hint
                 m = default if mask is None else mask.value
                 masks.add(m)
-                for key in preferred_states:
-                    if preferred and mask is None:
-                        next_preferred.add(key)
-                    elif preferred and key is None:
-                        if default & m:
-                            next_preferred.add(m)
-                    elif preferred and key == m:
-                        next_preferred.add(key)
+                # Per state key, as the combination-by-combination merge would: a preferred nil
+                # hint keeps every state; a preferred hint keeps the state of its own mask (or
+                # starts one from None); anything else turns the state non-preferred.
+                if preferred and mask is None:
+                    next_preferred.update(preferred_states)
+                    continue
+                if preferred_only:
+                    if preferred and has_none and default & m:
+                        next_preferred.add(m)
+                    if preferred and m in keys:
+                        next_preferred.add(m)
+                    continue
+                if preferred:
+                    if has_none and default & m:
+                        next_preferred.add(m)
+                    if m in keys:
+                        next_preferred.add(m)
+                        others = keys - {m}
                     else:
-                        merged = default & m if key is None else default & key & m
-                        if merged:
-                            next_other.add(merged)
+                        others = keys
+                else:
+                    if has_none:
+                        next_other.add(default & m)
+                    others = keys
+                next_other.update(map((default & m).__and__, others))
             if other_states and masks:
-                next_other.update(a & m for a in other_states for m in masks)
-                next_other.discard(0)
+                for m in masks:
+                    next_other.update(map(m.__and__, other_states))
+            next_other.discard(0)
             preferred_states, other_states = next_preferred, next_other
         result = {TopologyHint(BitMask(default & m), False) for m in other_states}
         for key in preferred_states:
@@ -299,8 +311,10 @@ class HintMerger:
     def merge(self) -> TopologyHint:
         """Same answer as :meth:`merge_naive`, from the set of distinct merged hints."""
         best: TopologyHint | None = None
+        # A preferred hint beats every non-preferred one, so those matter only without one.
+        merged = self.merged_hints(preferred_only=True) or self.merged_hints()
         # Sorted only for reproducible runs; the compare rule is a total order.
-        for hint in sorted(self.merged_hints(), key=_hint_sort_key):
+        for hint in sorted(merged, key=_hint_sort_key):
             best = self.compare(best, hint)
         return self._finish(best)
 

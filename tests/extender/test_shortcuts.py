@@ -1,0 +1,69 @@
+"""The extender's answers found without an admission equal the admission's: random nodes
+(1 to 9 NUMA nodes, some devices unhealthy, some zones without the resource) and pods of one
+container or several, each judged by the extender and by a fresh admission (``naive``)."""
+
+from __future__ import annotations
+
+import random
+
+from nvplugin.extender.nrt import parse_nrt
+from nvplugin.extender.view import View
+from nvplugin.fakekubelet.pods import Container, Pod
+from tests.support.nrtgen import nrt_object
+
+GPU = "nvidia.com/gpu"
+NIC = "example.com/nic"
+
+
+def random_node(rng: random.Random, name: str) -> dict[str, object]:
+    zones: dict[int, dict[str, tuple[int, int, int]]] = {}
+    for node in range(rng.choice((1, 2, 4, 8, 8, 9))):
+        zone: dict[str, tuple[int, int, int]] = {}
+        for resource, most in ((GPU, 4), (NIC, 2), ("cpu", 12)):
+            if rng.random() < 0.1:
+                continue
+            capacity = rng.randint(0, most)
+            healthy = capacity - (rng.random() < 0.2 and capacity > 0)
+            zone[resource] = (capacity, healthy, rng.randint(0, healthy))
+        zones[node] = zone
+    return nrt_object(
+        name,
+        zones,
+        policy=rng.choice(("single-numa-node", "single-numa-node", "restricted")),
+        scope=rng.choice(("container", "pod")),
+        cpu_policy=rng.choice(("none", "static", "static")),
+    )
+
+
+def random_pod(rng: random.Random, i: int) -> Pod:
+    def container(name: str, **kw: object) -> Container:
+        limits: dict[str, str | int] = {GPU: rng.randint(1, 4)}
+        if rng.random() < 0.4:
+            limits[NIC] = rng.randint(1, 2)
+        if rng.random() < 0.7:  # Guaranteed: exclusive CPUs when whole
+            limits.update({"cpu": rng.choice(("2", "6", "10", "1500m")), "memory": "1Gi"})
+            return Container.of(name, limits=limits, **kw)  # type: ignore[arg-type]
+        return Container.of(name, {"cpu": "1"}, limits, **kw)  # type: ignore[arg-type]
+
+    containers = [container("main")]
+    inits = []
+    if rng.random() < 0.2:
+        containers.append(container("second"))
+    if rng.random() < 0.1:
+        inits.append(container("init", init=True))
+    return Pod.of(f"pod-{i}", containers, inits)
+
+
+def test_answers_without_admission_equal_the_admissions() -> None:
+    rng = random.Random(3606)
+    view = View()
+    for i in range(150):
+        view.set_nrt(parse_nrt(random_node(rng, f"node-{i}")))
+    for i in range(20):
+        pod = random_pod(rng, i)
+        for node in view.names():
+            ours = view.verdict(node, pod)
+            full = view.verdict(node, pod, naive=True)
+            assert ours is not None and full is not None
+            assert ours == full, f"{pod} on {node}"
+    assert view.cache.short_cut > 100  # answers found without an admission, both ways
