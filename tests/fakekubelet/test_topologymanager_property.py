@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from nvplugin.fakekubelet.topologymanager import (
@@ -120,3 +120,48 @@ def test_eight_nodes_three_resources_every_mask() -> None:
         # Only two-node masks are preferred for the GPUs; the others must agree exactly.
         assert hint.preferred is False and admit is False
         assert hint.numa_affinity is not None and hint.numa_affinity.count() == 2
+
+
+@st.composite
+def wide_cases(draw: st.DrawFn) -> tuple[NumaInfo, list[list[TopologyHint]], PolicyOptions]:
+    """5 to 8 NUMA nodes (ids not always contiguous), 1 to 3 lists of up to 40 hints."""
+    n = draw(st.integers(5, 8))
+    far = st.sampled_from([11, 12, 20, 21, 32])
+    rows = [[10 if a == b else draw(far) for b in range(n)] for a in range(n)]
+    ids = tuple(range(n)) if draw(st.booleans()) else tuple(2 * i for i in range(n))
+    numa = NumaInfo(ids, tuple(tuple(r) for r in rows))
+    every = (1 << (max(ids) + 1)) - 1
+    mask = st.one_of(st.none(), st.integers(1, every).map(BitMask))
+    hint = st.builds(TopologyHint, mask, st.booleans())
+    lists = draw(st.lists(st.lists(hint, min_size=1, max_size=40), min_size=1, max_size=3))
+    return numa, lists, PolicyOptions(prefer_closest_numa=draw(st.booleans()))
+
+
+@settings(max_examples=300, deadline=None)
+@given(wide_cases())
+def test_the_non_preferred_search_equals_folding_every_merged_hint(
+    case: tuple[NumaInfo, list[list[TopologyHint]], PolicyOptions],
+) -> None:
+    """Up to 8 nodes, where the naive merge is too slow to draw from: the first mask in the
+    compare order that a combination makes is the fold of the set of all merged hints."""
+    numa, lists, options = case
+    merger = HintMerger(numa, lists, "best-effort", options)
+    assume(not merger.merged_hints(preferred_only=True))  # the search is for that case alone
+    folded = None
+    for hint in merger.merged_hints():
+        if not hint.preferred:
+            folded = merger.compare(folded, hint)
+    assert merger.best_non_preferred() == folded
+
+
+def test_a_mask_inside_every_list_is_no_merged_hint_unless_a_combination_makes_it() -> None:
+    """Node 1 lies in a mask of each list and B = 1 puts it first, but no combination makes
+    it (1110 & 0110 = 0110); 1110 & 1000 makes node 3, the hint the kubelet's merge keeps."""
+    numa = NumaInfo((0, 1, 2, 3))
+    lists = [
+        [TopologyHint(BitMask(0b0001), False), TopologyHint(BitMask(0b1110), False)],
+        [TopologyHint(BitMask(0b0110), False), TopologyHint(BitMask(0b1000), False)],
+    ]
+    merger = HintMerger(numa, lists, "best-effort", PolicyOptions())
+    assert merger.merge_naive() == TopologyHint(BitMask(0b1000), False)
+    assert merger.merge() == merger.merge_naive()

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from itertools import product
 from typing import Protocol
 
@@ -309,14 +310,98 @@ class HintMerger:
         return result
 
     def merge(self) -> TopologyHint:
-        """Same answer as :meth:`merge_naive`, from the set of distinct merged hints."""
+        """Same answer as :meth:`merge_naive`: the best of the distinct preferred merged hints,
+        or without one the first mask in the compare rule's order that some combination makes
+        (:meth:`best_non_preferred`)."""
         best: TopologyHint | None = None
         # A preferred hint beats every non-preferred one, so those matter only without one.
-        merged = self.merged_hints(preferred_only=True) or self.merged_hints()
+        merged = self.merged_hints(preferred_only=True)
+        if not merged:
+            return self._finish(self.best_non_preferred())
         # Sorted only for reproducible runs; the compare rule is a total order.
         for hint in sorted(merged, key=_hint_sort_key):
             best = self.compare(best, hint)
         return self._finish(best)
+
+    def non_preferred_order(self) -> list[int]:
+        """Every non-empty mask of the machine, best first by :meth:`compare`'s rule for two
+        non-preferred hints: B's count first; then fewer bits, the most first; then more bits,
+        the fewest first; equal counts by :meth:`_compare_masks` (closest, then lowest)."""
+        default = self.numa.default_affinity.value
+        bound = self.best_non_preferred_count
+        if not self._closest:
+            return list(_non_preferred_order(default, bound))
+        masks = _submasks(default)
+
+        def key(m: int) -> tuple[int, int, float, int]:
+            count = m.bit_count()
+            tier = (0, 0) if count == bound else (1, -count) if count < bound else (2, count)
+            return (*tier, self.numa.average_distance(BitMask(m)), m)
+
+        return sorted(masks, key=key)
+
+    def best_non_preferred(self) -> TopologyHint | None:
+        """The best merged hint where no combination merges preferred: the first mask, in
+        :meth:`non_preferred_order`, that the AND of one hint per list makes (None when no
+        combination exists). Equal to folding :meth:`merged_hints` with :meth:`compare`, without
+        making every combination's AND."""
+        default = self.numa.default_affinity.value
+        lists = [
+            {default if h.numa_affinity is None else default & h.numa_affinity.value for h in hints}
+            for hints in self.hints
+        ]
+        if any(not masks for masks in lists):
+            return None
+        for m in self.non_preferred_order():
+            if _and_makes(lists, m):
+                return TopologyHint(BitMask(m), False)
+        return None
+
+
+@lru_cache(maxsize=256)
+def _non_preferred_order(default: int, bound: int) -> tuple[int, ...]:
+    """:meth:`HintMerger.non_preferred_order` without distances, kept per machine and B."""
+    masks = _submasks(default)
+
+    def key(m: int) -> tuple[int, int, int]:
+        count = m.bit_count()
+        if count == bound:
+            return (0, 0, m)
+        return (1, -count, m) if count < bound else (2, count, m)
+
+    return tuple(sorted(masks, key=key))
+
+
+def _submasks(default: int) -> list[int]:
+    """Every non-empty mask within ``default`` (NUMA ids need not be contiguous)."""
+    out = []
+    sub = default
+    while sub:
+        out.append(sub)
+        sub = (sub - 1) & default
+    return out
+
+
+def _and_makes(lists: Sequence[set[int]], mask: int) -> bool:
+    """Whether one mask from each list ANDs to exactly ``mask``: each pick must hold ``mask``,
+    and the bits they add beyond it must have nothing in common."""
+    extras: list[set[int]] = []
+    for masks in lists:
+        found = {m & ~mask for m in masks if m & mask == mask}
+        if not found:
+            return False
+        if 0 in found:
+            continue  # this list gives exactly the mask: it clears every other extra
+        extras.append(found)
+    if len(extras) < len(lists):
+        return True
+    # Every list adds something: walk the lists keeping the distinct ANDs of extras so far.
+    reached = extras[0]
+    for found in extras[1:]:
+        reached = {a & b for a in reached for b in found}
+        if 0 in reached:
+            return True
+    return 0 in reached
 
 
 def _hint_sort_key(hint: TopologyHint) -> tuple[bool, int]:
