@@ -51,6 +51,23 @@ def generate_hints(
 
     min_affinity_size = len(numa_nodes)
     found: list[tuple[tuple[TopologyHint, TopologyHint], int]] = []
+    if all(m & (m - 1) == 0 for m, _ in capacity):
+        # Every item on one node: a subset's count is its lowest node's plus the rest's,
+        # and the rest, a smaller subset, came earlier.
+        per_node, free_per_node = dict(capacity), dict(free)
+        in_masks, free_in_masks = {0: 0}, {0: 0}
+        for m, size, hint in _subsets(tuple(numa_nodes)):
+            rest = m & (m - 1)
+            low = m ^ rest
+            in_mask = in_masks[m] = in_masks[rest] + per_node.get(low, 0)
+            matching = free_in_masks[m] = free_in_masks[rest] + free_per_node.get(low, 0)
+            if size < min_affinity_size and in_mask >= request:
+                min_affinity_size = size
+            if reused and any(not r & m for r in reuse_masks):
+                continue
+            if matching + reused >= request:
+                found.append((hint, size))
+        return [hint[size == min_affinity_size] for hint, size in found]
     for m, size, hint in _subsets(tuple(numa_nodes)):
         # Subsets come smallest first: once one could hold the request, no later one is smaller.
         if size < min_affinity_size:
