@@ -101,6 +101,8 @@ class CpuManager:
         self.layout = layout
         self.store = store
         self._by_id = {c.id: c for c in layout.cpus}
+        # Each unit's size in the layout, per unit kind (NUMA node, socket, core).
+        self._unit_sizes: dict[Callable[[Cpu], tuple[int, ...]], dict[tuple[int, ...], int]] = {}
         self.numa_nodes = tuple(
             numa_nodes if numa_nodes is not None else sorted({c.numa_node for c in layout.cpus})
         )
@@ -278,14 +280,17 @@ class CpuManager:
         if sockets_bigger:
             levels.reverse()
         for level in levels:
-            for unit in self._free_units(free, level):
-                if need() >= len(unit):
-                    take(unit)
+            # A request smaller than every unit of the level takes none of them: not ranked.
+            if need() >= min(self._sizes(level).values()):
+                for unit in self._free_units(free, level):
+                    if need() >= len(unit):
+                        take(unit)
             if need() == 0:
                 return frozenset(taken)
-        for core in self._free_units(free, _core_of, levels):
-            if need() >= len(core):
-                take(core)
+        if need() >= min(self._sizes(_core_of).values()):
+            for core in self._free_units(free, _core_of, levels):
+                if need() >= len(core):
+                    take(core)
         if need() == 0:
             return frozenset(taken)
         for core in self._sorted_groups(free, [*levels, _core_of]):
@@ -295,6 +300,15 @@ class CpuManager:
                     return frozenset(taken)
         raise AllocationError("failed to allocate cpus")
 
+    def _sizes(self, key: Callable[[Cpu], tuple[int, ...]]) -> dict[tuple[int, ...], int]:
+        """Each unit's size (CPUs in the layout), for one kind of unit."""
+        sizes = self._unit_sizes.get(key)
+        if sizes is None:
+            sizes = self._unit_sizes[key] = {}
+            for c in self.layout.cpus:
+                sizes[key(c)] = sizes.get(key(c), 0) + 1
+        return sizes
+
     def _free_units(
         self,
         free: set[int],
@@ -302,9 +316,7 @@ class CpuManager:
         outer: Sequence[Callable[[Cpu], tuple[int, ...]]] = (),
     ) -> list[tuple[int, ...]]:
         """Units (by ``key``) whose every CPU is free, in packing order."""
-        sizes: dict[tuple[int, ...], int] = {}
-        for c in self.layout.cpus:
-            sizes[key(c)] = sizes.get(key(c), 0) + 1
+        sizes = self._sizes(key)
         groups = self._sorted_groups(free, [*outer, key])
         return [g for g in groups if len(g) == sizes[key(self._by_id[g[0]])]]
 
