@@ -62,25 +62,21 @@ Clamp = Mapping[str, int] | None
 
 
 def pod_clamp(pod: Pod) -> Clamp:
-    """Per resource, the count above which a zone's items make no difference to the pod.
+    """Per device resource, the count above which a zone's items make no difference to the pod.
 
-    A pod whose devices and exclusive CPUs all go to one container takes at most its request
-    from any zone, so a zone's counts can be cut to the request without changing a hint, an
-    allocation or a verdict -- only the totals some rejections print, which :func:`unclamp`
-    puts back. Nodes whose free states differ only above that then share one judgement. With
-    several containers taking, which zone an earlier one took from can decide a later one's
-    hints through counts above the cut, so nothing is cut (None).
+    A pod whose devices all go to one container takes at most its request from any zone, so a
+    zone's device counts can be cut to the request without changing a hint, an allocation or a
+    verdict -- only the totals some rejections print, which :func:`unclamp` puts back. Nodes
+    whose free states differ only above that then share one judgement. Exclusive CPUs are not
+    cut: the static policy packs them by how many CPUs each NUMA node has, and has free, counts
+    above the request included. With several containers taking, which zone an earlier one took
+    from can decide a later one's hints through counts above the cut, so nothing is cut (None).
     """
     takers = [c for c in pod.all_containers if any(q.int_value for q in c.limits.values())]
     if len(takers) != 1:
         return None
     only = takers[0]
-    out = {r: q.int_value for r, q in only.limits.items() if q.int_value > 0}
-    cpu = only.requests.get(CPU)
-    whole = None if cpu is None else cpu.whole_number
-    if whole:
-        out[CPU] = whole
-    return out
+    return {r: q.int_value for r, q in only.limits.items() if q.int_value > 0 and r != CPU}
 
 
 _AVAILABLE = (

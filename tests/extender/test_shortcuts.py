@@ -1,6 +1,7 @@
-"""The extender's answers found without an admission equal the admission's: random nodes
-(1 to 9 NUMA nodes, some devices unhealthy, some zones without the resource) and pods of one
-container or several, each judged by the extender and by a fresh admission (``naive``)."""
+"""The extender's answers (shared between nodes, cut to the request, or found without an
+admission by judge.one_node_verdict) equal a fresh admission's: random nodes (1 to 9 NUMA nodes,
+some devices unhealthy, some zones without the resource, every policy) and pods of one container
+or several, each judged by the extender and by a fresh admission (``naive``)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,11 @@ GPU = "nvidia.com/gpu"
 NIC = "example.com/nic"
 
 
-def random_node(rng: random.Random, name: str) -> dict[str, object]:
+def random_node(
+    rng: random.Random,
+    name: str,
+    policies: tuple[str, ...] = ("single-numa-node", "single-numa-node", "restricted"),
+) -> dict[str, object]:
     zones: dict[int, dict[str, tuple[int, int, int]]] = {}
     for node in range(rng.choice((1, 2, 4, 8, 8, 9))):
         zone: dict[str, tuple[int, int, int]] = {}
@@ -29,7 +34,7 @@ def random_node(rng: random.Random, name: str) -> dict[str, object]:
     return nrt_object(
         name,
         zones,
-        policy=rng.choice(("single-numa-node", "single-numa-node", "restricted")),
+        policy=rng.choice(policies),
         scope=rng.choice(("container", "pod")),
         cpu_policy=rng.choice(("none", "static", "static")),
     )
@@ -67,3 +72,20 @@ def test_answers_without_admission_equal_the_admissions() -> None:
             assert ours is not None and full is not None
             assert ours == full, f"{pod} on {node}"
     assert view.cache.short_cut > 100  # answers found without an admission, both ways
+
+
+def test_answers_under_every_policy_equal_the_admissions() -> None:
+    """Every policy: under ``none`` and ``best-effort`` where a pod's exclusive CPUs go
+    depends on every NUMA node's free count, above the request too."""
+    rng = random.Random(3607)
+    view = View()
+    policies = ("none", "best-effort", "restricted", "single-numa-node")
+    for i in range(300):
+        view.set_nrt(parse_nrt(random_node(rng, f"node-{i}", policies)))
+    for i in range(24):
+        pod = random_pod(rng, i)
+        for node in view.names():
+            ours = view.verdict(node, pod)
+            full = view.verdict(node, pod, naive=True)
+            assert ours is not None and full is not None
+            assert ours == full, f"{pod} on {node}"
