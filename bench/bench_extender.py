@@ -92,8 +92,9 @@ def stream(name: str, make: Callable[[str, random.Random], dict[str, Any]], pods
           f"max {latencies[-1]:.1f} ms (target p99 <= {TARGET_P99_MS:.0f} ms)")  # fmt: skip
     print(f"   {name}: {len(updates)} NRT updates between pods, median "
           f"{statistics.median(updates):.0f} us each; judges built {view.cache.built}, "
-          f"admissions {view.cache.admitted}, answered without one "
-          f"{view.cache.short_cut}; resident after {rss_mb():.0f} MB")  # fmt: skip
+          f"admissions {view.cache.admitted}, put together from parts "
+          f"{view.cache.composed}, answered without one {view.cache.short_cut}; "
+          f"resident after {rss_mb():.0f} MB")  # fmt: skip
     return view
 
 

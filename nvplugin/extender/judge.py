@@ -15,7 +15,7 @@ of pods, each rolled back afterwards, as the kubelet rolls back a rejected pod.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from nvplugin.api import HEALTHY
@@ -31,7 +31,7 @@ from nvplugin.fakekubelet.devicemanager.endpoint import (
 )
 from nvplugin.fakekubelet.devicemanager.manager import DeviceManager
 from nvplugin.fakekubelet.pods import CPU, Container, Pod
-from nvplugin.fakekubelet.topologymanager import Manager, NumaInfo, StartupError, new_manager
+from nvplugin.fakekubelet.topologymanager import Manager, NumaInfo, new_manager
 from nvplugin.fakekubelet.topologymanager.options import (
     DEFAULT_MAX_ALLOWABLE_NUMA_NODES,
     POLICY_RESTRICTED,
@@ -43,6 +43,7 @@ from nvplugin.fakekubelet.topologymanager.scope import (
     MESSAGE_TOPOLOGY_AFFINITY,
     REASON_TOPOLOGY_AFFINITY,
     AllocationError,
+    Store,
 )
 from nvplugin.node.model import Cpu, CpuLayout
 
@@ -160,6 +161,50 @@ def device_id(resource: str, node: int, index: int) -> str:
     return f"{resource}/numa{node}/{index}"
 
 
+def add_devices(devices: DeviceManager, resource: str, zones: Zones) -> dict[str, int]:
+    """Lay ``resource``'s zones out as devices of a local plugin (see module doc); each
+    device's NUMA node by ID."""
+    infos: list[DeviceInfo] = []
+    held: list[str] = []
+    zone_of: dict[str, int] = {}
+    for node, capacity, allocatable, available in zones:
+        for i in range(capacity):
+            ident = device_id(resource, node, i)
+            zone_of[ident] = node
+            healthy = i < allocatable
+            infos.append(DeviceInfo(ident, HEALTHY if healthy else "Unhealthy", (node,)))
+            if available <= i < allocatable:
+                held.append(ident)
+    devices.plugin_connected(LocalPlugin(resource, infos))
+    if held:
+        devices.restore_allocation(HOLDER, "c", resource, held)
+    return zone_of
+
+
+def cpu_manager(nodes: Sequence[int], zones: Zones, policy: str, store: Store) -> CpuManager:
+    """The CPU manager over the ``cpu`` zones (see module doc); policy ``none`` without
+    them."""
+    cpus: list[Cpu] = []
+    reserved: list[int] = []
+    held: list[int] = []
+    ident = 0
+    for node, capacity, allocatable, available in zones:
+        for i in range(capacity):
+            cpus.append(Cpu(ident, node, ident, node))
+            if i >= allocatable:
+                reserved.append(ident)
+            elif i >= available:
+                held.append(ident)
+            ident += 1
+    # The kubelet refuses static without reserved CPUs; an NRT whose zones reserve none
+    # still describes a running static kubelet (its reservation lies outside the zones).
+    manager = CpuManager("none", CpuLayout(tuple(cpus)), store, reserved, nodes)
+    manager.policy = policy if zones else "none"
+    if held:
+        manager.restore(HOLDER, "c", held)
+    return manager
+
+
 class Judge:
     """The fake kubelet's managers over one free state (see module doc)."""
 
@@ -168,54 +213,17 @@ class Judge:
         (more NUMA nodes than the topology manager allows)."""
         self.key = key
         self.manager: Manager = new_manager(NumaInfo(key.nodes), key.policy, key.scope)
-        self.devices = DeviceManager(numa_nodes=key.nodes, store=self.manager)
+        self.devices = DeviceManager(numa_nodes=key.nodes, store=self.manager, quiet=True)
         self._zone_of: dict[str, int] = {}
         cpu_zones: Zones = ()
         for resource, zones in key.resources:
             if resource == CPU:
                 cpu_zones = zones
                 continue
-            self._add_resource(resource, zones)
-        self.cpus = self._cpu_manager(cpu_zones)
+            self._zone_of.update(add_devices(self.devices, resource, zones))
+        self.cpus = cpu_manager(key.nodes, cpu_zones, key.cpu_policy, self.manager)
         self.manager.add_hint_provider(LocalHintProvider(self.devices))
         self.manager.add_hint_provider(self.cpus)
-
-    def _add_resource(self, resource: str, zones: Zones) -> None:
-        devices: list[DeviceInfo] = []
-        held: list[str] = []
-        for node, capacity, allocatable, available in zones:
-            for i in range(capacity):
-                ident = device_id(resource, node, i)
-                self._zone_of[ident] = node
-                healthy = i < allocatable
-                devices.append(DeviceInfo(ident, HEALTHY if healthy else "Unhealthy", (node,)))
-                if available <= i < allocatable:
-                    held.append(ident)
-        self.devices.plugin_connected(LocalPlugin(resource, devices))
-        if held:
-            self.devices.restore_allocation(HOLDER, "c", resource, held)
-
-    def _cpu_manager(self, zones: Zones) -> CpuManager:
-        cpus: list[Cpu] = []
-        reserved: list[int] = []
-        held: list[int] = []
-        ident = 0
-        for node, capacity, allocatable, available in zones:
-            for i in range(capacity):
-                cpus.append(Cpu(ident, node, ident, node))
-                if i >= allocatable:
-                    reserved.append(ident)
-                elif i >= available:
-                    held.append(ident)
-                ident += 1
-        policy = self.key.cpu_policy if zones else "none"
-        # The kubelet refuses static without reserved CPUs; an NRT whose zones reserve none
-        # still describes a running static kubelet (its reservation lies outside the zones).
-        manager = CpuManager("none", CpuLayout(tuple(cpus)), self.manager, reserved, self.key.nodes)
-        manager.policy = policy
-        if held:
-            manager.restore(HOLDER, "c", held)
-        return manager
 
     def judge(self, pod: Pod) -> Verdict:
         """Admit ``pod`` (its UID replaced), report, and roll it back."""
@@ -305,61 +313,6 @@ def zones_of(counts: Mapping[int, object]) -> Zones:
     for node, c in sorted(counts.items()):
         out.append((node, c.capacity, c.allocatable, c.available))  # type: ignore[attr-defined]
     return tuple(out)
-
-
-class JudgeCache:
-    """Judges by free state and verdicts by (state, pod), both bounded (least recently used
-    dropped first)."""
-
-    def __init__(self, judges: int = 4096, verdicts: int = 65536) -> None:
-        self._judges: dict[StateKey, Judge | StartupError] = {}
-        self._verdicts: dict[tuple[StateKey, object], Verdict] = {}
-        self._max_judges = judges
-        self._max_verdicts = verdicts
-        self.built = 0
-        self.admitted = 0
-        self.short_cut = 0
-
-    def judge(self, key: StateKey) -> Judge | StartupError:
-        found = self._judges.pop(key, None)
-        if found is None:
-            try:
-                found = Judge(key)
-            except StartupError as exc:
-                found = exc
-            self.built += 1
-            if len(self._judges) >= self._max_judges:
-                del self._judges[next(iter(self._judges))]
-        self._judges[key] = found
-        return found
-
-    def verdict(
-        self,
-        key: StateKey,
-        pod: Pod,
-        signature: object,
-        on_startup: Callable[[str], Verdict],
-        needs: Needs | None = None,
-    ) -> Verdict:
-        """``needs``: given for a one-container pod, what it takes (:func:`one_node_verdict`)."""
-        cache_key = (key, signature)
-        found = self._verdicts.get(cache_key)
-        if found is not None:
-            return found
-        found = None if needs is None else one_node_verdict(key, needs)
-        if found is not None:
-            self.short_cut += 1
-        else:
-            judge = self.judge(key)
-            if isinstance(judge, StartupError):
-                found = on_startup(str(judge))
-            else:
-                found = judge.judge(pod)
-                self.admitted += 1
-        if len(self._verdicts) >= self._max_verdicts:
-            del self._verdicts[next(iter(self._verdicts))]
-        self._verdicts[cache_key] = found
-        return found
 
 
 def pod_signature(pod: Pod) -> tuple[object, ...]:

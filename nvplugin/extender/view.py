@@ -3,7 +3,7 @@ passed and the scheduler bound there still hold until the NRT shows them (reserv
 answers to filter and prioritize over it.
 
 Nodes with the same free state for the resources a pod asks for are judged once
-(:class:`~nvplugin.extender.judge.JudgeCache`); the naive way, one admission per node, is kept
+(:class:`~nvplugin.extender.cache.JudgeCache`); the naive way, one admission per node, is kept
 for the benchmark and the tests (``naive=True``).
 """
 
@@ -14,10 +14,10 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from nvplugin.extender.cache import JudgeCache
 from nvplugin.extender.judge import (
     CANDIDATE,
     Judge,
-    JudgeCache,
     Needs,
     StateKey,
     Verdict,
@@ -130,6 +130,16 @@ class PodPlan:
     """For a one-container pod, what it takes (see judge.one_node_verdict)."""
     shape: int
     """A small number per distinct ``signature`` (cheaper to hash, node by node)."""
+    counts: dict[str, int] = field(default_factory=dict)
+    """Resource -> the most of it one container asks for (filled as asked)."""
+    pod: Pod | None = None
+
+    def most(self, resource: str) -> int:
+        found = self.counts.get(resource)
+        if found is None:
+            containers = self.pod.all_containers if self.pod is not None else ()
+            found = self.counts[resource] = max((c.count(resource) for c in containers), default=0)
+        return found
 
 
 @dataclass
@@ -369,6 +379,7 @@ class View:
             signature=signature,
             needs=one_container_needs(pod, names, exclusive) if single else None,
             shape=shape,
+            pod=pod,
         )
         self._last_plan = (pod, plan)
         return plan
@@ -409,7 +420,7 @@ class View:
         numa = 1.0 - used / zones if used else 1.0
         group = 0.0
         for resource, groups in entry.nrt.best_groups.items():
-            want = max((c.count(resource) for c in pod.all_containers), default=0)
+            want = self._plan(pod).most(resource)
             top = max((g.score for g in groups), default=0)
             for g in groups:
                 if g.size == want and want > 1 and top > 0:

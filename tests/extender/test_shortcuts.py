@@ -1,15 +1,19 @@
-"""The extender's answers (shared between nodes, cut to the request, or found without an
-admission by judge.one_node_verdict) equal a fresh admission's: random nodes (1 to 9 NUMA nodes,
+"""The extender's answers found without a whole admission (judge.one_node_verdict, and the
+parts of nvplugin/extender/parts.py) equal a fresh admission's: random nodes (1 to 9 NUMA nodes,
 some devices unhealthy, some zones without the resource, every policy) and pods of one container
 or several, each judged by the extender and by a fresh admission (``naive``)."""
 
 from __future__ import annotations
 
+import io
 import random
+
+import structlog
 
 from nvplugin.extender.nrt import parse_nrt
 from nvplugin.extender.view import View
 from nvplugin.fakekubelet.pods import Container, Pod
+from nvplugin.log import configure
 from tests.support.nrtgen import nrt_object
 
 GPU = "nvidia.com/gpu"
@@ -76,7 +80,9 @@ def test_answers_without_admission_equal_the_admissions() -> None:
 
 def test_answers_under_every_policy_equal_the_admissions() -> None:
     """Every policy: under ``none`` and ``best-effort`` where a pod's exclusive CPUs go
-    depends on every NUMA node's free count, above the request too."""
+    depends on every NUMA node's free count, above the request too. One-container pods there
+    are put together from parts (nvplugin/extender/parts.py), shared by nodes that differ in
+    other resources."""
     rng = random.Random(3607)
     view = View()
     policies = ("none", "best-effort", "restricted", "single-numa-node")
@@ -89,3 +95,28 @@ def test_answers_under_every_policy_equal_the_admissions() -> None:
             full = view.verdict(node, pod, naive=True)
             assert ours is not None and full is not None
             assert ours == full, f"{pod} on {node}"
+    assert view.cache.composed > 1000
+    assert view.cache.admitted > 0  # pods of several containers still take the whole way
+
+
+def test_judging_logs_nothing_at_info_level() -> None:
+    """The device managers a judgement builds (thousands a request) do not log their plugins'
+    registrations and allocations, as the fake kubelet's own device manager does."""
+    out = io.StringIO()
+    before = structlog.get_config()
+    configure("json", "info", stream=out)
+    try:
+        rng = random.Random(3608)
+        view = View()
+        policies = ("none", "best-effort", "restricted", "single-numa-node")
+        for i in range(40):
+            view.set_nrt(parse_nrt(random_node(rng, f"node-{i}", policies)))
+        for i in range(4):
+            pod = random_pod(rng, i)
+            view.filter(pod, view.names())
+            view.filter(pod, view.names(), naive=True)
+        assert view.cache.composed and view.cache.admitted
+    finally:
+        structlog.configure(**before)
+    lines = out.getvalue().splitlines()
+    assert not [line for line in lines if "device plugin" in line or "devices allocated" in line]

@@ -85,13 +85,16 @@ class DeviceManager:
         store: Store | None = None,
         checkpoint_dir: str | None = None,
         active_pods: Callable[[], Iterable[str]] | None = None,
+        quiet: bool = False,
     ) -> None:
         """``numa_nodes``: the machine's NUMA nodes (default: those the devices name).
         ``store``: where the merged topology hint of a container is read (the topology
         manager; None = no hint). ``checkpoint_dir``: where ``kubelet_internal_checkpoint`` is
         written and read (None = no checkpoint). ``active_pods``: UIDs of the pods still
         running; devices of other pods are reclaimed before hints and allocation, as the
-        kubelet's ``UpdateAllocatedDevices`` does (None = every pod stays).
+        kubelet's ``UpdateAllocatedDevices`` does (None = every pod stays). ``quiet``: log
+        nothing at info level (device managers built in-process by the thousand, as the
+        scheduler extender's judges are, would fill its log).
         """
         self._stop_grace_s = stop_grace_s
         self._clock = clock
@@ -111,6 +114,12 @@ class DeviceManager:
         self._unhealthy: dict[str, set[str]] = {}
         self._devices: dict[str, dict[str, DeviceInfo]] = {}
         self._allocated: dict[str, set[str]] = {}  # devices held by containers
+        self._quiet = quiet
+
+    def _say(self, event: str, **details: object) -> None:
+        """Log at info level, unless the manager was built ``quiet``."""
+        if not self._quiet:
+            _log.info(event, **details)
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -172,7 +181,7 @@ class DeviceManager:
         self._unhealthy.setdefault(resource, set())
         self._devices.setdefault(resource, {})
         endpoint.start_watching(self._devices_received, self._plugin_disconnected)
-        _log.info(
+        self._say(
             "device plugin registered",
             resource=resource,
             socket=endpoint.socket_path,
@@ -203,7 +212,7 @@ class DeviceManager:
             endpoints.remove(endpoint)
         if not endpoints:
             self._endpoints.pop(resource, None)
-        _log.info(
+        self._say(
             "device plugin disconnected",
             resource=resource,
             socket=endpoint.socket_path,
@@ -401,7 +410,7 @@ class DeviceManager:
         active = set(self.active_pods())
         stale = sorted(self._pod_devices.pods() - active)
         if stale:
-            _log.info("reclaiming devices of inactive pods", pods=stale)
+            self._say("reclaiming devices of inactive pods", pods=stale)
             self.remove_pods(stale)
 
     # --- checkpoint ------------------------------------------------------------------------
@@ -612,7 +621,7 @@ class DeviceManager:
                     response,
                 )
             )
-            _log.info(
+            self._say(
                 "devices allocated",
                 pod=pod.name,
                 container=container.name,
