@@ -19,7 +19,8 @@ Every answer is held equal to a whole admission's by tests/extender/test_shortcu
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
+from typing import TypeVar
 
 from nvplugin.extender.judge import (
     CANDIDATE,
@@ -52,6 +53,9 @@ Outcome = Taken | PodAdmitResult
 
 _MISSING = object()
 
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
 
 class _Hint:
     """The store a part's manager reads the merged hint from: one hint, set before each
@@ -64,83 +68,95 @@ class _Hint:
         return self.hint
 
 
-class DevicePart:
+class _Part:
+    """A manager over one part's zones, its answers kept: hints per count, allocations per
+    (count, merged hint). Subclasses say how to ask it, and how to give back what it took."""
+
+    def __init__(self) -> None:
+        self.store = _Hint()
+        self._hints: dict[int, ProviderHints] = {}
+        self._taken: dict[tuple[int, int | None], Outcome] = {}
+
+    def _ask_hints(self, pod: Pod, container: Container) -> ProviderHints:
+        raise NotImplementedError
+
+    def _take(self, pod: Pod, container: Container) -> dict[int, int]:
+        """Allocate for the container; how many items it took per NUMA node."""
+        raise NotImplementedError
+
+    def _give_back(self) -> None:
+        raise NotImplementedError
+
+    def hints(self, pod: Pod, container: Container, count: int) -> ProviderHints:
+        found = self._hints.get(count, _MISSING)
+        if found is _MISSING:
+            found = self._hints[count] = self._ask_hints(pod, container)
+        return found  # type: ignore[return-value]
+
+    def allocate(self, pod: Pod, container: Container, count: int, hint: TopologyHint) -> Outcome:
+        mask = hint.numa_affinity
+        memo = (count, None if mask is None else mask.value)
+        found = self._taken.get(memo)
+        if found is not None:
+            return found
+        self.store.hint = hint
+        try:
+            found = tuple(sorted(self._take(pod, container).items()))
+        except (AdmissionError, AllocationError) as exc:
+            found = PodAdmitResult.from_error(exc)
+        finally:
+            self._give_back()
+        self._taken[memo] = found
+        return found
+
+
+class DevicePart(_Part):
     """One device resource's zones with a device manager of their own."""
 
     def __init__(self, nodes: Sequence[int], resource: str, zones: Zones) -> None:
+        super().__init__()
         self.resource = resource
-        self.store = _Hint()
         self.devices = DeviceManager(numa_nodes=nodes, store=self.store, quiet=True)
         self.zone_of = add_devices(self.devices, resource, zones)
         self.provider = LocalHintProvider(self.devices)
-        self._hints: dict[int, ProviderHints] = {}
-        self._taken: dict[tuple[int, int | None], Outcome] = {}
 
-    def hints(self, pod: Pod, container: Container, count: int) -> ProviderHints:
-        found = self._hints.get(count, _MISSING)
-        if found is _MISSING:
-            found = self._hints[count] = self.provider.get_topology_hints(pod, container)
-        return found  # type: ignore[return-value]
+    def _ask_hints(self, pod: Pod, container: Container) -> ProviderHints:
+        return self.provider.get_topology_hints(pod, container)
 
-    def allocate(self, pod: Pod, container: Container, count: int, hint: TopologyHint) -> Outcome:
-        mask = hint.numa_affinity
-        memo = (count, None if mask is None else mask.value)
-        found = self._taken.get(memo)
-        if found is not None:
-            return found
-        self.store.hint = hint
-        try:
-            self.provider.allocate(pod, container)
-            per: dict[int, int] = {}
-            for entry in self.devices.allocations():
-                if entry.pod_uid == CANDIDATE:
-                    for d in entry.device_ids:
-                        node = self.zone_of[d]
-                        per[node] = per.get(node, 0) + 1
-            found = tuple(sorted(per.items()))
-        except (AdmissionError, AllocationError) as exc:
-            found = PodAdmitResult.from_error(exc)
-        finally:
-            self.devices.remove_pods([CANDIDATE])
-        self._taken[memo] = found
-        return found
+    def _take(self, pod: Pod, container: Container) -> dict[int, int]:
+        self.provider.allocate(pod, container)
+        per: dict[int, int] = {}
+        for entry in self.devices.allocations():
+            if entry.pod_uid == CANDIDATE:
+                for d in entry.device_ids:
+                    node = self.zone_of[d]
+                    per[node] = per.get(node, 0) + 1
+        return per
+
+    def _give_back(self) -> None:
+        self.devices.remove_pods([CANDIDATE])
 
 
-class CpuPart:
+class CpuPart(_Part):
     """The ``cpu`` zones with a CPU manager of their own (policy ``none`` without them)."""
 
     def __init__(self, nodes: Sequence[int], zones: Zones, policy: str) -> None:
-        self.store = _Hint()
+        super().__init__()
         self.cpus = cpu_manager(nodes, zones, policy, self.store)
-        self._hints: dict[int, ProviderHints] = {}
-        self._taken: dict[tuple[int, int | None], Outcome] = {}
 
-    def hints(self, pod: Pod, container: Container, count: int) -> ProviderHints:
-        found = self._hints.get(count, _MISSING)
-        if found is _MISSING:
-            found = self._hints[count] = self.cpus.get_topology_hints(pod, container)
-        return found  # type: ignore[return-value]
+    def _ask_hints(self, pod: Pod, container: Container) -> ProviderHints:
+        return self.cpus.get_topology_hints(pod, container)
 
-    def allocate(self, pod: Pod, container: Container, count: int, hint: TopologyHint) -> Outcome:
-        mask = hint.numa_affinity
-        memo = (count, None if mask is None else mask.value)
-        found = self._taken.get(memo)
-        if found is not None:
-            return found
-        self.store.hint = hint
-        try:
-            self.cpus.allocate(pod, container)
-            per: dict[int, int] = {}
-            for cpu in self.cpus.cpus(CANDIDATE, container.name):
-                node = self.cpus.layout.cpus[cpu].numa_node
-                per[node] = per.get(node, 0) + 1
-            found = tuple(sorted(per.items()))
-        except (AdmissionError, AllocationError) as exc:
-            found = PodAdmitResult.from_error(exc)
-        finally:
-            self.cpus.remove_pod(CANDIDATE)
-        self._taken[memo] = found
-        return found
+    def _take(self, pod: Pod, container: Container) -> dict[int, int]:
+        self.cpus.allocate(pod, container)
+        per: dict[int, int] = {}
+        for cpu in self.cpus.cpus(CANDIDATE, container.name):
+            node = self.cpus.layout.cpus[cpu].numa_node
+            per[node] = per.get(node, 0) + 1
+        return per
+
+    def _give_back(self) -> None:
+        self.cpus.remove_pod(CANDIDATE)
 
 
 class _Lists:
@@ -193,21 +209,11 @@ class Parts:
 
     def _device(self, nodes: tuple[int, ...], resource: str, zones: Zones) -> DevicePart:
         key = (nodes, resource, zones)
-        found = self._devices.get(key)
-        if found is None:
-            if len(self._devices) >= self._max_parts:
-                del self._devices[next(iter(self._devices))]
-            found = self._devices[key] = DevicePart(nodes, resource, zones)
-        return found
+        return _kept(self._devices, key, self._max_parts, lambda: DevicePart(*key))
 
     def _cpu(self, nodes: tuple[int, ...], zones: Zones, policy: str) -> CpuPart:
         key = (nodes, zones, policy)
-        found = self._cpus.get(key)
-        if found is None:
-            if len(self._cpus) >= self._max_parts:
-                del self._cpus[next(iter(self._cpus))]
-            found = self._cpus[key] = CpuPart(nodes, zones, policy)
-        return found
+        return _kept(self._cpus, key, self._max_parts, lambda: CpuPart(*key))
 
     def _policy(self, name: str, nodes: tuple[int, ...]) -> Policy | StartupError:
         found = self._policies.get((name, nodes))
@@ -289,6 +295,16 @@ class Parts:
         for node, n in outcome:
             taken[(CPU, node)] = n
         return Verdict(True, taken=tuple((r, n, c) for (r, n), c in sorted(taken.items())))
+
+
+def _kept(table: dict[K, V], key: K, limit: int, make: Callable[[], V]) -> V:
+    """``table[key]``, made if missing; the oldest entry dropped when ``limit`` are kept."""
+    found = table.get(key)
+    if found is None:
+        if len(table) >= limit:
+            del table[next(iter(table))]
+        found = table[key] = make()
+    return found
 
 
 def _rejected(result: PodAdmitResult) -> Verdict:

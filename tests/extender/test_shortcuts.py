@@ -44,6 +44,16 @@ def random_node(
     )
 
 
+EVERY_POLICY = ("none", "best-effort", "restricted", "single-numa-node")
+
+
+def view_of(rng: random.Random, nodes: int, policies: tuple[str, ...]) -> View:
+    view = View()
+    for i in range(nodes):
+        view.set_nrt(parse_nrt(random_node(rng, f"node-{i}", policies)))
+    return view
+
+
 def random_pod(rng: random.Random, i: int) -> Pod:
     def container(name: str, **kw: object) -> Container:
         limits: dict[str, str | int] = {GPU: rng.randint(1, 4)}
@@ -63,18 +73,19 @@ def random_pod(rng: random.Random, i: int) -> Pod:
     return Pod.of(f"pod-{i}", containers, inits)
 
 
+def assert_like_fresh_admissions(view: View, pod: Pod) -> None:
+    for node in view.names():
+        ours = view.verdict(node, pod)
+        full = view.verdict(node, pod, naive=True)
+        assert ours is not None and full is not None
+        assert ours == full, f"{pod} on {node}"
+
+
 def test_answers_without_admission_equal_the_admissions() -> None:
     rng = random.Random(3606)
-    view = View()
-    for i in range(150):
-        view.set_nrt(parse_nrt(random_node(rng, f"node-{i}")))
+    view = view_of(rng, 150, ("single-numa-node", "single-numa-node", "restricted"))
     for i in range(20):
-        pod = random_pod(rng, i)
-        for node in view.names():
-            ours = view.verdict(node, pod)
-            full = view.verdict(node, pod, naive=True)
-            assert ours is not None and full is not None
-            assert ours == full, f"{pod} on {node}"
+        assert_like_fresh_admissions(view, random_pod(rng, i))
     assert view.cache.short_cut > 100  # answers found without an admission, both ways
 
 
@@ -84,17 +95,9 @@ def test_answers_under_every_policy_equal_the_admissions() -> None:
     are put together from parts (nvplugin/extender/parts.py), shared by nodes that differ in
     other resources."""
     rng = random.Random(3607)
-    view = View()
-    policies = ("none", "best-effort", "restricted", "single-numa-node")
-    for i in range(300):
-        view.set_nrt(parse_nrt(random_node(rng, f"node-{i}", policies)))
+    view = view_of(rng, 300, EVERY_POLICY)
     for i in range(24):
-        pod = random_pod(rng, i)
-        for node in view.names():
-            ours = view.verdict(node, pod)
-            full = view.verdict(node, pod, naive=True)
-            assert ours is not None and full is not None
-            assert ours == full, f"{pod} on {node}"
+        assert_like_fresh_admissions(view, random_pod(rng, i))
     assert view.cache.composed > 1000
     assert view.cache.admitted > 0  # pods of several containers still take the whole way
 
@@ -107,10 +110,7 @@ def test_judging_logs_nothing_at_info_level() -> None:
     configure("json", "info", stream=out)
     try:
         rng = random.Random(3608)
-        view = View()
-        policies = ("none", "best-effort", "restricted", "single-numa-node")
-        for i in range(40):
-            view.set_nrt(parse_nrt(random_node(rng, f"node-{i}", policies)))
+        view = view_of(rng, 40, EVERY_POLICY)
         for i in range(4):
             pod = random_pod(rng, i)
             view.filter(pod, view.names())
