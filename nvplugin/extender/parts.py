@@ -230,7 +230,8 @@ class Parts:
     def _merge(
         self, key: StateKey, policy: Policy, devices: ProviderHints, cpus: ProviderHints
     ) -> tuple[TopologyHint, bool]:
-        if len(self._lists) >= self._max_merges or len(self._merged) >= self._max_merges:
+        # Lists of parts dropped stay numbered until here: as many as two tables of parts.
+        if len(self._lists) >= 2 * self._max_parts or len(self._merged) >= self._max_merges:
             self._lists.clear()  # numbers are reused from here on: the merges go with them
             self._merged.clear()
         memo = (key.policy, key.nodes, self._lists.key(devices), self._lists.key(cpus))
