@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import json
 import os
 import secrets
@@ -27,6 +26,7 @@ import signal
 import socket
 import ssl
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -178,13 +178,12 @@ class _Process:
         # Killed with this process if it dies without stopping it (a test run killed): the
         # signal comes when the starting *thread* ends, so only from the main thread.
         dies_with_us = threading.current_thread() is threading.main_thread()
+        argv = self.argv
+        if dies_with_us:
+            argv = [sys.executable, "-S", "-c", _DIE_WITH_PARENT, str(os.getpid()), *argv]
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
-                self.argv,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                preexec_fn=_die_with_parent if dies_with_us else None,
+                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
             )
 
     def running(self) -> bool:
@@ -218,13 +217,17 @@ class _Process:
         )
 
 
-_PRCTL = ctypes.CDLL(None, use_errno=True).prctl
-PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGKILL when the parent goes."""
-    _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL)
+_DIE_WITH_PARENT = """
+import ctypes, os, signal, sys
+ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+if os.getppid() != int(sys.argv[1]):
+    sys.exit(1)  # the parent went before the signal was set
+os.execvp(sys.argv[2], sys.argv[2:])
+"""
+"""Run before a component's own program, in its process: SIGKILL when the parent goes. Not a
+``preexec_fn``: that makes subprocess fork() and run Python in the child, where grpcio's fork
+handlers restart its poller on descriptors the child then closes (kube-controller-manager
+died of SIGABRT that way, "epoll_wait error: Bad file descriptor", once in a CI run)."""
 
 
 def _wait_healthy(component: _Process, url: str, context: ssl.SSLContext, headers: Json) -> None:
