@@ -154,6 +154,8 @@ class NodeEntry:
     """What a pod plan's key is on this node (dropped with every recount)."""
     verdicts: dict[int, Verdict] = field(default_factory=dict)
     """Pod shape -> this node's verdict (dropped with every recount)."""
+    scores: dict[int, int] = field(default_factory=dict)
+    """Pod shape -> this node's priority (dropped with every recount)."""
 
 
 class View:
@@ -223,6 +225,7 @@ class View:
         entry.clamped = {}
         entry.keys = {}
         entry.verdicts = {}
+        entry.scores = {}
 
     def bound(self, pod_uid: str, node: str) -> bool:
         """The scheduler bound ``pod_uid`` to ``node``: reserve what it would take there, if
@@ -433,10 +436,19 @@ class View:
 
     def prioritize(self, pod: Pod, nodes: Iterable[str]) -> list[tuple[str, int]]:
         """(node, 0..10) for each node, in the order given."""
+        shape = self._plan(pod).shape
         out = []
         for node in nodes:
-            verdict = self.verdict(node, pod)
-            out.append((node, round(MAX_SCORE * self.score(node, pod, verdict))))
+            entry = self._nodes.get(node)
+            kept = None if entry is None else entry.scores.get(shape)
+            if kept is None:
+                verdict = self.verdict(node, pod)
+                kept = round(MAX_SCORE * self.score(node, pod, verdict))
+                if entry is not None:
+                    if len(entry.scores) >= 64:  # many pod shapes: start over rather than grow
+                        entry.scores.clear()
+                    entry.scores[shape] = kept
+            out.append((node, kept))
         return out
 
     def explain(self, pod: Pod, nodes: Iterable[str]) -> list[Mapping[str, object]]:

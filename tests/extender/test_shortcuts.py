@@ -11,7 +11,7 @@ import random
 import structlog
 
 from nvplugin.extender.nrt import parse_nrt
-from nvplugin.extender.view import View
+from nvplugin.extender.view import MAX_SCORE, View
 from nvplugin.fakekubelet.pods import Container, Pod
 from nvplugin.log import configure
 from tests.support.nrtgen import nrt_object
@@ -120,3 +120,26 @@ def test_judging_logs_nothing_at_info_level() -> None:
         structlog.configure(**before)
     lines = out.getvalue().splitlines()
     assert not [line for line in lines if "device plugin" in line or "devices allocated" in line]
+
+
+def test_kept_scores_follow_reservations() -> None:
+    """Prioritize keeps each node's score per pod shape; a reservation on the node drops it,
+    so the next answer is worked out afresh."""
+    rng = random.Random(3609)
+    view = view_of(rng, 60, EVERY_POLICY)
+    pod = Pod.of("gpus", [Container.of("main", limits={GPU: 2, "cpu": "6", "memory": "1Gi"})])
+    changed = 0
+    for i in range(30):
+        names = view.names()
+        scores = dict(view.prioritize(pod, names))  # rejected nodes too: they score 0
+        for node in names:
+            fresh = round(MAX_SCORE * view.score(node, pod, view.verdict(node, pod, naive=True)))
+            assert scores[node] == fresh, node
+        # Bind another pod of the same shape to a node where it takes something: that node's
+        # free state shrinks.
+        other = Pod(f"other-{i}", f"uid-other-{i}", pod.containers)
+        passed, _ = view.filter(other, names)
+        view.prioritize(other, passed)
+        taking = [n for n in passed if view.verdict(n, other).numa_nodes]  # type: ignore[union-attr]
+        changed += view.bound(other.uid, rng.choice(taking))
+    assert changed > 10
