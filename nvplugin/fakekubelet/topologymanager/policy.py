@@ -323,22 +323,19 @@ class HintMerger:
             best = self.compare(best, hint)
         return self._finish(best)
 
-    def non_preferred_order(self) -> list[int]:
+    def non_preferred_order(self) -> Sequence[int]:
         """Every non-empty mask of the machine, best first by :meth:`compare`'s rule for two
         non-preferred hints: B's count first; then fewer bits, the most first; then more bits,
         the fewest first; equal counts by :meth:`_compare_masks` (closest, then lowest)."""
         default = self.numa.default_affinity.value
         bound = self.best_non_preferred_count
         if not self._closest:
-            return list(_non_preferred_order(default, bound))
-        masks = _submasks(default)
+            return _non_preferred_order(default, bound)
 
         def key(m: int) -> tuple[int, int, float, int]:
-            count = m.bit_count()
-            tier = (0, 0) if count == bound else (1, -count) if count < bound else (2, count)
-            return (*tier, self.numa.average_distance(BitMask(m)), m)
+            return (*_tier(m.bit_count(), bound), self.numa.average_distance(BitMask(m)), m)
 
-        return sorted(masks, key=key)
+        return sorted(_submasks(default), key=key)
 
     def best_non_preferred(self) -> TopologyHint | None:
         """The best merged hint where no combination merges preferred: the first mask, in
@@ -361,15 +358,15 @@ class HintMerger:
 @lru_cache(maxsize=256)
 def _non_preferred_order(default: int, bound: int) -> tuple[int, ...]:
     """:meth:`HintMerger.non_preferred_order` without distances, kept per machine and B."""
-    masks = _submasks(default)
+    return tuple(sorted(_submasks(default), key=lambda m: (*_tier(m.bit_count(), bound), m)))
 
-    def key(m: int) -> tuple[int, int, int]:
-        count = m.bit_count()
-        if count == bound:
-            return (0, 0, m)
-        return (1, -count, m) if count < bound else (2, count, m)
 
-    return tuple(sorted(masks, key=key))
+def _tier(count: int, bound: int) -> tuple[int, int]:
+    """Where a non-preferred mask of ``count`` bits ranks against B (``bound``): B's count
+    first; then fewer bits, the most first; then more bits, the fewest first."""
+    if count == bound:
+        return (0, 0)
+    return (1, -count) if count < bound else (2, count)
 
 
 def _submasks(default: int) -> list[int]:
