@@ -79,16 +79,8 @@ def pod_clamp(pod: Pod) -> Clamp:
     return {r: q.int_value for r, q in only.limits.items() if q.int_value > 0 and r != CPU}
 
 
-_AVAILABLE = (
-    (re.compile(r"(unavailable for (\S+)\. Requested: \d+, Available: )(\d+)"), 2),
-    (
-        re.compile(
-            r"(not enough cpus available to satisfy request: requested=\d+, available=)"
-            r"()(\d+)"
-        ),
-        0,
-    ),
-)
+_AVAILABLE = re.compile(r"(unavailable for (\S+)\. Requested: \d+, Available: )(\d+)")
+"""The device manager's rejection whose total a clamp can have cut (CPUs are never cut)."""
 
 
 def one_container_needs(pod: Pod, devices: Iterable[str], exclusive: bool) -> Needs:
@@ -106,15 +98,11 @@ def one_container_needs(pod: Pod, devices: Iterable[str], exclusive: bool) -> Ne
 def unclamp(verdict: Verdict, hidden: Mapping[str, int]) -> Verdict:
     """A rejection's printed totals with the items a clamp hid added back."""
     message = verdict.message or ""
-    for pattern, group in _AVAILABLE:
-        match = pattern.search(message)
-        if match is None:
-            continue
-        resource = match.group(group) if group else CPU
-        extra = hidden.get(resource, 0)
-        if extra:
-            number = int(match.group(3)) + extra
-            message = message[: match.start(3)] + str(number) + message[match.end(3) :]
+    match = _AVAILABLE.search(message)
+    extra = 0 if match is None else hidden.get(match.group(2), 0)
+    if match is not None and extra:
+        number = int(match.group(3)) + extra
+        message = message[: match.start(3)] + str(number) + message[match.end(3) :]
     return Verdict(verdict.admit, verdict.reason, message, verdict.taken)
 
 
@@ -130,16 +118,8 @@ class PodPlan:
     """For a one-container pod, what it takes (see judge.one_node_verdict)."""
     shape: int
     """A small number per distinct ``signature`` (cheaper to hash, node by node)."""
-    counts: dict[str, int] = field(default_factory=dict)
-    """Resource -> the most of it one container asks for (filled as asked)."""
-    pod: Pod | None = None
-
-    def most(self, resource: str) -> int:
-        found = self.counts.get(resource)
-        if found is None:
-            containers = self.pod.all_containers if self.pod is not None else ()
-            found = self.counts[resource] = max((c.count(resource) for c in containers), default=0)
-        return found
+    most: Mapping[str, int]
+    """Resource -> the most of it one container asks for (absent: none)."""
 
 
 @dataclass
@@ -382,7 +362,10 @@ class View:
             signature=signature,
             needs=one_container_needs(pod, names, exclusive) if single else None,
             shape=shape,
-            pod=pod,
+            most={
+                r: max(c.count(r) for c in pod.all_containers)
+                for r in {r for c in pod.all_containers for r in (*c.limits, *c.requests)}
+            },
         )
         self._last_plan = (pod, plan)
         return plan
@@ -423,7 +406,7 @@ class View:
         numa = 1.0 - used / zones if used else 1.0
         group = 0.0
         for resource, groups in entry.nrt.best_groups.items():
-            want = self._plan(pod).most(resource)
+            want = self._plan(pod).most.get(resource, 0)
             top = max((g.score for g in groups), default=0)
             for g in groups:
                 if g.size == want and want > 1 and top > 0:
