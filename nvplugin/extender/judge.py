@@ -205,6 +205,32 @@ def cpu_manager(nodes: Sequence[int], zones: Zones, policy: str, store: Store) -
     return manager
 
 
+def as_candidate(pod: Pod) -> Pod:
+    """``pod`` under the UID every judged pod is admitted under."""
+    return Pod(pod.name, CANDIDATE, pod.containers, pod.init_containers, pod.namespace)
+
+
+def devices_taken(devices: DeviceManager, zone_of: Mapping[str, int]) -> dict[tuple[str, int], int]:
+    """(resource, NUMA node) -> how many devices the candidate holds there."""
+    taken: dict[tuple[str, int], int] = {}
+    for entry in devices.allocations():
+        if entry.pod_uid == CANDIDATE:
+            for d in entry.device_ids:
+                k = (entry.resource, zone_of[d])
+                taken[k] = taken.get(k, 0) + 1
+    return taken
+
+
+def cpus_taken(cpus: CpuManager, containers: Iterable[Container]) -> dict[int, int]:
+    """NUMA node -> how many exclusive CPUs the candidate's ``containers`` hold there."""
+    taken: dict[int, int] = {}
+    for c in containers:
+        for cpu in cpus.cpus(CANDIDATE, c.name):
+            node = cpus.layout.cpus[cpu].numa_node
+            taken[node] = taken.get(node, 0) + 1
+    return taken
+
+
 class Judge:
     """The fake kubelet's managers over one free state (see module doc)."""
 
@@ -227,20 +253,14 @@ class Judge:
 
     def judge(self, pod: Pod) -> Verdict:
         """Admit ``pod`` (its UID replaced), report, and roll it back."""
-        pod = Pod(pod.name, CANDIDATE, pod.containers, pod.init_containers, pod.namespace)
+        pod = as_candidate(pod)
         try:
             result = self.manager.admit(pod)
             taken: dict[tuple[str, int], int] = {}
             if result.admit:
-                for entry in self.devices.allocations():
-                    if entry.pod_uid == CANDIDATE:
-                        for d in entry.device_ids:
-                            k = (entry.resource, self._zone_of[d])
-                            taken[k] = taken.get(k, 0) + 1
-                for c in pod.all_containers:
-                    for cpu in self.cpus.cpus(CANDIDATE, c.name):
-                        k = (CPU, self.cpus.layout.cpus[cpu].numa_node)
-                        taken[k] = taken.get(k, 0) + 1
+                taken.update(devices_taken(self.devices, self._zone_of))
+                for node, n in cpus_taken(self.cpus, pod.all_containers).items():
+                    taken[(CPU, node)] = n
             return Verdict(
                 result.admit,
                 result.reason,

@@ -30,7 +30,10 @@ from nvplugin.extender.judge import (
     Verdict,
     Zones,
     add_devices,
+    as_candidate,
     cpu_manager,
+    cpus_taken,
+    devices_taken,
 )
 from nvplugin.fakekubelet.devicemanager.manager import DeviceManager
 from nvplugin.fakekubelet.pods import CPU, Container, Pod
@@ -125,13 +128,7 @@ class DevicePart(_Part):
 
     def _take(self, pod: Pod, container: Container) -> dict[int, int]:
         self.provider.allocate(pod, container)
-        per: dict[int, int] = {}
-        for entry in self.devices.allocations():
-            if entry.pod_uid == CANDIDATE:
-                for d in entry.device_ids:
-                    node = self.zone_of[d]
-                    per[node] = per.get(node, 0) + 1
-        return per
+        return {node: n for (_, node), n in devices_taken(self.devices, self.zone_of).items()}
 
     def _give_back(self) -> None:
         self.devices.remove_pods([CANDIDATE])
@@ -149,11 +146,7 @@ class CpuPart(_Part):
 
     def _take(self, pod: Pod, container: Container) -> dict[int, int]:
         self.cpus.allocate(pod, container)
-        per: dict[int, int] = {}
-        for cpu in self.cpus.cpus(CANDIDATE, container.name):
-            node = self.cpus.layout.cpus[cpu].numa_node
-            per[node] = per.get(node, 0) + 1
-        return per
+        return cpus_taken(self.cpus, (container,))
 
     def _give_back(self) -> None:
         self.cpus.remove_pod(CANDIDATE)
@@ -244,8 +237,7 @@ class Parts:
         """``pod`` under the UID every judged pod is admitted under, made once per pod."""
         last = self._candidate
         if last is None or last[0] is not pod:
-            made = Pod(pod.name, CANDIDATE, pod.containers, pod.init_containers, pod.namespace)
-            last = self._candidate = (pod, made)
+            last = self._candidate = (pod, as_candidate(pod))
         return last[1]
 
     def verdict(self, key: StateKey, pod: Pod, needs: Needs) -> Verdict | None:
